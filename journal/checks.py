@@ -1,0 +1,43 @@
+"""System checks: misconfiguration is reported at start-up with an id, not inside a worker."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+from django.db import connections
+
+from journal import conf
+
+
+@register()
+def check_settings(app_configs=None, **kwargs) -> list:
+    return [
+        Error(problem, hint="See docs/configuration.md for the type and range of each setting.", id="loom.E001")
+        for problem in conf.problems()
+    ]
+
+
+@register(deploy=False)
+def check_databases(app_configs=None, **kwargs) -> list:
+    messages = []
+    for alias in settings.DATABASES:
+        vendor = connections[alias].vendor
+        if vendor not in {"postgresql", "sqlite"}:
+            messages.append(
+                Error(
+                    f"database {alias!r} is {vendor}; the journal supports PostgreSQL and SQLite only",
+                    id="loom.E002",
+                )
+            )
+        elif vendor == "sqlite":
+            mode = settings.DATABASES[alias].get("OPTIONS", {}).get("transaction_mode")
+            if mode != "IMMEDIATE":
+                messages.append(
+                    Warning(
+                        f"SQLite database {alias!r} does not use transaction_mode IMMEDIATE",
+                        hint="Set DATABASES[...]['OPTIONS']['transaction_mode'] = 'IMMEDIATE' so that "
+                        "concurrent appends wait for the write lock instead of failing with 'database is locked'.",
+                        id="loom.W001",
+                    )
+                )
+    return messages

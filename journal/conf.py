@@ -1,0 +1,139 @@
+"""Every LOOM_* setting, its type, default and meaning: the one place they are declared.
+
+Settings are read when used (not cached at import), so tests can override them. A value may
+come from Django settings as a Python object or, through loomsite's environment loader, as a
+string; either way it is coerced to the declared type here. A value that cannot be coerced is
+reported by the system check `loom.E001` (see journal/checks.py), not deep inside a worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    type: type
+    default: Any
+    doc: str
+    minimum: float | None = None
+    choices: tuple[str, ...] | None = None
+    optional: bool = False  # None is a legal value ("unset")
+
+
+SETTINGS: dict[str, Setting] = {}
+
+
+def _declare(*items: Setting) -> None:
+    for item in items:
+        SETTINGS[item.name] = item
+
+
+_declare(
+    # journal
+    Setting("LOOM_MAX_PAYLOAD_BYTES", int, 1_048_576, "Largest JSON payload (bytes) an append accepts.", 1),
+    Setting("LOOM_NOTIFY", bool, True, "On PostgreSQL, NOTIFY listeners of new stream tips after each append."),
+    Setting("LOOM_NOTIFY_CHANNEL", str, "loom_journal", "PostgreSQL channel the journal notifies on."),
+    Setting("LOOM_SNAPSHOT_EVERY", int, None, "Checkpoint an execution's state every N events (unset: never).", 1,
+            optional=True),
+    Setting("LOOM_COALESCE", bool, False, "Route appends of durable flows through the cross-stream coalescer."),
+    Setting("LOOM_COALESCE_MAX_BATCH", int, 16, "Most rows the coalescer merges into one statement.", 1),
+    # flows
+    Setting("LOOM_FLOW_MODULES", list, [], "Modules imported at start-up so that their flows are registered."),
+    # leases
+    Setting("LOOM_LEASE_MODE", str, "lazy", "When a run takes its heartbeat lease: off, eager or lazy.",
+            choices=("off", "eager", "lazy")),
+    Setting("LOOM_LEASE_TTL", float, 30.0, "Seconds a lease lasts without renewal.", 0.05),
+    Setting("LOOM_LEASE_RENEW_EVERY", float, 10.0, "Seconds between renewal ticks of a worker.", 0.01),
+    Setting("LOOM_LEASE_LAZY_GRACE", float, None, "Seconds a fresh run goes unleased in lazy mode (unset: TTL/3).",
+            0.0, optional=True),
+    Setting("LOOM_LEASE_CHUNK", int, 500, "Leases renewed per renew_many statement.", 1),
+    Setting("LOOM_RECOVERY_EVERY", float, 5.0, "Seconds between recovery sweeps of a worker.", 0.01),
+    Setting("LOOM_RECOVERY_MAX_ATTEMPTS", int, 5, "Recoveries of one execution before it is marked stuck.", 1),
+    Setting("LOOM_WORKER_ID", str, "", "Name of this worker (default: host:pid)."),
+    # aggregates
+    Setting("LOOM_AGGREGATE_CACHE_SIZE", int, 1000, "Aggregate states kept in each process's LRU cache.", 0),
+    # projections
+    Setting("LOOM_DRAIN_LEASE_SECONDS", float, 10.0, "How long a drain holds the streams it claimed.", 0.01),
+    Setting("LOOM_DRAIN_BATCH", int, 100, "Events fetched per claimed stream per drain cycle.", 1),
+    Setting("LOOM_DRAIN_STREAMS", int, 10, "Streams one drain cycle claims at most.", 1),
+    Setting("LOOM_DRAIN_RETRIES", int, 3, "Failures of a handler on one stream before it is blocked.", 1),
+    Setting("LOOM_DRAIN_POLL_MS", int, 500, "Polling interval of a drain when no notification arrives.", 1),
+    # HTTP API
+    Setting("LOOM_API_TOKENS", list, [], "Bearer tokens accepted by the HTTP API."),
+    Setting("LOOM_API_AUTH", bool, True, "Require a token on the HTTP API (disable only for local benchmarks)."),
+    Setting("LOOM_API_MAX_BODY_BYTES", int, 1_048_576, "Largest request body the HTTP API accepts.", 1),
+    # benchmarks
+    Setting("LOOM_RESULTS_PUBLIC", bool, True, "Benchmark result pages need no login (false: staff only)."),
+)
+
+
+class ConfigError(ValueError):
+    """A LOOM_* setting has a value that cannot be used."""
+
+
+def _coerce(item: Setting, value: Any) -> Any:
+    if value is None or value == "":
+        if item.optional:
+            return None
+        if item.type is str:
+            return ""
+        raise ConfigError(f"{item.name} must be set")
+    if item.type is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in {"1", "true", "yes", "on"}:
+            return True
+        if text in {"0", "false", "no", "off"}:
+            return False
+        raise ConfigError(f"{item.name}={value!r} is not a boolean")
+    if item.type is list:
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        return [part.strip() for part in str(value).split(",") if part.strip()]
+    try:
+        result = item.type(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{item.name}={value!r} is not a {item.type.__name__}") from None
+    if item.minimum is not None and result < item.minimum:
+        raise ConfigError(f"{item.name}={result!r} is below its minimum {item.minimum}")
+    if item.choices is not None and result not in item.choices:
+        raise ConfigError(f"{item.name}={result!r} is not one of {', '.join(item.choices)}")
+    return result
+
+
+def get(name: str) -> Any:
+    """The current value of a LOOM_* setting, typed; raises ConfigError on a bad value."""
+    item = SETTINGS[name]
+    return _coerce(item, getattr(settings, name, item.default))
+
+
+def lease_grace() -> float:
+    """Lazy-mode grace: LOOM_LEASE_LAZY_GRACE, or a third of the TTL when unset."""
+    grace = get("LOOM_LEASE_LAZY_GRACE")
+    return get("LOOM_LEASE_TTL") / 3 if grace is None else grace
+
+
+def problems() -> list[str]:
+    """Every LOOM_* setting that does not coerce, for the system check."""
+    found = []
+    for item in SETTINGS.values():
+        try:
+            _coerce(item, getattr(settings, item.name, item.default))
+        except ConfigError as exc:
+            found.append(str(exc))
+    if get_safe("LOOM_LEASE_RENEW_EVERY", 0) >= get_safe("LOOM_LEASE_TTL", 1e9):
+        found.append("LOOM_LEASE_RENEW_EVERY must be shorter than LOOM_LEASE_TTL, or leases expire between renewals")
+    return found
+
+
+def get_safe(name: str, fallback: Any) -> Any:
+    try:
+        return get(name)
+    except ConfigError:
+        return fallback

@@ -1,0 +1,57 @@
+"""The journal's errors. Database errors are translated into these at the store boundary.
+
+Every error raised by an append guarantees that nothing of the failed call was stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class JournalError(Exception):
+    """Base class of every error the journal raises."""
+
+
+class InvalidPayload(JournalError, ValueError):
+    """An envelope is not storable: bad type name, payload not JSON-serialisable, or too large."""
+
+
+class InvalidStream(JournalError, ValueError):
+    """A stream id is empty, too long, or contains whitespace or control characters."""
+
+
+class AppendRefused(JournalError):
+    """An append's guard failed for one or more streams; nothing of the call was written."""
+
+    def __init__(self, message: str, streams: Iterable[str]):
+        self.streams = tuple(streams)
+        super().__init__(message)
+
+
+class StaleFence(AppendRefused):
+    """The writer's fence token is not the stream's current one: another owner took over."""
+
+
+class SequenceConflict(AppendRefused):
+    """The stream's tip is not where the writer expected: another writer appended first."""
+
+
+class UnknownStream(AppendRefused):
+    """The stream does not exist (no fence and no events)."""
+
+
+class StreamExists(AppendRefused):
+    """The stream was already opened: its sequence 0 exists."""
+
+
+class BatchRefused(AppendRefused):
+    """A batch append was refused; `.errors` holds the guard error of each stream at fault."""
+
+    def __init__(self, errors: dict[str, AppendRefused]):
+        self.errors = errors
+        detail = "; ".join(f"{stream}: {type(err).__name__}" for stream, err in errors.items())
+        super().__init__(f"batch refused, nothing written ({detail})", errors)
+
+
+ConcurrencyError = SequenceConflict
+"""Optimistic-concurrency failure as aggregates name it: another commit won the race."""

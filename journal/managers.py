@@ -1,0 +1,77 @@
+"""The only write path of the log: `Event.objects.append()` and `append_batch()`.
+
+The managers are thin: they validate and hand over to the store of the database they are bound
+to (journal/store), where the SQL of each backend lives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from django.db import models
+
+from journal.envelopes import Appended, AppendItem, Envelope, SnapshotRecord, StoredEvent
+
+
+class EventManager(models.Manager):
+    def _store(self):
+        from journal.store import store_for
+
+        return store_for(self.db)
+
+    def append(self, stream_id: str, envelopes: Iterable[Envelope] | Envelope, *, fence_token: int | None = None,
+               expected_seq: int | None = None) -> Appended:
+        """Append events to one stream at its next seqs, guarded by fence token and/or expected tip."""
+        item = AppendItem.build(stream_id, envelopes, fence_token, expected_seq)
+        return self._store().append_batch([item])[0]
+
+    def append_batch(self, items: Sequence[AppendItem | tuple]) -> list[Appended]:
+        """Append for many streams in one statement, every stream guarded; all or nothing."""
+        built = [
+            item if isinstance(item, AppendItem) else AppendItem.build(*item)
+            for item in items
+        ]
+        return self._store().append_batch(built)
+
+    def open_stream(self, stream_id: str, envelopes: Iterable[Envelope] | Envelope) -> tuple[int, Appended]:
+        """Bootstrap a single-writer stream: write its seq 0.. and fence token 1 together.
+
+        Raises StreamExists if the stream already has events or a fence. Returns (token, appended).
+        """
+        item = AppendItem.build(stream_id, envelopes)
+        return self._store().open_stream(item)
+
+    def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None) -> list[StoredEvent]:
+        return self._store().read(stream_id, after_seq, limit)
+
+    def tip(self, stream_id: str) -> int:
+        """The seq of the stream's last event, -1 if it has none."""
+        return self._store().tip(stream_id)
+
+
+class FenceManager(models.Manager):
+    def _store(self):
+        from journal.store import store_for
+
+        return store_for(self.db)
+
+    def advance(self, stream_id: str, expected_token: int | None = None) -> int:
+        """Take over a stream: bump its fence, so every writer holding an older token is refused."""
+        return self._store().advance_fence(stream_id, expected_token)
+
+    def current(self, stream_id: str) -> int | None:
+        return self._store().current_fence(stream_id)
+
+
+class SnapshotManager(models.Manager):
+    def _store(self):
+        from journal.store import store_for
+
+        return store_for(self.db)
+
+    def save_state(self, stream_id: str, seq: int, state) -> None:
+        """Checkpoint a stream's folded state at `seq` (idempotent: an existing one is kept)."""
+        self._store().save_snapshot(SnapshotRecord(stream_id, seq, state))
+
+    def latest(self, stream_id: str) -> SnapshotRecord | None:
+        return self._store().latest_snapshot(stream_id)

@@ -1,0 +1,93 @@
+"""The journal's tables. Writes go through `Event.objects` (journal/store), never the ORM's save()."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+
+from journal.managers import EventManager, FenceManager, SnapshotManager
+
+
+class Event(models.Model):
+    """One event of one stream. `seq` counts from 0 with no gaps; `id` is a global position."""
+
+    id = models.BigAutoField(primary_key=True)
+    stream_id = models.CharField(max_length=200)
+    seq = models.BigIntegerField()
+    type = models.CharField(max_length=100)
+    payload = models.JSONField(default=dict)
+    recorded_at = models.DateTimeField(db_default=Now())
+
+    objects = EventManager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["stream_id", "seq"], name="journal_event_stream_seq")]
+        ordering = ["stream_id", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.stream_id}#{self.seq} {self.type}"
+
+    def save(self, *args, **kwargs):
+        raise TypeError("the journal is append-only: use Event.objects.append() or append_batch()")
+
+    def delete(self, *args, **kwargs):
+        raise TypeError("the journal is append-only: events are never deleted")
+
+
+class Fence(models.Model):
+    """The current fence token of a single-writer stream. Advancing it refuses the former owner."""
+
+    stream_id = models.CharField(max_length=200, primary_key=True)
+    token = models.BigIntegerField(default=1)
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = FenceManager()
+
+    def __str__(self) -> str:
+        return f"{self.stream_id} @{self.token}"
+
+
+class Snapshot(models.Model):
+    """A checkpoint of a stream's folded state, covering its events up to `seq` inclusive."""
+
+    stream_id = models.CharField(max_length=200)
+    seq = models.BigIntegerField()
+    state = models.JSONField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = SnapshotManager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["stream_id", "seq"], name="journal_snapshot_stream_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.stream_id}@{self.seq}"
+
+
+class Execution(models.Model):
+    """The header of an execution stream (its id is the stream id), kept for listing and recovery."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        SUSPENDED = "suspended"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        STUCK = "stuck"  # recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS
+
+    id = models.CharField(max_length=200, primary_key=True)
+    flow = models.CharField(max_length=200, db_index=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.RUNNING, db_index=True)
+    input = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    recoveries = models.IntegerField(default=0)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.flow} {self.id} ({self.status})"

@@ -1,0 +1,218 @@
+"""What every backend store does, and the parts they share: grouping, encoding, diagnosis.
+
+A backend implements `_append` (one guarded statement, or the SQLite equivalent under its write
+lock), `_open`, `advance_fence` and the reads. The shared code validates before any SQL and turns
+guard failures into the journal's exceptions, so callers never see a raw database error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+from django.db import IntegrityError, connections, transaction
+
+from journal import conf
+from journal.envelopes import Appended, AppendItem, SnapshotRecord, StoredEvent
+from journal.exceptions import (
+    AppendRefused,
+    BatchRefused,
+    InvalidPayload,
+    SequenceConflict,
+    StaleFence,
+    StreamExists,
+    UnknownStream,
+)
+
+# "Key (stream_id, seq)=(abc, 4) already exists." in both PostgreSQL's detail and our SQLite re-raise.
+_KEY_DETAIL = re.compile(r"\(stream_id, seq\)=\((?P<stream>.*), (?P<seq>-?\d+)\)")
+
+
+class Verdict:
+    """The guard outcome of one stream in an append, as the statement saw it."""
+
+    __slots__ = ("expected", "fence_ok", "known", "stream_id", "tip")
+
+    def __init__(self, stream_id: str, tip: int, fence_ok: bool, expected: int | None, known: bool = True):
+        self.stream_id, self.tip, self.fence_ok, self.expected, self.known = stream_id, tip, fence_ok, expected, known
+
+    @property
+    def ok(self) -> bool:
+        return self.fence_ok and (self.expected is None or self.expected == self.tip)
+
+
+class JournalStore(ABC):
+    vendor = ""
+
+    def __init__(self, alias: str):
+        self.alias = alias
+
+    @property
+    def connection(self):
+        return connections[self.alias]
+
+    # -- writes ---------------------------------------------------------------------------------
+    def append_batch(self, items: Sequence[AppendItem]) -> list[Appended]:
+        """Append every item, each stream under its own guards, in one statement; all or nothing."""
+        if not items:
+            return []
+        seen: set[str] = set()
+        for item in items:
+            if item.stream_id in seen:
+                raise InvalidPayload(f"stream {item.stream_id} appears twice in one batch; merge its envelopes")
+            seen.add(item.stream_id)
+        limit = conf.get("LOOM_MAX_PAYLOAD_BYTES")
+        encoded = [[env.encode(limit) for env in item.envelopes] for item in items]
+        try:
+            verdicts = self._append(items, encoded)
+        except IntegrityError as exc:
+            raise self._sequence_conflict(items, exc) from None
+        if all(v.ok for v in verdicts):
+            return [
+                Appended(item.stream_id, v.tip + 1, v.tip + len(item.envelopes))
+                for item, v in zip(items, verdicts, strict=True)
+            ]
+        raise self._refusal(items, verdicts)
+
+    def open_stream(self, item: AppendItem) -> tuple[int, Appended]:
+        """Write seq 0.. of a new single-writer stream with fence token 1, or refuse if it exists."""
+        encoded = [env.encode() for env in item.envelopes]
+        try:
+            opened = self._open(item, encoded)
+        except IntegrityError:
+            opened = False
+        if not opened:
+            raise StreamExists(f"stream {item.stream_id} already exists (its sequence 0 is written)",
+                               [item.stream_id])
+        return 1, Appended(item.stream_id, 0, len(item.envelopes) - 1)
+
+    @abstractmethod
+    def _append(self, items: Sequence[AppendItem], encoded: list[list[str]]) -> list[Verdict]:
+        """Run the guarded append; return one verdict per item, in order. Writes nothing unless all pass."""
+
+    @abstractmethod
+    def _open(self, item: AppendItem, encoded: list[str]) -> bool:
+        """Insert fence token 1 and the events from seq 0 together; False if the fence already existed."""
+
+    @abstractmethod
+    def advance_fence(self, stream_id: str, expected_token: int | None = None) -> int:
+        """Bump the stream's fence token and return it; raise UnknownStream or StaleFence."""
+
+    @abstractmethod
+    def save_snapshot(self, snapshot: SnapshotRecord) -> None: ...
+
+    # -- reads ----------------------------------------------------------------------------------
+    def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None) -> list[StoredEvent]:
+        sql = ("SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event"
+               " WHERE stream_id = %s AND seq > %s ORDER BY seq")
+        params: list = [stream_id, after_seq]
+        if limit is not None:
+            sql += " LIMIT %s"
+            params.append(limit)
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return [self._event(row) for row in cursor.fetchall()]
+
+    def _event(self, row: tuple) -> StoredEvent:
+        return StoredEvent.from_row(row)
+
+    def tip(self, stream_id: str) -> int:
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT seq FROM journal_event WHERE stream_id = %s ORDER BY seq DESC LIMIT 1", [stream_id]
+            )
+            row = cursor.fetchone()
+        return -1 if row is None else row[0]
+
+    def current_fence(self, stream_id: str) -> int | None:
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT token FROM journal_fence WHERE stream_id = %s", [stream_id])
+            row = cursor.fetchone()
+        return None if row is None else row[0]
+
+    def latest_snapshot(self, stream_id: str) -> SnapshotRecord | None:
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT seq, state FROM journal_snapshot WHERE stream_id = %s ORDER BY seq DESC LIMIT 1",
+                [stream_id],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        state = json.loads(row[1]) if isinstance(row[1], str) else row[1]
+        return SnapshotRecord(stream_id, row[0], state)
+
+    # -- shared helpers -------------------------------------------------------------------------
+    @contextmanager
+    def _guarded(self):
+        """A savepoint when the caller is inside a transaction, so our failure does not poison theirs."""
+        if self.connection.in_atomic_block:
+            with transaction.atomic(using=self.alias):
+                yield
+        else:
+            yield
+
+    def _known_streams(self, stream_ids: list[str]) -> set[str]:
+        """Streams that exist (have a fence or an event); read only on the error path."""
+        if not stream_ids:
+            return set()
+        marks = ", ".join(["%s"] * len(stream_ids))
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT stream_id FROM journal_fence WHERE stream_id IN ({marks})"
+                f" UNION SELECT DISTINCT stream_id FROM journal_event WHERE stream_id IN ({marks})",
+                stream_ids + stream_ids,
+            )
+            return {row[0] for row in cursor.fetchall()}
+
+    def _refusal(self, items: Sequence[AppendItem], verdicts: list[Verdict]) -> AppendRefused:
+        failed = [v for v in verdicts if not v.ok]
+        known = self._known_streams([v.stream_id for v in failed])
+        errors: dict[str, AppendRefused] = {}
+        for v in failed:
+            sid = v.stream_id
+            if sid not in known:
+                errors[sid] = UnknownStream(f"stream {sid} does not exist", [sid])
+            elif not v.fence_ok:
+                current = self.current_fence(sid)
+                given = next(i.fence_token for i in items if i.stream_id == sid)
+                if current is None:
+                    errors[sid] = UnknownStream(f"stream {sid} has no fence; it was not opened as single-writer",
+                                                [sid])
+                else:
+                    errors[sid] = StaleFence(
+                        f"stale fence on {sid}: token {given} is not the current {current}; nothing written", [sid]
+                    )
+            else:
+                errors[sid] = SequenceConflict(
+                    f"sequence conflict on {sid}: expected tip {v.expected}, found {v.tip}; nothing written", [sid]
+                )
+        if len(items) == 1:
+            return next(iter(errors.values()))
+        return BatchRefused(errors)
+
+    def _sequence_conflict(self, items: Sequence[AppendItem], exc: IntegrityError) -> AppendRefused:
+        """A unique (stream_id, seq) violation: a concurrent writer took a seq this call wanted."""
+        match = _KEY_DETAIL.search(_detail(exc))
+        culprit = match.group("stream") if match else None
+        streams = [culprit] if culprit else [item.stream_id for item in items]
+        errors = {
+            sid: SequenceConflict(f"sequence conflict on {sid}: a concurrent writer appended first; nothing written",
+                                  [sid])
+            for sid in streams
+        }
+        if len(items) == 1:
+            return next(iter(errors.values()))
+        return BatchRefused(errors)
+
+
+def _detail(exc: BaseException) -> str:
+    cause = exc.__cause__
+    diag = getattr(cause, "diag", None)
+    parts = [str(exc)]
+    if diag is not None and diag.message_detail:
+        parts.append(diag.message_detail)
+    return " ".join(parts)

@@ -1,0 +1,189 @@
+"""The journal on PostgreSQL: every statement it runs, named, and the reasons for each guard.
+
+Appends are ONE statement each, in autocommit (or a savepoint inside a caller's transaction), so
+a batch is all-or-nothing by construction: the guard and the inserts either all commit or none.
+Parameters travel as arrays through `unnest`, so the statement text is the same for any batch
+size and psycopg prepares it once per connection.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from journal import conf
+from journal.envelopes import AppendItem, SnapshotRecord
+from journal.exceptions import StaleFence, UnknownStream
+from journal.store.base import JournalStore, Verdict
+
+# -- notify --
+# One notification per statement, carrying the new tip of every stream it wrote:
+#   {"tips": {"<stream_id>": <last seq>, ...}}
+# NOTIFY payloads are limited to 8000 bytes; a larger batch sends {"poll": true} instead, telling
+# listeners that something changed and they must poll. A notifying commit serialises commits
+# (PostgreSQL takes a global lock on the notify queue at commit), so batching amortises it.
+NOTIFY_CTE = """
+, note AS (
+    SELECT pg_notify(%(channel)s, CASE WHEN octet_length(p) <= 7999 THEN p ELSE '{"poll":true}' END)
+    FROM (SELECT json_build_object('tips', json_object_agg(stream_id, tip))::text AS p
+          FROM (SELECT stream_id, max(seq) AS tip FROM ins GROUP BY stream_id) t
+          HAVING count(*) > 0) x
+)"""
+
+# -- append --
+# The guarded append of one or many streams. Per stream: the fence guard (token given => it must
+# be the fence row's current token) and the sequence guard (expected given => the tip must be
+# exactly there). Rows get seq = tip + 1 + ord. If ANY stream fails its guard, NOTHING is
+# inserted; the verdicts say who failed. Two concurrent writers that pass the guard on the same
+# tip collide on the unique (stream_id, seq) index: the second gets a unique violation, which the
+# store turns into SequenceConflict, and its whole statement is rolled back.
+APPEND = """
+WITH streams AS (
+    SELECT * FROM unnest(%(sids)s::text[], %(tokens)s::bigint[], %(expected)s::bigint[])
+        AS s(stream_id, token, expected)
+), rows AS (
+    SELECT * FROM unnest(%(rsids)s::text[], %(ords)s::int[], %(types)s::text[], %(payloads)s::jsonb[])
+        AS r(stream_id, ord, type, payload)
+), fenced AS (
+    -- FOR KEY SHARE on the fence row: a takeover locks it FOR UPDATE, so it waits until this
+    -- statement commits, and a takeover that committed first makes this read re-check the row and
+    -- see the new token (no match: refused). An append that passed the fence therefore always
+    -- commits before the takeover's reads begin. KEY SHARE locks do not block each other, so
+    -- many appends to fenced streams never queue behind one another.
+    SELECT f.stream_id FROM journal_fence f
+    JOIN streams s ON s.stream_id = f.stream_id AND f.token = s.token
+    FOR KEY SHARE OF f
+), verdict AS MATERIALIZED (
+    SELECT s.stream_id, s.expected, s.token,
+        -- The tip is one backward probe of the unique (stream_id, seq) index.
+        COALESCE((SELECT e.seq FROM journal_event e WHERE e.stream_id = s.stream_id
+                  ORDER BY e.seq DESC LIMIT 1), -1) AS tip,
+        (s.token IS NULL OR s.stream_id IN (SELECT stream_id FROM fenced)) AS fence_ok
+    FROM streams s
+), ins AS (
+    INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at)
+    SELECT r.stream_id, v.tip + 1 + r.ord, r.type, r.payload, now()
+    FROM rows r JOIN verdict v ON v.stream_id = r.stream_id
+    -- all or nothing: one failed guard stops every row.
+    WHERE NOT EXISTS (SELECT 1 FROM verdict x
+                      WHERE NOT (x.fence_ok AND (x.expected IS NULL OR x.expected = x.tip)))
+    -- A fixed insertion order: two batches touching the same streams wait on each other's index
+    -- entries in the same order, so they cannot deadlock.
+    ORDER BY r.stream_id, r.ord
+    RETURNING stream_id, seq
+)%(notify)s
+SELECT v.stream_id, v.tip, v.fence_ok, v.expected%(notified)s FROM verdict v
+"""
+
+# -- open_stream --
+# Sequence-0 bootstrap of a single-writer stream: the fence row (token 1) and the first events
+# in one statement. ON CONFLICT DO NOTHING on the fence waits for a racing opener's commit and
+# then inserts nothing, so exactly one of two racing opens writes anything; an existing seq 0
+# without a fence (an aggregate stream) fails on the unique index instead.
+OPEN = """
+WITH fence AS (
+    INSERT INTO journal_fence (stream_id, token, created_at) VALUES (%(sid)s, 1, now())
+    ON CONFLICT (stream_id) DO NOTHING
+    RETURNING stream_id
+), ins AS (
+    INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at)
+    SELECT f.stream_id, r.ord, r.type, r.payload, now()
+    FROM fence f, unnest(%(ords)s::int[], %(types)s::text[], %(payloads)s::jsonb[]) AS r(ord, type, payload)
+    ORDER BY r.ord
+    RETURNING stream_id, seq
+)%(notify)s
+SELECT (SELECT count(*) FROM ins)%(notified)s
+"""
+
+# -- advance_fence --
+# Takeover: lock the fence row FOR UPDATE (waits for in-flight fenced appends, which hold KEY
+# SHARE), then bump it. From this commit on, appends with an older token are refused.
+ADVANCE_FENCE = """
+WITH cur AS (
+    SELECT stream_id FROM journal_fence WHERE stream_id = %(sid)s
+        AND (%(expected)s::bigint IS NULL OR token = %(expected)s::bigint)
+    FOR UPDATE
+)
+UPDATE journal_fence f SET token = f.token + 1 FROM cur WHERE f.stream_id = cur.stream_id
+RETURNING f.token
+"""
+
+# -- save_snapshot --
+# Idempotent: two writers checkpointing the same seq store one row.
+SAVE_SNAPSHOT = """
+INSERT INTO journal_snapshot (stream_id, seq, state, created_at) VALUES (%s, %s, %s::jsonb, now())
+ON CONFLICT (stream_id, seq) DO NOTHING
+"""
+
+
+def _render(template: str, notify: bool) -> str:
+    return template.replace("%(notify)s", NOTIFY_CTE if notify else "").replace(
+        "%(notified)s", ", (SELECT count(*) FROM note)" if notify else ""
+    )
+
+
+APPEND_NOTIFY, APPEND_SILENT = _render(APPEND, True), _render(APPEND, False)
+OPEN_NOTIFY, OPEN_SILENT = _render(OPEN, True), _render(OPEN, False)
+
+
+class PostgresStore(JournalStore):
+    vendor = "postgresql"
+
+    def append_sql(self, notify: bool | None = None) -> str:
+        notify = conf.get("LOOM_NOTIFY") if notify is None else notify
+        return APPEND_NOTIFY if notify else APPEND_SILENT
+
+    @staticmethod
+    def append_params(items: Sequence[AppendItem], encoded: list[list[str]]) -> dict:
+        """The array parameters of APPEND (also used by the benchmark's raw-psycopg ceiling)."""
+        rsids, ords, types, payloads = [], [], [], []
+        for item, texts in zip(items, encoded, strict=True):
+            for ord_, (env, text) in enumerate(zip(item.envelopes, texts, strict=True)):
+                rsids.append(item.stream_id)
+                ords.append(ord_)
+                types.append(env.type)
+                payloads.append(text)
+        return {
+            "sids": [i.stream_id for i in items],
+            "tokens": [i.fence_token for i in items],
+            "expected": [i.expected_seq for i in items],
+            "rsids": rsids, "ords": ords, "types": types, "payloads": payloads,
+            "channel": conf.get("LOOM_NOTIFY_CHANNEL"),
+        }
+
+    def _append(self, items, encoded) -> list[Verdict]:
+        params = self.append_params(items, encoded)
+        with self._guarded(), self.connection.cursor() as cursor:
+            cursor.execute(self.append_sql(), params)
+            rows = cursor.fetchall()
+        by_stream = {row[0]: Verdict(row[0], row[1], row[2], row[3]) for row in rows}
+        return [by_stream[item.stream_id] for item in items]
+
+    def _open(self, item, encoded) -> bool:
+        params = {
+            "sid": item.stream_id,
+            "ords": list(range(len(encoded))),
+            "types": [env.type for env in item.envelopes],
+            "payloads": encoded,
+            "channel": conf.get("LOOM_NOTIFY_CHANNEL"),
+        }
+        sql = OPEN_NOTIFY if conf.get("LOOM_NOTIFY") else OPEN_SILENT
+        with self._guarded(), self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()[0] > 0
+
+    def advance_fence(self, stream_id: str, expected_token: int | None = None) -> int:
+        with self._guarded(), self.connection.cursor() as cursor:
+            cursor.execute(ADVANCE_FENCE, {"sid": stream_id, "expected": expected_token})
+            row = cursor.fetchone()
+        if row is not None:
+            return row[0]
+        current = self.current_fence(stream_id)
+        if current is None:
+            raise UnknownStream(f"stream {stream_id} has no fence to advance", [stream_id])
+        raise StaleFence(f"fence of {stream_id} is {current}, not the expected {expected_token}", [stream_id])
+
+    def save_snapshot(self, snapshot: SnapshotRecord) -> None:
+        state = json.dumps(snapshot.state, separators=(",", ":"))
+        with self._guarded(), self.connection.cursor() as cursor:
+            cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state])

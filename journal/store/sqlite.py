@@ -1,0 +1,132 @@
+"""The journal on SQLite: the same guards as PostgreSQL, checked under SQLite's write lock.
+
+SQLite has one writer at a time. Every append runs in a transaction that takes the write lock at
+BEGIN (transaction_mode IMMEDIATE, set in the database OPTIONS and checked by loom.W001), so the
+guard reads and the insert see and change the same state: no other writer can slip in between.
+Concurrent writers queue on the lock (up to the connection `timeout`) instead of interleaving.
+There is no NOTIFY: readers poll.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from journal.envelopes import AppendItem, SnapshotRecord
+from journal.exceptions import StaleFence, UnknownStream
+from journal.store.base import JournalStore, Verdict
+
+# -- append: fences --
+# The current token of each fenced stream in the batch (read under the write lock).
+FENCES = "SELECT stream_id, token FROM journal_fence WHERE stream_id IN ({marks})"
+
+# -- append: tips --
+# The last seq of each stream in the batch; the (stream_id, seq) unique index answers MAX.
+TIPS = "SELECT stream_id, MAX(seq) FROM journal_event WHERE stream_id IN ({marks}) GROUP BY stream_id"
+
+# -- append: insert --
+# One multi-row INSERT for the whole batch, in (stream_id, seq) order.
+INSERT = "INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at) VALUES {rows}"
+
+# -- open_stream --
+# The fence row first: its primary key refuses a second opener, and the seq-0 insert after it
+# refuses a stream that already has events (an aggregate).
+OPEN_FENCE = "INSERT INTO journal_fence (stream_id, token, created_at) VALUES (%s, 1, %s)"
+
+# -- advance_fence --
+ADVANCE_FENCE = "UPDATE journal_fence SET token = token + 1 WHERE stream_id = %s AND (%s IS NULL OR token = %s)" \
+    " RETURNING token"
+
+SAVE_SNAPSHOT = "INSERT OR IGNORE INTO journal_snapshot (stream_id, seq, state, created_at) VALUES (%s, %s, %s, %s)"
+
+# SQLite allows 32766 host parameters per statement; 5 per row.
+MAX_ROWS_PER_INSERT = 6000
+
+
+class SqliteStore(JournalStore):
+    vendor = "sqlite"
+
+    def _now(self):
+        return self.connection.ops.adapt_datetimefield_value(timezone.now())
+
+    def _append(self, items: Sequence[AppendItem], encoded) -> list[Verdict]:
+        sids = [item.stream_id for item in items]
+        marks = ", ".join(["%s"] * len(sids))
+        fenced = [item.stream_id for item in items if item.fence_token is not None]
+        # atomic(): BEGIN IMMEDIATE, or a savepoint inside the caller's (already locked) transaction.
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            tokens: dict[str, int] = {}
+            if fenced:
+                cursor.execute(FENCES.format(marks=", ".join(["%s"] * len(fenced))), fenced)
+                tokens = dict(cursor.fetchall())
+            cursor.execute(TIPS.format(marks=marks), sids)
+            tips = dict(cursor.fetchall())
+            verdicts = [
+                Verdict(
+                    item.stream_id,
+                    tips.get(item.stream_id, -1),
+                    item.fence_token is None or tokens.get(item.stream_id) == item.fence_token,
+                    item.expected_seq,
+                )
+                for item in items
+            ]
+            if not all(v.ok for v in verdicts):
+                return verdicts
+            now = self._now()
+            rows = []
+            for item, texts, verdict in sorted(
+                zip(items, encoded, verdicts, strict=True), key=lambda t: t[0].stream_id
+            ):
+                for ord_, (env, text) in enumerate(zip(item.envelopes, texts, strict=True)):
+                    rows.append((item.stream_id, verdict.tip + 1 + ord_, env.type, text, now))
+            for start in range(0, len(rows), MAX_ROWS_PER_INSERT):
+                chunk = rows[start:start + MAX_ROWS_PER_INSERT]
+                cursor.execute(
+                    INSERT.format(rows=", ".join(["(%s, %s, %s, %s, %s)"] * len(chunk))),
+                    [value for row in chunk for value in row],
+                )
+        return verdicts
+
+    def _open(self, item: AppendItem, encoded) -> bool:
+        now = self._now()
+        try:
+            with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+                cursor.execute(OPEN_FENCE, [item.stream_id, now])
+                cursor.execute(
+                    INSERT.format(rows=", ".join(["(%s, %s, %s, %s, %s)"] * len(encoded))),
+                    [v for ord_, (env, text) in enumerate(zip(item.envelopes, encoded, strict=True))
+                     for v in (item.stream_id, ord_, env.type, text, now)],
+                )
+        except IntegrityError:
+            return False
+        return True
+
+    def advance_fence(self, stream_id: str, expected_token: int | None = None) -> int:
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(ADVANCE_FENCE, [stream_id, expected_token, expected_token])
+            row = cursor.fetchone()
+        if row is not None:
+            return row[0]
+        current = self.current_fence(stream_id)
+        if current is None:
+            raise UnknownStream(f"stream {stream_id} has no fence to advance", [stream_id])
+        raise StaleFence(f"fence of {stream_id} is {current}, not the expected {expected_token}", [stream_id])
+
+    def save_snapshot(self, snapshot: SnapshotRecord) -> None:
+        state = json.dumps(snapshot.state, separators=(",", ":"))
+        with self.connection.cursor() as cursor:
+            cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state, self._now()])
+
+    def _event(self, row: tuple):
+        from journal.envelopes import StoredEvent
+
+        event_id, stream_id, seq, type_, payload, recorded_at = row
+        if isinstance(recorded_at, str):
+            recorded_at = datetime.fromisoformat(recorded_at)
+        if recorded_at.tzinfo is None:  # SQLite stores UTC without an offset
+            recorded_at = recorded_at.replace(tzinfo=UTC)
+        return StoredEvent.from_row((event_id, stream_id, seq, type_, payload, recorded_at))

@@ -1,0 +1,63 @@
+"""Shared fixtures: the database under test, child processes that use it, statement counting.
+
+The suite runs against whatever DATABASE_URL points at (SQLite by default). Tests marked
+`postgres` are skipped on SQLite with the reason; everything else must pass on both.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("postgres") and connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (run with DATABASE_URL=postgres://...)")
+
+
+def database_url() -> str:
+    """A DATABASE_URL naming the test database, for child processes."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    user = s.get("USER") or "postgres"
+    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
+    return f"postgres://{user}{password}@{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
+
+
+@pytest.fixture
+def child_env(settings) -> dict[str, str]:
+    """Environment for a child process that must use this test's database and LOOM_* settings."""
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url()
+    env["DJANGO_SETTINGS_MODULE"] = "loomsite.settings"
+    env["PYTHONPATH"] = str(ROOT)
+    for name in dir(settings):
+        if name.startswith("LOOM_"):
+            value = getattr(settings, name)
+            env[name] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return env
+
+
+def run_child(code: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run Python code in a fresh interpreter with Django set up; raise with its output on failure."""
+    prelude = "import django; django.setup()\n"
+    proc = subprocess.run([sys.executable, "-c", prelude + code], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def spawn_child(code: str, env: dict[str, str]) -> subprocess.Popen:
+    """Start Python code in a fresh interpreter with Django set up, without waiting."""
+    prelude = "import django; django.setup()\n"
+    return subprocess.Popen([sys.executable, "-c", prelude + code], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
