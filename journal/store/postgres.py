@@ -17,17 +17,20 @@ from journal.exceptions import StaleFence, UnknownStream
 from journal.store.base import JournalStore, Verdict
 
 # -- notify --
-# One notification per statement, carrying the new tip of every stream it wrote:
-#   {"tips": {"<stream_id>": <last seq>, ...}}
-# NOTIFY payloads are limited to 8000 bytes; a larger batch sends {"poll": true} instead, telling
+# One notification per statement, carrying the new tip of every stream it wrote and the distinct
+# event types it wrote (so that listeners can skip work no reaction cares about):
+#   {"tips": {"<stream_id>": <last seq>, ...}, "types": ["<type>", ...]}
+# NOTIFY payloads are limited to 8000 bytes; a larger one is replaced by {"poll": true}, telling
 # listeners that something changed and they must poll. A notifying commit serialises commits
 # (PostgreSQL takes a global lock on the notify queue at commit), so batching amortises it.
 NOTIFY_CTE = """
 , note AS (
     SELECT pg_notify(%(channel)s, CASE WHEN octet_length(p) <= 7999 THEN p ELSE '{"poll":true}' END)
-    FROM (SELECT json_build_object('tips', json_object_agg(stream_id, tip))::text AS p
-          FROM (SELECT stream_id, max(seq) AS tip FROM ins GROUP BY stream_id) t
-          HAVING count(*) > 0) x
+    FROM (SELECT json_build_object(
+              'tips', (SELECT json_object_agg(stream_id, tip)
+                       FROM (SELECT stream_id, max(seq) AS tip FROM ins GROUP BY stream_id) t),
+              'types', (SELECT json_agg(DISTINCT type) FROM ins))::text AS p
+          WHERE EXISTS (SELECT 1 FROM ins)) x
 )"""
 
 # -- append --
@@ -70,7 +73,7 @@ WITH streams AS (
     -- A fixed insertion order: two batches touching the same streams wait on each other's index
     -- entries in the same order, so they cannot deadlock.
     ORDER BY r.stream_id, r.ord
-    RETURNING stream_id, seq
+    RETURNING stream_id, seq, type
 )%(notify)s
 SELECT v.stream_id, v.tip, v.fence_ok, v.expected%(notified)s FROM verdict v
 """
@@ -90,7 +93,7 @@ WITH fence AS (
     SELECT f.stream_id, r.ord, r.type, r.payload, now()
     FROM fence f, unnest(%(ords)s::int[], %(types)s::text[], %(payloads)s::jsonb[]) AS r(ord, type, payload)
     ORDER BY r.ord
-    RETURNING stream_id, seq
+    RETURNING stream_id, seq, type
 )%(notify)s
 SELECT (SELECT count(*) FROM ins)%(notified)s
 """
