@@ -78,6 +78,7 @@ def _database() -> dict:
         # WAL lets readers run beside the single writer.
         options.setdefault("init_command", "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
         name = Path(db["NAME"])
+        name.parent.mkdir(parents=True, exist_ok=True)
         # A file (not :memory:) so that threads and child processes of the tests share it.
         db.setdefault("TEST", {}).setdefault("NAME", str(name.with_name(f"test_{name.name}")))
     return db
