@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "leases",
     "projections",
     "benchmarks",
+    "loomapi",
 ]
 
 MIDDLEWARE = [

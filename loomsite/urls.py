@@ -7,8 +7,10 @@ from django.views.generic import RedirectView
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/bench/", permanent=False)),
+    path("admin/aggregates/", include("journal.aggregates.urls")),
     path("admin/", admin.site.urls),
     path("bench/", include("benchmarks.urls")),
+    path("api/", include("loomapi.urls")),
 ]
 
 if settings.DEBUG and "debug_toolbar" in settings.INSTALLED_APPS:

@@ -1,0 +1,29 @@
+"""System checks of the HTTP API (ids loomapi.*): an API nobody can call, or one anybody can.
+
+Deploy checks (`manage.py check --deploy`), so that a development shell without tokens is not
+nagged on every command; serve_api refuses to start without tokens anyway.
+"""
+
+from __future__ import annotations
+
+from django.core.checks import Warning, register
+
+from journal import conf
+
+
+@register(deploy=True)
+def check_api_auth(app_configs=None, **kwargs) -> list:
+    auth = conf.get_safe("LOOM_API_AUTH", True)
+    tokens = conf.get_safe("LOOM_API_TOKENS", [])
+    if auth and not tokens:
+        return [Warning("LOOM_API_AUTH is on but LOOM_API_TOKENS is empty: every API request is refused (401)",
+                        hint="Set LOOM_API_TOKENS to one or more long random tokens.", id="loomapi.W001")]
+    if not auth:
+        return [Warning("LOOM_API_AUTH is off: the HTTP API accepts unauthenticated requests",
+                        hint="Only for local benchmarks; never in production.", id="loomapi.W002")]
+    short = [t for t in tokens if len(str(t)) < 16]
+    if short:
+        return [Warning(f"{len(short)} LOOM_API_TOKENS entr{'y is' if len(short) == 1 else 'ies are'} "
+                        "shorter than 16 characters", hint="Use long random tokens (secrets.token_urlsafe()).",
+                        id="loomapi.W003")]
+    return []

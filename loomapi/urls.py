@@ -1,0 +1,19 @@
+"""The API's routes, mounted by the embedding project under a prefix of its choice:
+
+    path("api/", include("loomapi.urls"))
+"""
+
+from django.urls import path
+
+from loomapi import views
+
+app_name = "loomapi"
+
+urlpatterns = [
+    path("health", views.health, name="health"),
+    path("flows/<str:name>/call", views.call, name="call"),
+    path("flows/<str:name>/executions", views.start_execution, name="start"),
+    path("executions/<path:execution_id>", views.execution, name="execution"),
+    path("<path:rest>", views.not_found),
+    path("", views.not_found),
+]
