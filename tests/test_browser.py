@@ -1,0 +1,80 @@
+"""The result pages in a real browser: headless Chromium (Debian's package) driven by Playwright.
+
+Install the browser with `scripts/ensure-chromium`; Playwright's own browser downloads are never used.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from benchmarks.recording import Recorder
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                                                     "(install it with scripts/ensure-chromium)"),
+]
+
+
+def record(slow: float) -> int:
+    with Recorder("bench_throughput", {"ops": 10}) as rec:
+        for conc in (1, 4, 8):
+            for scenario in ("per-event", "batch"):
+                rec.add("append", scenario, {"concurrency": conc}, throughput=1000 * conc / slow, unit="events/s",
+                        p50_ms=0.2 * slow, p95_ms=0.6 * slow, p99_ms=2.0 * slow, max_ms=5.0 * slow, count=10)
+    return rec.run.pk
+
+
+@pytest.fixture
+def browser_page():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    # Playwright runs an event loop in this thread; Django's async-safety guard must allow the ORM
+    # calls the live server and fixtures make beside it.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    # Django keeps a connection per context; Playwright's greenlets give the test body another one,
+    # so the connection opened before it would never be closed and the test database could not be
+    # dropped at the end of the session. Close it now.
+    connections.close_all()
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=str(CHROMIUM),
+                args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+            )
+            page = browser.new_page(java_script_enabled=False)
+            yield page
+            browser.close()
+            connections.close_all()  # the one the test body opened in Playwright's context
+    finally:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_list_run_and_compare_pages_render_tables_and_charts(live_server, browser_page, settings):
+    """Without JavaScript, the list shows the runs, the run page its tables and SVG charts, the compare
+    page its ratios with the regressions flagged, and the stylesheet is served."""
+    settings.LOOM_RESULTS_PUBLIC = True
+    base, new = record(1.0), record(2.0)
+    page = browser_page
+
+    page.goto(f"{live_server.url}/bench/")
+    assert page.locator("table.runs tbody tr").count() == 2
+    stylesheet = page.locator("link[rel=stylesheet]").get_attribute("href")
+    assert page.request.get(f"{live_server.url}{stylesheet}").ok
+    page.locator("button", has_text="Compare").click()  # a plain GET form: works without JavaScript
+    page.wait_for_url(f"**/bench/compare/{base}/{new}/")
+    assert page.locator("tr.regression").count() == 6
+    assert page.locator("td.ratio", has_text="2.00\u00d7").count() == 12  # p50 and p99 of each cell
+
+    page.goto(f"{live_server.url}/bench/runs/{new}/")
+    assert page.locator("table.cells tbody tr").count() == 6
+    charts = page.locator("figure.chart svg")
+    assert charts.count() == 2
+    assert charts.first.locator("polyline").count() == 2  # per-event and batch
+    assert charts.first.bounding_box()["height"] > 100  # drawn, not collapsed
