@@ -1,0 +1,329 @@
+"""Loading and committing aggregates: `load`, `do`, `do_with_retry`.
+
+    agg = do(assign, "42", {"to": "ann"}, actor="bob")     # -> Aggregate(state=..., version=...)
+    agg = load(ticket, "42")                               # cached: no query after our own commit
+
+`do` loads the state (cache, else newest snapshot + tail), checks the action's invariants,
+runs its handler, folds the emitted events into the state in memory (so a failing patch writes
+nothing), and appends them with `expected_seq` = the version it loaded. If another writer got
+there first the journal refuses the whole append with `ConcurrencyError`; the cache entry is
+marked stale and `do_with_retry` re-loads and re-runs a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from django.db import DatabaseError, transaction
+from pydantic import BaseModel, ValidationError
+
+from journal.aggregates import versioning
+from journal.aggregates.cache import cache
+from journal.aggregates.declarations import Action, Actor, EventType, State
+from journal.aggregates.errors import (
+    ConcurrencyError,
+    DeclarationError,
+    InvalidActionPayload,
+    InvalidEventPayload,
+    InvariantViolated,
+    RetriesExhausted,
+    UnknownEvent,
+)
+from journal.envelopes import Envelope, StoredEvent
+from journal.models import Event, Snapshot
+
+logger = logging.getLogger("journal.aggregates")
+
+S = TypeVar("S", bound=BaseModel)
+
+META = "$meta"
+"""Payload key under which `do` records the action and actor of each event ({"action":..., "actor":...}).
+No pydantic field can be named `$meta`, so it never collides with an event's own fields; it is
+removed before an event is validated or patched."""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """One event an action committed: its seq in the stream, its type and its stored payload."""
+
+    seq: int
+    type: str
+    payload: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate(Generic[S]):
+    """An aggregate as of `version` (the seq of its last event; -1 for a stream with no events).
+
+    `committed` holds the events of the `do` call that returned it (empty after `load`).
+    `since_snapshot` counts the events after the newest snapshot, for the snapshot policy.
+    """
+
+    kind: str
+    id: str
+    stream: str
+    state: S
+    version: int
+    since_snapshot: int = 0
+    committed: tuple[Committed, ...] = ()
+
+
+# -- folding ------------------------------------------------------------------------------------------
+def _merge(current: BaseModel, change: Any) -> BaseModel:
+    if change is None:
+        return current
+    if isinstance(change, BaseModel):
+        return change
+    if isinstance(change, Mapping):
+        return current.model_copy(update=change)
+    raise DeclarationError(f"a patch must return a dict of changed fields, a state or None, not {change!r}")
+
+
+def _apply_stored(st: State, current: BaseModel, stream: str, seq: int, type_: str, payload: Any) -> BaseModel:
+    """Patch `current` with one stored event, upcasting an old version to the newest first."""
+    event = st.events.get(type_)
+    if event is None:
+        raise UnknownEvent(st.name, stream, seq, type_)
+    if isinstance(payload, dict) and META in payload:
+        payload = {k: v for k, v in payload.items() if k != META}
+    while event.patch is None:  # only old versions declared with an upcaster have no patch
+        assert event.upcast is not None
+        payload = event.upcast(payload)
+        event = st.events[st.successor[event.name]]
+    try:
+        model = event.schema.model_validate(payload)
+    except ValidationError as exc:
+        raise InvalidEventPayload(event.name, f"{stream}#{seq}", exc.errors(include_url=False)) from None
+    return _merge(current, event.patch(current, model))
+
+
+def _fold(st: State, current: BaseModel, stream: str, events: Iterable[StoredEvent]) -> tuple[BaseModel, int, int]:
+    """(state, last seq, count) after applying `events` in order."""
+    count, last = 0, None
+    for ev in events:
+        current = _apply_stored(st, current, stream, ev.seq, ev.type, ev.payload)
+        count, last = count + 1, ev.seq
+    return current, (-1 if last is None else last), count
+
+
+# -- loading ------------------------------------------------------------------------------------------
+def _in_transaction() -> bool:
+    return transaction.get_connection(Event.objects.db).in_atomic_block
+
+
+def _remember(st: State, agg: Aggregate) -> None:
+    """Put a state in the cache once it is committed: now, or when the caller's transaction commits.
+
+    Inside a transaction the state may include uncommitted events (ours, or the caller's own
+    appends); caching it before the commit could serve a state that a rollback un-writes.
+    """
+    key = (st.name, agg.stream)
+    if _in_transaction():
+        transaction.on_commit(lambda: cache.put(key, agg, agg.version), using=Event.objects.db)
+    else:
+        cache.put(key, agg, agg.version)
+
+
+def _from_snapshot(st: State, stream: str) -> tuple[BaseModel, int]:
+    """The newest snapshot's state and seq, or the initial state at -1 (also if the schema moved on)."""
+    snap = Snapshot.objects.latest(stream)
+    if snap is None:
+        return st.initial, -1
+    try:
+        return st.schema.model_validate(snap.state), snap.seq
+    except ValidationError:
+        logger.warning("snapshot of %s at seq %s no longer fits %s; replaying from the start", stream, snap.seq,
+                       st.name)
+        return st.initial, -1
+
+
+def replay(st: State[S], id: str, *, use_snapshot: bool = True) -> Aggregate[S]:
+    """Compute an aggregate from the journal, bypassing the cache (the admin shows this)."""
+    st.check()
+    id = str(id)
+    stream = st.stream(id)
+    state, seq = _from_snapshot(st, stream) if use_snapshot else (st.initial, -1)
+    state, last, count = _fold(st, state, stream, Event.objects.read(stream, after_seq=seq))
+    return Aggregate(st.name, id, stream, state, last if count else seq, count)
+
+
+def load(st: State[S], id: str, *, fresh: bool = False) -> Aggregate[S]:
+    """The aggregate `id` of state `st`.
+
+    A cache hit (this process committed or loaded it before, and lost no race on it since) runs
+    no query. `fresh=True` also reads the events other processes may have appended since, and only
+    those. A miss replays the newest snapshot plus the events after it.
+    """
+    st.check()
+    id = str(id)
+    stream = st.stream(id)
+    got = cache.get((st.name, stream))
+    if got is not None:
+        cached, stale = got
+        if not (stale or fresh):
+            return cached
+        state, last, count = _fold(st, cached.state, stream, Event.objects.read(stream, after_seq=cached.version))
+        agg = cached if not count else Aggregate(st.name, id, stream, state, last, cached.since_snapshot + count)
+    else:
+        agg = replay(st, id)
+    _remember(st, agg)
+    return agg
+
+
+# -- committing ---------------------------------------------------------------------------------------
+def _validate_input(action: Action, stream: str, payload: Any) -> BaseModel:
+    if isinstance(payload, action.schema):
+        return payload
+    try:
+        if isinstance(payload, BaseModel):
+            payload = payload.model_dump()
+        return action.schema.model_validate({} if payload is None else payload)
+    except ValidationError as exc:
+        raise InvalidActionPayload(action.name, stream, exc.errors(include_url=False)) from None
+
+
+def _emitted(st: State, stream: str, result: Any) -> list[tuple[EventType, BaseModel]]:
+    """Normalise what a handler returned into validated (event type, payload model) pairs."""
+    if result is None:
+        return []
+    if isinstance(result, BaseModel) or (isinstance(result, tuple) and len(result) == 2
+                                         and isinstance(result[0], str)):
+        result = [result]
+    out: list[tuple[EventType, BaseModel]] = []
+    for item in result:
+        if isinstance(item, BaseModel):
+            name = st.name_of(type(item))
+            if not name:
+                problem = "is not declared" if name is None else "is declared under several names"
+                raise DeclarationError(
+                    f"{st.name}: event class {type(item).__name__} {problem}; return a (name, payload) pair"
+                )
+            out.append((st.events[name], item))  # an instance of the declared schema: already valid
+            continue
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            raise DeclarationError(f"{st.name}: an action must return events (models or (name, payload)), "
+                                   f"not {item!r}")
+        name, payload = item
+        event = st.events.get(name)
+        if event is None:
+            raise DeclarationError(f"{st.name} does not declare an event named {name!r}")
+        if not isinstance(payload, event.schema):
+            try:
+                data = payload.model_dump() if isinstance(payload, BaseModel) else payload
+                payload = event.schema.model_validate(data)
+            except ValidationError as exc:
+                raise InvalidEventPayload(name, stream, exc.errors(include_url=False)) from None
+        out.append((event, payload))
+    return out
+
+
+def _current_name(st: State, name: str) -> str:
+    while name in st.successor:
+        name = st.successor[name]
+    return name
+
+
+def _snapshot(st: State, stream: str, version: int, state: BaseModel) -> bool:
+    """Checkpoint a state; a failure is logged, not raised: the events are the truth, this only speeds reads."""
+    try:
+        with transaction.atomic(using=Snapshot.objects.db):  # a savepoint inside a caller's transaction
+            Snapshot.objects.save_state(stream, version, state.model_dump(mode="json"))
+    except DatabaseError as exc:
+        logger.warning("snapshot of %s at %s failed: %s", stream, version, exc)
+        return False
+    return True
+
+
+def do(action: Action[S, Any], id: str, payload: Mapping[str, Any] | BaseModel | None = None, *,
+       actor: Actor = None, expected_version: int | None = None) -> Aggregate[S]:
+    """Run `action` on aggregate `id` and commit the events it emits; return the new aggregate.
+
+    expected_version: the version the caller last saw; if the stream is elsewhere the call raises
+    ConcurrencyError without running the action. Raises InvalidActionPayload, InvariantViolated,
+    InvalidEventPayload or ConcurrencyError, each with nothing written.
+    """
+    st = action.state
+    st.check()
+    id = str(id)
+    stream = st.stream(id)
+    cmd = _validate_input(action, stream, payload)
+    current = load(st, id)
+    if expected_version is not None and current.version != expected_version:
+        current = load(st, id, fresh=True)  # our cache may be behind another process
+        if current.version != expected_version:
+            raise ConcurrencyError(
+                f"{action.name} on {stream}: expected version {expected_version}, the stream is at "
+                f"{current.version}; nothing written", [stream]
+            )
+    for rule in action.given:
+        if not rule.holds(current.state, actor):
+            raise InvariantViolated(rule.description, stream, action.name, current.version)
+    result = action.handler(current.state, cmd, actor) if action.takes_actor else action.handler(current.state, cmd)
+    emitted = _emitted(st, stream, result)
+    if not emitted:
+        return current
+    if st.deprecated:  # empty for states without _v<N> versions: one truth test, no lookups
+        for event, _ in emitted:
+            if event.name in st.deprecated:
+                versioning.warn_deprecated(st.name, event.name, _current_name(st, event.name))
+
+    # Fold first, append second: a patch that raises leaves the journal untouched.
+    state = current.state
+    envelopes = []
+    meta = {"action": action.name, "actor": actor}
+    for offset, (event, model) in enumerate(emitted):
+        data = model.model_dump(mode="json")
+        if event.patch is not None:
+            state = _merge(state, event.patch(state, model))
+        else:
+            state = _apply_stored(st, state, stream, current.version + 1 + offset, event.name, data)
+        data[META] = meta
+        envelopes.append(Envelope(event.name, data))
+    try:
+        appended = Event.objects.append(stream, envelopes, expected_seq=current.version)
+    except ConcurrencyError:
+        cache.mark_stale((st.name, stream))  # never serve it again without reading what we missed
+        raise
+
+    since = current.since_snapshot + len(envelopes)
+    if st.snapshot_every is not None and since >= st.snapshot_every and _snapshot(st, stream, appended.last_seq,
+                                                                                    state):
+        since = 0
+    committed = tuple(Committed(seq, env.type, env.payload) for seq, env in zip(appended.seqs, envelopes,
+                                                                                  strict=True))
+    agg = Aggregate(st.name, id, stream, state, appended.last_seq, since, committed)
+    _remember(st, agg)
+    return agg
+
+
+def do_with_retry(action: Action[S, Any], id: str, payload: Mapping[str, Any] | BaseModel | None = None, *,
+                  actor: Actor = None, attempts: int = 10, backoff_ms: float = 2.0,
+                  on_conflict: Callable[[int, ConcurrencyError], None] | None = None) -> Aggregate[S]:
+    """`do`, re-loading and re-running the action when it loses an optimistic-concurrency race.
+
+    Each retry re-reads only the events it missed, re-checks the invariants on the new state and
+    re-runs the handler, so an action that is no longer allowed fails with InvariantViolated.
+    Between attempts it sleeps a random 0..backoff_ms*attempt ms (capped at 8 steps), so that
+    contenders spread out. After `attempts` lost races it raises RetriesExhausted (a ConcurrencyError).
+    Other errors are not retried: they would fail the same way again. `on_conflict(attempt, error)`
+    is called after each lost race (for metrics or logs).
+    """
+    if attempts < 1:
+        raise ValueError("attempts must be at least 1")
+    cmd = _validate_input(action, action.state.stream(str(id)), payload)
+    for attempt in range(1, attempts + 1):
+        try:
+            return do(action, id, cmd, actor=actor)
+        except ConcurrencyError as exc:
+            if on_conflict is not None:
+                on_conflict(attempt, exc)
+            if attempt == attempts:
+                raise RetriesExhausted(action.name, action.state.stream(str(id)), attempts) from exc
+            if backoff_ms > 0:
+                time.sleep(random.uniform(0, backoff_ms * min(attempt, 8)) / 1000)
+    raise AssertionError("unreachable")
