@@ -1,7 +1,7 @@
 """Every LOOM_* setting, its type, default and meaning: the one place they are declared.
 
 Settings are read when used (not cached at import), so tests can override them. A value may
-come from Django settings as a Python object or, through loomsite's environment loader, as a
+come from Django settings as a Python object or, through the project's environment loader, as a
 string; either way it is coerced to the declared type here. A value that cannot be coerced is
 reported by the system check `loom.E001` (see journal/checks.py), not deep inside a worker.
 """
@@ -42,6 +42,7 @@ _declare(
             optional=True),
     Setting("LOOM_COALESCE", bool, False, "Route appends of durable flows through the cross-stream coalescer."),
     Setting("LOOM_COALESCE_MAX_BATCH", int, 16, "Most rows the coalescer merges into one statement.", 1),
+    Setting("LOOM_COALESCE_FLUSHERS", int, 2, "Flush threads (each with its own connection) per coalescer.", 1),
     # flows
     Setting("LOOM_FLOW_MODULES", list, [], "Modules imported at start-up so that their flows are registered."),
     # leases
@@ -54,19 +55,29 @@ _declare(
     Setting("LOOM_LEASE_CHUNK", int, 500, "Leases renewed per renew_many statement.", 1),
     Setting("LOOM_RECOVERY_EVERY", float, 5.0, "Seconds between recovery sweeps of a worker.", 0.01),
     Setting("LOOM_RECOVERY_MAX_ATTEMPTS", int, 5, "Recoveries of one execution before it is marked stuck.", 1),
+    Setting("LOOM_RECOVERY_BATCH", int, 16, "Executions one sweep takes over at most (resumed in parallel).", 1),
     Setting("LOOM_WORKER_ID", str, "", "Name of this worker (default: host:pid)."),
     # aggregates
     Setting("LOOM_AGGREGATE_CACHE_SIZE", int, 1000, "Aggregate states kept in each process's LRU cache.", 0),
+    Setting("LOOM_AGGREGATE_MODULES", list, [], "Modules declaring aggregate states, imported for the admin."),
     # projections
     Setting("LOOM_DRAIN_LEASE_SECONDS", float, 10.0, "How long a drain holds the streams it claimed.", 0.01),
     Setting("LOOM_DRAIN_BATCH", int, 100, "Events fetched per claimed stream per drain cycle.", 1),
     Setting("LOOM_DRAIN_STREAMS", int, 10, "Streams one drain cycle claims at most.", 1),
     Setting("LOOM_DRAIN_RETRIES", int, 3, "Failures of a handler on one stream before it is blocked.", 1),
     Setting("LOOM_DRAIN_POLL_MS", int, 500, "Polling interval of a drain when no notification arrives.", 1),
+    Setting("LOOM_DRAIN_LISTEN", bool, True,
+            "On PostgreSQL, wake drains with LISTEN (turn off behind poolers that lack it)."),
+    Setting("LOOM_DRAIN_RETRY_DELAY", float, 0.5, "Seconds a failed stream waits before its next attempt.", 0.0),
+    Setting("LOOM_CORRELATE_HORIZON_SECONDS", float, 2.0,
+            "Seconds after which a missing event id counts as rolled back (correlation checkpoint).", 0.0),
+    Setting("LOOM_CORRELATE_BATCH", int, 5000, "Events one correlation scan reads per page.", 1),
+    Setting("LOOM_PROJECTION_MODULES", list, [], "Modules imported at start-up that declare reactions/projections."),
     # HTTP API
     Setting("LOOM_API_TOKENS", list, [], "Bearer tokens accepted by the HTTP API."),
     Setting("LOOM_API_AUTH", bool, True, "Require a token on the HTTP API (disable only for local benchmarks)."),
     Setting("LOOM_API_MAX_BODY_BYTES", int, 1_048_576, "Largest request body the HTTP API accepts.", 1),
+    Setting("LOOM_API_EXAMPLES", bool, True, "Register loomapi's example flows (calc.add, calc.accumulate)."),
     # benchmarks
     Setting("LOOM_RESULTS_PUBLIC", bool, True, "Benchmark result pages need no login (false: staff only)."),
 )

@@ -1,6 +1,23 @@
-from django.apps import AppConfig
+from contextlib import suppress
+from importlib import import_module
+
+from django.apps import AppConfig, apps
 
 
 class ProjectionsConfig(AppConfig):
     name = "projections"
+    verbose_name = "Loom reactions and projections"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from journal import conf
+        from projections import checks  # noqa: F401  (registers the system checks)
+
+        for module in conf.get_safe("LOOM_PROJECTION_MODULES", []):
+            with suppress(ImportError):  # reported by the system check projections.E001
+                import_module(module)
+        if apps.is_installed("leases"):
+            from leases.worker import register_service
+            from projections.service import DrainService
+
+            register_service(DrainService)

@@ -1,0 +1,156 @@
+"""Correlation: find the (consumer, stream) pairs with new events and raise their subscriptions' tips.
+
+Two paths feed the same idempotent upsert (store.bump):
+- the journal's NOTIFY payload (`tips` per stream, `types` of the statement), in the listener,
+  for the low-latency case (see `bumps_from_notification`);
+- a scan of the log from each consumer's advancing checkpoint (global event ids), the safety net
+  for lost notifications, SQLite, poolers without LISTEN and new consumers catching up history.
+
+Global ids are handed out at insert time, so under concurrency a lower id can commit after a higher
+one. The checkpoint therefore never passes a missing id unless that id has been missing for longer
+than LOOM_CORRELATE_HORIZON_SECONDS (then its transaction rolled back, or it is older than any
+write transaction should be and its commit's NOTIFY carries it): see docs/projections.md.
+The drain itself does not depend on this: watermarks are per-stream seqs, which have no gaps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+
+from django.db import transaction
+
+from journal import conf
+from projections.declarations import Consumer, Registry
+from projections.store import store_for
+from projections.store.base import Bump, CheckpointRow, ScannedEvent
+
+log = logging.getLogger("loom.projections")
+
+MAX_PAGES = 20  # pages one correlate() reads at most; the next call continues
+
+
+def _bump(consumer: Consumer, stream: str, seq: int) -> Bump:
+    return (consumer.name, stream, consumer.source, consumer.lane, consumer.priority, seq)
+
+
+def route(consumers: Iterable[Consumer], events: Iterable[ScannedEvent]) -> list[Bump]:
+    """The highest seq of each (consumer, stream) among the events the consumers follow."""
+    best: dict[tuple[str, str], tuple[Consumer, int]] = {}
+    consumers = list(consumers)
+    for e in events:
+        for c in consumers:
+            if c.follows(e.stream_id, e.type):
+                key = (c.name, e.stream_id)
+                if key not in best or best[key][1] < e.seq:
+                    best[key] = (c, e.seq)
+    return [_bump(c, stream, seq) for (_, stream), (c, seq) in best.items()]
+
+
+def settle(row: CheckpointRow, ids: Sequence[int], now, horizon: float) -> CheckpointRow:
+    """The checkpoint after a scan that saw `ids` (ascending, all > row.position) at `now`.
+
+    Contiguous ids advance the position at once. A gap stops it; the largest id seen is then
+    remembered with the time (the horizon); a later scan that finds the horizon older than
+    `horizon` seconds settles everything up to it, gaps included.
+    """
+    position, hid, hat = row.position, row.horizon_id, row.horizon_at
+    aged = hat is not None and now - hat >= timedelta(seconds=horizon)
+    if aged:
+        position = max(position, hid)
+    for i in ids:
+        if i <= position:
+            continue
+        if i != position + 1:
+            break
+        position = i
+    seen = ids[-1] if ids else position
+    if position >= seen:
+        return CheckpointRow(row.consumer, position, position, None)
+    if hat is None or aged:
+        return CheckpointRow(row.consumer, position, seen, now)
+    return CheckpointRow(row.consumer, position, hid, hat)
+
+
+def correlate(registry: Registry, alias: str = "default") -> int:
+    """One scan for every declared consumer, by at most one worker at a time. Returns bumps made."""
+    consumers = list(registry.consumers.values())
+    if not consumers:
+        return 0
+    store = store_for(alias)
+    horizon = conf.get("LOOM_CORRELATE_HORIZON_SECONDS")
+    page = conf.get("LOOM_CORRELATE_BATCH")
+    bumped = 0
+    with transaction.atomic(using=alias):
+        if not store.try_correlate_lock():
+            return 0
+        rows, now = store.checkpoints([c.name for c in consumers])
+        known = {r.consumer: r for r in rows}
+        # A consumer seen for the first time starts from the beginning of the log.
+        states = {c.name: known.get(c.name, CheckpointRow(c.name, 0, 0, None)) for c in consumers}
+        groups: dict[tuple, list[Consumer]] = {}
+        for c in consumers:
+            s = states[c.name]
+            groups.setdefault((s.position, s.horizon_id, s.horizon_at), []).append(c)
+        changed: list[CheckpointRow] = []
+        for (position, _, _), members in groups.items():
+            ids: list[int] = []
+            cursor = position
+            for _ in range(MAX_PAGES):
+                events = store.scan(cursor, page)
+                if not events:
+                    break
+                bumped += store.bump(route(members, events))
+                ids.extend(e.id for e in events)
+                cursor = events[-1].id
+                if len(events) < page:
+                    break
+            for c in members:
+                new = settle(states[c.name], ids, now, horizon)
+                if new != states[c.name] or c.name not in known:
+                    changed.append(new)
+        store.save_checkpoints(changed)
+    return bumped
+
+
+def bumps_from_notification(registry: Registry, payload: str) -> tuple[list[Bump], bool]:
+    """What a NOTIFY payload tells: exact bumps, and whether a scan is needed to know the rest.
+
+    The payload has each stream's new tip and the statement's distinct types, not which stream got
+    which type. A bump is exact when the statement wrote one stream, or when every type it wrote is
+    followed by the consumer; otherwise (mixed multi-stream batch) the scan sorts it out.
+    {"poll": true} (payload over 8000 bytes) always asks for a scan.
+    """
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return [], True
+    if data.get("poll") or "tips" not in data:
+        return [], True
+    tips: dict[str, int] = data.get("tips") or {}
+    types = frozenset(data.get("types") or ())
+    bumps: list[Bump] = []
+    scan = False
+    for c in registry.consumers.values():
+        if not (types & c.types):
+            continue  # drain skip: nothing this consumer follows was committed
+        if len(tips) == 1 or types <= c.types:
+            bumps.extend(_bump(c, s, seq) for s, seq in tips.items() if s.startswith(c.source))
+        else:
+            scan = True
+    return bumps, scan
+
+
+def start_at_tip(names: Iterable[str], alias: str = "default") -> None:
+    """Make new consumers follow only what is committed from now on (no history scan).
+
+    Their checkpoint starts at the current last id; events before it are never correlated for them.
+    """
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT COALESCE(MAX(id), 0) FROM journal_event")
+        top = cursor.fetchone()[0]
+    store_for(alias).save_checkpoints([CheckpointRow(n, top, top, None) for n in names])

@@ -1,0 +1,99 @@
+"""Wake-up on PostgreSQL: LISTEN on the journal's channel, turn payloads into bumps and wake-ups.
+
+The listener has its own psycopg connection (autocommit, outside Django's pool), because a
+LISTEN must stay on one session; the bumps it makes go through Django's connection of its thread.
+A notification whose types no consumer follows wakes nothing and costs no query (drain skip).
+Notifications can be lost (a reconnect, {"poll": true} for a large statement): the correlator's
+scan and the lanes' polling cover that, and a reconnect triggers a scan at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from django.db import connections
+
+from journal import conf
+from projections.correlate import bumps_from_notification
+from projections.declarations import Registry
+from projections.store import store_for
+
+log = logging.getLogger("loom.projections")
+
+
+def _connect(alias: str):
+    import psycopg
+
+    s = connections[alias].settings_dict
+    return psycopg.connect(host=s.get("HOST") or "127.0.0.1", port=s.get("PORT") or 5432, dbname=s["NAME"],
+                           user=s.get("USER") or None, password=s.get("PASSWORD") or None, autocommit=True)
+
+
+class Listener:
+    """Runs in its own thread until `stop` is set."""
+
+    def __init__(self, registry: Registry, alias: str, wake_lanes: Callable[[set[str]], None],
+                 wake_correlator: Callable[[], None], stop: threading.Event):
+        self.registry, self.alias = registry, alias
+        self.wake_lanes, self.wake_correlator, self.stop = wake_lanes, wake_correlator, stop
+        self.received = 0
+        self.bumped = 0
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        channel = conf.get("LOOM_NOTIFY_CHANNEL")
+        backoff = 0.1
+        try:
+            while not self.stop.is_set():
+                try:
+                    conn = _connect(self.alias)
+                except Exception as exc:  # database away: poll until it is back
+                    log.warning("projections listener: cannot connect (%s); retrying", exc)
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                backoff = 0.1
+                try:
+                    with conn:
+                        conn.execute(f'LISTEN "{channel}"')
+                        self.ready.set()
+                        self.wake_correlator()  # anything committed while we were not listening
+                        while not self.stop.is_set():
+                            payloads = [n.payload for n in conn.notifies(timeout=0.25, stop_after=1)]
+                            if not payloads:
+                                continue
+                            # Take everything queued so far in one go: one bump for a burst.
+                            payloads += [n.payload for n in conn.notifies(timeout=0.0)]
+                            self.handle(payloads)
+                except Exception as exc:
+                    if not self.stop.is_set():
+                        log.warning("projections listener: connection lost (%s); reconnecting", exc)
+                        self.stop.wait(backoff)
+        finally:
+            connections.close_all()
+
+    def handle(self, payloads: list[str]) -> None:
+        """Bump what the payloads say exactly, wake the lanes concerned; ask for a scan otherwise."""
+        self.received += len(payloads)
+        bumps, scan = [], False
+        for payload in payloads:
+            found, needs_scan = bumps_from_notification(self.registry, payload)
+            bumps.extend(found)
+            scan = scan or needs_scan
+        if bumps:
+            best: dict[tuple[str, str], tuple] = {}
+            for b in bumps:
+                key = (b[0], b[1])
+                if key not in best or best[key][5] < b[5]:
+                    best[key] = b
+            try:
+                self.bumped += store_for(self.alias).bump(list(best.values()))
+            except Exception as exc:
+                log.warning("projections listener: bump failed (%s); asking for a scan", exc)
+                connections[self.alias].close()
+                scan = True
+            self.wake_lanes({b[3] for b in best.values()})
+        if scan:
+            self.wake_correlator()

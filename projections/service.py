@@ -1,0 +1,182 @@
+"""Running drains: `drain()` in the caller's thread, or `DrainService` in a background worker.
+
+DrainService (a leases.worker Service) runs, per worker process:
+- one thread per lane (a DrainController), woken by notifications, polling at the lane's cycle_ms
+  (or LOOM_DRAIN_POLL_MS), looping at once while it finds work;
+- one correlator thread (scan from the checkpoint; at most one worker scans at a time);
+- on PostgreSQL with LOOM_DRAIN_LISTEN, one listener thread (LISTEN on LOOM_NOTIFY_CHANNEL).
+Several workers on one database share the work through the claims; nothing is coordinated in
+memory. Stopping releases the leases of cycles in progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+
+from django.db import connections
+
+from journal import conf
+from projections.correlate import correlate
+from projections.declarations import Registry, registry
+from projections.drain import CycleResult, DrainController
+from projections.listener import Listener
+from projections.store import store_for
+
+log = logging.getLogger("loom.projections")
+
+
+def default_worker_id() -> str:
+    return conf.get("LOOM_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def sync_declarations(reg: Registry = registry, alias: str = "default") -> None:
+    """Move existing subscriptions to their consumer's declared lane and priority."""
+    store = store_for(alias)
+    for c in reg.consumers.values():
+        store.sync_consumer(c.name, c.lane, c.priority)
+
+
+def drain(lane: str | None = None, *, worker_id: str | None = None, reg: Registry = registry,
+          alias: str = "default", scan: bool = True, max_cycles: int = 1000) -> CycleResult:
+    """Drain until no lane finds work: correlate once, then claim/handle/ack cycles.
+
+    For tests, benchmarks and `manage.py drain`; workers use DrainService.
+    """
+    total = CycleResult()
+    if scan:
+        correlate(reg, alias)
+    worker = worker_id or default_worker_id()
+    lanes = [reg.lanes[lane]] if lane is not None else list(reg.lanes.values())
+    controllers = [DrainController(reg, item, worker, alias) for item in lanes]
+    for _ in range(max_cycles):
+        found = 0
+        for controller in controllers:
+            result = controller.cycle()
+            total.add(result)
+            found += result.claimed
+        if not found:
+            break
+    return total
+
+
+@dataclass
+class LaneThread:
+    controller: DrainController
+    wake: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    cycles: int = 0
+    result: CycleResult = field(default_factory=CycleResult)
+
+
+class DrainService:
+    """The drains of every lane (or of `lanes`) as background threads of a worker."""
+
+    name = "projections-drain"
+
+    def __init__(self, reg: Registry = registry, alias: str = "default", lanes: list[str] | None = None):
+        self.registry = reg
+        self.alias = alias
+        self.only = lanes
+        self.stopping = threading.Event()
+        self.lanes: dict[str, LaneThread] = {}
+        self.correlate_wake = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.listener: Listener | None = None
+        self.worker_id = ""
+
+    # -- Service protocol -------------------------------------------------------------------------
+    def start(self, worker=None) -> None:
+        self.worker_id = getattr(worker, "worker_id", None) or default_worker_id()
+        if not self.registry.consumers:
+            log.info("projections: no reactions or projections declared; drain service idle")
+            return
+        try:
+            sync_declarations(self.registry, self.alias)
+        finally:
+            connections[self.alias].close()
+        for lane in self.registry.lanes.values():
+            if self.only is not None and lane.name not in self.only:
+                continue
+            if not self.registry.in_lane(lane.name):
+                continue
+            item = LaneThread(DrainController(self.registry, lane, self.worker_id, self.alias))
+            item.thread = threading.Thread(target=self._lane_loop, args=(item,), daemon=True,
+                                           name=f"loom-drain-{lane.name}")
+            self.lanes[lane.name] = item
+        self._spawn(self._correlate_loop, "loom-correlate")
+        if connections[self.alias].vendor == "postgresql" and conf.get("LOOM_DRAIN_LISTEN"):
+            self.listener = Listener(self.registry, self.alias, self.wake_lanes, self.correlate_wake.set,
+                                     self.stopping)
+            self._spawn(self.listener.run, "loom-drain-listen")
+        for item in self.lanes.values():
+            item.thread.start()
+            self.threads.append(item.thread)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stopping.set()
+        self.correlate_wake.set()
+        for item in self.lanes.values():
+            item.wake.set()
+        for thread in self.threads:
+            thread.join(timeout)
+        self.threads.clear()
+
+    # -- wake-ups ---------------------------------------------------------------------------------
+    def wake_lanes(self, names: set[str] | None = None) -> None:
+        for name, item in self.lanes.items():
+            if names is None or name in names:
+                item.wake.set()
+
+    # -- loops ------------------------------------------------------------------------------------
+    def _spawn(self, target, name: str) -> None:
+        thread = threading.Thread(target=target, daemon=True, name=name)
+        thread.start()
+        self.threads.append(thread)
+
+    def _interval(self, item: LaneThread) -> float:
+        return (item.controller.lane.cycle_ms or conf.get("LOOM_DRAIN_POLL_MS")) / 1000
+
+    def _lane_loop(self, item: LaneThread) -> None:
+        try:
+            while not self.stopping.is_set():
+                item.wake.clear()
+                try:
+                    result = item.controller.cycle()
+                except Exception:
+                    log.exception("projections: drain cycle of lane %s failed", item.controller.lane.name)
+                    connections[self.alias].close()
+                    result = CycleResult()
+                item.cycles += 1
+                item.result.add(result)
+                if result.claimed:
+                    continue  # there may be more: claim again at once (watermark-aware, cheap)
+                item.wake.wait(self._interval(item))
+        finally:
+            try:
+                item.controller.release()
+            except Exception:
+                log.exception("projections: releasing leases of lane %s failed", item.controller.lane.name)
+            connections.close_all()
+
+    def _correlate_loop(self) -> None:
+        poll = conf.get("LOOM_DRAIN_POLL_MS") / 1000
+        try:
+            while not self.stopping.is_set():
+                self.correlate_wake.clear()
+                try:
+                    if correlate(self.registry, self.alias):
+                        self.wake_lanes()
+                except Exception:
+                    log.exception("projections: correlation failed")
+                    connections[self.alias].close()
+                self.correlate_wake.wait(poll)
+        finally:
+            connections.close_all()
+
+    @property
+    def handled(self) -> int:
+        return sum(item.result.handled for item in self.lanes.values())

@@ -1,0 +1,116 @@
+"""What each backend's projection store does; the value objects it returns."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connections
+
+from journal.envelopes import StoredEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One subscription leased to a worker. `lease` is the fence token its ack and block must carry."""
+
+    id: int
+    consumer: str
+    stream: str
+    at: int
+    tip: int
+    lease: int
+    retries: int
+
+    @classmethod
+    def from_row(cls, row: tuple) -> Claim:
+        return cls(*row)
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedEvent:
+    """An event as correlation sees it: enough to route it, no payload."""
+
+    id: int
+    stream_id: str
+    seq: int
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRow:
+    consumer: str
+    position: int
+    horizon_id: int
+    horizon_at: datetime | None
+
+
+# A bump: (consumer, stream, source, lane, priority, seq) -> the subscription's tip is at least seq.
+Bump = tuple[str, str, str, str, int, int]
+
+
+class ProjectionStore(ABC):
+    vendor = ""
+
+    def __init__(self, alias: str):
+        self.alias = alias
+
+    @property
+    def connection(self):
+        return connections[self.alias]
+
+    # -- correlate --------------------------------------------------------------------------------
+    @abstractmethod
+    def try_correlate_lock(self) -> bool:
+        """Inside a transaction: True if this worker may scan now (one scanner at a time)."""
+
+    @abstractmethod
+    def checkpoints(self, consumers: Sequence[str]) -> tuple[list[CheckpointRow], datetime]:
+        """The consumers' checkpoints (missing ones absent) and the database's clock."""
+
+    @abstractmethod
+    def save_checkpoints(self, rows: Sequence[CheckpointRow]) -> None: ...
+
+    @abstractmethod
+    def scan(self, after_id: int, limit: int) -> list[ScannedEvent]:
+        """Events with id > after_id, in id order (committed ones only: what this snapshot sees)."""
+
+    @abstractmethod
+    def bump(self, bumps: Sequence[Bump]) -> int:
+        """Subscribe (consumer, stream) pairs and raise their tips; returns rows changed."""
+
+    @abstractmethod
+    def sync_consumer(self, consumer: str, lane: str, priority: int) -> None:
+        """Move a consumer's existing subscriptions to its declared lane and priority."""
+
+    # -- drain ------------------------------------------------------------------------------------
+    @abstractmethod
+    def claim(self, lane: str, consumers: Sequence[str], by: str, limit: int, lease_seconds: float) -> list[Claim]:
+        """Lease up to `limit` subscriptions of the lane that have work and no live lease."""
+
+    @abstractmethod
+    def read(self, claims: Sequence[Claim], batch: int) -> dict[str, list[StoredEvent]]:
+        """For each claimed stream, up to `batch` events after the lowest claimed watermark."""
+
+    @abstractmethod
+    def ack(self, acks: Sequence[tuple[Claim, int]], by: str) -> set[int]:
+        """Advance watermarks and release leases, only where `by` still holds the claim's lease
+        and it has not expired. Returns the ids acked; the others were taken over."""
+
+    @abstractmethod
+    def fail(self, claim: Claim, by: str, error: str, limit: int, delay: float, at: int | None = None) -> bool | None:
+        """Count a failure, move the watermark to `at` (events handled before the failing one), block
+        at `limit`, release with a back-off. Returns blocked, or None if the lease was lost."""
+
+    @abstractmethod
+    def release(self, claims: Sequence[Claim], by: str) -> None:
+        """Give leases back without progress (a stopping worker)."""
+
+    @abstractmethod
+    def unblock(self, ids: Sequence[int]) -> int: ...
+
+    @abstractmethod
+    def reset(self, consumer: str) -> int:
+        """Replay from the start: every watermark of the consumer back to -1."""
