@@ -1,3 +1,5 @@
+import importlib
+
 from django.apps import AppConfig
 
 
@@ -8,3 +10,9 @@ class JournalConfig(AppConfig):
 
     def ready(self) -> None:
         from journal import checks  # noqa: F401  (registers the system checks)
+        from journal.conf import get_safe
+
+        # Flows register themselves when their module is imported; a worker that resumes an
+        # execution must know its flow, so the modules listed here are imported at start-up.
+        for module in get_safe("LOOM_FLOW_MODULES", []):
+            importlib.import_module(module)

@@ -6,14 +6,22 @@ Three variants in the same run, so that our overhead is a ratio and not a guess:
 - ceiling: the very statement of the per-event append, issued with the raw driver (psycopg or
   sqlite3), no Django, parameters prepared once. On PostgreSQL that is the fenced INSERT with its
   pg_notify; on SQLite the same BEGIN IMMEDIATE / guard reads / INSERT / COMMIT sequence.
+
+Concurrency: default 1,8,32,64 (the main job's default run stays short on SQLite); `--full`
+sweeps 1,8,32,64,128,256, or pass `--concurrency`. PostgreSQL allows only so many connections
+(100 here), so on PostgreSQL writers beyond `--pg-connections` (default 32) share that many
+connections, each writer borrowing one per call, as an application server's pool would: the
+concurrency is then in-flight appends, and the extra writers queue for a connection.
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import sqlite3
+import threading
 
-from django.db import connection
+from django.db import connection, connections
 
 from benchmarks import streams
 from benchmarks.harness import run_workers
@@ -24,18 +32,28 @@ from journal.models import Event
 BATCH = 16
 
 
+DEFAULT_CONCURRENCY = "1,8,32,64"
+FULL_CONCURRENCY = "1,8,32,64,128,256"
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("--concurrency", default="1,8,32",
-                        help="Comma-separated writer counts for the append section (default 1,8,32).")
+    parser.add_argument("--concurrency", default=None,
+                        help=f"Comma-separated writer counts for the append section (default {DEFAULT_CONCURRENCY};"
+                             f" --full: {FULL_CONCURRENCY}).")
+    parser.add_argument("--full", action="store_true",
+                        help="Longer sweeps: append up to 256 writers, executions up to 2048.")
     parser.add_argument("--ops", type=int, default=400, help="Events per writer per cell (default 400).")
     parser.add_argument("--payload-bytes", type=int, default=256, help="JSON payload size per event (default 256).")
+    parser.add_argument("--pg-connections", type=int, default=32,
+                        help="On PostgreSQL, most connections the direct writers of a cell open (default 32).")
 
 
 def concurrencies(options: dict) -> list[int]:
+    text = options.get("concurrency") or (FULL_CONCURRENCY if options.get("full") else DEFAULT_CONCURRENCY)
     try:
-        values = [int(v) for v in str(options["concurrency"]).split(",") if v.strip()]
+        values = [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"--concurrency must be comma-separated integers, got {options['concurrency']!r}") from None
+        raise ValueError(f"--concurrency must be comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
         raise ValueError("--concurrency needs at least one writer count >= 1")
     return values
@@ -65,22 +83,23 @@ def _cell(ctx, variant: str, conc: int, ops: int, body: dict) -> None:
     per_call = BATCH if variant == "batch" else 1
     calls = max(1, ops // per_call)
 
+    pool = connection_cap(ctx, conc)
     if variant == "per-event":
         env = Envelope("BenchEvent", body)
 
         def op(w: int, i: int) -> int:
             Event.objects.append(ids[w], env, fence_token=1)
             return 1
-        setup = teardown = None
+        op, setup, teardown = pooled(op, pool)
     elif variant == "batch":
         envs = [Envelope("BenchEvent", body)] * BATCH
 
         def op(w: int, i: int) -> int:
             Event.objects.append_batch([AppendItem(ids[w], tuple(envs), 1, None)])
             return BATCH
-        setup = teardown = None
+        op, setup, teardown = pooled(op, pool)
     else:
-        op, setup, teardown = _ceiling(ctx, ids, body)
+        op, setup, teardown = _ceiling(ctx, ids, body, pool)
 
     outcome = run_workers(conc, calls, op, setup=setup, teardown=teardown,
                           progress=lambda n: bar.update(n * per_call))
@@ -91,15 +110,63 @@ def _cell(ctx, variant: str, conc: int, ops: int, body: dict) -> None:
     ctx.verify(f"{variant} c={conc} events", outcome.units, written)
     ctx.verify(f"{variant} c={conc} streams with gaps", 0, streams.check_contiguous(pfx))
     ctx.record(variant, {"concurrency": conc, "payload_bytes": ctx.options["payload_bytes"],
-                         "events_per_call": per_call},
+                         "events_per_call": per_call, "connections": pool or conc},
                throughput=outcome.throughput, unit="events/s", latencies_ms=outcome.latencies_ms,
                count=outcome.units, verified_rows=written, wall_s=round(outcome.wall_s, 4))
     if not ctx.options.get("keep"):
         streams.remove(pfx)
 
 
-def _ceiling(ctx, ids: list[str], body: dict):
-    """The per-event statement through the raw driver: one connection per writer."""
+def connection_cap(ctx, writers: int) -> int | None:
+    """How many connections `writers` direct writers share on PostgreSQL; None: one each."""
+    cap = ctx.options.get("pg_connections") or 32
+    return cap if ctx.vendor == "postgresql" and writers > cap else None
+
+
+def pooled(op, pool: int | None):
+    """Wrap a worker operation so that the writers share `pool` Django connections (None: no pool).
+
+    Each call borrows a connection object and installs it as this thread's `connections["default"]`
+    (Django allows that once its thread sharing is raised), then restores the thread's own.
+    """
+    if pool is None:
+        return op, None, None
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    shared = []
+    for _ in range(pool):
+        wrapper = connections.create_connection("default")
+        wrapper.inc_thread_sharing()
+        shared.append(wrapper)
+        free.put(wrapper)
+    own: dict[int, object] = {}
+    leaving = threading.Lock()
+
+    def setup(w: int) -> None:
+        own[w] = connections["default"]
+
+    def borrowed(w: int, i: int) -> int:
+        wrapper = free.get()
+        connections["default"] = wrapper
+        try:
+            return op(w, i)
+        finally:
+            connections["default"] = own[w]
+            free.put(wrapper)
+
+    def teardown(w: int) -> None:
+        with leaving:  # the last writer out closes the shared connections
+            own.pop(w, None)
+            if not own:
+                for wrapper in shared:
+                    wrapper.close()
+                    wrapper.dec_thread_sharing()
+                shared.clear()
+
+    return borrowed, setup, teardown
+
+
+def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
+    """The per-event statement through the raw driver: one connection per writer (or a shared pool)."""
     text = json.dumps(body, separators=(",", ":"))
     conns: dict[int, object] = {}
     settings = connection.settings_dict
@@ -118,11 +185,38 @@ def _ceiling(ctx, ids: list[str], body: dict):
             for sid in ids
         ]
 
-        def setup(w: int) -> None:
-            conns[w] = psycopg.connect(
+        def connect():
+            return psycopg.connect(
                 host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432, dbname=settings["NAME"],
                 user=settings["USER"] or None, password=settings["PASSWORD"] or None, autocommit=True,
             )
+
+        if pool is not None:  # more writers than connections: borrow one per statement
+            free: queue.SimpleQueue = queue.SimpleQueue()
+            opened = [connect() for _ in range(pool)]
+            for conn in opened:
+                free.put(conn)
+            left = [len(ids)]
+            leaving = threading.Lock()
+
+            def op(w: int, i: int) -> int:
+                conn = free.get()
+                try:
+                    conn.execute(sql, params[w]).fetchall()
+                finally:
+                    free.put(conn)
+                return 1
+
+            def last_out(w: int) -> None:
+                with leaving:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        for conn in opened:
+                            conn.close()
+            return op, None, last_out
+
+        def setup(w: int) -> None:
+            conns[w] = connect()
 
         def op(w: int, i: int) -> int:
             conns[w].execute(sql, params[w]).fetchall()

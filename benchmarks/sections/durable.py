@@ -1,0 +1,105 @@
+"""Section `durable`: end-to-end durable executions of 1-step and 3-step no-op flows.
+
+N threads, each with its own connection, each starting executions back to back (caller-chosen
+ids under the run's prefix, which cost the same statements as minted ones). A no-op step keeps
+effect latency out: this is runtime + journal cost. Events per execution (2n+2) are asserted
+against the rows actually written, so events/s cannot drift from what the database holds.
+Whatever ownership is installed (LOOM_LEASE_MODE) is used, and recorded with the cell.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from benchmarks import streams
+from benchmarks.harness import run_workers
+from journal import conf
+from journal.flows import flow, start
+from journal.flows.ownership import get_ownership
+
+DEFAULT_CONCURRENCY = "1,16,64"
+
+
+@flow("bench.noop1")
+def noop1(ctx, value):
+    return ctx.step("noop", _noop)
+
+
+@flow("bench.noop3")
+def noop3(ctx, value):
+    ctx.step("a", _noop)
+    ctx.step("b", _noop)
+    return ctx.step("c", _noop)
+
+
+def _noop() -> int:
+    return 1
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--flow-concurrency", default=DEFAULT_CONCURRENCY,
+                        help=f"Comma-separated thread counts for the durable section (default {DEFAULT_CONCURRENCY}).")
+    parser.add_argument("--flow-executions", type=int, default=3000,
+                        help="Executions per durable cell, spread over its threads (default 3000).")
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{name} needs values >= 1")
+    return values
+
+
+def run(ctx) -> None:
+    for conc in _ints(ctx.options["flow_concurrency"], "--flow-concurrency"):
+        for steps, name in ((1, "bench.noop1"), (3, "bench.noop3")):
+            _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc))
+
+
+def count_headers(pfx: str, status: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM journal_execution WHERE id LIKE %s AND status = %s", [pfx + "%", status])
+        return cursor.fetchone()[0]
+
+
+def remove_headers(pfx: str) -> None:
+    """Benchmark maintenance only (see streams.remove): the runtime never deletes headers."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM journal_execution WHERE id LIKE %s", [pfx + "%"])
+
+
+def _cell(ctx, steps: int, name: str, conc: int, per_worker: int) -> None:
+    pfx = streams.prefix(ctx.run_id, "durable", steps, conc)
+    bar = ctx.progress(conc * per_worker, f"{steps}-step c={conc}")
+    start("bench.noop1", {}, execution_id=f"{pfx}warmup")  # first-use imports outside the timed window
+
+    def op(w: int, i: int) -> int:
+        out = start(name, {}, execution_id=f"{pfx}{w}:{i}")
+        if out.status != "completed":
+            raise RuntimeError(f"{out.execution_id}: {out.status} {out.error}")
+        return 1
+
+    outcome = run_workers(conc, per_worker, op, progress=bar.update)
+    bar.close()
+    if outcome.errors:
+        raise RuntimeError(f"durable {steps}-step c={conc}: {outcome.errors[:3]}")
+    executions = outcome.units + 1  # + the warm-up
+    per_exec = 2 * steps + 2
+    written = streams.count_events(pfx) - 4 - (per_exec * outcome.units)
+    ctx.verify(f"{steps}-step c={conc} events beyond 2n+2 per execution", 0, written)
+    ctx.verify(f"{steps}-step c={conc} executions completed in their header", executions,
+               count_headers(pfx, "completed"))
+    ctx.verify(f"{steps}-step c={conc} streams with gaps", 0, streams.check_contiguous(pfx))
+    ctx.record(f"{steps}-step", {"concurrency": conc, "steps": steps, "events_per_execution": per_exec,
+                                 "lease_mode": conf.get("LOOM_LEASE_MODE"),
+                                 "ownership": type(get_ownership()).__name__,
+                                 "snapshot_every": conf.get("LOOM_SNAPSHOT_EVERY")},
+               throughput=outcome.throughput, unit="exec/s", latencies_ms=outcome.latencies_ms,
+               count=outcome.units, verified_rows=outcome.units * per_exec,
+               events_per_s=round(outcome.throughput * per_exec, 1), wall_s=round(outcome.wall_s, 4))
+    if not ctx.options.get("keep"):
+        streams.remove(pfx)
+        remove_headers(pfx)

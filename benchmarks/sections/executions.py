@@ -1,0 +1,190 @@
+"""Section `executions`: 1-step durable flows with a 100 ms effect, concurrency 32 ... 2048.
+
+Each of C threads runs `--exec-rounds` executions (default 3) one after another through
+`journal.flows.start`; the step sleeps `--effect-ms` (100). Little's law bounds what C
+concurrent executions can do: C / effect time per second; efficiency is the measured exec/s
+against that bound, so it says how much of the concurrency the write path lets through.
+
+Connections: PostgreSQL allows 100 here, far fewer than 2048 threads. The runs' mid-run appends
+go through the coalescer (LOOM_COALESCE on for the section, `--no-coalesce` to compare), whose
+flush threads own their connections; the bootstrap and settle statements (they also write the
+execution header) borrow one of `--exec-connections` (32) shared connections for the statement
+only, as an application server's pool would. The effect itself holds no connection.
+Default sweep 32,128,512; `--full` adds 1024 and 2048.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+from django.db import connection, connections
+from django.test import override_settings
+
+from benchmarks import streams
+from benchmarks.harness import run_workers
+from journal import coalesce
+from journal.flows import flow, start
+
+DEFAULT = "32,128,512"
+FULL = "32,128,512,1024,2048"
+FLOW = "bench.effect"
+
+
+@flow(FLOW)
+def bench_effect(ctx, input):
+    """One step whose effect waits `ms` milliseconds (an I/O call: an API, a model, a queue)."""
+    return ctx.step("effect", _effect, input["ms"])
+
+
+def _effect(ms: float) -> int:
+    began = time.perf_counter()
+    if ms:
+        time.sleep(ms / 1000)
+    _tally("effect", time.perf_counter() - began)
+    return 1
+
+
+_tallies = threading.local()
+
+
+def _tally(kind: str, seconds: float) -> None:
+    totals = getattr(_tallies, "totals", None)
+    if totals is not None:
+        totals[kind] = totals.get(kind, 0.0) + seconds
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--exec-concurrency", default=None,
+                        help=f"Concurrent executions of the executions section (default {DEFAULT}; --full: {FULL}).")
+    parser.add_argument("--exec-rounds", type=int, default=3, help="Executions per thread per cell (3).")
+    parser.add_argument("--effect-ms", type=float, default=100.0, help="Effect latency of executions (100 ms).")
+    parser.add_argument("--exec-connections", type=int, default=32,
+                        help="Shared connections for the runs' bootstrap/settle statements (32).")
+    parser.add_argument("--no-coalesce", action="store_true",
+                        help="executions/effect-sweep: append directly (each write borrows a shared connection).")
+
+
+@contextlib.contextmanager
+def flow_writes(pool: int, coalesced: bool):
+    """Share `pool` connections among the runs' writes, and time every write per thread.
+
+    Each write (writer.write: bootstrap, append, settle) borrows a connection object for its own
+    duration and installs it as the thread's `connections["default"]`; a coalesced append needs
+    none (the flush threads write), so it runs without borrowing.
+    """
+    import queue
+
+    from journal.flows import writer
+
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    shared = []
+    for _ in range(pool):
+        wrapper = connections.create_connection("default")
+        wrapper.inc_thread_sharing()
+        shared.append(wrapper)
+        free.put(wrapper)
+    original = writer.write
+
+    def write(run, envelopes, settle=None):
+        began = time.perf_counter()
+        try:
+            if coalesced and run.token is not None and settle is None:
+                return original(run, envelopes, settle)
+            own = connections["default"]
+            borrowed = free.get()
+            connections["default"] = borrowed
+            try:
+                return original(run, envelopes, settle)
+            finally:
+                connections["default"] = own
+                free.put(borrowed)
+        finally:
+            _tally("write", time.perf_counter() - began)
+
+    writer.write = write
+    try:
+        with override_settings(LOOM_COALESCE=coalesced):
+            yield
+    finally:
+        writer.write = original
+        coalesce.close_shared()
+        for wrapper in shared:
+            wrapper.close()
+            wrapper.dec_thread_sharing()
+
+
+def run_cell(ctx, label: str, conc: int, rounds: int, effect_ms: float, rep: int = 0) -> dict:
+    """C threads x rounds executions; verified against the rows; returns figures and tallies."""
+    pfx = streams.prefix(ctx.run_id, label, conc, effect_ms, rep)
+    totals: list[dict] = []
+    lock = threading.Lock()
+    failures: list[str] = []
+
+    def setup(w: int) -> None:
+        _tallies.totals = {}
+
+    def op(w: int, i: int) -> int:
+        outcome = start(FLOW, {"ms": effect_ms}, execution_id=f"{pfx}{w}:{i}")
+        if outcome.status != "completed":
+            with lock:
+                failures.append(f"{outcome.execution_id}: {outcome.status} {outcome.error}")
+            return 0
+        return 1
+
+    def teardown(w: int) -> None:
+        with lock:
+            totals.append(_tallies.totals)
+        _tallies.totals = None
+
+    bar = ctx.progress(conc * rounds, f"{label} c={conc} effect={effect_ms:g}ms")
+    with flow_writes(ctx.options["exec_connections"], not ctx.options.get("no_coalesce")):
+        outcome = run_workers(conc, rounds, op, setup=setup, teardown=teardown,
+                              progress=lambda n: bar.update(n))
+    bar.close()
+    if outcome.errors or failures:
+        raise RuntimeError(f"{label} c={conc}: {(outcome.errors + failures)[:3]}")
+    executions = conc * rounds
+    events = streams.count_events(pfx)
+    per_exec = events / executions
+    with connection.cursor() as cursor:  # every execution: one stream, the same number of events
+        cursor.execute("SELECT count(DISTINCT stream_id), min(n), max(n) FROM (SELECT stream_id, count(*) AS n"
+                       " FROM journal_event WHERE stream_id LIKE %s GROUP BY stream_id) s", [pfx + "%"])
+        streams_written, least, most = cursor.fetchone()
+    ctx.verify(f"{label} c={conc} completed executions", executions, outcome.units)
+    ctx.verify(f"{label} c={conc} execution streams", executions, streams_written)
+    ctx.verify(f"{label} c={conc} events per execution (least vs most)", most, least)
+    ctx.verify(f"{label} c={conc} streams with gaps", 0, streams.check_contiguous(pfx))
+    if not ctx.options.get("keep"):
+        streams.remove(pfx)
+        _remove_headers(pfx)
+    return {
+        "executions": executions, "events": events, "events_per_execution": per_exec,
+        "exec_per_s": executions / outcome.wall_s, "latencies": outcome.latencies_ms, "wall_s": outcome.wall_s,
+        "write_s": sum(t.get("write", 0.0) for t in totals), "effect_s": sum(t.get("effect", 0.0) for t in totals),
+    }
+
+
+def _remove_headers(pfx: str) -> None:
+    """The flows' execution header rows of this benchmark (table of the flows app, if present)."""
+    from django.db import DatabaseError, transaction
+
+    with contextlib.suppress(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM journal_execution WHERE id LIKE %s", [pfx + "%"])
+
+
+def run(ctx) -> None:
+    opts = ctx.options
+    text = opts.get("exec_concurrency") or (FULL if opts.get("full") else DEFAULT)
+    effect_ms = opts["effect_ms"]
+    for conc in [int(v) for v in text.split(",") if v.strip()]:
+        cell = run_cell(ctx, "executions", conc, opts["exec_rounds"], effect_ms)
+        little = conc / (effect_ms / 1000) if effect_ms else None
+        ctx.record("1-step", {"concurrency": conc, "effect_ms": effect_ms, "rounds": opts["exec_rounds"],
+                              "coalesce": not opts.get("no_coalesce"), "connections": opts["exec_connections"]},
+                   throughput=cell["exec_per_s"], unit="exec/s", latencies_ms=cell["latencies"],
+                   count=cell["executions"], verified_rows=cell["events"],
+                   events_per_s=round(cell["exec_per_s"] * cell["events_per_execution"], 1),
+                   littles_law=little, efficiency=round(cell["exec_per_s"] / little, 3) if little else None,
+                   wall_s=round(cell["wall_s"], 3))

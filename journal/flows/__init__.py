@@ -1,0 +1,69 @@
+"""Durable flows: plain Python steps, journaled, resumable after a crash; or called transiently.
+
+    from journal.flows import flow, start, resume, invoke_transient
+
+    @flow("calc.add")
+    def add(ctx, input):
+        return ctx.step("add", lambda: input["a"] + input["b"])
+
+    start("calc.add", {"a": 1, "b": 2})          # durable: 4 events, returns Outcome
+    invoke_transient("calc.add", {"a": 1, "b": 2})  # writes nothing
+
+Modules: registry (defining), context (what flow code calls), runtime (start/resume/cancel),
+writer (the one write point), state (fold, snapshots, bounded load), ownership (lease hook),
+transient, describe, events (the event shape), errors. See docs/flows.md.
+
+Names that need the database (start, resume, cancel, describe, ...) load on first use, so a
+module may define flows before Django's app registry is ready.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from journal.flows.context import Context
+from journal.flows.errors import (
+    ExecutionExists,
+    FlowError,
+    InvalidInput,
+    NonDeterminism,
+    NonRetryableError,
+    NotResumable,
+    OwnershipLost,
+    StepFailed,
+    UnknownExecution,
+    UnknownFlow,
+)
+from journal.flows.outcome import Outcome
+from journal.flows.registry import Flow, flow, get_flow
+from journal.flows.retry import RetryPolicy
+from journal.flows.transient import invoke_transient
+
+if TYPE_CHECKING:
+    from journal.flows.describe import describe
+    from journal.flows.runtime import cancel, outcome_of, resume, start
+    from journal.flows.state import load_state
+
+_LAZY = {
+    "start": "journal.flows.runtime", "resume": "journal.flows.runtime", "cancel": "journal.flows.runtime",
+    "outcome_of": "journal.flows.runtime", "describe": "journal.flows.describe",
+    "load_state": "journal.flows.state",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'journal.flows' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Context", "ExecutionExists", "Flow", "FlowError", "InvalidInput", "NonDeterminism", "NonRetryableError",
+    "NotResumable", "Outcome", "OwnershipLost", "RetryPolicy", "StepFailed", "UnknownExecution", "UnknownFlow",
+    "cancel", "describe", "flow", "get_flow", "invoke_transient", "load_state", "outcome_of", "resume", "start",
+]

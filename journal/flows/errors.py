@@ -1,0 +1,75 @@
+"""The errors of durable flows. Each message names the execution, flow or step at fault."""
+
+from __future__ import annotations
+
+from journal.exceptions import JournalError
+
+
+class FlowError(JournalError):
+    """Base class of every error raised by journal.flows."""
+
+
+class UnknownFlow(FlowError, LookupError):
+    """No flow is registered under that name (is its module in LOOM_FLOW_MODULES?)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"no flow is registered as {name!r}; import its module or list it in LOOM_FLOW_MODULES")
+
+
+class UnknownExecution(FlowError, LookupError):
+    """No execution has that id: its stream has no events."""
+
+    def __init__(self, execution_id: str):
+        self.execution_id = execution_id
+        super().__init__(f"execution {execution_id!r} does not exist")
+
+
+class InvalidInput(FlowError, ValueError):
+    """The input of a flow does not validate or is not JSON-serialisable; nothing was written."""
+
+
+class ExecutionExists(FlowError):
+    """A start named an execution id that already exists; refused before any step ran."""
+
+    def __init__(self, execution_id: str, status: str, flow: str = "", result=None, error: str = ""):
+        self.execution_id, self.status, self.flow, self.result, self.error = execution_id, status, flow, result, error
+        where = f"status {status}" + (f", flow {flow}" if flow else "")
+        super().__init__(f"execution {execution_id!r} already exists ({where}); nothing was started. "
+                         f"Use describe() to read it or resume() to continue it")
+
+
+class NonDeterminism(FlowError):
+    """The flow asked for a different step than its log recorded at that position (code changed under it)."""
+
+    def __init__(self, execution_id: str, position: int, recorded: str, requested: str | None):
+        self.execution_id, self.position, self.recorded, self.requested = execution_id, position, recorded, requested
+        asked = f"step {requested!r}" if requested is not None else "no further step (the flow returned)"
+        super().__init__(f"non-determinism in execution {execution_id!r} at step position {position}: "
+                         f"the log recorded step {recorded!r} but the code asked for {asked}; "
+                         f"nothing was written (deploy the code the execution started with, then resume)")
+
+
+class OwnershipLost(FlowError):
+    """This run no longer owns the execution (a resume took over, or its lease was lost); it stopped
+    without writing anything further."""
+
+    def __init__(self, execution_id: str, detail: str):
+        self.execution_id = execution_id
+        super().__init__(f"run of execution {execution_id!r} stopped: {detail}; nothing further was written")
+
+
+class NotResumable(FlowError):
+    """The execution cannot be resumed or cancelled in its current state."""
+
+
+class NonRetryableError(Exception):
+    """Raise from a step to fail it at once, whatever its retry policy says."""
+
+
+class StepFailed(FlowError):
+    """A step failed for good (attempts exhausted or non-retryable). Uncaught, it fails the flow."""
+
+    def __init__(self, step: str, position: int, error: str, attempts: int):
+        self.step, self.position, self.error, self.attempts = step, position, error, attempts
+        super().__init__(f"step {step!r} (position {position}) failed after {attempts} attempt(s): {error}")

@@ -1,0 +1,85 @@
+"""Defining flows: `@flow(name, input_model=..., retry=...)` registers a plain function by name.
+
+A flow is `fn(ctx, input) -> result`. Its input and result are JSON-serialisable (a pydantic
+`input_model` validates the input; the flow then receives the model instance and the journal
+keeps `model_dump(mode="json")`). The registry is per process: every process that starts or
+resumes a flow must import its module (LOOM_FLOW_MODULES does that at start-up).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from journal.flows.errors import InvalidInput, UnknownFlow
+from journal.flows.retry import NO_RETRY, RetryPolicy
+
+_REGISTRY: dict[str, Flow] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    name: str
+    fn: Callable[..., Any]
+    input_model: type | None = None
+    retry: RetryPolicy = NO_RETRY
+
+    def prepare(self, value: Any, *, check_json: bool = True) -> tuple[Any, Any]:
+        """(what the flow receives, what the journal stores); InvalidInput if it does not validate."""
+        model = self.input_model
+        if model is not None:
+            from pydantic import ValidationError
+
+            try:
+                parsed = value if isinstance(value, model) else model.model_validate(value)
+            except ValidationError as exc:
+                raise InvalidInput(f"input of flow {self.name!r} does not validate: {exc}") from None
+            return parsed, (parsed.model_dump(mode="json") if check_json else None)
+        if check_json:
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise InvalidInput(f"input of flow {self.name!r} is not JSON-serialisable: {exc}") from None
+        return value, value
+
+    def __call__(self, ctx, value):
+        return self.fn(ctx, value)
+
+
+def flow(name: str | Callable | None = None, *, input_model: type | None = None,
+         retry: RetryPolicy | None = None):
+    """Register a flow: `@flow("calc.add")`, `@flow(name="calc.add", retry=RetryPolicy(3))` or bare `@flow`
+    (named module.qualname). `retry` is the default policy of the flow's steps."""
+    if callable(name):  # bare @flow
+        return flow()(name)
+
+    def register(fn: Callable) -> Flow:
+        flow_name = name or f"{fn.__module__}.{fn.__qualname__}"
+        if not isinstance(flow_name, str) or not flow_name or len(flow_name) > 200:
+            raise ValueError(f"flow name must be a non-empty string of at most 200 characters, got {flow_name!r}")
+        existing = _REGISTRY.get(flow_name)
+        if existing is not None and (existing.fn.__module__, existing.fn.__qualname__) != (
+                fn.__module__, fn.__qualname__):
+            raise ValueError(f"flow {flow_name!r} is already registered by "
+                             f"{existing.fn.__module__}.{existing.fn.__qualname__}")
+        defined = Flow(flow_name, fn, input_model, retry or NO_RETRY)
+        _REGISTRY[flow_name] = defined
+        return defined
+
+    return register
+
+
+def get_flow(name: str | Flow) -> Flow:
+    """The flow registered under `name` (a Flow is returned as is); UnknownFlow otherwise."""
+    if isinstance(name, Flow):
+        return name
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise UnknownFlow(name) from None
+
+
+def registered() -> dict[str, Flow]:
+    return dict(_REGISTRY)

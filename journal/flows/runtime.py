@@ -1,0 +1,216 @@
+"""Running durable flows: start, resume, cancel. A run happens in the caller's thread.
+
+Statement cost of a fresh run of n steps that succeed first time (the hot path): n + 1 writes.
+The bootstrap writes EXECUTION_STARTED and the first STEP_STARTED with fence token 1 and the
+header row in one statement; each later write carries a step's STEP_COMPLETED with the next
+STEP_STARTED, and the last carries the final STEP_COMPLETED, EXECUTION_COMPLETED and the settled
+header. No read happens on that path. Every write goes through journal/flows/writer.py `write()`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db import transaction
+from ulid import ULID
+
+from journal.envelopes import Envelope, check_stream_id
+from journal.exceptions import InvalidStream, StaleFence, StreamExists, UnknownStream
+from journal.flows import events as ev
+from journal.flows import writer
+from journal.flows.context import DurableContext, Halt, _error_text, _jsonable
+from journal.flows.errors import (
+    ExecutionExists,
+    InvalidInput,
+    NotResumable,
+    OwnershipLost,
+    StepFailed,
+    UnknownExecution,
+)
+from journal.flows.outcome import Outcome
+from journal.flows.ownership import Claim, get_ownership
+from journal.flows.registry import Flow, get_flow
+from journal.flows.state import CANCELLED, ExecutionState, checkpoint, load_state, snapshot_every
+
+
+class Runner:
+    """One run of one execution: its pending events, its folded state, its claim."""
+
+    __slots__ = ("claim", "every", "pending", "run", "state")
+
+    def __init__(self, run: writer.RunHandle, state: ExecutionState, claim: Claim | None):
+        self.run = run
+        self.state = state
+        self.claim = claim
+        self.pending: list[Envelope] = []
+        self.every = snapshot_every()
+
+    def emit(self, type_: str, payload: dict) -> None:
+        """Queue an event and fold it; it is written by the next flush."""
+        self.state.apply(self.run.tip + len(self.pending) + 1, type_, payload)
+        self.pending.append(Envelope(type_, payload))
+
+    def flush(self, settle: writer.Settle | None = None) -> None:
+        """Write the queued events (the bootstrap, for the first flush of a fresh start)."""
+        envelopes, self.pending = self.pending, []
+        run = self.run
+        fresh = run.token is None
+        try:
+            writer.write(run, envelopes, settle)
+        except StreamExists:
+            raise Halt(_exists(run.execution_id)) from None
+        except UnknownStream as exc:
+            raise Halt(OwnershipLost(run.execution_id, str(exc))) from None
+        except Exception as exc:  # refused (stale fence: taken over) or the database failed: stop the run
+            raise Halt(exc) from None
+        if fresh:
+            self.claim = get_ownership().begin(run.execution_id, run.token, fresh=True)
+        if self.every is not None:
+            checkpoint(self.state)
+
+    def boundary(self) -> None:
+        """A step boundary: stop if the claim was lost."""
+        if self.claim is not None and self.claim.lost:
+            raise Halt(OwnershipLost(self.run.execution_id, "its ownership claim was lost"))
+
+    def atomic_step(self, name: str, pos: int, attempt: int, began: float, fn, args) -> Any:
+        """Run fn and write its STEP_COMPLETED in one transaction: its database effects and the record
+        that it completed commit together, or neither does."""
+        with transaction.atomic():
+            result = fn(*args)
+            problem = _jsonable(result)
+            if problem is not None:
+                raise StepFailed(name, pos, problem, attempt)
+            self.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": attempt, "result": result,
+                                          "ms": round((time.perf_counter() - began) * 1000, 3)})
+            self.flush()
+        return result
+
+    def drive(self, flow: Flow, value: Any) -> Outcome:
+        eid = self.run.execution_id
+        ctx = DurableContext(self, self.state, flow.retry)
+        try:
+            try:
+                result = flow.fn(ctx, value)
+                ctx.check_consumed()
+                problem = _jsonable(result)
+                if problem is not None:
+                    raise TypeError(f"flow {flow.name} returned a value that is not storable: {problem}")
+            except Halt:
+                raise
+            except Exception as exc:
+                error = _error_text(exc)
+                self.boundary()
+                self.emit(ev.EXECUTION_FAILED, {"error": error})
+                self.flush(writer.Settle("failed", None, error))
+                return Outcome(eid, "failed", None, error)
+            self.boundary()
+            self.emit(ev.EXECUTION_COMPLETED, {"result": result})
+            self.flush(writer.Settle("completed", result))
+            return Outcome(eid, "completed", result, None)
+        except Halt as halt:
+            return _halted(eid, halt.error)
+        finally:
+            if self.claim is not None:
+                self.claim.end()
+
+
+def _exists(execution_id: str) -> ExecutionExists:
+    header = writer.header_status(execution_id)
+    if header is None:
+        return ExecutionExists(execution_id, "unknown (a stream of that id exists without an execution header)")
+    status, flow, result, error = header
+    return ExecutionExists(execution_id, status, flow, result, error)
+
+
+def _halted(execution_id: str, error: Exception) -> Outcome:
+    """A run stopped: a cancel that took over is an outcome; anything else is raised."""
+    if isinstance(error, OwnershipLost) or _is_stale(error):
+        header = writer.header_status(execution_id)
+        if header is not None and header[0] == CANCELLED:
+            return Outcome(execution_id, CANCELLED, None, header[3] or "cancelled")
+        if not isinstance(error, OwnershipLost):
+            error = OwnershipLost(execution_id, f"another run took over ({error})")
+    raise error
+
+
+def _is_stale(error: Exception) -> bool:
+    return isinstance(error, StaleFence)
+
+
+def start(flow: str | Flow, input: Any, execution_id: str | None = None) -> Outcome:
+    """Start a durable execution and run it to completion in this thread.
+
+    With no id a ULID is minted; a caller-chosen id makes the start idempotent: a second start of
+    the same id (even racing from another process) raises ExecutionExists before any step runs.
+    """
+    definition = get_flow(flow)
+    value, stored = definition.prepare(input)
+    if execution_id is None:
+        execution_id = str(ULID())
+    else:
+        try:
+            check_stream_id(execution_id)
+        except InvalidStream as exc:
+            raise InvalidInput(str(exc)) from None
+    state = ExecutionState(execution_id)
+    runner = Runner(writer.RunHandle(execution_id, definition.name, stored), state, None)
+    runner.emit(ev.EXECUTION_STARTED, {"flow": definition.name, "input": stored})
+    return runner.drive(definition, value)
+
+
+def _take_over(execution_id: str) -> tuple[int, ExecutionState]:
+    """A new fence first (every older owner is refused from here on), then the state."""
+    from journal.models import Fence
+
+    try:
+        token = Fence.objects.advance(execution_id)
+    except UnknownStream:
+        raise UnknownExecution(execution_id) from None
+    return token, load_state(execution_id)
+
+
+def resume(execution_id: str) -> Outcome:
+    """Continue an execution whose owner died: take a new fence, replay the log, run the rest.
+
+    A settled execution is not run again: its outcome is returned. NonDeterminism if the code
+    asks for a different step than the log recorded (nothing is written then).
+    """
+    token, state = _take_over(execution_id)
+    if state.settled:
+        return Outcome(execution_id, state.status, state.result, state.error or None)
+    definition = get_flow(state.flow)
+    value, _ = definition.prepare(state.input, check_json=False)
+    run = writer.RunHandle(execution_id, definition.name, state.input, token=token, tip=state.seq)
+    claim = get_ownership().begin(execution_id, token, fresh=False)
+    return Runner(run, state, claim).drive(definition, value)
+
+
+def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
+    """Cancel an execution: take its fence (a running owner is refused at its next step boundary and
+    stops) and record EXECUTION_CANCELLED. Cancelling a cancelled execution returns its outcome;
+    a completed or failed one raises NotResumable."""
+    token, state = _take_over(execution_id)
+    if state.settled:
+        if state.status == CANCELLED:
+            return Outcome(execution_id, CANCELLED, None, state.error or "cancelled")
+        raise NotResumable(f"execution {execution_id!r} already {state.status}; it cannot be cancelled")
+    reason = str(reason or "cancelled")[:2000]
+    run = writer.RunHandle(execution_id, state.flow, state.input, token=token, tip=state.seq)
+    runner = Runner(run, state, None)
+    runner.emit(ev.EXECUTION_CANCELLED, {"reason": reason})
+    try:
+        runner.flush(writer.Settle(CANCELLED, None, reason))
+    except Halt as halt:
+        raise halt.error from None
+    return Outcome(execution_id, CANCELLED, None, reason)
+
+
+def outcome_of(execution_id: str) -> Outcome:
+    """The outcome as the log says now (a bounded read); status running while it is not settled."""
+    state = load_state(execution_id)
+    return Outcome(execution_id, state.status, state.result, state.error or None)
+
+
+

@@ -1,0 +1,113 @@
+"""The folded state of an execution, checkpoints of it, and loading it with a bounded read.
+
+The state is what a resume needs: the flow, its input, and per step position the recorded step
+name, its status and result (or error) and its attempt. The runner folds every event it writes
+into it as it goes (so a checkpoint costs no read), and `load_state` rebuilds it from the newest
+snapshot plus the tail after it: two queries, and rows = 1 snapshot + the tail, never the whole log
+once a snapshot exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from journal import conf
+from journal.flows import events as ev
+from journal.flows.errors import UnknownExecution
+
+# Status of one step record (index 1 of a step record list).
+STARTED, COMPLETED, FAILED, RETRYING = "started", "completed", "failed", "retrying"
+
+RUNNING, SETTLED_COMPLETED, SETTLED_FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
+TERMINAL = frozenset({SETTLED_COMPLETED, SETTLED_FAILED, CANCELLED})
+
+
+@dataclass(slots=True)
+class ExecutionState:
+    """Folded state. steps[pos] = [name, status, result-or-error, attempt]; seq = last folded seq."""
+
+    execution_id: str
+    flow: str = ""
+    input: Any = None
+    status: str = RUNNING
+    steps: list[list] = field(default_factory=list)
+    result: Any = None
+    error: str = ""
+    seq: int = -1
+    snapshot_seq: int = -1  # seq of the newest checkpoint (-1: none)
+
+    def apply(self, seq: int, type_: str, p: dict) -> None:
+        """Fold one event (in seq order)."""
+        if type_ == ev.STEP_STARTED:
+            self._put(p["pos"], [p["step"], STARTED, None, p.get("attempt", 1)])
+        elif type_ == ev.STEP_COMPLETED:
+            self._put(p["pos"], [p["step"], COMPLETED, p.get("result"), p.get("attempt", 1)])
+        elif type_ == ev.STEP_FAILED:
+            self._put(p["pos"], [p["step"], RETRYING if p.get("retry") else FAILED, p.get("error", ""),
+                                 p.get("attempt", 1)])
+        elif type_ == ev.EXECUTION_STARTED:
+            self.flow, self.input, self.status = p.get("flow", ""), p.get("input"), RUNNING
+        elif type_ == ev.EXECUTION_COMPLETED:
+            self.status, self.result = SETTLED_COMPLETED, p.get("result")
+        elif type_ == ev.EXECUTION_FAILED:
+            self.status, self.error = SETTLED_FAILED, p.get("error", "")
+        elif type_ == ev.EXECUTION_CANCELLED:
+            self.status, self.error = CANCELLED, p.get("reason", "") or "cancelled"
+        self.seq = seq
+
+    def _put(self, pos: int, record: list) -> None:
+        if pos == len(self.steps):
+            self.steps.append(record)
+        else:
+            self.steps[pos] = record
+
+    @property
+    def settled(self) -> bool:
+        return self.status in TERMINAL
+
+    def to_json(self) -> dict:
+        """The checkpoint. A settled execution keeps its outcome but not its step records: nothing
+        replays a settled execution (resume returns its outcome), so loading it should not pay for
+        parsing every step's result; describe() reads the log itself for the timeline."""
+        steps = None if self.status in TERMINAL else self.steps
+        return {"flow": self.flow, "input": self.input, "status": self.status, "steps": steps,
+                "step_count": len(self.steps), "result": self.result, "error": self.error, "seq": self.seq}
+
+    @classmethod
+    def from_json(cls, execution_id: str, data: dict, snapshot_seq: int) -> ExecutionState:
+        return cls(execution_id, data["flow"], data["input"], data["status"], data["steps"] or [],
+                   data["result"], data["error"], data["seq"], snapshot_seq)
+
+
+def snapshot_every() -> int | None:
+    return conf.get("LOOM_SNAPSHOT_EVERY")
+
+
+def load_state(execution_id: str) -> ExecutionState:
+    """The newest snapshot, then only the events after it: two queries, a bounded number of rows."""
+    from journal.models import Event, Snapshot
+
+    snap = Snapshot.objects.latest(execution_id)
+    if snap is None:
+        state = ExecutionState(execution_id)
+    else:
+        state = ExecutionState.from_json(execution_id, snap.state, snap.seq)
+    tail = Event.objects.read(execution_id, after_seq=state.seq)
+    if snap is None and not tail:
+        raise UnknownExecution(execution_id)
+    for event in tail:
+        state.apply(event.seq, event.type, event.payload)
+    return state
+
+
+def checkpoint(state: ExecutionState) -> bool:
+    """Save a snapshot at state.seq if the tail since the last one reached LOOM_SNAPSHOT_EVERY."""
+    every = snapshot_every()
+    if every is None or state.seq - state.snapshot_seq < every:
+        return False
+    from journal.models import Snapshot
+
+    Snapshot.objects.save_state(state.execution_id, state.seq, state.to_json())
+    state.snapshot_seq = state.seq
+    return True
