@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from django.conf import settings as django_settings
 from django.db import connection
 from django.test.utils import override_settings
 
@@ -58,7 +59,8 @@ def _cleanup(ctx, names: list[str], prefix: str | None) -> None:
 
 def _child_env() -> dict[str, str]:
     s = connection.settings_dict
-    env = dict(os.environ, PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="loomsite.settings")
+    # The children run the same settings module as this process (whatever project hosts the apps).
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE=django_settings.SETTINGS_MODULE)
     if connection.vendor == "sqlite":
         env["DATABASE_URL"] = f"sqlite:///{s['NAME']}"
     else:

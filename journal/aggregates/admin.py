@@ -1,7 +1,7 @@
 """Read-only admin pages for aggregates: each declared state, its streams, and one stream's events
 with its current state computed on view (a replay that bypasses the cache, so it shows the log's truth).
 
-Mounted by loomsite/urls.py at /admin/aggregates/ (staff only, through `admin.site.admin_view`).
+Mounted by the project (see docs/aggregates.md) at /admin/aggregates/ (staff only, through `admin.site.admin_view`).
 Pages, not a ModelAdmin: a proxy model of Event would need a migration in the journal app, and
 these pages only read. A state's streams are found by its stream prefix (see State.prefix).
 """

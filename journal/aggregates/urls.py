@@ -1,4 +1,4 @@
-"""URLs of the aggregate admin pages; loomsite/urls.py mounts them at /admin/aggregates/."""
+"""URLs of the aggregate admin pages; a project mounts them at /admin/aggregates/ (see docs/aggregates.md)."""
 
 from django.urls import path
 
