@@ -59,13 +59,25 @@ class JournalStore(ABC):
         """Append every item, each stream under its own guards, in one statement; all or nothing."""
         if not items:
             return []
-        seen: set[str] = set()
-        for item in items:
-            if item.stream_id in seen:
-                raise InvalidPayload(f"stream {item.stream_id} appears twice in one batch; merge its envelopes")
-            seen.add(item.stream_id)
+        if len(items) > 1 and len({item.stream_id for item in items}) < len(items):
+            seen: set[str] = set()
+            for item in items:
+                if item.stream_id in seen:
+                    raise InvalidPayload(f"stream {item.stream_id} appears twice in one batch; merge its envelopes")
+                seen.add(item.stream_id)
+        return self.append_encoded(items, self.encode(items))
+
+    @staticmethod
+    def encode(items: Sequence[AppendItem]) -> list[list[str]]:
+        """Validate and encode every payload (before any SQL); raises InvalidPayload."""
         limit = conf.get("LOOM_MAX_PAYLOAD_BYTES")
-        encoded = [[env.encode(limit) for env in item.envelopes] for item in items]
+        return [[env.encode(limit) for env in item.envelopes] for item in items]
+
+    def append_encoded(self, items: Sequence[AppendItem], encoded: list[list[str]]) -> list[Appended]:
+        """The guarded statement for items already validated by `encode` (distinct streams).
+
+        The coalescer encodes in each caller's thread and calls this from its flush thread.
+        """
         try:
             verdicts = self._append(items, encoded)
         except IntegrityError as exc:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import psycopg
+from django.db.backends.utils import CursorDebugWrapper
+
 from journal import conf
 from journal.envelopes import AppendItem, SnapshotRecord
 from journal.exceptions import StaleFence, UnknownStream
@@ -157,8 +160,11 @@ class PostgresStore(JournalStore):
     def _append(self, items, encoded) -> list[Verdict]:
         params = self.append_params(items, encoded)
         with self._guarded(), self.connection.cursor() as cursor:
-            cursor.execute(self.append_sql(), params)
+            _execute_prepared(self.connection, cursor, self.append_sql(), params)
             rows = cursor.fetchall()
+        if len(rows) == 1:  # the per-event path: one stream, no lookup table needed
+            row = rows[0]
+            return [Verdict(row[0], row[1], row[2], row[3])]
         by_stream = {row[0]: Verdict(row[0], row[1], row[2], row[3]) for row in rows}
         return [by_stream[item.stream_id] for item in items]
 
@@ -172,7 +178,7 @@ class PostgresStore(JournalStore):
         }
         sql = OPEN_NOTIFY if conf.get("LOOM_NOTIFY") else OPEN_SILENT
         with self._guarded(), self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            _execute_prepared(self.connection, cursor, sql, params)
             return cursor.fetchone()[0] > 0
 
     def advance_fence(self, stream_id: str, expected_token: int | None = None) -> int:
@@ -190,3 +196,32 @@ class PostgresStore(JournalStore):
         state = json.dumps(snapshot.state, separators=(",", ":"))
         with self._guarded(), self.connection.cursor() as cursor:
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state])
+
+
+_ONLY_WHEN_ASKED = 2**31
+
+
+def _execute_prepared(connection, cursor, sql: str, params) -> None:
+    """Run one of the journal's fixed statements as a server-side prepared statement.
+
+    Django connects with psycopg's prepare_threshold=None, so every execution of APPEND would be
+    parsed and planned again; planning the CTE was about half of a one-event append's cost. With
+    server-side binding the text is fixed and the arrays carry any batch size, so one plan per
+    connection serves every append. Through Django's debug cursor (DEBUG, or a test capturing
+    queries) the statement is still logged. Client-side binding cannot prepare: plain execute.
+    """
+    raw = cursor.cursor
+    if isinstance(raw, psycopg.ClientCursor):
+        cursor.execute(sql, params)
+        return
+    if raw.connection.prepare_threshold is None:
+        # None disables even an explicit prepare=True; a threshold no other query reaches keeps
+        # Django's own queries unprepared (as Django intends) and lets ours ask for it.
+        raw.connection.prepare_threshold = _ONLY_WHEN_ASKED
+    connection.validate_no_broken_transaction()
+    if isinstance(cursor, CursorDebugWrapper):
+        with cursor.debug_sql(sql, params), connection.wrap_database_errors:
+            raw.execute(sql, params, prepare=True)
+        return
+    with connection.wrap_database_errors:
+        raw.execute(sql, params, prepare=True)
