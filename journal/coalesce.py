@@ -1,33 +1,42 @@
-"""Cross-stream coalescing: appends of many concurrent writers merged into one guarded statement.
+"""Cross-stream coalescing: writes of many concurrent callers merged into one statement per batch.
 
-Every append is one statement and, on PostgreSQL, one notifying commit; commits that notify are
-serialised by the server, so many small appends hit a ceiling that more writers cannot lift. The
-`CoalescingAppender` takes the appends of many threads (each to its own stream), merges up to
-`max_batch` of them into one `append_batch`-shaped statement (each stream still under its own
-fence and sequence guard, one notification for the whole commit) and hands every caller its own
-outcome.
+Every write is one statement and, on PostgreSQL, one notifying commit; commits that notify are
+serialised by the server, so many small writes hit a ceiling that more writers cannot lift. The
+`Coalescer` takes the writes of many threads (each to its own stream), merges up to `max_batch`
+requests of one KIND into one statement (each stream still under its own guards, one notification
+for the whole commit) and hands every caller its own outcome.
 
-How a batch forms: a flush thread takes whatever requests are waiting, up to `max_batch`, and
-writes them at once. There is no timer: a lone writer's request is written as soon as a flush
-thread is free, and requests pile up only while the flush threads are busy writing, which is
-exactly when merging pays. Each flush thread owns its database connection, so thousands of
-waiting callers need no connection of their own.
+Kinds: a kind is a name and a batch executor, `executor(using, payloads) -> outcomes`, that runs
+ONE statement for many requests and returns, per request in order, its value, the caller's own
+exception, or `RETRY` (not written because another request of an all-or-nothing statement
+failed: write it again). The journal registers `append` (the guarded multi-stream append);
+other apps register theirs with `register_kind` (journal/flows: the bootstrap and the settle of
+an execution, each with its header row). This module knows no kind but its own.
 
-Per-caller outcomes: the statement is all or nothing, so when some rows fail their guard the
-store names them (BatchRefused.errors); those callers get their own error and the others are
-written again without them, in a new statement. A caller never sees another caller's failure.
+How a batch forms: a flush thread takes the oldest waiting request and every other waiting
+request of the same kind, up to `max_batch`, and writes them at once. There is no timer: a lone
+writer's request is written as soon as a flush thread is free, and requests pile up only while
+the flush threads are busy writing, which is exactly when merging pays. Each flush thread owns
+its database connection, so thousands of waiting callers need no connection of their own.
 
-Inert unless used: nothing starts until the first `append`; `shared_appender()` is what durable
+Per-caller outcomes: a caller never sees another caller's failure. Requests the executor marks
+RETRY are written again without the failed ones, in a new statement; when an executor cannot say
+who failed (every request RETRY), each request is written alone.
+
+Inert unless used: nothing starts until the first request; `shared_coalescer()` is what durable
 flows use when LOOM_COALESCE is on. A caller inside a transaction (atomic block) is not
-coalesced: its rows must commit or roll back with its transaction, so it appends directly.
+coalesced: its rows must commit or roll back with its transaction, so its request runs through
+the same executor, alone, on its own connection.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from django.db import connections
 
@@ -37,25 +46,79 @@ from journal.exceptions import AppendRefused, BatchRefused, JournalError
 
 
 class CoalescerClosed(JournalError):
-    """The coalescer was closed; it accepts no more appends."""
+    """The coalescer was closed; it accepts no more requests."""
+
+
+class _Retry:
+    """The outcome of a request that was not written because another one failed: write it again."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RETRY"
+
+
+RETRY = _Retry()
+
+Executor = Callable[[str, list[Any]], Sequence[Any]]
+_kinds: dict[str, Executor] = {}
+
+
+def register_kind(kind: str, executor: Executor) -> None:
+    """Declare a kind of request and the batch executor that writes many of them in one statement.
+
+    The executor runs on a flush thread's connection (`connections[using]`), gets the payloads in
+    arrival order (distinct streams) and returns one outcome per payload: a value, an exception
+    (that caller's own), or RETRY. An exception it raises goes to every caller of the batch.
+    """
+    _kinds[kind] = executor
+
+
+def refusal_outcomes(keys: Sequence[str], errors: dict[str, BaseException]) -> list[Any]:
+    """Outcomes of an all-or-nothing statement refused for the streams named in `errors`.
+
+    The named callers get their error, the others RETRY. If every stream of a batch of several is
+    named (the server could not attribute a unique violation), all RETRY: the coalescer then
+    writes each alone, so an innocent caller never gets someone else's error.
+    """
+    if len(keys) > 1 and all(key in errors for key in keys):
+        return [RETRY] * len(keys)
+    return [errors.get(key, RETRY) for key in keys]
 
 
 class _Request:
-    """One caller's append, waiting for its flush; `done` is set once result or error is in."""
+    """One caller's write, waiting for its flush; `done` is set once result or error is in."""
 
-    __slots__ = ("done", "encoded", "error", "item", "result")
+    __slots__ = ("done", "error", "key", "kind", "payload", "result")
 
-    def __init__(self, item: AppendItem, encoded: list[str]):
-        self.item, self.encoded = item, encoded
-        self.result: Appended | None = None
+    def __init__(self, kind: str, key: str, payload: Any):
+        self.kind, self.key, self.payload = kind, key, payload
+        self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
 
 
-class CoalescingAppender:
-    """Merge appends from many threads into multi-row guarded statements (see the module doc).
+def run_alone(kind: str, payload: Any, using: str = "default") -> Any:
+    """A request written on the caller's own connection through its kind's executor (uncoalesced)."""
+    outcome = _executor(kind)(using, [payload])[0]
+    if outcome is RETRY:
+        raise JournalError(f"the {kind} executor asked to retry a request that was alone in its statement")
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
-    max_batch: most streams (requests) per statement; default LOOM_COALESCE_MAX_BATCH.
+
+def _executor(kind: str) -> Executor:
+    try:
+        return _kinds[kind]
+    except KeyError:
+        raise JournalError(f"no coalescing kind {kind!r} is registered") from None
+
+
+class Coalescer:
+    """Merge requests from many threads into one statement per batch and kind (see the module doc).
+
+    max_batch: most requests (streams) per statement; default LOOM_COALESCE_MAX_BATCH.
     flushers: flush threads, each with its own connection; default LOOM_COALESCE_FLUSHERS.
     """
 
@@ -71,42 +134,50 @@ class CoalescingAppender:
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._pid = os.getpid()
-        # Counters for benchmarks and tests (statements run, rows written, retries after a refusal).
+        # Counters for benchmarks and tests: statements run, requests in them, retry rounds after a
+        # refusal, the same per kind, and the flush threads' time inside statements.
         self.statements = 0
         self.batched_requests = 0
         self.retries = 0
+        self.kind_statements: dict[str, int] = {}
+        self.kind_requests: dict[str, int] = {}
+        self.busy_s = 0.0
         self._counts = threading.Lock()
 
     # -- the caller's side ----------------------------------------------------------------------
-    def append(self, stream_id: str, envelopes: Iterable[Envelope] | Envelope, *, fence_token: int | None = None,
-               expected_seq: int | None = None) -> Appended:
-        """Like Event.objects.append: guarded by fence token and/or expected tip; this caller's outcome."""
-        return self.append_item(AppendItem.build(stream_id, envelopes, fence_token, expected_seq))
-
-    def append_item(self, item: AppendItem) -> Appended:
-        """Append one stream's events through a shared statement; block until it committed or failed.
-
-        Validation (types, payload size) happens here, in the caller's thread, before anything is
-        queued: a bad payload is this caller's InvalidPayload and never reaches a batch.
-        """
-        from journal.store import store_for
-
-        store = store_for(self.using)
-        encoded = store.encode([item])[0]
+    def submit(self, kind: str, key: str, payload: Any) -> Any:
+        """Write one request of `kind` for stream `key` through a shared statement; block until it
+        committed or failed; return its value or raise the caller's own exception."""
+        _executor(kind)
         if connections[self.using].in_atomic_block:
-            return store.append_encoded([item], [encoded])[0]
-        request = _Request(item, encoded)
+            return run_alone(kind, payload, self.using)
+        request = _Request(kind, key, payload)
         with self._cond:
             if self._closed:
-                raise CoalescerClosed("the coalescing appender is closed")
+                raise CoalescerClosed("the coalescer is closed")
             self._start_locked()
             self._pending.append(request)
             self._cond.notify()
         request.done.wait()
         if request.error is not None:
             raise request.error
-        assert request.result is not None
         return request.result
+
+    def append(self, stream_id: str, envelopes: Iterable[Envelope] | Envelope, *, fence_token: int | None = None,
+               expected_seq: int | None = None) -> Appended:
+        """Like Event.objects.append: guarded by fence token and/or expected tip; this caller's outcome."""
+        return self.append_item(AppendItem.build(stream_id, envelopes, fence_token, expected_seq))
+
+    def append_item(self, item: AppendItem) -> Appended:
+        """Append one stream's events through a shared statement (the `append` kind).
+
+        Validation (types, payload size) happens here, in the caller's thread, before anything is
+        queued: a bad payload is this caller's InvalidPayload and never reaches a batch.
+        """
+        from journal.store import store_for
+
+        encoded = store_for(self.using).encode([item])[0]
+        return self.submit(APPEND, item.stream_id, (item, encoded))
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Write what is queued, stop the flush threads and close their connections."""
@@ -117,7 +188,7 @@ class CoalescingAppender:
         for thread in threads:
             thread.join(timeout)
 
-    def __enter__(self) -> CoalescingAppender:
+    def __enter__(self) -> Coalescer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -135,24 +206,29 @@ class CoalescingAppender:
             thread.start()
 
     def _take_locked(self) -> list[_Request]:
-        """Up to max_batch waiting requests, oldest first, at most one per stream.
+        """Up to max_batch waiting requests of one kind (the oldest eligible one's), at most one per
+        stream, in arrival order.
 
         A request whose stream is already in this batch or in another flusher's statement stays
-        queued (in order) for a later batch: one statement cannot hold a stream twice, and a
-        stream's requests are written in the order they arrived.
+        queued (in order) for a later batch: one statement cannot hold a stream twice. A request of
+        another kind stays queued too, and blocks later requests of its stream: a stream's requests
+        are written in the order they arrived.
         """
         batch: list[_Request] = []
         held: list[_Request] = []
-        streams = self._inflight
+        blocked = set(self._inflight)
+        kind = None
         while self._pending and len(batch) < self.max_batch:
             request = self._pending.popleft()
-            sid = request.item.stream_id
-            if sid in streams:
+            if request.key in blocked or (kind is not None and request.kind != kind):
+                blocked.add(request.key)
                 held.append(request)
                 continue
-            streams.add(sid)
+            kind = request.kind
+            blocked.add(request.key)
             batch.append(request)
         self._pending.extendleft(reversed(held))
+        self._inflight.update(request.key for request in batch)
         return batch
 
     def _run(self) -> None:
@@ -170,89 +246,137 @@ class CoalescingAppender:
                 finally:
                     with self._cond:
                         for request in batch:
-                            self._inflight.discard(request.item.stream_id)
+                            self._inflight.discard(request.key)
                         if self._pending:  # held requests of these streams may go now
                             self._cond.notify()
         finally:
             connections[self.using].close()
 
     def _flush(self, batch: list[_Request]) -> None:
-        """Write the batch; on a guard refusal, fail only the refused rows and write the rest again."""
-        from journal.store import store_for
-
-        store = store_for(self.using)
+        """Write the batch (one kind); requests marked RETRY are written again without the others."""
+        kind = batch[0].kind
+        executor = _executor(kind)
         remaining = batch
         while remaining:
             with self._counts:
                 self.statements += 1
                 self.batched_requests += len(remaining)
+                self.kind_statements[kind] = self.kind_statements.get(kind, 0) + 1
+                self.kind_requests[kind] = self.kind_requests.get(kind, 0) + len(remaining)
+            began = time.perf_counter()
             try:
-                results = store.append_encoded([r.item for r in remaining], [r.encoded for r in remaining])
-            except BatchRefused as exc:
-                refused = [r for r in remaining if r.item.stream_id in exc.errors]
-                if len(refused) == len(remaining) and len(remaining) > 1:
-                    # Every stream named (a unique violation the server did not attribute):
-                    # write each on its own, so only the true culprit gets an error.
-                    for request in remaining:
-                        self._flush([request])
-                    return
-                for request in refused:
-                    self._finish(request, error=exc.errors[request.item.stream_id])
-                remaining = [r for r in remaining if r.item.stream_id not in exc.errors]
-                with self._counts:
-                    self.retries += 1
-                continue
-            except AppendRefused as exc:  # a batch of one: its own refusal
-                self._finish(remaining[0], error=exc)
-                return
+                outcomes = executor(self.using, [r.payload for r in remaining])
+                if len(outcomes) != len(remaining):
+                    raise JournalError(f"the {kind} executor returned {len(outcomes)} outcomes for "
+                                       f"{len(remaining)} requests")
             except BaseException as exc:  # database down, connection lost...: everyone in it, as direct
                 connections[self.using].close_if_unusable_or_obsolete()
                 for request in remaining:
                     self._finish(request, error=exc)
                 return
-            for request, appended in zip(remaining, results, strict=True):
-                self._finish(request, result=appended)
-            return
+            finally:
+                with self._counts:
+                    self.busy_s += time.perf_counter() - began
+            retry = [r for r, outcome in zip(remaining, outcomes, strict=True) if outcome is RETRY]
+            if len(retry) == len(remaining):  # nobody was told apart: each alone
+                if len(remaining) == 1:
+                    self._finish(remaining[0], error=JournalError(
+                        f"the {kind} executor asked to retry a request that was alone in its statement"))
+                    return
+                for request in remaining:
+                    self._flush([request])
+                return
+            for request, outcome in zip(remaining, outcomes, strict=True):
+                if outcome is RETRY:
+                    continue
+                if isinstance(outcome, BaseException):
+                    self._finish(request, error=outcome)
+                else:
+                    self._finish(request, result=outcome)
+            if retry:
+                with self._counts:
+                    self.retries += 1
+            remaining = retry
 
     @staticmethod
-    def _finish(request: _Request, result: Appended | None = None, error: BaseException | None = None) -> None:
+    def _finish(request: _Request, result: Any = None, error: BaseException | None = None) -> None:
         request.result, request.error = result, error
         request.done.set()
 
 
-_shared: dict[str, CoalescingAppender] = {}
+CoalescingAppender = Coalescer  # the name of the journal-append-only coalescer it generalises
+
+
+# -- the journal's own kind: the guarded multi-stream append ------------------------------------
+APPEND = "journal.append"
+
+
+def _append_executor(using: str, payloads: list[tuple[AppendItem, list[str]]]) -> list[Any]:
+    """JournalStore.append_encoded for many streams: all or nothing, refused streams named."""
+    from journal.store import store_for
+
+    items = [item for item, _ in payloads]
+    try:
+        return store_for(using).append_encoded(items, [encoded for _, encoded in payloads])
+    except BatchRefused as exc:
+        return refusal_outcomes([item.stream_id for item in items], exc.errors)
+    except AppendRefused as exc:  # a batch of one: its own refusal
+        return [exc]
+
+
+register_kind(APPEND, _append_executor)
+
+
+# -- the process-wide coalescer (LOOM_COALESCE) ---------------------------------------------------
+_shared: dict[str, Coalescer] = {}
 _shared_lock = threading.Lock()
 
 
 def enabled() -> bool:
-    """Whether durable flows route their appends through the coalescer (LOOM_COALESCE)."""
+    """Whether durable flows route their writes through the coalescer (LOOM_COALESCE)."""
     return conf.get("LOOM_COALESCE")
 
 
-def shared_appender(using: str = "default") -> CoalescingAppender:
+def shared_coalescer(using: str = "default") -> Coalescer:
     """This process's coalescer for a database alias, created on first use with the settings."""
-    appender = _shared.get(using)
-    if appender is None or appender._closed:
+    coalescer = _shared.get(using)
+    if coalescer is None or coalescer._closed:
         with _shared_lock:
-            appender = _shared.get(using)
-            if appender is None or appender._closed:
-                appender = _shared[using] = CoalescingAppender(using)
-    return appender
+            coalescer = _shared.get(using)
+            if coalescer is None or coalescer._closed:
+                coalescer = _shared[using] = Coalescer(using)
+    return coalescer
+
+
+shared_appender = shared_coalescer
+
+
+def running(using: str = "default") -> Coalescer | None:
+    """The shared coalescer of an alias if one is open (for its counters), without creating one."""
+    coalescer = _shared.get(using)
+    return None if coalescer is None or coalescer._closed else coalescer
 
 
 def close_shared() -> None:
     """Close every shared coalescer (tests, benchmarks, shutdown)."""
     with _shared_lock:
-        appenders = list(_shared.values())
+        coalescers = list(_shared.values())
         _shared.clear()
-    for appender in appenders:
-        appender.close()
+    for coalescer in coalescers:
+        coalescer.close()
+
+
+def submit(kind: str, key: str, payload: Any, using: str = "default") -> Any:
+    """One request of `kind`: coalesced when LOOM_COALESCE is on, else alone on this connection."""
+    if enabled():
+        return shared_coalescer(using).submit(kind, key, payload)
+    return run_alone(kind, payload, using)
 
 
 def append_item(item: AppendItem, using: str = "default") -> Appended:
-    """The one append of durable flows: coalesced when LOOM_COALESCE is on, else direct."""
+    """The mid-run append of durable flows: coalesced when LOOM_COALESCE is on, else direct."""
     if enabled():
-        return shared_appender(using).append_item(item)
+        return shared_coalescer(using).append_item(item)
     from journal.store import store_for
 
     return store_for(using).append_batch([item])[0]

@@ -1,19 +1,26 @@
 """Section `durable`: end-to-end durable executions of 1-step and 3-step no-op flows.
 
-N threads, each with its own connection, each starting executions back to back (caller-chosen
-ids under the run's prefix, which cost the same statements as minted ones). A no-op step keeps
-effect latency out: this is runtime + journal cost. Events per execution (2n+2) are asserted
-against the rows actually written, so events/s cannot drift from what the database holds.
-Whatever ownership is installed (LOOM_LEASE_MODE) is used, and recorded with the cell.
+N threads each starting executions back to back (caller-chosen ids under the run's prefix, which
+cost the same statements as minted ones). A no-op step keeps effect latency out: this is runtime +
+journal cost. Events per execution (2n+2) are asserted against the rows actually written, so
+events/s cannot drift from what the database holds. Whatever ownership is installed
+(LOOM_LEASE_MODE) is used, and recorded with the cell.
+
+`--flow-coalesce off,on` (the default) runs every cell without and with LOOM_COALESCE, one after
+the other, so both are recorded in the same run. Off: each thread writes on its own connection.
+On: every write of a fresh run goes through the process's coalescer (on PostgreSQL the bootstrap
+and settle too), whose flush threads own the connections; the cell records the coalescer's
+statements per execution and requests per statement.
 """
 
 from __future__ import annotations
 
 from django.db import connection
+from django.test import override_settings
 
 from benchmarks import streams
 from benchmarks.harness import run_workers
-from journal import conf
+from journal import coalesce, conf
 from journal.flows import flow, start
 from journal.flows.ownership import get_ownership
 
@@ -41,6 +48,8 @@ def add_arguments(parser) -> None:
                         help=f"Comma-separated thread counts for the durable section (default {DEFAULT_CONCURRENCY}).")
     parser.add_argument("--flow-executions", type=int, default=3000,
                         help="Executions per durable cell, spread over its threads (default 3000).")
+    parser.add_argument("--flow-coalesce", default="off,on",
+                        help="LOOM_COALESCE variants of each durable cell, in order: off, on or off,on (default).")
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -53,10 +62,25 @@ def _ints(text: str, name: str) -> list[int]:
     return values
 
 
+def _variants(text: str) -> list[bool]:
+    names = [v.strip() for v in str(text).split(",") if v.strip()]
+    if not names or any(n not in ("off", "on") for n in names):
+        raise ValueError(f"--flow-coalesce takes off, on or off,on; got {text!r}")
+    return [n == "on" for n in names]
+
+
 def run(ctx) -> None:
+    variants = _variants(ctx.options.get("flow_coalesce") or "off,on")
     for conc in _ints(ctx.options["flow_concurrency"], "--flow-concurrency"):
         for steps, name in ((1, "bench.noop1"), (3, "bench.noop3")):
-            _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc))
+            for coalesced in variants:  # interleaved: off and on of one cell back to back
+                _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc), coalesced)
+
+
+def _counters() -> tuple[int, int]:
+    """(statements, requests) of the shared coalescer so far; (0, 0) when it is not running."""
+    current = coalesce.running()
+    return (current.statements, current.batched_requests) if current is not None else (0, 0)
 
 
 def count_headers(pfx: str, status: str) -> int:
@@ -71,10 +95,9 @@ def remove_headers(pfx: str) -> None:
         cursor.execute("DELETE FROM journal_execution WHERE id LIKE %s", [pfx + "%"])
 
 
-def _cell(ctx, steps: int, name: str, conc: int, per_worker: int) -> None:
-    pfx = streams.prefix(ctx.run_id, "durable", steps, conc)
-    bar = ctx.progress(conc * per_worker, f"{steps}-step c={conc}")
-    start("bench.noop1", {}, execution_id=f"{pfx}warmup")  # first-use imports outside the timed window
+def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, coalesced: bool) -> None:
+    pfx = streams.prefix(ctx.run_id, "durable", steps, conc, "co" if coalesced else "direct")
+    bar = ctx.progress(conc * per_worker, f"{steps}-step c={conc} coalesce={'on' if coalesced else 'off'}")
 
     def op(w: int, i: int) -> int:
         out = start(name, {}, execution_id=f"{pfx}{w}:{i}")
@@ -82,7 +105,15 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int) -> None:
             raise RuntimeError(f"{out.execution_id}: {out.status} {out.error}")
         return 1
 
-    outcome = run_workers(conc, per_worker, op, progress=bar.update)
+    coalesce.close_shared()
+    with override_settings(LOOM_COALESCE=coalesced):
+        try:
+            start("bench.noop1", {}, execution_id=f"{pfx}warmup")  # first use (imports, flush threads) untimed
+            before = _counters()
+            outcome = run_workers(conc, per_worker, op, progress=bar.update)
+            after = _counters()
+        finally:
+            coalesce.close_shared()
     bar.close()
     if outcome.errors:
         raise RuntimeError(f"durable {steps}-step c={conc}: {outcome.errors[:3]}")
@@ -93,13 +124,16 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int) -> None:
     ctx.verify(f"{steps}-step c={conc} executions completed in their header", executions,
                count_headers(pfx, "completed"))
     ctx.verify(f"{steps}-step c={conc} streams with gaps", 0, streams.check_contiguous(pfx))
+    statements, requests = after[0] - before[0], after[1] - before[1]
     ctx.record(f"{steps}-step", {"concurrency": conc, "steps": steps, "events_per_execution": per_exec,
-                                 "lease_mode": conf.get("LOOM_LEASE_MODE"),
+                                 "coalesce": coalesced, "lease_mode": conf.get("LOOM_LEASE_MODE"),
                                  "ownership": type(get_ownership()).__name__,
                                  "snapshot_every": conf.get("LOOM_SNAPSHOT_EVERY")},
                throughput=outcome.throughput, unit="exec/s", latencies_ms=outcome.latencies_ms,
                count=outcome.units, verified_rows=outcome.units * per_exec,
-               events_per_s=round(outcome.throughput * per_exec, 1), wall_s=round(outcome.wall_s, 4))
+               events_per_s=round(outcome.throughput * per_exec, 1), wall_s=round(outcome.wall_s, 4),
+               coalesced_statements_per_execution=round(statements / outcome.units, 3) if coalesced else None,
+               requests_per_statement=round(requests / statements, 2) if coalesced and statements else None)
     if not ctx.options.get("keep"):
         streams.remove(pfx)
         remove_headers(pfx)

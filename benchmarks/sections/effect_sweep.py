@@ -1,13 +1,14 @@
 """Section `effect-sweep`: where durable executions stop being write-bound.
 
-1-step flows at `--sweep-concurrency` (32) with effect latencies 0, 1, 5, 25, 100 ms. Each
-thread adds up the time its runs spend inside journal writes (writer.write: bootstrap, appends,
-settle) and inside the effect; the write share is write / (write + effect) over all threads.
+1-step flows at `--sweep-concurrency` (32) with effect latencies 0, 1, 5, 25, 100 ms, run through
+the coalescer as in `executions`. Each thread adds up its runs' wall time and the time inside the
+effect; the write time is the rest (journal writes, including the wait in the coalescer, plus the
+runtime's small overhead); the write share is write / (write + effect) over all threads.
 That is aggregate work time, not a critical path: writes and effects of different runs overlap,
 so each total may exceed the wall time. Above 50 % the runs are write-bound (a faster write
 path, coalescing, would raise exec/s); below, the effect is the constraint. The crossover is
 the effect latency at which the share crosses 50 %, interpolated between the two measured
-latencies around it, and recorded as its own cell. Connections as in `executions`.
+latencies around it, and recorded as its own cell. Connections as in `executions` (none per thread).
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ def run(ctx) -> None:
         share = cell["write_s"] / work if work else 0.0
         shares.append((effect_ms, share))
         ctx.record(f"effect {effect_ms:g} ms", {"concurrency": conc, "effect_ms": effect_ms, "rounds": rounds,
-                                                "coalesce": not ctx.options.get("no_coalesce")},
+                                                "coalesce": True},
                    throughput=cell["exec_per_s"], unit="exec/s", latencies_ms=cell["latencies"],
                    count=cell["executions"], verified_rows=cell["events"],
                    events_per_execution=cell["events_per_execution"],
                    write_s=round(cell["write_s"], 3), effect_s=round(cell["effect_s"], 3),
-                   write_share=round(share, 3), verdict="write-bound" if share > 0.5 else "effect-bound")
+                   write_share=round(share, 3), verdict="write-bound" if share > 0.5 else "effect-bound",
+                   statements_per_execution=round(cell["statements"] / cell["executions"], 3),
+                   requests_per_statement=cell["requests_per_statement"])
     crossover = _crossover(shares)
     ctx.record("crossover", {"concurrency": conc}, unit="ms",
                crossover_effect_ms=None if crossover is None else round(crossover, 2),

@@ -5,11 +5,13 @@ Each of C threads runs `--exec-rounds` executions (default 3) one after another 
 concurrent executions can do: C / effect time per second; efficiency is the measured exec/s
 against that bound, so it says how much of the concurrency the write path lets through.
 
-Connections: PostgreSQL allows 100 here, far fewer than 2048 threads. The runs' mid-run appends
-go through the coalescer (LOOM_COALESCE on for the section, `--no-coalesce` to compare), whose
-flush threads own their connections; the bootstrap and settle statements (they also write the
-execution header) borrow one of `--exec-connections` (32) shared connections for the statement
-only, as an application server's pool would. The effect itself holds no connection.
+Connections: PostgreSQL allows 100 here, far fewer than 2048 threads. The section runs with
+LOOM_COALESCE on: every write of a fresh run (bootstrap, mid-run appends, settle) goes through the
+process's coalescer, whose flush threads own the connections, so an execution thread holds no
+connection at all. Write time is measured without touching the write path: each thread adds up
+its runs' wall time and the time inside the effect; the rest (writes waiting in the coalescer,
+plus the runtime's own small overhead) is the write time. The coalescer's counters (statements,
+requests per statement, its flush threads' time inside statements) are recorded with the cell.
 Default sweep 32,128,512; `--full` adds 1024 and 2048.
 """
 
@@ -19,7 +21,7 @@ import contextlib
 import threading
 import time
 
-from django.db import connection, connections
+from django.db import connection
 from django.test import override_settings
 
 from benchmarks import streams
@@ -60,59 +62,6 @@ def add_arguments(parser) -> None:
                         help=f"Concurrent executions of the executions section (default {DEFAULT}; --full: {FULL}).")
     parser.add_argument("--exec-rounds", type=int, default=3, help="Executions per thread per cell (3).")
     parser.add_argument("--effect-ms", type=float, default=100.0, help="Effect latency of executions (100 ms).")
-    parser.add_argument("--exec-connections", type=int, default=32,
-                        help="Shared connections for the runs' bootstrap/settle statements (32).")
-    parser.add_argument("--no-coalesce", action="store_true",
-                        help="executions/effect-sweep: append directly (each write borrows a shared connection).")
-
-
-@contextlib.contextmanager
-def flow_writes(pool: int, coalesced: bool):
-    """Share `pool` connections among the runs' writes, and time every write per thread.
-
-    Each write (writer.write: bootstrap, append, settle) borrows a connection object for its own
-    duration and installs it as the thread's `connections["default"]`; a coalesced append needs
-    none (the flush threads write), so it runs without borrowing.
-    """
-    import queue
-
-    from journal.flows import writer
-
-    free: queue.SimpleQueue = queue.SimpleQueue()
-    shared = []
-    for _ in range(pool):
-        wrapper = connections.create_connection("default")
-        wrapper.inc_thread_sharing()
-        shared.append(wrapper)
-        free.put(wrapper)
-    original = writer.write
-
-    def write(run, envelopes, settle=None):
-        began = time.perf_counter()
-        try:
-            if coalesced and run.token is not None and settle is None:
-                return original(run, envelopes, settle)
-            own = connections["default"]
-            borrowed = free.get()
-            connections["default"] = borrowed
-            try:
-                return original(run, envelopes, settle)
-            finally:
-                connections["default"] = own
-                free.put(borrowed)
-        finally:
-            _tally("write", time.perf_counter() - began)
-
-    writer.write = write
-    try:
-        with override_settings(LOOM_COALESCE=coalesced):
-            yield
-    finally:
-        writer.write = original
-        coalesce.close_shared()
-        for wrapper in shared:
-            wrapper.close()
-            wrapper.dec_thread_sharing()
 
 
 def run_cell(ctx, label: str, conc: int, rounds: int, effect_ms: float, rep: int = 0) -> dict:
@@ -126,7 +75,11 @@ def run_cell(ctx, label: str, conc: int, rounds: int, effect_ms: float, rep: int
         _tallies.totals = {}
 
     def op(w: int, i: int) -> int:
-        outcome = start(FLOW, {"ms": effect_ms}, execution_id=f"{pfx}{w}:{i}")
+        began = time.perf_counter()
+        try:
+            outcome = start(FLOW, {"ms": effect_ms}, execution_id=f"{pfx}{w}:{i}")
+        finally:
+            _tally("run", time.perf_counter() - began)
         if outcome.status != "completed":
             with lock:
                 failures.append(f"{outcome.execution_id}: {outcome.status} {outcome.error}")
@@ -139,9 +92,16 @@ def run_cell(ctx, label: str, conc: int, rounds: int, effect_ms: float, rep: int
         _tallies.totals = None
 
     bar = ctx.progress(conc * rounds, f"{label} c={conc} effect={effect_ms:g}ms")
-    with flow_writes(ctx.options["exec_connections"], not ctx.options.get("no_coalesce")):
-        outcome = run_workers(conc, rounds, op, setup=setup, teardown=teardown,
-                              progress=lambda n: bar.update(n))
+    coalesce.close_shared()
+    try:
+        with override_settings(LOOM_COALESCE=True):
+            outcome = run_workers(conc, rounds, op, setup=setup, teardown=teardown,
+                                  progress=lambda n: bar.update(n))
+            coalescer = coalesce.running()
+            statements, requests, busy_s = ((coalescer.statements, coalescer.batched_requests, coalescer.busy_s)
+                                            if coalescer is not None else (0, 0, 0.0))
+    finally:
+        coalesce.close_shared()
     bar.close()
     if outcome.errors or failures:
         raise RuntimeError(f"{label} c={conc}: {(outcome.errors + failures)[:3]}")
@@ -159,10 +119,13 @@ def run_cell(ctx, label: str, conc: int, rounds: int, effect_ms: float, rep: int
     if not ctx.options.get("keep"):
         streams.remove(pfx)
         _remove_headers(pfx)
+    effect_s = sum(t.get("effect", 0.0) for t in totals)
     return {
         "executions": executions, "events": events, "events_per_execution": per_exec,
         "exec_per_s": executions / outcome.wall_s, "latencies": outcome.latencies_ms, "wall_s": outcome.wall_s,
-        "write_s": sum(t.get("write", 0.0) for t in totals), "effect_s": sum(t.get("effect", 0.0) for t in totals),
+        "write_s": max(0.0, sum(t.get("run", 0.0) for t in totals) - effect_s), "effect_s": effect_s,
+        "statements": statements, "requests_per_statement": round(requests / statements, 2) if statements else None,
+        "flush_busy_s": round(busy_s, 3),
     }
 
 
@@ -182,9 +145,11 @@ def run(ctx) -> None:
         cell = run_cell(ctx, "executions", conc, opts["exec_rounds"], effect_ms)
         little = conc / (effect_ms / 1000) if effect_ms else None
         ctx.record("1-step", {"concurrency": conc, "effect_ms": effect_ms, "rounds": opts["exec_rounds"],
-                              "coalesce": not opts.get("no_coalesce"), "connections": opts["exec_connections"]},
+                              "coalesce": True},
                    throughput=cell["exec_per_s"], unit="exec/s", latencies_ms=cell["latencies"],
                    count=cell["executions"], verified_rows=cell["events"],
                    events_per_s=round(cell["exec_per_s"] * cell["events_per_execution"], 1),
                    littles_law=little, efficiency=round(cell["exec_per_s"] / little, 3) if little else None,
-                   wall_s=round(cell["wall_s"], 3))
+                   wall_s=round(cell["wall_s"], 3),
+                   statements_per_execution=round(cell["statements"] / cell["executions"], 3),
+                   requests_per_statement=cell["requests_per_statement"])

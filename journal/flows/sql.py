@@ -1,13 +1,17 @@
 """The statements flows add to the journal's: the Execution header written WITH the log.
 
 Why here and not in journal/store: the header is a flows concept, but keeping it in step with the
-log must not cost extra round trips on the hot path. On PostgreSQL each statement below is the
-journal's own guarded statement (journal/store/postgres.py OPEN / APPEND, reused verbatim so the
-fence and sequence guards are exactly the journal's) plus one more CTE that writes the header.
-Data-modifying CTEs always run to completion, so the header write happens in the same statement
-and the same commit as the events: a reader never sees a settled log with a running header, or
-a header without its log. On SQLite the same pairs run inside one IMMEDIATE transaction (no
-network round trip to save there, so plain statements are used).
+log must not cost extra round trips on the hot path. On PostgreSQL each single-execution statement
+below is the journal's own guarded statement (journal/store/postgres.py OPEN / APPEND, through its
+public extension point `render(template, notify, ctes)`, so the fence and sequence guards are
+exactly the journal's) plus one more CTE that writes the header. Data-modifying CTEs always run to
+completion, so the header write happens in the same statement and the same commit as the events:
+a reader never sees a settled log with a running header, or a header without its log.
+
+The `*_MANY` statements are the coalesced forms (journal/coalesce.py kinds registered by
+journal/flows/writer.py): the bootstraps or settles of many executions in ONE statement and one
+notifying commit. On SQLite the single forms run as plain statements inside one IMMEDIATE
+transaction (no network round trip to save there, so nothing is coalesced).
 """
 
 from __future__ import annotations
@@ -38,19 +42,70 @@ _HEADER_SETTLE_CTE = """
     WHERE id = %(hid)s AND EXISTS (SELECT 1 FROM ins)
 )"""
 
-_ANCHOR = "\n)%(notify)s"
+BOOT_NOTIFY = pg.render(pg.OPEN, True, _HEADER_INSERT_CTE)
+BOOT_SILENT = pg.render(pg.OPEN, False, _HEADER_INSERT_CTE)
+SETTLE_NOTIFY = pg.render(pg.APPEND, True, _HEADER_SETTLE_CTE)
+SETTLE_SILENT = pg.render(pg.APPEND, False, _HEADER_SETTLE_CTE)
 
+# -- boot_many (PostgreSQL, coalesced bootstraps of many executions) --
+# Per execution the same rule as OPEN: the fence row (token 1) decides who starts. The fences go
+# in with ON CONFLICT DO NOTHING RETURNING, so an id that already has a fence (or a racing start
+# that commits first: the insert waits for it, then skips) simply does not come back; the events
+# and the header rows are inserted FROM that RETURNING, i.e. for exactly the executions that won.
+# A loser therefore writes nothing and the winners start in the same statement: there is nothing
+# to retry. The fences are inserted in stream_id order, so two batches racing on overlapping ids
+# wait on each other's index entries in the same order and cannot deadlock. An id with events but
+# no fence (an aggregate stream) fails the unique (stream_id, seq) index for the whole statement;
+# the writer names that stream from the error and writes the others again without it. One
+# notification for every stream the statement wrote. Returns the ids that started.
+BOOT_MANY = """
+WITH req AS (
+    SELECT * FROM unnest(%(sids)s::text[], %(flows)s::text[], %(statuses)s::text[], %(inputs)s::jsonb[],
+                         %(results)s::jsonb[], %(errors)s::text[], %(finished)s::boolean[])
+        AS q(stream_id, flow, status, input, result, error, finished)
+), fence AS (
+    INSERT INTO journal_fence (stream_id, token, created_at)
+    SELECT q.stream_id, 1, now() FROM req q ORDER BY q.stream_id
+    ON CONFLICT (stream_id) DO NOTHING
+    RETURNING stream_id
+), ins AS (
+    INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at)
+    SELECT r.stream_id, r.ord, r.type, r.payload, now()
+    FROM unnest(%(rsids)s::text[], %(ords)s::int[], %(types)s::text[], %(payloads)s::jsonb[])
+        AS r(stream_id, ord, type, payload)
+    JOIN fence f ON f.stream_id = r.stream_id
+    ORDER BY r.stream_id, r.ord
+    RETURNING stream_id, seq, type
+), hdr AS (
+    -- The header exists iff its execution won the fence (as in the single bootstrap).
+    INSERT INTO journal_execution (id, flow, status, input, result, error, recoveries,
+                                   created_at, updated_at, finished_at)
+    SELECT q.stream_id, q.flow, q.status, q.input, q.result, q.error, 0,
+           now(), now(), CASE WHEN q.finished THEN now() END
+    FROM req q JOIN fence f ON f.stream_id = q.stream_id
+    ON CONFLICT (id) DO NOTHING
+)%(notify)s
+SELECT f.stream_id%(notified)s FROM fence f
+"""
+BOOT_MANY_NOTIFY, BOOT_MANY_SILENT = pg.render(BOOT_MANY, True), pg.render(BOOT_MANY, False)
 
-def _with_header(template: str, cte: str) -> str:
-    if template.count(_ANCHOR) != 1:  # the journal's statement changed shape: fail at import, not at run
-        raise RuntimeError("journal/store/postgres.py statement no longer ends its CTEs with ')%(notify)s'")
-    return template.replace(_ANCHOR, "\n)" + cte + "%(notify)s")
-
-
-BOOT = _with_header(pg.OPEN, _HEADER_INSERT_CTE)
-BOOT_NOTIFY, BOOT_SILENT = pg._render(BOOT, True), pg._render(BOOT, False)
-SETTLE = _with_header(pg.APPEND, _HEADER_SETTLE_CTE)
-SETTLE_NOTIFY, SETTLE_SILENT = pg._render(SETTLE, True), pg._render(SETTLE, False)
+# -- header_settle_many (PostgreSQL, inside the journal's guarded multi-stream APPEND) --
+# The journal's APPEND is all or nothing across its streams: if any stream fails its fence or
+# sequence guard, `ins` is empty. The headers are updated only for streams whose rows `ins`
+# inserted, so a refused batch touches no header (a new owner after a takeover keeps its own),
+# and the writer retries the others without the refused stream. Two settles never hold the same
+# execution (one fence holder at a time; a stale one inserts nothing, so updates nothing), so the
+# row locks of concurrent batches do not overlap and their order does not matter.
+_HEADER_SETTLE_MANY_CTE = """
+, hdr AS (
+    UPDATE journal_execution h SET status = u.status, result = u.result, error = u.error,
+        updated_at = now(), finished_at = now()
+    FROM unnest(%(hids)s::text[], %(hstatuses)s::text[], %(hresults)s::jsonb[], %(herrors)s::text[])
+        AS u(id, status, result, error)
+    WHERE h.id = u.id AND u.id IN (SELECT stream_id FROM ins)
+)"""
+SETTLE_MANY_NOTIFY = pg.render(pg.APPEND, True, _HEADER_SETTLE_MANY_CTE)
+SETTLE_MANY_SILENT = pg.render(pg.APPEND, False, _HEADER_SETTLE_MANY_CTE)
 
 # -- SQLite: the same two header writes, run in the transaction of the journal write --
 SQLITE_HEADER_INSERT = """

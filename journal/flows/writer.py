@@ -1,9 +1,12 @@
 """THE write point of durable runs: every journal write of a run goes through `write()`.
 
 One serial tail per execution: a run appends its own events in order, guarded by its fence token
-and the tip it expects, so events of one execution never interleave. `write` is also where a
-cross-stream coalescer plugs in (LOOM_COALESCE, journal/coalesce.py): mid-run appends are plain
-`Event.objects.append` calls of one stream with its guards, exactly what a coalescer merges.
+and the tip it expects, so events of one execution never interleave. `write` is also where the
+cross-stream coalescer plugs in (LOOM_COALESCE, journal/coalesce.py): on PostgreSQL every write of
+a run goes through it — mid-run appends as the journal's `append` kind, the bootstrap and the
+settle as the two kinds registered here (`flows.bootstrap`, `flows.settle`), whose executors write
+many executions' events and headers in one statement (journal/flows/sql.py BOOT_MANY,
+SETTLE_MANY). On SQLite the bootstrap and settle stay direct (nothing to save there).
 
 Three kinds of write, chosen by the run's state:
 - bootstrap (the run holds no token yet): sequence 0.. plus fence token 1 plus the header row,
@@ -22,10 +25,9 @@ from django.db import IntegrityError, connection, transaction
 
 from journal import coalesce, conf
 from journal.envelopes import Appended, AppendItem, Envelope
-from journal.exceptions import StreamExists
+from journal.exceptions import AppendRefused, BatchRefused, StreamExists
 from journal.flows import sql
 from journal.models import Event
-from journal.store import postgres as pg
 from journal.store import store_for
 from journal.store.base import Verdict
 
@@ -77,33 +79,32 @@ def _bootstrap(run: RunHandle, envelopes: list[Envelope], settle: Settle | None)
     result = _json(settle.result) if settle else None
     error = settle.error if settle else ""
     if store.vendor != "postgresql":
-        now = store._now()
+        now = store.now()
         with transaction.atomic(using=store.alias):
             token, _ = store.open_stream(item)
             with store.connection.cursor() as cursor:
                 cursor.execute(sql.SQLITE_HEADER_INSERT, [run.execution_id, run.flow, status, _json(run.input), result,
                                                           error, now, now, now if settle else None])
         return token
-    limit = conf.get("LOOM_MAX_PAYLOAD_BYTES")
+    boot = _Boot(item, store.encode([item])[0], run.flow, status, _json(run.input), result, error, settle is not None)
+    if coalesce.enabled():  # merged with other executions' bootstraps (BOOTSTRAP below)
+        return coalesce.submit(BOOTSTRAP, run.execution_id, boot, store.alias)
     params = {
         "sid": run.execution_id,
         "ords": list(range(len(envelopes))),
         "types": [env.type for env in item.envelopes],
-        "payloads": [env.encode(limit) for env in item.envelopes],
+        "payloads": boot.encoded,
         "channel": conf.get("LOOM_NOTIFY_CHANNEL"),
-        "flow": run.flow, "status": status, "input": _json(run.input), "result": result, "error": error,
-        "finished": settle is not None,
+        "flow": run.flow, "status": status, "input": boot.input, "result": result, "error": error,
+        "finished": boot.finished,
     }
     statement = sql.BOOT_NOTIFY if conf.get("LOOM_NOTIFY") else sql.BOOT_SILENT
     try:
-        with store._guarded(), store.connection.cursor() as cursor:
-            pg._execute_prepared(store.connection, cursor, statement, params)
-            opened = cursor.fetchone()[0] > 0
+        opened = store.execute_guarded(statement, params)[0][0] > 0
     except IntegrityError:
         opened = False
     if not opened:
-        raise StreamExists(f"stream {run.execution_id} already exists (its sequence 0 is written)",
-                           [run.execution_id])
+        raise _exists(run.execution_id)
     return 1
 
 
@@ -113,29 +114,116 @@ def _settle(run: RunHandle, envelopes: list[Envelope], settle: Settle):
         with transaction.atomic(using=store.alias):
             appended = Event.objects.append(run.execution_id, envelopes, fence_token=run.token,
                                             expected_seq=run.tip)
-            now = store._now()
+            now = store.now()
             with store.connection.cursor() as cursor:
                 cursor.execute(sql.SQLITE_HEADER_SETTLE, [settle.status, _json(settle.result), settle.error, now, now,
                                                           run.execution_id])
         return appended
+    item = AppendItem.build(run.execution_id, envelopes, run.token, run.tip)
+    encoded = store.encode([item])[0]
+    if coalesce.enabled():  # merged with other executions' settles (SETTLE below)
+        return coalesce.submit(SETTLE, run.execution_id,
+                               _SettleRequest(item, encoded, settle.status, _json(settle.result), settle.error),
+                               store.alias)
     # The journal's guarded append statement plus the header CTE; guard verdicts are read and
     # turned into the journal's exceptions exactly as JournalStore.append_batch does.
-    item = AppendItem.build(run.execution_id, envelopes, run.token, run.tip)
-    limit = conf.get("LOOM_MAX_PAYLOAD_BYTES")
-    encoded = [[env.encode(limit) for env in item.envelopes]]
-    params = store.append_params([item], encoded)
+    params = store.append_params([item], [encoded])
     params.update(hid=run.execution_id, status=settle.status, result=_json(settle.result), error=settle.error)
     statement = sql.SETTLE_NOTIFY if conf.get("LOOM_NOTIFY") else sql.SETTLE_SILENT
     try:
-        with store._guarded(), store.connection.cursor() as cursor:
-            pg._execute_prepared(store.connection, cursor, statement, params)
-            row = cursor.fetchone()
+        row = store.execute_guarded(statement, params)[0]
     except IntegrityError as exc:
-        raise store._sequence_conflict([item], exc) from None
+        raise store.sequence_conflict([item], exc) from None
     verdict = Verdict(row[0], row[1], row[2], row[3])
     if not verdict.ok:
-        raise store._refusal([item], [verdict])
+        raise store.refusal([item], [verdict])
     return Appended(run.execution_id, verdict.tip + 1, verdict.tip + len(envelopes))
+
+
+def _exists(execution_id: str) -> StreamExists:
+    return StreamExists(f"stream {execution_id} already exists (its sequence 0 is written)", [execution_id])
+
+
+# -- coalesced kinds (PostgreSQL, LOOM_COALESCE): many executions' bootstraps or settles, one statement --
+BOOTSTRAP = "flows.bootstrap"
+SETTLE = "flows.settle"
+
+
+@dataclass(slots=True)
+class _Boot:
+    """One execution's bootstrap, validated and encoded in the caller's thread."""
+
+    item: AppendItem
+    encoded: list[str]
+    flow: str
+    status: str
+    input: str | None
+    result: str | None
+    error: str
+    finished: bool
+
+
+@dataclass(slots=True)
+class _SettleRequest:
+    """One execution's settling append and header change, encoded in the caller's thread."""
+
+    item: AppendItem
+    encoded: list[str]
+    status: str
+    result: str | None
+    error: str
+
+
+def _named(refused: AppendRefused, items: list[AppendItem]) -> dict[str, AppendRefused]:
+    """The per-stream errors of a refusal: BatchRefused names them; a single item's is its own."""
+    if isinstance(refused, BatchRefused):
+        return refused.errors
+    return {items[0].stream_id: refused}
+
+
+def _boot_many(using: str, boots: list[_Boot]) -> list[Any]:
+    """BOOT_MANY: the executions that won their fence start (token 1); the others get StreamExists."""
+    store = store_for(using)
+    items = [boot.item for boot in boots]
+    params = store.append_params(items, [boot.encoded for boot in boots])
+    params.update(flows=[b.flow for b in boots], statuses=[b.status for b in boots], inputs=[b.input for b in boots],
+                  results=[b.result for b in boots], errors=[b.error for b in boots],
+                  finished=[b.finished for b in boots])
+    keys = [item.stream_id for item in items]
+    try:
+        rows = store.execute_guarded(sql.BOOT_MANY_NOTIFY if conf.get("LOOM_NOTIFY") else sql.BOOT_MANY_SILENT,
+                                     params)
+    except IntegrityError as exc:  # seq 0 exists without a fence (an aggregate): that stream exists
+        named = _named(store.sequence_conflict(items, exc), items)
+        return coalesce.refusal_outcomes(keys, {sid: _exists(sid) for sid in named})
+    won = {row[0] for row in rows}
+    return [1 if sid in won else _exists(sid) for sid in keys]
+
+
+def _settle_many(using: str, settles: list[_SettleRequest]) -> list[Any]:
+    """SETTLE_MANY: the journal's all-or-nothing guarded append plus every header; refused streams
+    get their own error (StaleFence...), the others RETRY and are written again without them."""
+    store = store_for(using)
+    items = [s.item for s in settles]
+    params = store.append_params(items, [s.encoded for s in settles])
+    params.update(hids=[i.stream_id for i in items], hstatuses=[s.status for s in settles],
+                  hresults=[s.result for s in settles], herrors=[s.error for s in settles])
+    keys = [item.stream_id for item in items]
+    try:
+        rows = store.execute_guarded(sql.SETTLE_MANY_NOTIFY if conf.get("LOOM_NOTIFY") else sql.SETTLE_MANY_SILENT,
+                                     params)
+    except IntegrityError as exc:
+        return coalesce.refusal_outcomes(keys, _named(store.sequence_conflict(items, exc), items))
+    by_stream = {row[0]: Verdict(row[0], row[1], row[2], row[3]) for row in rows}
+    verdicts = [by_stream[sid] for sid in keys]
+    if all(v.ok for v in verdicts):
+        return [Appended(item.stream_id, v.tip + 1, v.tip + len(item.envelopes))
+                for item, v in zip(items, verdicts, strict=True)]
+    return coalesce.refusal_outcomes(keys, _named(store.refusal(items, verdicts), items))
+
+
+coalesce.register_kind(BOOTSTRAP, _boot_many)
+coalesce.register_kind(SETTLE, _settle_many)
 
 
 def header_status(execution_id: str) -> tuple[str, str, Any, str] | None:

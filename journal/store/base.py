@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 
 from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
 
 from journal import conf
 from journal.envelopes import Appended, AppendItem, SnapshotRecord, StoredEvent
@@ -27,8 +28,9 @@ from journal.exceptions import (
     UnknownStream,
 )
 
-# "Key (stream_id, seq)=(abc, 4) already exists." in both PostgreSQL's detail and our SQLite re-raise.
-_KEY_DETAIL = re.compile(r"\(stream_id, seq\)=\((?P<stream>.*), (?P<seq>-?\d+)\)")
+# "Key (stream_id, seq)=(abc, 4) already exists." in both PostgreSQL's detail and our SQLite re-raise; the
+# message may carry it twice (psycopg puts DETAIL in str(exc) too), so the stream is matched lazily.
+_KEY_DETAIL = re.compile(r"\(stream_id, seq\)=\((?P<stream>.*?), (?P<seq>-?\d+)\)")
 
 
 class Verdict:
@@ -81,13 +83,13 @@ class JournalStore(ABC):
         try:
             verdicts = self._append(items, encoded)
         except IntegrityError as exc:
-            raise self._sequence_conflict(items, exc) from None
+            raise self.sequence_conflict(items, exc) from None
         if all(v.ok for v in verdicts):
             return [
                 Appended(item.stream_id, v.tip + 1, v.tip + len(item.envelopes))
                 for item, v in zip(items, verdicts, strict=True)
             ]
-        raise self._refusal(items, verdicts)
+        raise self.refusal(items, verdicts)
 
     def open_stream(self, item: AppendItem) -> tuple[int, Appended]:
         """Write seq 0.. of a new single-writer stream with fence token 1, or refuse if it exists."""
@@ -157,15 +159,30 @@ class JournalStore(ABC):
         state = json.loads(row[1]) if isinstance(row[1], str) else row[1]
         return SnapshotRecord(stream_id, row[0], state)
 
-    # -- shared helpers -------------------------------------------------------------------------
+    # -- the public surface for statements composed on top of the journal's (journal/flows) ------
     @contextmanager
-    def _guarded(self):
+    def guarded(self):
         """A savepoint when the caller is inside a transaction, so our failure does not poison theirs."""
         if self.connection.in_atomic_block:
             with transaction.atomic(using=self.alias):
                 yield
         else:
             yield
+
+    def execute_guarded(self, sql: str, params) -> list[tuple]:
+        """Run one statement under `guarded()` and return its rows (the backend may prepare it).
+
+        IntegrityError propagates (callers turn it into their own errors with `sequence_conflict`).
+        """
+        with self.guarded(), self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def now(self):
+        """The current time as this backend stores it in a datetime column (for literal inserts)."""
+        return self.connection.ops.adapt_datetimefield_value(timezone.now())
+
+    # -- shared helpers -------------------------------------------------------------------------
 
     def _known_streams(self, stream_ids: list[str]) -> set[str]:
         """Streams that exist (have a fence or an event); read only on the error path."""
@@ -180,7 +197,8 @@ class JournalStore(ABC):
             )
             return {row[0] for row in cursor.fetchall()}
 
-    def _refusal(self, items: Sequence[AppendItem], verdicts: list[Verdict]) -> AppendRefused:
+    def refusal(self, items: Sequence[AppendItem], verdicts: list[Verdict]) -> AppendRefused:
+        """The journal's exception for failed verdicts: the one error of a single item, else BatchRefused."""
         failed = [v for v in verdicts if not v.ok]
         known = self._known_streams([v.stream_id for v in failed])
         errors: dict[str, AppendRefused] = {}
@@ -206,7 +224,7 @@ class JournalStore(ABC):
             return next(iter(errors.values()))
         return BatchRefused(errors)
 
-    def _sequence_conflict(self, items: Sequence[AppendItem], exc: IntegrityError) -> AppendRefused:
+    def sequence_conflict(self, items: Sequence[AppendItem], exc: IntegrityError) -> AppendRefused:
         """A unique (stream_id, seq) violation: a concurrent writer took a seq this call wanted."""
         match = _KEY_DETAIL.search(_detail(exc))
         culprit = match.group("stream") if match else None

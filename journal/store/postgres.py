@@ -77,7 +77,7 @@ WITH streams AS (
     -- entries in the same order, so they cannot deadlock.
     ORDER BY r.stream_id, r.ord
     RETURNING stream_id, seq, type
-)%(notify)s
+)%(ctes)s%(notify)s
 SELECT v.stream_id, v.tip, v.fence_ok, v.expected%(notified)s FROM verdict v
 """
 
@@ -97,7 +97,7 @@ WITH fence AS (
     FROM fence f, unnest(%(ords)s::int[], %(types)s::text[], %(payloads)s::jsonb[]) AS r(ord, type, payload)
     ORDER BY r.ord
     RETURNING stream_id, seq, type
-)%(notify)s
+)%(ctes)s%(notify)s
 SELECT (SELECT count(*) FROM ins)%(notified)s
 """
 
@@ -122,14 +122,22 @@ ON CONFLICT (stream_id, seq) DO NOTHING
 """
 
 
-def _render(template: str, notify: bool) -> str:
-    return template.replace("%(notify)s", NOTIFY_CTE if notify else "").replace(
+def render(template: str, notify: bool, ctes: str = "") -> str:
+    """The executable text of a statement template: with or without the notification, plus `ctes`.
+
+    The extension point for statements composed on the journal's (journal/flows adds the
+    execution header): APPEND and OPEN end their CTE list with `%(ctes)s`, where more CTEs
+    (each starting with ", name AS (") may read `ins`, the rows the statement inserted. Data-
+    modifying CTEs always run to completion, so they commit or roll back with the events. A
+    template of its own may also use `%(notify)s` / `%(notified)s` after a CTE named `ins`.
+    """
+    return template.replace("%(ctes)s", ctes).replace("%(notify)s", NOTIFY_CTE if notify else "").replace(
         "%(notified)s", ", (SELECT count(*) FROM note)" if notify else ""
     )
 
 
-APPEND_NOTIFY, APPEND_SILENT = _render(APPEND, True), _render(APPEND, False)
-OPEN_NOTIFY, OPEN_SILENT = _render(OPEN, True), _render(OPEN, False)
+APPEND_NOTIFY, APPEND_SILENT = render(APPEND, True), render(APPEND, False)
+OPEN_NOTIFY, OPEN_SILENT = render(OPEN, True), render(OPEN, False)
 
 
 class PostgresStore(JournalStore):
@@ -159,8 +167,8 @@ class PostgresStore(JournalStore):
 
     def _append(self, items, encoded) -> list[Verdict]:
         params = self.append_params(items, encoded)
-        with self._guarded(), self.connection.cursor() as cursor:
-            _execute_prepared(self.connection, cursor, self.append_sql(), params)
+        with self.guarded(), self.connection.cursor() as cursor:
+            execute_prepared(self.connection, cursor, self.append_sql(), params)
             rows = cursor.fetchall()
         if len(rows) == 1:  # the per-event path: one stream, no lookup table needed
             row = rows[0]
@@ -177,12 +185,12 @@ class PostgresStore(JournalStore):
             "channel": conf.get("LOOM_NOTIFY_CHANNEL"),
         }
         sql = OPEN_NOTIFY if conf.get("LOOM_NOTIFY") else OPEN_SILENT
-        with self._guarded(), self.connection.cursor() as cursor:
-            _execute_prepared(self.connection, cursor, sql, params)
+        with self.guarded(), self.connection.cursor() as cursor:
+            execute_prepared(self.connection, cursor, sql, params)
             return cursor.fetchone()[0] > 0
 
     def advance_fence(self, stream_id: str, expected_token: int | None = None) -> int:
-        with self._guarded(), self.connection.cursor() as cursor:
+        with self.guarded(), self.connection.cursor() as cursor:
             cursor.execute(ADVANCE_FENCE, {"sid": stream_id, "expected": expected_token})
             row = cursor.fetchone()
         if row is not None:
@@ -192,16 +200,22 @@ class PostgresStore(JournalStore):
             raise UnknownStream(f"stream {stream_id} has no fence to advance", [stream_id])
         raise StaleFence(f"fence of {stream_id} is {current}, not the expected {expected_token}", [stream_id])
 
+    def execute_guarded(self, sql: str, params) -> list[tuple]:
+        """One fixed statement, prepared server-side (see execute_prepared), under `guarded()`."""
+        with self.guarded(), self.connection.cursor() as cursor:
+            execute_prepared(self.connection, cursor, sql, params)
+            return cursor.fetchall() if cursor.description else []
+
     def save_snapshot(self, snapshot: SnapshotRecord) -> None:
         state = json.dumps(snapshot.state, separators=(",", ":"))
-        with self._guarded(), self.connection.cursor() as cursor:
+        with self.guarded(), self.connection.cursor() as cursor:
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state])
 
 
 _ONLY_WHEN_ASKED = 2**31
 
 
-def _execute_prepared(connection, cursor, sql: str, params) -> None:
+def execute_prepared(connection, cursor, sql: str, params) -> None:
     """Run one of the journal's fixed statements as a server-side prepared statement.
 
     Django connects with psycopg's prepare_threshold=None, so every execution of APPEND would be

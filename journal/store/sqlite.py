@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from journal.envelopes import AppendItem, SnapshotRecord
 from journal.exceptions import StaleFence, UnknownStream
@@ -50,9 +49,6 @@ MAX_ROWS_PER_INSERT = 6000
 class SqliteStore(JournalStore):
     vendor = "sqlite"
 
-    def _now(self):
-        return self.connection.ops.adapt_datetimefield_value(timezone.now())
-
     def _append(self, items: Sequence[AppendItem], encoded) -> list[Verdict]:
         sids = [item.stream_id for item in items]
         marks = ", ".join(["%s"] * len(sids))
@@ -76,7 +72,7 @@ class SqliteStore(JournalStore):
             ]
             if not all(v.ok for v in verdicts):
                 return verdicts
-            now = self._now()
+            now = self.now()
             rows = []
             for item, texts, verdict in sorted(
                 zip(items, encoded, verdicts, strict=True), key=lambda t: t[0].stream_id
@@ -92,7 +88,7 @@ class SqliteStore(JournalStore):
         return verdicts
 
     def _open(self, item: AppendItem, encoded) -> bool:
-        now = self._now()
+        now = self.now()
         try:
             with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
                 cursor.execute(OPEN_FENCE, [item.stream_id, now])
@@ -119,7 +115,7 @@ class SqliteStore(JournalStore):
     def save_snapshot(self, snapshot: SnapshotRecord) -> None:
         state = json.dumps(snapshot.state, separators=(",", ":"))
         with self.connection.cursor() as cursor:
-            cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state, self._now()])
+            cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state, self.now()])
 
     def _event(self, row: tuple):
         from journal.envelopes import StoredEvent
