@@ -48,8 +48,14 @@ class ExecutionAdmin(ReadOnlyAdmin):
     list_filter = ("status", "flow")
     search_fields = ("id", "flow")
     readonly_fields = ("id", "flow", "status", "input", "result", "error", "recoveries", "created_at",
-                       "updated_at", "finished_at")
+                       "updated_at", "finished_at", "lease_panel")
     actions = ("resume_executions", "cancel_executions")
+
+    @admin.display(description="lease")
+    def lease_panel(self, execution) -> str:
+        from leases.admin import lease_summary  # the leases app's read-only panel
+
+        return lease_summary(execution.pk)
     change_form_template = "journal/execution_change_form.html"
     list_per_page = 50
     show_full_result_count = False  # no count(*) over a large table on every page

@@ -3,4 +3,15 @@ from django.apps import AppConfig
 
 class LeasesConfig(AppConfig):
     name = "leases"
+    verbose_name = "Loom leases and workers"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from leases import checks  # noqa: F401  (registers the system checks)
+        from leases.ownership import install
+        from leases.recovery import RecoveryService
+        from leases.worker import HeartbeatService, register_service
+
+        install()  # LOOM_LEASE_MODE decides; the keeper's thread starts with the first claim
+        register_service(HeartbeatService)
+        register_service(RecoveryService)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from journal.checks import check_settings
 
 from journal import conf
+from journal.checks import check_settings
 from journal.management.commands.loom_settings import markdown_table
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"

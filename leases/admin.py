@@ -1,0 +1,121 @@
+"""Admin: leases (who drives which execution, until when), workers and what they hold, and the
+executions recovery gave up on. Read-only: leases are written by the keeper and the sweep."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from leases.models import Lease, RecoveryView, Worker
+
+
+def expires_in(lease: Lease) -> str:
+    seconds = (lease.expires_at - timezone.now()).total_seconds()
+    return f"{seconds:.1f} s" if seconds >= 0 else f"expired {-seconds:.1f} s ago"
+
+
+def lease_summary(execution_id: str) -> str:
+    """One line for the Execution page: owner, expires in, renewed at (or why there is none)."""
+    lease = Lease.objects.filter(execution_id=execution_id).first()
+    if lease is None:
+        return "no lease (settled, off mode, or a lazy run still within its grace)"
+    return (f"owner {lease.owner_id}, fence token {lease.fence_token}, expires in {expires_in(lease)}, "
+            f"renewed at {lease.renewed_at:%Y-%m-%d %H:%M:%S}")
+
+
+class ReadOnly(admin.ModelAdmin):
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Lease)
+class LeaseAdmin(ReadOnly):
+    list_display = ("execution_link", "owner_id", "fence_token", "acquired_at", "renewed_at", "expires_in")
+    list_filter = ("owner",)
+    search_fields = ("execution__id", "owner__id")
+    ordering = ("expires_at",)
+
+    @admin.display(description="execution")
+    def execution_link(self, lease: Lease) -> str:
+        try:
+            url = reverse("admin:journal_execution_change", args=[lease.execution_id])
+        except NoReverseMatch:
+            url = reverse("admin:leases_recoveryview_change", args=[lease.execution_id])
+        return format_html('<a href="{}">{}</a>', url, lease.execution_id)
+
+    @admin.display(description="expires in")
+    def expires_in(self, lease: Lease) -> str:
+        return expires_in(lease)
+
+
+class HeldLeases(admin.TabularInline):
+    model = Lease
+    fk_name = "owner"
+    fields = ("execution", "fence_token", "renewed_at", "expires_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Worker)
+class WorkerAdmin(ReadOnly):
+    list_display = ("id", "host", "pid", "started_at", "seen_at", "stopped_at", "held")
+    search_fields = ("id", "host")
+    inlines = [HeldLeases]
+
+    @admin.display(description="leases held")
+    def held(self, worker: Worker) -> int:
+        return worker.leases.count()
+
+
+@admin.register(RecoveryView)
+class RecoveryAdmin(ReadOnly):
+    """Running and stuck executions with their lease: who drives each, and the recovery count.
+    Stuck ones (recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS) need a person: fix the cause,
+    then resume them by hand (journal.flows.resume)."""
+
+    list_display = ("id", "flow", "status", "recoveries", "lease_owner", "lease_expires_in", "error", "updated_at")
+    list_filter = ("status",)
+    search_fields = ("id", "flow")
+    fields = ("id", "flow", "status", "recoveries", "error", "lease_owner", "lease_token", "lease_renewed_at",
+              "lease_expires_in", "created_at", "updated_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(status__in=["running", "stuck"]).select_related("lease")
+
+    @staticmethod
+    def _lease(execution):
+        try:
+            return execution.lease
+        except Lease.DoesNotExist:
+            return None
+
+    @admin.display(description="lease owner")
+    def lease_owner(self, execution) -> str:
+        lease = self._lease(execution)
+        return lease.owner_id if lease else "-"
+
+    @admin.display(description="fence token")
+    def lease_token(self, execution) -> str:
+        lease = self._lease(execution)
+        return str(lease.fence_token) if lease else "-"
+
+    @admin.display(description="renewed at")
+    def lease_renewed_at(self, execution) -> str:
+        lease = self._lease(execution)
+        return str(lease.renewed_at) if lease else "-"
+
+    @admin.display(description="lease expires in")
+    def lease_expires_in(self, execution) -> str:
+        lease = self._lease(execution)
+        return expires_in(lease) if lease else "no lease"

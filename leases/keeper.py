@@ -1,0 +1,402 @@
+"""The lease keeper: one per process, it holds every lease this process's runs own.
+
+One background thread ("loom-lease-keeper") does all lease I/O, so the number of statements
+never grows with the number of runs:
+- acquires are group-committed: eager runs queue their request and wait; everything queued
+  while the previous statement ran goes out as one `acquire_many` per chunk;
+- releases are group-committed the same way, but nobody waits for them (a release lost in a
+  crash only means the lease expires);
+- every LOOM_LEASE_RENEW_EVERY seconds all held leases are renewed, one `renew_many` per
+  LOOM_LEASE_CHUNK leases; a lease missing from the answer was taken over: its claim is lost;
+- lazy claims wait in an insertion-ordered dict (their deadlines are in insertion order, since
+  the grace is one constant), so a lazy start costs a dict insert and its end a dict pop; the
+  thread acquires the ones still running when their grace is over.
+
+A claim also counts as lost once its last successful renewal is older than the TTL (the keeper
+may have been paused or cut off from the database): a run must not trust a lease it cannot
+prove it still holds. Correctness never depends on this process's memory: the fence refuses a
+former owner's appends whatever it believes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from django.db import DatabaseError, connections
+
+from journal import conf
+from leases.store import store_for
+
+log = logging.getLogger("loom.leases")
+
+PENDING, ACQUIRING, HELD, ENDED = "pending", "acquiring", "held", "ended"
+IDLE_CLOSE_SECONDS = 0.5
+# Releases are not urgent (the execution is settled; no sweeper looks at it): they ride along with
+# the next acquire statement, or go out on their own after this delay.
+RELEASE_DELAY = 0.2
+
+
+class LeaseClaim:
+    """One run's hold on one execution (the journal.flows.ownership.Claim protocol)."""
+
+    __slots__ = ("_lost", "deadline", "ended", "execution_id", "keeper", "state", "token")
+
+    def __init__(self, keeper: LeaseKeeper, execution_id: str, token: int, state: str):
+        self.keeper, self.execution_id, self.token, self.state = keeper, execution_id, token, state
+        self._lost = False
+        self.ended = False
+        self.deadline: float | None = None  # monotonic time the lease is last known to expire
+
+    @property
+    def lost(self) -> bool:
+        if self._lost:
+            return True
+        deadline = self.deadline
+        return deadline is not None and time.monotonic() > deadline
+
+    @property
+    def item(self) -> tuple[str, int]:
+        return self.execution_id, self.token
+
+    def end(self) -> None:
+        self.keeper.end(self)
+
+    def __repr__(self) -> str:
+        return f"<LeaseClaim {self.execution_id}@{self.token} {self.state}{' lost' if self._lost else ''}>"
+
+
+def node_identity() -> str:
+    """This process's worker id: LOOM_WORKER_ID, or host:pid."""
+    return conf.get("LOOM_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def chunks(items: list, size: int) -> Iterable[list]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+class LeaseKeeper:
+    def __init__(self, worker_id: str | None = None, alias: str = "default", autostart: bool = True):
+        self.worker_id = worker_id or node_identity()
+        self.autostart = autostart  # False: no thread; the caller drives step()/tick() (tests)
+        # Leases sent per kind of statement, and statements issued: what this process cost the table.
+        self.stats = {"acquire": 0, "renew": 0, "release": 0, "acquire_statements": 0, "renew_statements": 0,
+                      "release_statements": 0}
+        self.alias = alias
+        self.cond = threading.Condition()
+        self.pending: OrderedDict[LeaseClaim, float] = OrderedDict()
+        self.held: dict[LeaseClaim, None] = {}
+        self.acquire_q: list[LeaseClaim] = []
+        self.release_q: list[tuple[str, int]] = []
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+        self.next_renew = 0.0
+        self.ticks = 0
+        self.busy = False  # a step is running (drain() waits for it)
+        self.idle_close_at = float("inf")
+        self.registered = False  # the worker row is written before the first lease, not before
+        self.batch_done = threading.Event()  # set when the queued acquires have been answered
+        self.release_due = float("inf")
+        self.force_flush = False
+        self.sleeping = False  # the keeper waits on cond (only then does a new request notify it)
+
+    # -- settings, read when used --------------------------------------------------------------
+    @staticmethod
+    def ttl() -> float:
+        return conf.get("LOOM_LEASE_TTL")
+
+    # -- what runs call --------------------------------------------------------------------------
+    def begin_eager(self, execution_id: str, token: int, wait: bool = True) -> LeaseClaim:
+        """Queue an acquire and wait for its group commit; a refused acquire returns a lost claim."""
+        claim = LeaseClaim(self, execution_id, token, ACQUIRING)
+        self.ensure_started()
+        with self.cond:
+            self.acquire_q.append(claim)
+            done = self.batch_done  # one event per group commit, shared by everyone in it
+            if self.sleeping:  # a busy keeper takes the queue after its statement anyway
+                self.cond.notify_all()
+        if wait and not done.wait(self.ttl()):
+            claim._lost = True  # the keeper could not answer within a TTL: do not run unleased
+        return claim
+
+    def begin_lazy(self, execution_id: str, token: int) -> LeaseClaim:
+        """No lease yet: the keeper acquires one if the run is still going after the grace."""
+        claim = LeaseClaim(self, execution_id, token, PENDING)
+        due = time.monotonic() + conf.lease_grace()
+        self.ensure_started()
+        with self.cond:
+            self.pending[claim] = due
+            if len(self.pending) == 1:
+                self.cond.notify_all()  # the keeper may be sleeping until a later renewal
+        return claim
+
+    def end(self, claim: LeaseClaim) -> None:
+        with self.cond:
+            if claim.ended:
+                return
+            claim.ended = True
+            if claim.state == PENDING:
+                self.pending.pop(claim, None)  # within the grace: no lease was ever written
+            elif claim.state == HELD:
+                self.held.pop(claim, None)
+                if not claim._lost:
+                    if not self.release_q:
+                        self.release_due = time.monotonic() + RELEASE_DELAY
+                        self.cond.notify_all()
+                    self.release_q.append(claim.item)
+            # ACQUIRING: the keeper releases it when the acquire returns.
+            claim.state = ENDED
+
+    # -- the thread --------------------------------------------------------------------------------
+    def ensure_started(self) -> None:
+        if not self.autostart:
+            return
+        if self.thread is not None and self.thread.is_alive():
+            return
+        with self.cond:
+            if self.thread is not None and self.thread.is_alive():
+                return
+            self.stopping = False
+            self.thread = threading.Thread(target=self._loop, name="loom-lease-keeper", daemon=True)
+            self.thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while not self.stopping and not self.acquire_q and not self._releases_due():
+                        now = time.monotonic()
+                        wait = min(self.next_renew, self.release_due) - now
+                        if self.pending:
+                            wait = min(wait, next(iter(self.pending.values())) - now)
+                        if wait <= 0:
+                            break
+                        if not self.held and not self.pending and not self.release_q:
+                            # Idle: give the database connection back after a moment, so a process
+                            # whose runs are all short (or a test run) keeps no session open.
+                            if now >= self.idle_close_at:
+                                connections[self.alias].close()
+                                self.idle_close_at = float("inf")
+                            wait = min(wait, self.idle_close_at - now)
+                        self.sleeping = True
+                        self.cond.wait(wait)
+                        self.sleeping = False
+                    if self.stopping:
+                        return
+                    self.busy = True
+                    self.idle_close_at = time.monotonic() + IDLE_CLOSE_SECONDS
+                try:
+                    store_for(self.alias).prepare_keeper_session()
+                    self.step()
+                except DatabaseError:
+                    log.exception("lease keeper %s: database error; retrying", self.worker_id)
+                    connections[self.alias].close()
+                    time.sleep(min(1.0, conf.get("LOOM_LEASE_RENEW_EVERY")))
+                finally:
+                    with self.cond:
+                        self.busy = False
+                        self.cond.notify_all()
+        finally:
+            connections[self.alias].close()
+
+    def register(self) -> None:
+        """Write this node's worker row (before its first lease, or when a worker starts)."""
+        store_for(self.alias).touch_worker(self.worker_id, socket.gethostname(), os.getpid())
+        self.registered = True
+
+    def _releases_due(self) -> bool:
+        q = self.release_q
+        return bool(q) and (self.force_flush or time.monotonic() >= self.release_due
+                            or len(q) >= conf.get("LOOM_LEASE_CHUNK"))
+
+    def step(self, flush: bool = False) -> None:
+        """One pass: group-commit queued acquires (with the queued releases riding along), send
+        releases that are due, promote lazy claims past their grace, renew when due. Public so
+        tests can drive it without the thread (flush=True: send every queued release now)."""
+        now = time.monotonic()
+        with self.cond:
+            batch, self.acquire_q = self.acquire_q, []
+            done, self.batch_done = self.batch_done, threading.Event()
+            releases: list[tuple[str, int]] = []
+            if self.release_q and (batch or flush or self.stopping or self._releases_due()):
+                releases, self.release_q = self.release_q, []
+                self.release_due = float("inf")
+            while self.pending:
+                claim, due = next(iter(self.pending.items()))
+                if due > now:
+                    break
+                del self.pending[claim]
+                claim.state = ACQUIRING
+                batch.append(claim)
+        try:
+            if batch:
+                self.flush_acquires(batch, releases)
+            elif releases:
+                self.flush_releases(releases)
+        finally:
+            done.set()
+        if time.monotonic() >= self.next_renew:
+            self.tick()
+
+    def flush_acquires(self, batch: list[LeaseClaim], releases: list[tuple[str, int]] = ()) -> None:
+        store = store_for(self.alias)
+        ttl = self.ttl()
+        # One claim per execution per statement: a superseded one (lower token) is lost at once.
+        best: dict[str, LeaseClaim] = {}
+        for claim in batch:
+            other = best.get(claim.execution_id)
+            if other is None or claim.token > other.token:
+                if other is not None:
+                    other._lost = True
+                best[claim.execution_id] = claim
+            else:
+                claim._lost = True
+        wanted = list(best.values())
+        if not self.registered:
+            self.register()
+        size = conf.get("LOOM_LEASE_CHUNK")
+        # Releases ride along with the first acquire statement (an execution acquired again in
+        # this batch needs no release: its higher token supersedes the row).
+        riding = [item for item in dict.fromkeys(releases) if item[0] not in best]
+        to_release: list[tuple[str, int]] = riding[size:]
+        riding = riding[:size]
+        for part in chunks(wanted, size):
+            started = time.monotonic()
+            self.stats["acquire"] += len(part)
+            self.stats["acquire_statements"] += 1
+            self.stats["release"] += len(riding)
+            try:
+                acquired = store.acquire_many(self.worker_id, [c.item for c in part], ttl, release=riding)
+            except DatabaseError:
+                acquired = set()
+                log.exception("lease keeper %s: acquire failed", self.worker_id)
+                connections[self.alias].close()
+            with self.cond:
+                for claim in part:
+                    if claim.execution_id in acquired:
+                        claim.deadline = started + ttl
+                        if claim.ended:
+                            to_release.append(claim.item)
+                        else:
+                            claim.state = HELD
+                            self.held[claim] = None
+                    else:
+                        claim._lost = True
+            riding = []
+        if to_release:
+            self.flush_releases(to_release)
+
+    def flush_releases(self, items: list[tuple[str, int]]) -> None:
+        store = store_for(self.alias)
+        for part in chunks(list(dict.fromkeys(items)), conf.get("LOOM_LEASE_CHUNK")):
+            self.stats["release"] += len(part)
+            self.stats["release_statements"] += 1
+            store.release_many(self.worker_id, part)
+
+    def tick(self) -> None:
+        """Renew every held lease: one renew_many per chunk, plus the worker row's heartbeat."""
+        self.next_renew = time.monotonic() + conf.get("LOOM_LEASE_RENEW_EVERY")
+        self.ticks += 1
+        store = store_for(self.alias)
+        ttl = self.ttl()
+        with self.cond:
+            held = list(self.held)
+        for part in chunks(held, conf.get("LOOM_LEASE_CHUNK")):
+            started = time.monotonic()
+            self.stats["renew"] += len(part)
+            self.stats["renew_statements"] += 1
+            renewed = store.renew_many(self.worker_id, [c.item for c in part], ttl)
+            with self.cond:
+                for claim in part:
+                    if claim.execution_id in renewed:
+                        claim.deadline = started + ttl
+                    elif not claim.ended:
+                        claim._lost = True  # taken over: the new owner's fence refuses us anyway
+                        self.held.pop(claim, None)
+        if self.registered:
+            store.touch_worker(self.worker_id, socket.gethostname(), os.getpid())
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued acquire and release has been committed (tests, benchmarks)."""
+        with self.cond:
+            self.force_flush = True
+            self.cond.notify_all()
+            try:
+                return self.cond.wait_for(lambda: not (self.acquire_q or self.release_q or self.busy), timeout)
+            finally:
+                self.force_flush = False
+
+    # -- shutdown ------------------------------------------------------------------------------------
+    def holding(self) -> list[LeaseClaim]:
+        with self.cond:
+            return list(self.held)
+
+    def shutdown(self, timeout: float = 5.0) -> int:
+        """Stop the thread; every run still going loses its claim (stops at its next step), and its
+        lease is expired at once so another worker's sweep takes it over without waiting a TTL.
+        Returns the number of leases handed back."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+            thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        with self.cond:
+            claims = list(self.held) + list(self.pending) + self.acquire_q
+            releases, self.release_q = self.release_q, []
+            for claim in claims:
+                claim._lost = True
+            self.batch_done.set()
+            held = [c.item for c in self.held]
+            self.held.clear()
+            self.pending.clear()
+            self.acquire_q = []
+        store = store_for(self.alias)
+        try:
+            self.flush_releases(releases)
+            for part in chunks(held, conf.get("LOOM_LEASE_CHUNK")):
+                store.expire_many(self.worker_id, part)
+            if self.registered:
+                store.stop_worker(self.worker_id)
+        finally:
+            connections[self.alias].close()
+        return len(held)
+
+
+_keeper: LeaseKeeper | None = None
+_keeper_lock = threading.Lock()
+
+
+def get_keeper() -> LeaseKeeper:
+    """The process's keeper (created on first use; its thread starts with the first claim)."""
+    global _keeper
+    keeper = _keeper
+    if keeper is None:
+        with _keeper_lock:
+            if _keeper is None:
+                _keeper = LeaseKeeper()
+            keeper = _keeper
+    return keeper
+
+
+def reset_keeper(keeper: LeaseKeeper | None = None) -> None:
+    """Replace the process's keeper (tests; a forked child must not inherit the parent's)."""
+    global _keeper
+    _keeper = keeper
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (django-q2's worker processes) has none of the parent's threads: its claims
+    # are not its own. It starts with a fresh keeper under its own id.
+    global _keeper, _keeper_lock
+    _keeper = None
+    _keeper_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,61 @@
+"""`manage.py loom_worker`: one Loom worker node (see docs/workers.md).
+
+It runs the in-process services every app registered (lease heartbeat, recovery sweep,
+projection drains...) and, unless --no-cluster, django-q2's cluster for queued and scheduled
+tasks. SIGTERM or SIGINT: the services stop and the leases are handed back (expired at once, so
+other workers recover the runs); then the cluster stops. SIGKILL: nothing to clean up; the
+leases expire after LOOM_LEASE_TTL.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from django.core.management.base import BaseCommand
+from django.db import connections
+
+from leases.worker import Worker
+
+
+class Command(BaseCommand):
+    help = "Run a Loom worker: lease heartbeat, recovery sweep, drains, and the django-q2 cluster."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--id", dest="worker_id", default=None,
+                            help="Worker id (default LOOM_WORKER_ID, else host:pid).")
+        parser.add_argument("--no-cluster", action="store_true",
+                            help="Do not start django-q2's cluster (services only).")
+        parser.add_argument("--stop-timeout", type=float, default=10.0,
+                            help="Seconds each service gets to stop on SIGTERM (default 10).")
+
+    def handle(self, *args, worker_id=None, no_cluster=False, stop_timeout=10.0, **options) -> None:
+        worker = Worker(worker_id)
+        cluster = None
+        if not no_cluster:
+            from django_q.cluster import Cluster
+
+            from leases.tasks import ensure_schedule
+
+            ensure_schedule()
+            # The cluster forks: a database connection open in this process would be shared with
+            # the children (one socket, two users: corrupted). Close ours; each side reconnects.
+            connections.close_all()
+            cluster = Cluster()  # installs its own SIGTERM/SIGINT handlers...
+        worker.install_signal_handlers()  # ...which ours replace, before anything starts: a signal
+        # arriving during start-up then stops everything, not only the cluster.
+        try:
+            if cluster is not None:
+                # Start the cluster first: it forks its processes before any of our threads exist.
+                cluster.start()
+            if not worker.stopped.is_set():
+                worker.start()
+                self.stdout.write(f"loom worker {worker.worker_id} running ({len(worker.services)} services"
+                                  f"{', django-q2 cluster' if cluster else ''}); SIGTERM stops it", ending="\n")
+                self.stdout.flush()
+            worker.wait()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            worker.stop(stop_timeout)
+            if cluster is not None and cluster.sentinel is not None:
+                cluster.stop()
+        self.stdout.write(f"loom worker {worker.worker_id} stopped")

@@ -1,0 +1,66 @@
+"""The lease tables: who runs which execution (Lease) and which worker nodes exist (Worker).
+
+Rows are written by leases/store (named SQL per backend), never by the ORM's save(): the ORM
+models exist for the admin and for reads.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+
+from journal.models import Execution
+
+
+class Worker(models.Model):
+    """A process that owns executions: a `loom_worker`, or any process that started a run."""
+
+    id = models.CharField(max_length=200, primary_key=True)
+    host = models.CharField(max_length=200, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(db_default=Now())
+    seen_at = models.DateTimeField(db_default=Now(), help_text="Last heartbeat tick of this node.")
+    stopped_at = models.DateTimeField(null=True, blank=True, help_text="Set on a clean shutdown.")
+
+    class Meta:
+        ordering = ["-seen_at"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Lease(models.Model):
+    """One execution's heartbeat lease: `owner` drives it with `fence_token` until `expires_at`.
+
+    No database foreign keys: a lease may be written before the execution's header row (eager
+    acquire right after the sequence-0 bootstrap) and outlives a worker row that was cleaned up.
+    The fields are ForeignKeys only so that the admin can link and list them.
+    """
+
+    execution = models.OneToOneField("journal.Execution", primary_key=True, on_delete=models.DO_NOTHING,
+                                     db_constraint=False, related_name="lease")
+    owner = models.ForeignKey(Worker, on_delete=models.DO_NOTHING, db_constraint=False, db_column="owner",
+                              related_name="leases")
+    fence_token = models.BigIntegerField()
+    acquired_at = models.DateTimeField()
+    renewed_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["expires_at"]
+        indexes = [models.Index(fields=["owner"], name="leases_lease_owner")]
+
+    def __str__(self) -> str:
+        return f"{self.execution_id} by {self.owner_id} @{self.fence_token}"
+
+    def save(self, *args, **kwargs):
+        raise TypeError("leases are written by leases.store (acquire/renew/release/takeover), not save()")
+
+
+class RecoveryView(Execution):
+    """The executions seen from recovery (a proxy for the admin: stuck ones first, with leases)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "execution under recovery"
+        verbose_name_plural = "executions under recovery"

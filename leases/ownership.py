@@ -1,0 +1,50 @@
+"""The heartbeat-lease implementation of journal.flows.ownership, per LOOM_LEASE_MODE.
+
+- off: journal.flows' no-op default (no lease rows; recovery sweeps are disabled, since a
+  running execution without a lease cannot be told apart from a live one);
+- eager: every run waits for its (group-committed) acquire before its first step;
+- lazy (default): a FRESH start takes no lease during the grace (LOOM_LEASE_LAZY_GRACE, TTL/3);
+  a run that finishes within it never touches the lease table. Resume and takeover
+  (fresh=False) are always eager. The runtime calls begin() only after the sequence-0 bootstrap
+  succeeded, so the loser of two racing starts of one id never gets a claim, a grace timer or a
+  lease row.
+"""
+
+from __future__ import annotations
+
+from django.db import connections
+
+from journal import conf
+from journal.flows.ownership import Claim, NoOwnership, set_ownership
+from leases.keeper import LeaseKeeper, get_keeper
+
+_IN_TRANSACTION = NoOwnership()
+
+
+class LeaseOwnership:
+    def __init__(self, mode: str, keeper: LeaseKeeper | None = None):
+        if mode not in ("eager", "lazy"):
+            raise ValueError(f"LeaseOwnership mode must be eager or lazy, not {mode!r}")
+        self.mode = mode
+        self._keeper = keeper
+
+    @property
+    def keeper(self) -> LeaseKeeper:
+        return self._keeper or get_keeper()
+
+    def begin(self, execution_id: str, fence_token: int, *, fresh: bool) -> Claim:
+        if connections["default"].in_atomic_block:
+            # The run is inside the caller's transaction: nobody else can see the execution until
+            # it commits (no sweeper can take it over), and if this process dies it rolls back
+            # entirely. A lease written from the keeper's connection could not even see its fence.
+            return _IN_TRANSACTION.begin(execution_id, fence_token, fresh=fresh)
+        if fresh and self.mode == "lazy":
+            return self.keeper.begin_lazy(execution_id, fence_token)
+        return self.keeper.begin_eager(execution_id, fence_token)
+
+
+def install(mode: str | None = None) -> str:
+    """Install the ownership for `mode` (default: LOOM_LEASE_MODE) process-wide; returns the mode."""
+    mode = mode or conf.get("LOOM_LEASE_MODE")
+    set_ownership(None if mode == "off" else LeaseOwnership(mode))
+    return mode

@@ -1,0 +1,73 @@
+"""What every lease store does. Items are (execution_id, fence_token) pairs; a batch names each
+execution once. Every method is one statement per call (takeover: one short transaction)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from django.db import connections
+
+Item = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """What one takeover transaction did: leases taken (with the advanced fence token) and
+    executions given up on (marked stuck after LOOM_RECOVERY_MAX_ATTEMPTS recoveries)."""
+
+    taken: list[Item] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+
+
+class LeaseStore(ABC):
+    vendor = ""
+
+    def __init__(self, alias: str):
+        self.alias = alias
+
+    @property
+    def connection(self):
+        return connections[self.alias]
+
+    def prepare_keeper_session(self) -> None:
+        """Tune the keeper thread's own connection (once per connection); nothing by default."""
+        return None
+
+    @abstractmethod
+    def acquire_many(self, owner: str, items: Sequence[Item], ttl: float, release: Sequence[Item] = ()) -> set[str]:
+        """Lease each execution for `owner` at its fence token; return the ids acquired. The
+        `release` items (none of them among `items`) are released in the same statement.
+
+        Refused (absent from the result): a lease held at a higher token, or at the same token by
+        another owner, or a token that is not the execution's current fence (a stale run)."""
+
+    @abstractmethod
+    def renew_many(self, owner: str, items: Sequence[Item], ttl: float) -> set[str]:
+        """Extend the leases `owner` still holds at these tokens; the ids missing were lost."""
+
+    @abstractmethod
+    def release_many(self, owner: str, items: Sequence[Item]) -> int:
+        """Delete the leases `owner` holds at these tokens (a run settled); others are untouched."""
+
+    @abstractmethod
+    def expire_many(self, owner: str, items: Sequence[Item]) -> int:
+        """Make the leases `owner` holds expire now (clean shutdown: the executions are still
+        running and another worker's recovery sweep should take them over at once)."""
+
+    @abstractmethod
+    def takeover(self, owner: str, ttl: float, orphan_after: float, max_attempts: int, limit: int,
+                 flows: Sequence[str] | None = None) -> Takeover:
+        """Take the running executions whose lease expired (or that never had one for
+        `orphan_after` seconds): the lease moves to `owner` and the fence advances in the same
+        transaction; those recovered `max_attempts` times already are marked stuck instead.
+        `flows`: only executions of these flows (the ones this worker can run; None: any)."""
+
+    @abstractmethod
+    def touch_worker(self, worker_id: str, host: str, pid: int) -> None:
+        """Register the node or mark it seen (one statement per heartbeat tick)."""
+
+    @abstractmethod
+    def stop_worker(self, worker_id: str) -> None:
+        """Mark the node stopped (clean shutdown)."""

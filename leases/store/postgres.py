@@ -1,0 +1,285 @@
+"""Leases on PostgreSQL: every statement, named, with the reason for each lock and ordering rule.
+
+Times come from the database clock (now()), never from the worker's: several hosts share the
+table and their clocks may disagree; the expiry a sweeper compares against is the one the owner
+wrote with the same clock. Lists travel as arrays through unnest, so each statement's text is the
+same for any batch size and psycopg prepares it once per connection.
+
+Lock order: every statement that locks several lease rows locks them in execution_id order
+(ORDER BY ... FOR UPDATE, or an ordered INSERT), so a renewal, a release and a sweeper's takeover
+touching the same rows wait for each other instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+from django.db import transaction
+
+from leases.store.base import Item, LeaseStore, Takeover
+
+# -- acquire --
+# Group-committed acquire of many leases. A row is written only when the token is the execution's
+# current fence (a run whose fence was already advanced never gets a lease). On conflict the lease
+# moves only to a HIGHER token (a resume or takeover supersedes the old owner, whose renewal then
+# fails) or is refreshed by the same owner at the same token; a lower token is refused. ON CONFLICT
+# waits for a racing takeover's uncommitted row and re-checks the WHERE against its committed
+# token, so a late lazy acquire of a taken-over run is refused.
+ACQUIRE = """
+INSERT INTO leases_lease AS l (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
+SELECT t.eid, %(owner)s, t.tok, now(), now(), now() + %(ttl)s::float8 * interval '1 second'
+FROM unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok)
+JOIN journal_fence f ON f.stream_id = t.eid AND f.token = t.tok
+ORDER BY t.eid
+ON CONFLICT (execution_id) DO UPDATE SET owner = EXCLUDED.owner, fence_token = EXCLUDED.fence_token,
+    acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
+WHERE l.fence_token < EXCLUDED.fence_token
+   OR (l.fence_token = EXCLUDED.fence_token AND l.owner = EXCLUDED.owner)
+RETURNING l.execution_id
+"""
+
+# -- acquire_releasing --
+# ACQUIRE with the releases of settled runs riding along in the same statement (group commit of
+# both: one round trip and one commit instead of two). The release set never names an execution
+# of the acquire set (the keeper drops those: the higher token supersedes), so no row is touched
+# twice by one statement.
+ACQUIRE_RELEASING = """
+WITH released AS (
+    DELETE FROM leases_lease WHERE execution_id IN (
+        SELECT r.execution_id FROM leases_lease r
+        JOIN unnest(%(rel_eids)s::text[], %(rel_tokens)s::bigint[]) AS x(eid, tok)
+          ON r.execution_id = x.eid AND r.fence_token = x.tok
+        WHERE r.owner = %(owner)s
+        ORDER BY r.execution_id
+        FOR UPDATE OF r
+    ) RETURNING execution_id
+)""" + ACQUIRE
+
+# -- renew_many --
+# One statement per chunk per tick. Only rows still held by this owner at the run's token are
+# extended: a lease that was taken over (new owner, higher token) is simply not returned, which is
+# how the former owner learns it lost. An expired lease nobody took yet is renewed: its owner
+# still holds the current fence, so nothing was lost.
+RENEW_MANY = """
+WITH mine AS (
+    SELECT l.execution_id FROM leases_lease l
+    JOIN unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok)
+      ON l.execution_id = t.eid AND l.fence_token = t.tok
+    WHERE l.owner = %(owner)s
+    ORDER BY l.execution_id
+    FOR UPDATE OF l
+)
+UPDATE leases_lease l SET renewed_at = now(), expires_at = now() + %(ttl)s::float8 * interval '1 second'
+FROM mine WHERE l.execution_id = mine.execution_id
+RETURNING l.execution_id
+"""
+
+# -- release --
+# Group-committed release of settled runs: delete only what this owner holds at these tokens
+# (a lease taken over meanwhile belongs to someone else now).
+RELEASE = """
+DELETE FROM leases_lease WHERE execution_id IN (
+    SELECT l.execution_id FROM leases_lease l
+    JOIN unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok)
+      ON l.execution_id = t.eid AND l.fence_token = t.tok
+    WHERE l.owner = %(owner)s
+    ORDER BY l.execution_id
+    FOR UPDATE OF l
+)
+"""
+
+# -- expire --
+# Clean shutdown: the runs are unfinished, so keep the row but make it expired now; the next
+# recovery sweep of any worker takes it over without waiting for the TTL.
+EXPIRE = """
+UPDATE leases_lease l SET expires_at = now() FROM (
+    SELECT l2.execution_id FROM leases_lease l2
+    JOIN unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok)
+      ON l2.execution_id = t.eid AND l2.fence_token = t.tok
+    WHERE l2.owner = %(owner)s
+    ORDER BY l2.execution_id
+    FOR UPDATE OF l2
+) mine WHERE l.execution_id = mine.execution_id
+"""
+
+# -- takeover: candidates --
+# Running executions whose lease expired, or that have none although they were last updated more
+# than `orphan_after` ago (a lazy run takes its lease after the grace, so an older one without a
+# lease is orphaned: its process died within the grace). FOR UPDATE OF e SKIP LOCKED: two sweepers
+# never take the same execution, and neither waits for the other.
+TAKEOVER_CANDIDATES = """
+SELECT e.id, e.recoveries FROM journal_execution e
+LEFT JOIN leases_lease l ON l.execution_id = e.id
+WHERE e.status = 'running'
+  -- Only flows this worker has code for: another worker may run the rest; taking them here would
+  -- burn their recovery attempts on UnknownFlow.
+  AND (%(any_flow)s OR e.flow = ANY(%(flows)s::text[]))
+  AND (l.expires_at < now()
+       OR (l.execution_id IS NULL AND e.updated_at < now() - %(orphan)s::float8 * interval '1 second'))
+ORDER BY e.id
+LIMIT %(limit)s
+FOR UPDATE OF e SKIP LOCKED
+"""
+
+# -- takeover: claim --
+# Move the leases to the sweeper, but only if still expired (or still missing): the WHERE is
+# re-checked after waiting for a concurrent renewal or lazy acquire, which then wins. The token is
+# a placeholder until the fence is advanced below, in the same transaction (nobody sees it).
+TAKEOVER_CLAIM = """
+INSERT INTO leases_lease AS l (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
+SELECT t.eid, %(owner)s, 0, now(), now(), now() + %(ttl)s::float8 * interval '1 second'
+FROM unnest(%(eids)s::text[]) AS t(eid)
+ORDER BY t.eid
+ON CONFLICT (execution_id) DO UPDATE SET owner = EXCLUDED.owner, fence_token = 0,
+    acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
+WHERE l.expires_at < now()
+RETURNING l.execution_id
+"""
+
+# -- takeover: fence --
+# Advance the fences of the claimed executions, locked in stream order. FOR UPDATE waits for the
+# former owner's in-flight fenced append (it holds FOR KEY SHARE); from this commit on its token
+# is refused.
+TAKEOVER_FENCE = """
+UPDATE journal_fence f SET token = f.token + 1 FROM (
+    SELECT stream_id FROM journal_fence WHERE stream_id = ANY(%(eids)s::text[]) ORDER BY stream_id FOR UPDATE
+) c WHERE f.stream_id = c.stream_id
+RETURNING f.stream_id, f.token
+"""
+
+# -- takeover: token --
+TAKEOVER_TOKEN = """
+UPDATE leases_lease l SET fence_token = t.tok
+FROM unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok) WHERE l.execution_id = t.eid
+"""
+
+# -- takeover: count --
+TAKEOVER_COUNT = """
+UPDATE journal_execution SET recoveries = recoveries + 1, updated_at = now() WHERE id = ANY(%(eids)s::text[])
+"""
+
+# -- takeover: give up --
+# Too many recoveries: mark stuck (visible in the admin), fence off whoever may still run it, and
+# drop its lease so no sweeper retries it.
+GIVE_UP_STATUS = """
+UPDATE journal_execution SET status = 'stuck', updated_at = now(),
+    error = 'recovery gave up after ' || recoveries || ' attempts (LOOM_RECOVERY_MAX_ATTEMPTS)'
+WHERE id = ANY(%(eids)s::text[])
+"""
+GIVE_UP_FENCE = """
+UPDATE journal_fence f SET token = f.token + 1 FROM (
+    SELECT stream_id FROM journal_fence WHERE stream_id = ANY(%(eids)s::text[]) ORDER BY stream_id FOR UPDATE
+) c WHERE f.stream_id = c.stream_id
+"""
+GIVE_UP_LEASE = "DELETE FROM leases_lease WHERE execution_id = ANY(%(eids)s::text[])"
+
+# -- keeper session --
+# The keeper's connection commits asynchronously: lease rows are soft state. Losing the last
+# acquires/renewals/releases in a database crash is harmless by construction: a lost acquire
+# looks like an orphan (taken over after grace + TTL, with a fence advance), a lost renewal like
+# an earlier expiry (taken over, fenced), a lost release like a lease on a settled execution
+# (never swept). Safety lives in the fence, whose advance (takeover, resume) stays synchronous:
+# it runs on other connections. This removes the WAL flush wait from every lease statement.
+KEEPER_SESSION = "SET synchronous_commit = off"
+
+# -- worker: touch --
+TOUCH_WORKER = """
+INSERT INTO leases_worker (id, host, pid, started_at, seen_at, stopped_at) VALUES (%s, %s, %s, now(), now(), NULL)
+ON CONFLICT (id) DO UPDATE SET seen_at = now(), stopped_at = NULL, host = EXCLUDED.host, pid = EXCLUDED.pid
+"""
+
+STOP_WORKER = "UPDATE leases_worker SET stopped_at = now(), seen_at = now() WHERE id = %s"
+
+
+_prepared: weakref.WeakSet = weakref.WeakSet()  # raw connections already tuned
+
+
+def _split(items: Sequence[Item]) -> tuple[list[str], list[int]]:
+    return [i[0] for i in items], [i[1] for i in items]
+
+
+class PostgresLeaseStore(LeaseStore):
+    vendor = "postgresql"
+
+    def prepare_keeper_session(self) -> None:
+        self.connection.ensure_connection()
+        raw = self.connection.connection
+        if raw not in _prepared:
+            with self.connection.cursor() as cursor:
+                cursor.execute(KEEPER_SESSION)
+            _prepared.add(raw)
+
+    def _rows(self, sql: str, params: dict) -> list[tuple]:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def _count(self, sql: str, params: dict) -> int:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount
+
+    def acquire_many(self, owner, items, ttl, release=()):
+        if not items:
+            if release:
+                self.release_many(owner, release)
+            return set()
+        eids, tokens = _split(items)
+        params = {"owner": owner, "ttl": ttl, "eids": eids, "tokens": tokens}
+        if release:
+            params["rel_eids"], params["rel_tokens"] = _split(release)
+            return {r[0] for r in self._rows(ACQUIRE_RELEASING, params)}
+        return {r[0] for r in self._rows(ACQUIRE, params)}
+
+    def renew_many(self, owner, items, ttl):
+        if not items:
+            return set()
+        eids, tokens = _split(items)
+        rows = self._rows(RENEW_MANY, {"owner": owner, "ttl": ttl, "eids": eids, "tokens": tokens})
+        return {r[0] for r in rows}
+
+    def release_many(self, owner, items):
+        if not items:
+            return 0
+        eids, tokens = _split(items)
+        return self._count(RELEASE, {"owner": owner, "eids": eids, "tokens": tokens})
+
+    def expire_many(self, owner, items):
+        if not items:
+            return 0
+        eids, tokens = _split(items)
+        return self._count(EXPIRE, {"owner": owner, "eids": eids, "tokens": tokens})
+
+    def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None):
+        with transaction.atomic(using=self.alias):
+            candidates = self._rows(TAKEOVER_CANDIDATES, {"orphan": orphan_after, "limit": limit,
+                                                          "any_flow": flows is None, "flows": list(flows or [])})
+            if not candidates:
+                return Takeover()
+            stuck = [eid for eid, recoveries in candidates if recoveries >= max_attempts]
+            retry = [eid for eid, recoveries in candidates if recoveries < max_attempts]
+            if stuck:
+                self._count(GIVE_UP_STATUS, {"eids": stuck})
+                self._count(GIVE_UP_FENCE, {"eids": stuck})
+                self._count(GIVE_UP_LEASE, {"eids": stuck})
+            taken: list[Item] = []
+            if retry:
+                claimed = [r[0] for r in self._rows(TAKEOVER_CLAIM, {"owner": owner, "ttl": ttl, "eids": retry})]
+                if claimed:
+                    taken = [(r[0], r[1]) for r in self._rows(TAKEOVER_FENCE, {"eids": claimed})]
+                    eids, tokens = _split(taken)
+                    self._count(TAKEOVER_TOKEN, {"eids": eids, "tokens": tokens})
+                    self._count(TAKEOVER_COUNT, {"eids": eids})
+                    unfenced = set(claimed) - set(eids)
+                    if unfenced:  # no fence row: not a durable execution stream; leave it alone
+                        self._count(GIVE_UP_LEASE, {"eids": sorted(unfenced)})
+            return Takeover(sorted(taken), sorted(stuck))
+
+    def touch_worker(self, worker_id, host, pid):
+        with self.connection.cursor() as cursor:
+            cursor.execute(TOUCH_WORKER, [worker_id, host, pid])
+
+    def stop_worker(self, worker_id):
+        with self.connection.cursor() as cursor:
+            cursor.execute(STOP_WORKER, [worker_id])

@@ -1,0 +1,207 @@
+"""Leases on SQLite: the same statements as PostgreSQL, serialised by SQLite's single writer.
+
+SQLite is a single-host store, so times come from this host's clock (one clock for every process
+sharing the file), written in the text format Django uses, which compares correctly as text.
+Lists travel as one JSON array through json_each, so each statement's text is the same for any
+batch size (the sqlite3 module caches it). No row locks are needed: every write statement, and
+the takeover transaction (BEGIN IMMEDIATE), holds the database's write lock while it checks and
+writes, so no renewal or acquire can slip in between a check and its write.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from django.db import transaction
+
+from leases.store.base import Item, LeaseStore, Takeover
+
+PAIRS = "SELECT json_extract(value, '$[0]') AS eid, json_extract(value, '$[1]') AS tok FROM json_each(%(items)s)"
+IDS = "SELECT value FROM json_each(%(eids)s)"
+
+# -- acquire --
+# See leases/store/postgres.py ACQUIRE: a lease only at the current fence token; on conflict it
+# moves to a higher token or is refreshed by the same owner at the same token. (WHERE true is
+# SQLite's documented way to keep INSERT ... SELECT ... ON CONFLICT unambiguous.)
+ACQUIRE = f"""
+INSERT INTO leases_lease (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
+SELECT t.eid, %(owner)s, t.tok, %(now)s, %(now)s, %(expires)s FROM ({PAIRS}) t
+JOIN journal_fence f ON f.stream_id = t.eid AND f.token = t.tok
+WHERE true
+ON CONFLICT (execution_id) DO UPDATE SET owner = excluded.owner, fence_token = excluded.fence_token,
+    acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at
+WHERE leases_lease.fence_token < excluded.fence_token
+   OR (leases_lease.fence_token = excluded.fence_token AND leases_lease.owner = excluded.owner)
+RETURNING execution_id
+"""
+
+# -- renew_many --
+# One statement per chunk per tick; rows taken over (other owner or token) are not returned.
+RENEW_MANY = f"""
+UPDATE leases_lease SET renewed_at = %(now)s, expires_at = %(expires)s
+WHERE owner = %(owner)s AND (execution_id, fence_token) IN ({PAIRS})
+RETURNING execution_id
+"""
+
+# -- release --
+RELEASE = f"DELETE FROM leases_lease WHERE owner = %(owner)s AND (execution_id, fence_token) IN ({PAIRS})"
+
+# -- expire --
+EXPIRE = f"""
+UPDATE leases_lease SET expires_at = %(now)s WHERE owner = %(owner)s AND (execution_id, fence_token) IN ({PAIRS})
+"""
+
+# -- takeover: candidates --
+# See leases/store/postgres.py: expired lease, or none for longer than `orphan_after`.
+TAKEOVER_CANDIDATES = """
+SELECT e.id, e.recoveries FROM journal_execution e
+LEFT JOIN leases_lease l ON l.execution_id = e.id
+WHERE e.status = 'running'
+  AND (%(any_flow)s OR e.flow IN (SELECT value FROM json_each(%(flows)s)))
+  AND (l.expires_at < %(now)s OR (l.execution_id IS NULL AND e.updated_at < %(orphan)s))
+ORDER BY e.id
+LIMIT %(limit)s
+"""
+
+# -- takeover: claim --
+TAKEOVER_CLAIM = f"""
+INSERT INTO leases_lease (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
+SELECT t.value, %(owner)s, 0, %(now)s, %(now)s, %(expires)s FROM ({IDS}) t
+WHERE true
+ON CONFLICT (execution_id) DO UPDATE SET owner = excluded.owner, fence_token = 0,
+    acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at
+WHERE leases_lease.expires_at < %(now)s
+RETURNING execution_id
+"""
+
+# -- takeover: fence --
+TAKEOVER_FENCE = f"UPDATE journal_fence SET token = token + 1 WHERE stream_id IN ({IDS}) RETURNING stream_id, token"
+
+# -- takeover: token --
+TAKEOVER_TOKEN = f"""
+UPDATE leases_lease SET fence_token = (SELECT t.tok FROM ({PAIRS}) t WHERE t.eid = leases_lease.execution_id)
+WHERE execution_id IN (SELECT json_extract(value, '$[0]') FROM json_each(%(items)s))
+"""
+
+# -- takeover: count --
+TAKEOVER_COUNT = f"UPDATE journal_execution SET recoveries = recoveries + 1, updated_at = %(now)s WHERE id IN ({IDS})"
+
+# -- takeover: give up --
+GIVE_UP_STATUS = f"""
+UPDATE journal_execution SET status = 'stuck', updated_at = %(now)s,
+    error = 'recovery gave up after ' || recoveries || ' attempts (LOOM_RECOVERY_MAX_ATTEMPTS)'
+WHERE id IN ({IDS})
+"""
+GIVE_UP_FENCE = f"UPDATE journal_fence SET token = token + 1 WHERE stream_id IN ({IDS})"
+GIVE_UP_LEASE = f"DELETE FROM leases_lease WHERE execution_id IN ({IDS})"
+
+# -- worker --
+TOUCH_WORKER = """
+INSERT INTO leases_worker (id, host, pid, started_at, seen_at, stopped_at) VALUES (%s, %s, %s, %s, %s, NULL)
+ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at, stopped_at = NULL, host = excluded.host, pid = excluded.pid
+"""
+STOP_WORKER = "UPDATE leases_worker SET stopped_at = %s, seen_at = %s WHERE id = %s"
+
+
+def stamp(moment: datetime) -> str:
+    """Django's SQLite text form of an aware UTC datetime (always with microseconds)."""
+    return moment.astimezone(UTC).replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _pairs(items: Sequence[Item]) -> str:
+    return json.dumps([[eid, tok] for eid, tok in items])
+
+
+class SqliteLeaseStore(LeaseStore):
+    vendor = "sqlite"
+
+    def _rows(self, sql: str, params: dict) -> list[tuple]:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def _count(self, sql: str, params: dict) -> int:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount
+
+    @staticmethod
+    def _times(ttl: float) -> dict:
+        now = _now()
+        return {"now": stamp(now), "expires": stamp(now + timedelta(seconds=ttl))}
+
+    def acquire_many(self, owner, items, ttl, release=()):
+        if not items:
+            if release:
+                self.release_many(owner, release)
+            return set()
+        if release:
+            # The releases riding along commit with the acquires: one write transaction.
+            with transaction.atomic(using=self.alias):
+                self._count(RELEASE, {"owner": owner, "items": _pairs(release)})
+                rows = self._rows(ACQUIRE, {"owner": owner, "items": _pairs(items), **self._times(ttl)})
+        else:
+            rows = self._rows(ACQUIRE, {"owner": owner, "items": _pairs(items), **self._times(ttl)})
+        return {r[0] for r in rows}
+
+    def renew_many(self, owner, items, ttl):
+        if not items:
+            return set()
+        rows = self._rows(RENEW_MANY, {"owner": owner, "items": _pairs(items), **self._times(ttl)})
+        return {r[0] for r in rows}
+
+    def release_many(self, owner, items):
+        if not items:
+            return 0
+        return self._count(RELEASE, {"owner": owner, "items": _pairs(items)})
+
+    def expire_many(self, owner, items):
+        if not items:
+            return 0
+        return self._count(EXPIRE, {"owner": owner, "items": _pairs(items), "now": stamp(_now())})
+
+    def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None):
+        # BEGIN IMMEDIATE: the whole check-and-take runs under the write lock.
+        with transaction.atomic(using=self.alias):
+            now = _now()
+            times = self._times(ttl)
+            candidates = self._rows(TAKEOVER_CANDIDATES, {
+                "now": times["now"], "orphan": stamp(now - timedelta(seconds=orphan_after)), "limit": limit,
+                "any_flow": flows is None, "flows": json.dumps(list(flows or []))})
+            if not candidates:
+                return Takeover()
+            stuck = [eid for eid, recoveries in candidates if recoveries >= max_attempts]
+            retry = [eid for eid, recoveries in candidates if recoveries < max_attempts]
+            if stuck:
+                ids = json.dumps(stuck)
+                self._count(GIVE_UP_STATUS, {"eids": ids, "now": times["now"]})
+                self._count(GIVE_UP_FENCE, {"eids": ids})
+                self._count(GIVE_UP_LEASE, {"eids": ids})
+            taken: list[Item] = []
+            if retry:
+                claimed = [r[0] for r in self._rows(TAKEOVER_CLAIM, {"owner": owner, "eids": json.dumps(retry),
+                                                                       **times})]
+                if claimed:
+                    taken = [(r[0], r[1]) for r in self._rows(TAKEOVER_FENCE, {"eids": json.dumps(claimed)})]
+                    self._count(TAKEOVER_TOKEN, {"items": _pairs(taken)})
+                    self._count(TAKEOVER_COUNT, {"eids": json.dumps([t[0] for t in taken]), "now": times["now"]})
+                    unfenced = set(claimed) - {t[0] for t in taken}
+                    if unfenced:
+                        self._count(GIVE_UP_LEASE, {"eids": json.dumps(sorted(unfenced))})
+            return Takeover(sorted(taken), sorted(stuck))
+
+    def touch_worker(self, worker_id, host, pid):
+        now = stamp(_now())
+        with self.connection.cursor() as cursor:
+            cursor.execute(TOUCH_WORKER, [worker_id, host, pid, now, now])
+
+    def stop_worker(self, worker_id):
+        now = stamp(_now())
+        with self.connection.cursor() as cursor:
+            cursor.execute(STOP_WORKER, [now, now, worker_id])

@@ -1,0 +1,111 @@
+"""A Loom worker node: long-running in-process services (lease heartbeat, recovery sweep,
+projection drains...) started and stopped together.
+
+Other apps plug in with `register_service(factory)` from their AppConfig.ready(); `Worker.start()`
+instantiates every registered factory and starts it. A service starts its own threads and returns
+quickly; `stop(timeout)` stops them and releases what it holds. `manage.py loom_worker` runs a
+Worker next to django-q2's cluster (see docs/workers.md for why the split).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from leases.keeper import get_keeper, node_identity
+
+log = logging.getLogger("loom.worker")
+
+
+@runtime_checkable
+class Service(Protocol):
+    name: str
+
+    def start(self, worker: Worker) -> None:
+        """Start the service's own threads and return quickly; worker.worker_id is the node id."""
+        ...
+
+    def stop(self, timeout: float) -> None:
+        """Stop the threads and release what the service holds."""
+        ...
+
+
+_factories: list[Callable[[], Service]] = []
+
+
+def register_service(factory: Callable[[], Service]) -> None:
+    """Register a service for every Worker of this process (call from an AppConfig.ready())."""
+    if factory not in _factories:
+        _factories.append(factory)
+
+
+def registered_services() -> list[Callable[[], Service]]:
+    return list(_factories)
+
+
+class Worker:
+    """One node: its id, its services, and a clean stop (services in reverse order)."""
+
+    def __init__(self, worker_id: str | None = None, services: list[Callable[[], Service]] | None = None):
+        self.worker_id = worker_id or node_identity()
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.factories = registered_services() if services is None else list(services)
+        self.services: list[Service] = []
+        self.stopped = threading.Event()
+
+    def start(self) -> None:
+        for factory in self.factories:
+            service = factory()
+            service.start(self)
+            self.services.append(service)
+            log.info("worker %s: started %s", self.worker_id, service.name)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for service in reversed(self.services):
+            try:
+                service.stop(timeout)
+            except Exception:
+                log.exception("worker %s: stopping %s failed", self.worker_id, service.name)
+        self.services.clear()
+        self.stopped.set()
+
+    def request_stop(self, *_args) -> None:
+        """Signal handler: the main thread leaves `wait()` and stops the services."""
+        self.stopped.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def wait(self) -> None:
+        """Block until request_stop() (a signal) or stop()."""
+        while not self.stopped.wait(0.5):
+            pass
+
+
+class HeartbeatService:
+    """The process's lease keeper as a worker service: registers the node, renews its leases,
+    and on stop hands every lease back (expired, so that other workers recover the runs at once)."""
+
+    name = "lease-heartbeat"
+
+    def start(self, worker: Worker) -> None:
+        keeper = get_keeper()
+        if keeper.worker_id != worker.worker_id:
+            from leases.keeper import LeaseKeeper, reset_keeper
+
+            keeper = LeaseKeeper(worker.worker_id)
+            reset_keeper(keeper)
+        keeper.register()
+        keeper.ensure_started()
+        self.keeper = keeper
+
+    def stop(self, timeout: float) -> None:
+        released = self.keeper.shutdown(timeout)
+        log.info("lease keeper %s: stopped, %d lease(s) handed back", self.keeper.worker_id, released)

@@ -1,0 +1,279 @@
+"""Heartbeat leases on either database: acquire, renew_many, release, takeover, recovery, lazy
+grace. The keeper is driven step by step (no thread) where statements are counted."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+
+from journal.envelopes import Envelope
+from journal.exceptions import StaleFence
+from journal.flows import start
+from journal.flows.ownership import get_ownership, set_ownership
+from journal.models import Event, Execution, Fence
+from leases.keeper import LeaseKeeper, reset_keeper
+from leases.models import Lease, Worker
+from leases.ownership import LeaseOwnership
+from leases.recovery import sweep
+from leases.store import store_for
+from tests import lease_flows  # noqa: F401  (registers the flows)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def short_leases(settings):
+    settings.LOOM_LEASE_TTL = 2.0
+    settings.LOOM_LEASE_RENEW_EVERY = 0.1
+    settings.LOOM_LEASE_LAZY_GRACE = 0.1
+    settings.LOOM_LEASE_CHUNK = 500
+    settings.LOOM_LEASE_MODE = "lazy"
+    installed = get_ownership()
+    yield
+    set_ownership(installed)  # what leases/apps.py installed, for the tests that follow
+    reset_keeper(None)
+
+
+def running(eid: str, flow: str = "leases.noop") -> str:
+    """A running execution with its stream opened (fence token 1) and its header row."""
+    Event.objects.open_stream(eid, Envelope("EXECUTION_STARTED", {"flow": flow, "input": {}}))
+    Execution.objects.create(id=eid, flow=flow)
+    return eid
+
+
+def statements(ctx, table_verb: str) -> int:
+    return sum(1 for q in ctx.captured_queries if table_verb in " ".join(q["sql"].split()))
+
+
+def wait_until(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.02)
+
+
+def test_renewals_cost_one_renew_many_per_chunk_per_tick(settings):
+    """N leases: acquires group-committed, one renew_many per chunk per tick, releases grouped."""
+    settings.LOOM_LEASE_CHUNK = 100
+    ids = [f"r{i:04d}" for i in range(250)]
+    Fence.objects.bulk_create([Fence(stream_id=eid, token=1) for eid in ids])
+    keeper = LeaseKeeper("node-a", autostart=False)
+    claims = [keeper.begin_eager(eid, 1, wait=False) for eid in ids]
+    with CaptureQueriesContext(connection) as ctx:
+        keeper.step()  # group commit of 250 acquires, then the first tick
+    assert statements(ctx, "INSERT INTO leases_lease") == 3
+    assert statements(ctx, "UPDATE leases_lease") == 3
+    assert Lease.objects.filter(owner="node-a").count() == 250
+    assert not any(c.lost for c in claims)
+    for _ in range(2):
+        with CaptureQueriesContext(connection) as ctx:
+            keeper.tick()
+        assert statements(ctx, "UPDATE leases_lease") == 3  # ceil(250 / 100), whatever N is
+        assert len(ctx.captured_queries) == 4  # plus the worker row's heartbeat
+    for claim in claims:
+        claim.end()
+    with CaptureQueriesContext(connection) as ctx:
+        keeper.step()  # a full chunk of releases goes out at once, one DELETE per chunk
+    assert statements(ctx, "DELETE FROM leases_lease") == 3
+    assert Lease.objects.count() == 0
+    assert keeper.stats["renew_statements"] == 9
+
+
+def test_releases_ride_along_with_the_next_acquire_statement():
+    """A settled run's release and a new run's acquire are one statement, not two."""
+    Fence.objects.bulk_create([Fence(stream_id=eid, token=1) for eid in ("g1", "g2", "g3")])
+    keeper = LeaseKeeper("node-g", autostart=False)
+    first = [keeper.begin_eager(eid, 1, wait=False) for eid in ("g1", "g2")]
+    keeper.step()
+    for claim in first:
+        claim.end()
+    with CaptureQueriesContext(connection) as ctx:
+        keeper.step()  # releases are not urgent: alone, they wait for their delay
+    assert not ctx.captured_queries and Lease.objects.count() == 2
+    keeper.begin_eager("g3", 1, wait=False)
+    with CaptureQueriesContext(connection) as ctx:
+        keeper.step()
+    lease_statements = [q for q in ctx.captured_queries if "leases_lease" in q["sql"]]
+    assert len(lease_statements) == 1 or connection.vendor == "sqlite"  # SQLite: two in one transaction
+    assert list(Lease.objects.values_list("execution_id", flat=True)) == ["g3"]
+    assert keeper.stats["acquire_statements"] == 2 and keeper.stats["release_statements"] == 0
+
+
+def test_acquire_is_refused_for_a_stale_token_and_moves_to_a_higher_one():
+    """A run whose fence was advanced gets no lease; a resume's higher token supersedes the owner."""
+    running("x1")
+    a, b = LeaseKeeper("a", autostart=False), LeaseKeeper("b", autostart=False)
+    first = a.begin_eager("x1", 1, wait=False)
+    a.step()
+    assert Lease.objects.get().owner_id == "a" and not first.lost
+    token = Fence.objects.advance("x1")
+    late = a.begin_eager("x1", 1, wait=False)  # a stale token: refused even by its own owner
+    second = b.begin_eager("x1", token, wait=False)
+    b.step()
+    a.step()
+    assert late.lost and not second.lost
+    lease = Lease.objects.get()
+    assert (lease.owner_id, lease.fence_token) == ("b", 2)
+    a.tick()  # the former owner's renewal finds nothing: it learns it lost
+    assert first.lost
+
+
+def test_lazy_runs_within_the_grace_write_no_lease_rows(settings):
+    settings.LOOM_LEASE_LAZY_GRACE = 30.0
+    settings.LOOM_LEASE_TTL = 90.0
+    keeper = LeaseKeeper("lazy-node")
+    set_ownership(LeaseOwnership("lazy", keeper))
+    for _ in range(20):
+        assert start("leases.noop", {}).status == "completed"
+    assert keeper.drain()
+    assert Lease.objects.count() == 0
+    assert keeper.stats["acquire"] == 0 and keeper.stats["release"] == 0
+    assert not keeper.pending
+    keeper.shutdown()
+
+
+def test_a_long_lazy_run_acquires_after_the_grace_and_releases_at_the_end():
+    keeper = LeaseKeeper("lazy-node")
+    set_ownership(LeaseOwnership("lazy", keeper))
+    outcome = {}
+    def run() -> None:
+        try:
+            outcome["o"] = start("leases.sleepy", {"seconds": 1.0}, execution_id="long-1")
+        finally:
+            connections.close_all()
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    wait_until(lambda: Lease.objects.filter(execution_id="long-1").exists() or not runner.is_alive())
+    lease = Lease.objects.filter(execution_id="long-1").first()
+    runner.join()
+    assert lease is not None and (lease.owner_id, lease.fence_token) == ("lazy-node", 1)
+    assert outcome["o"].status == "completed"
+    assert keeper.drain()
+    assert Lease.objects.count() == 0
+    keeper.shutdown()
+
+
+def test_eager_mode_leases_before_the_first_step(settings):
+    keeper = LeaseKeeper("eager-node")
+    set_ownership(LeaseOwnership("eager", keeper))
+    seen = {}
+
+    def probe():
+        seen["rows"] = list(Lease.objects.values_list("execution_id", "owner", "fence_token"))
+        return 1
+
+    from journal.flows import flow
+
+    @flow("leases.test_probe")
+    def probe_flow(ctx, value):
+        return ctx.step("probe", probe)
+
+    start("leases.test_probe", {}, execution_id="e-1")
+    assert seen["rows"] == [("e-1", "eager-node", 1)]
+    assert keeper.drain()
+    assert Lease.objects.count() == 0
+    keeper.shutdown()
+
+
+def test_takeover_moves_an_expired_lease_and_advances_the_fence(settings):
+    settings.LOOM_LEASE_TTL = 0.05
+    running("t1")
+    a = LeaseKeeper("a", autostart=False)
+    claim = a.begin_eager("t1", 1, wait=False)
+    a.step()
+    time.sleep(0.1)  # let the 50 ms lease expire
+    assert claim.lost  # its owner knows: the renewal is older than the TTL
+    taken = store_for().takeover("b", ttl=30, orphan_after=30, max_attempts=5, limit=10)
+    assert taken.taken == [("t1", 2)] and taken.stuck == []
+    lease = Lease.objects.get()
+    assert (lease.owner_id, lease.fence_token) == ("b", 2)
+    assert Fence.objects.current("t1") == 2
+    assert Execution.objects.get(id="t1").recoveries == 1
+    with pytest.raises(StaleFence):
+        Event.objects.append("t1", Envelope("Late"), fence_token=1)
+    assert store_for().renew_many("a", [("t1", 1)], 30) == set()
+    # A live lease is not taken.
+    assert store_for().takeover("c", ttl=30, orphan_after=30, max_attempts=5, limit=10).taken == []
+
+
+def test_an_execution_without_a_lease_is_taken_only_after_grace_plus_ttl():
+    running("o1")
+    store = store_for()
+    assert store.takeover("b", ttl=30, orphan_after=60, max_attempts=5, limit=10).taken == []
+    assert store.takeover("b", ttl=30, orphan_after=0, max_attempts=5, limit=10).taken == [("o1", 2)]
+
+
+def test_recovery_marks_an_execution_stuck_after_max_attempts(settings):
+    settings.LOOM_RECOVERY_MAX_ATTEMPTS = 2
+    running("s1")
+    Execution.objects.filter(id="s1").update(recoveries=2)
+    settings.LOOM_LEASE_LAZY_GRACE = 0.0
+    settings.LOOM_LEASE_TTL = 0.05
+    time.sleep(0.1)
+    result = sweep("b")
+    assert result.stuck == ["s1"] and result.taken == []
+    header = Execution.objects.get(id="s1")
+    assert header.status == Execution.Status.STUCK and "gave up after 2" in header.error
+    assert Fence.objects.current("s1") == 2 and Lease.objects.count() == 0
+    assert sweep("b").stuck == []  # not retried forever
+
+
+def test_sweep_leaves_flows_this_worker_cannot_run_to_others(settings):
+    """A worker without a flow's code does not take its executions (nor burn their attempts)."""
+    settings.LOOM_LEASE_LAZY_GRACE = 0.0
+    settings.LOOM_LEASE_TTL = 0.05
+    running("known1")
+    running("alien1", flow="elsewhere.only")
+    time.sleep(0.1)
+    assert [eid for eid, _ in sweep("b").taken] == ["known1"]
+    assert Execution.objects.get(id="alien1").recoveries == 0
+
+
+def test_sweep_is_disabled_when_leases_are_off(settings):
+    settings.LOOM_LEASE_MODE = "off"
+    running("off1")
+    Execution.objects.filter(id="off1").update(recoveries=0)
+    assert sweep("b").taken == []
+
+
+def test_shutdown_hands_leases_back_expired_and_marks_the_worker_stopped():
+    running("h1")
+    keeper = LeaseKeeper("stopping")
+    claim = keeper.begin_eager("h1", 1)
+    assert not claim.lost
+    assert keeper.shutdown() == 1
+    assert claim.lost
+    assert store_for().takeover("b", ttl=30, orphan_after=30, max_attempts=5, limit=10).taken == [("h1", 2)]
+    assert Worker.objects.get(id="stopping").stopped_at is not None
+
+
+def test_the_installed_ownership_follows_the_mode(settings):
+    from leases.ownership import install
+
+    assert install("off") == "off"
+    assert type(get_ownership()).__name__ == "NoOwnership"
+    install("eager")
+    assert get_ownership().mode == "eager"
+
+
+def test_admin_shows_leases_workers_and_stuck_executions(admin_client):
+    running("adm1")
+    running("adm2")
+    Execution.objects.filter(id="adm2").update(status="stuck", error="recovery gave up after 5 attempts")
+    keeper = LeaseKeeper("admin-node", autostart=False)
+    keeper.begin_eager("adm1", 1, wait=False)
+    keeper.step()
+    for url, expected in (("/admin/leases/lease/", "admin-node"), ("/admin/leases/worker/", "admin-node"),
+                          ("/admin/leases/worker/admin-node/change/", "adm1"),
+                          ("/admin/leases/recoveryview/", "adm2"),
+                          ("/admin/leases/recoveryview/adm1/change/", "admin-node"),
+                          ("/admin/journal/execution/adm1/change/", "owner admin-node, fence token 1")):
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+        assert expected in response.content.decode(), url
