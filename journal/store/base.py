@@ -118,6 +118,13 @@ class JournalStore(ABC):
     @abstractmethod
     def save_snapshot(self, snapshot: SnapshotRecord) -> None: ...
 
+    def fence_refusal(self, stream_id: str, expected_token: int | None) -> AppendRefused:
+        """Why an advance_fence changed nothing: no fence at all, or not the expected token."""
+        current = self.current_fence(stream_id)
+        if current is None:
+            return UnknownStream(f"stream {stream_id} has no fence to advance", [stream_id])
+        return StaleFence(f"fence of {stream_id} is {current}, not the expected {expected_token}", [stream_id])
+
     # -- reads ----------------------------------------------------------------------------------
     def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None) -> list[StoredEvent]:
         sql = ("SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event"

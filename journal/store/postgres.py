@@ -16,7 +16,6 @@ from django.db.backends.utils import CursorDebugWrapper
 
 from journal import conf
 from journal.envelopes import AppendItem, SnapshotRecord
-from journal.exceptions import StaleFence, UnknownStream
 from journal.store.base import JournalStore, Verdict
 
 # -- notify --
@@ -193,12 +192,9 @@ class PostgresStore(JournalStore):
         with self.guarded(), self.connection.cursor() as cursor:
             cursor.execute(ADVANCE_FENCE, {"sid": stream_id, "expected": expected_token})
             row = cursor.fetchone()
-        if row is not None:
-            return row[0]
-        current = self.current_fence(stream_id)
-        if current is None:
-            raise UnknownStream(f"stream {stream_id} has no fence to advance", [stream_id])
-        raise StaleFence(f"fence of {stream_id} is {current}, not the expected {expected_token}", [stream_id])
+        if row is None:
+            raise self.fence_refusal(stream_id, expected_token)
+        return row[0]
 
     def execute_guarded(self, sql: str, params) -> list[tuple]:
         """One fixed statement, prepared server-side (see execute_prepared), under `guarded()`."""

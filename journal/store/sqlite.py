@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from django.db import IntegrityError, transaction
 
 from journal.envelopes import AppendItem, SnapshotRecord
-from journal.exceptions import StaleFence, UnknownStream
 from journal.store.base import JournalStore, Verdict
 
 # -- append: fences --
@@ -105,12 +104,9 @@ class SqliteStore(JournalStore):
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             cursor.execute(ADVANCE_FENCE, [stream_id, expected_token, expected_token])
             row = cursor.fetchone()
-        if row is not None:
-            return row[0]
-        current = self.current_fence(stream_id)
-        if current is None:
-            raise UnknownStream(f"stream {stream_id} has no fence to advance", [stream_id])
-        raise StaleFence(f"fence of {stream_id} is {current}, not the expected {expected_token}", [stream_id])
+        if row is None:
+            raise self.fence_refusal(stream_id, expected_token)
+        return row[0]
 
     def save_snapshot(self, snapshot: SnapshotRecord) -> None:
         state = json.dumps(snapshot.state, separators=(",", ":"))
