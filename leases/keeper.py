@@ -64,8 +64,13 @@ class LeaseClaim:
     def item(self) -> tuple[str, int]:
         return self.execution_id, self.token
 
-    def end(self) -> None:
-        self.keeper.end(self)
+    @property
+    def settle_owner(self) -> str | None:
+        """The owner whose lease row the settle statement may delete (a held, unlost lease)."""
+        return self.keeper.worker_id if self.state == HELD and not self._lost else None
+
+    def end(self, released: bool = False) -> None:
+        self.keeper.end(self, released)
 
     def __repr__(self) -> str:
         return f"<LeaseClaim {self.execution_id}@{self.token} {self.state}{' lost' if self._lost else ''}>"
@@ -86,8 +91,9 @@ class LeaseKeeper:
         self.worker_id = worker_id or node_identity()
         self.autostart = autostart  # False: no thread; the caller drives step()/tick() (tests)
         # Leases sent per kind of statement, and statements issued: what this process cost the table.
+        # "inline": leases written by the runs' own bootstrap statements (no keeper statement).
         self.stats = {"acquire": 0, "renew": 0, "release": 0, "acquire_statements": 0, "renew_statements": 0,
-                      "release_statements": 0}
+                      "release_statements": 0, "inline": 0}
         self.alias = alias
         self.cond = threading.Condition()
         self.pending: OrderedDict[LeaseClaim, float] = OrderedDict()
@@ -125,6 +131,18 @@ class LeaseKeeper:
             claim._lost = True  # the keeper could not answer within a TTL: do not run unleased
         return claim
 
+    def begin_inline(self, execution_id: str, token: int, sent_at: float) -> LeaseClaim:
+        """The bootstrap statement already wrote this lease (inline, eager mode): no statement and
+        no hand-off, just a place in the renewal set; the next tick renews it if the run is still
+        going. `sent_at`: monotonic time before the bootstrap was sent (its TTL began after)."""
+        claim = LeaseClaim(self, execution_id, token, HELD)
+        claim.deadline = sent_at + self.ttl()
+        self.ensure_started()
+        with self.cond:
+            self.held[claim] = None
+            self.stats["inline"] += 1
+        return claim
+
     def begin_lazy(self, execution_id: str, token: int) -> LeaseClaim:
         """No lease yet: the keeper acquires one if the run is still going after the grace."""
         claim = LeaseClaim(self, execution_id, token, PENDING)
@@ -136,7 +154,8 @@ class LeaseKeeper:
                 self.cond.notify_all()  # the keeper may be sleeping until a later renewal
         return claim
 
-    def end(self, claim: LeaseClaim) -> None:
+    def end(self, claim: LeaseClaim, released: bool = False) -> None:
+        """The run is over; released=True: its settle statement deleted the lease already."""
         with self.cond:
             if claim.ended:
                 return
@@ -145,7 +164,7 @@ class LeaseKeeper:
                 self.pending.pop(claim, None)  # within the grace: no lease was ever written
             elif claim.state == HELD:
                 self.held.pop(claim, None)
-                if not claim._lost:
+                if not claim._lost and not released:
                     if not self.release_q:
                         self.release_due = time.monotonic() + RELEASE_DELAY
                         self.cond.notify_all()
@@ -321,6 +340,8 @@ class LeaseKeeper:
                         self.held.pop(claim, None)
         if self.registered:
             store.touch_worker(self.worker_id, socket.gethostname(), os.getpid())
+        elif held:  # inline leases were written without a worker row: write it now
+            self.register()
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until every queued acquire and release has been committed (tests, benchmarks)."""

@@ -39,8 +39,10 @@ class Lease(models.Model):
 
     execution = models.OneToOneField("journal.Execution", primary_key=True, on_delete=models.DO_NOTHING,
                                      db_constraint=False, related_name="lease")
+    # db_index=False: Meta.indexes has the one owner index the admin and shutdown need; the FK's own
+    # two (btree + varchar_pattern_ops) would only add index writes to every lease insert/delete.
     owner = models.ForeignKey(Worker, on_delete=models.DO_NOTHING, db_constraint=False, db_column="owner",
-                              related_name="leases")
+                              db_index=False, related_name="leases")
     fence_token = models.BigIntegerField()
     acquired_at = models.DateTimeField()
     renewed_at = models.DateTimeField()

@@ -2,7 +2,9 @@
 
 - off: journal.flows' no-op default (no lease rows; recovery sweeps are disabled, since a
   running execution without a lease cannot be told apart from a live one);
-- eager: every run waits for its (group-committed) acquire before its first step;
+- eager: on PostgreSQL a fresh start's lease is written by its own bootstrap statement and deleted
+  by its settle statement (inline_lease(), journal/flows/ownership.py Companion); elsewhere, and
+  for resume/takeover, a run waits for its (group-committed) acquire before its first step;
 - lazy (default): a FRESH start takes no lease during the grace (LOOM_LEASE_LAZY_GRACE, TTL/3);
   a run that finishes within it never touches the lease table. Resume and takeover
   (fresh=False) are always eager. The runtime calls begin() only after the sequence-0 bootstrap
@@ -15,13 +17,17 @@ from __future__ import annotations
 from django.db import connections
 
 from journal import conf
-from journal.flows.ownership import Claim, NoOwnership, set_ownership
+from journal.flows.ownership import Claim, InlineLease, NoOwnership, set_ownership
 from leases.keeper import LeaseKeeper, get_keeper
+from leases.store.postgres import COMPANION
 
 _IN_TRANSACTION = NoOwnership()
 
 
 class LeaseOwnership:
+    # The lease CTEs the flows bootstrap and settle statements carry (PostgreSQL; see inline_lease).
+    companion = COMPANION
+
     def __init__(self, mode: str, keeper: LeaseKeeper | None = None):
         if mode not in ("eager", "lazy"):
             raise ValueError(f"LeaseOwnership mode must be eager or lazy, not {mode!r}")
@@ -32,7 +38,21 @@ class LeaseOwnership:
     def keeper(self) -> LeaseKeeper:
         return self._keeper or get_keeper()
 
-    def begin(self, execution_id: str, fence_token: int, *, fresh: bool) -> Claim:
+    def inline_lease(self) -> InlineLease | None:
+        """Eager fresh starts on PostgreSQL write their lease in the bootstrap statement itself (and
+        delete it in the settle): a run that settles before the keeper's next tick costs no lease
+        statement and no hand-off to the keeper thread. SQLite keeps the keeper path (no round trip
+        to save there); a run inside the caller's transaction takes no lease at all (see begin)."""
+        connection = connections["default"]
+        if self.mode != "eager" or connection.vendor != "postgresql" or connection.in_atomic_block:
+            return None
+        keeper = self.keeper
+        return InlineLease(keeper.worker_id, keeper.ttl())
+
+    def begin(self, execution_id: str, fence_token: int, *, fresh: bool,
+              lease: InlineLease | None = None) -> Claim:
+        if lease is not None:  # written by the bootstrap statement: just renew it from now on
+            return self.keeper.begin_inline(execution_id, fence_token, lease.sent_at)
         if connections["default"].in_atomic_block:
             # The run is inside the caller's transaction: nobody else can see the execution until
             # it commits (no sweeper can take it over), and if this process dies it rolls back

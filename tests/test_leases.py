@@ -10,6 +10,7 @@ import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
+from journal import coalesce
 from journal.envelopes import Envelope
 from journal.exceptions import StaleFence
 from journal.flows import start
@@ -277,3 +278,106 @@ def test_admin_shows_leases_workers_and_stuck_executions(admin_client):
         response = admin_client.get(url)
         assert response.status_code == 200, url
         assert expected in response.content.decode(), url
+
+
+def _probe_flow(name: str, seen: dict, gate: threading.Event | None = None):
+    from journal.flows import flow
+
+    def probe():
+        seen["rows"] = list(Lease.objects.values_list("execution_id", "owner", "fence_token"))
+        seen["running"] = True
+        if gate is not None:
+            assert gate.wait(20)
+        return 1
+
+    @flow(name)
+    def probe_flow(ctx, value):
+        return ctx.step("probe", probe)
+
+    return name
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("coalesced", [False, True], ids=["direct", "coalesced"])
+def test_an_eager_run_writes_and_removes_its_lease_inside_its_bootstrap_and_settle(settings, coalesced):
+    """PostgreSQL eager starts lease inline: the bootstrap statement writes the lease (owner, token 1)
+    and the settle statement deletes it, so a run that settles before the keeper's tick costs the
+    same statements as heartbeat off and no keeper statement at all (direct or coalesced)."""
+    settings.LOOM_COALESCE = coalesced
+    settings.LOOM_LEASE_RENEW_EVERY = 60.0  # no tick during the run
+    try:
+        _inline_run(coalesced)
+    finally:
+        coalesce.close_shared()  # its flushers' connections must not outlive the test
+
+
+def _inline_run(coalesced: bool) -> None:
+    seen: dict = {}
+    flow = _probe_flow(f"leases.inline_probe_{int(coalesced)}", seen)
+    set_ownership(None)
+    with CaptureQueriesContext(connection) as off:
+        assert start(flow, {}, execution_id="off-1").status == "completed"
+    keeper = LeaseKeeper("inline-node", autostart=False)
+    set_ownership(LeaseOwnership("eager", keeper))
+    with CaptureQueriesContext(connection) as eager:
+        assert start(flow, {}, execution_id="inl-1").status == "completed"
+    assert seen["rows"] == [("inl-1", "inline-node", 1)]  # the lease was there while the step ran
+    assert Lease.objects.count() == 0  # ... and the settle removed it
+    assert len(eager.captured_queries) == len(off.captured_queries)  # no extra statement on the run's connection
+    if not coalesced:
+        # the lease rides in the bootstrap and the settle; the only other lease statement is the probe's read
+        assert statements(eager, "lease_boot AS") == 1 and statements(eager, "lease_end AS") == 1
+        assert statements(eager, "leases_lease") == statements(off, "leases_lease") + 2
+    assert {k: v for k, v in keeper.stats.items() if v} == {"inline": 1}  # the keeper sent nothing
+    assert not keeper.holding() and not keeper.acquire_q and not keeper.release_q
+
+
+@pytest.mark.postgres
+def test_a_long_inline_eager_run_is_renewed_by_the_keeper_and_its_takeover_refuses_it(settings):
+    """A run still going at the keeper's tick gets its inline lease renewed by renew_many; once the
+    lease has expired another worker takes it over (fence 2) and the run stops at its next write."""
+    settings.LOOM_LEASE_TTL = 0.5
+    seen: dict = {}
+    gate = threading.Event()
+    flow = _probe_flow("leases.inline_long", seen, gate)
+    keeper = LeaseKeeper("inline-long", autostart=False)
+    set_ownership(LeaseOwnership("eager", keeper))
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = start(flow, {}, execution_id="long-1")
+        except Exception as exc:
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_until(lambda: seen.get("running"))
+        assert [c.execution_id for c in keeper.holding()] == ["long-1"]
+        before = Lease.objects.get(execution_id="long-1").expires_at
+        keeper.tick()  # the keeper learned of the lease without a statement; it renews it now
+        assert keeper.stats["renew"] == 1 and keeper.stats["renew_statements"] == 1
+        assert keeper.stats["acquire_statements"] == 0
+        assert Lease.objects.get(execution_id="long-1").expires_at > before
+        assert Worker.objects.filter(id="inline-long").exists()  # the node row came with the first tick
+        wait_until(lambda: Lease.objects.filter(execution_id="long-1", expires_at__lt=_db_now()).exists())
+        taken = store_for("default").takeover("other", 30.0, 30.0, 5, 10)
+        assert taken.taken == [("long-1", 2)]
+        keeper.tick()  # the former owner's renewal fails: its claim is lost
+        assert not keeper.holding()
+    finally:
+        gate.set()
+        thread.join(20)
+    assert "value" not in outcome and type(outcome["error"]).__name__ == "OwnershipLost"
+    assert Lease.objects.get(execution_id="long-1").owner_id == "other"  # the settle deleted nothing
+    assert Fence.objects.get(stream_id="long-1").token == 2
+    keeper.shutdown()
+
+
+def _db_now():
+    from django.db.models.functions import Now
+
+    return Now()

@@ -18,7 +18,7 @@ from ulid import ULID
 from journal.envelopes import Envelope, check_stream_id
 from journal.exceptions import InvalidStream, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
-from journal.flows import writer
+from journal.flows import ownership, writer
 from journal.flows.context import DurableContext, Halt, _error_text, _jsonable
 from journal.flows.errors import (
     ExecutionExists,
@@ -37,7 +37,7 @@ from journal.flows.state import CANCELLED, ExecutionState, checkpoint, load_stat
 class Runner:
     """One run of one execution: its pending events, its folded state, its claim."""
 
-    __slots__ = ("claim", "every", "pending", "run", "state")
+    __slots__ = ("claim", "every", "pending", "released", "run", "state")
 
     def __init__(self, run: writer.RunHandle, state: ExecutionState, claim: Claim | None):
         self.run = run
@@ -45,6 +45,7 @@ class Runner:
         self.claim = claim
         self.pending: list[Envelope] = []
         self.every = snapshot_every()
+        self.released = False  # the settle statement deleted the run's lease row
 
     def emit(self, type_: str, payload: dict) -> None:
         """Queue an event and fold it; it is written by the next flush."""
@@ -56,6 +57,15 @@ class Runner:
         envelopes, self.pending = self.pending, []
         run = self.run
         fresh = run.token is None
+        if fresh and settle is None:
+            # An ownership with a companion may write the lease in the bootstrap statement itself.
+            inline = ownership.inline_lease()
+            if inline is not None:
+                run.companion, run.lease = inline
+        elif settle is not None and self.claim is not None:
+            owner = getattr(self.claim, "settle_owner", None)
+            if owner is not None:  # ... and delete it in the settle statement
+                settle.companion, settle.lease_owner = ownership.companion(), owner
         try:
             writer.write(run, envelopes, settle)
         except StreamExists:
@@ -64,8 +74,13 @@ class Runner:
             raise Halt(OwnershipLost(run.execution_id, str(exc))) from None
         except Exception as exc:  # refused (stale fence: taken over) or the database failed: stop the run
             raise Halt(exc) from None
+        if settle is not None and settle.released:
+            self.released = True
         if fresh:
-            self.claim = get_ownership().begin(run.execution_id, run.token, fresh=True)
+            if run.lease is not None:
+                self.claim = get_ownership().begin(run.execution_id, run.token, fresh=True, lease=run.lease)
+            else:
+                self.claim = get_ownership().begin(run.execution_id, run.token, fresh=True)
         if self.every is not None:
             checkpoint(self.state)
 
@@ -113,7 +128,10 @@ class Runner:
             return _halted(eid, halt.error)
         finally:
             if self.claim is not None:
-                self.claim.end()
+                if self.released:
+                    self.claim.end(released=True)
+                else:
+                    self.claim.end()
 
 
 def _exists(execution_id: str) -> ExecutionExists:

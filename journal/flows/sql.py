@@ -16,6 +16,9 @@ transaction (no network round trip to save there, so nothing is coalesced).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from journal.flows.ownership import Companion
 from journal.store import postgres as pg
 
 # -- header_insert (PostgreSQL, inside the bootstrap) --
@@ -84,7 +87,7 @@ WITH req AS (
            now(), now(), CASE WHEN q.finished THEN now() END
     FROM req q JOIN fence f ON f.stream_id = q.stream_id
     ON CONFLICT (id) DO NOTHING
-)%(notify)s
+)%(ctes)s%(notify)s
 SELECT f.stream_id%(notified)s FROM fence f
 """
 BOOT_MANY_NOTIFY, BOOT_MANY_SILENT = pg.render(BOOT_MANY, True), pg.render(BOOT_MANY, False)
@@ -106,6 +109,31 @@ _HEADER_SETTLE_MANY_CTE = """
 )"""
 SETTLE_MANY_NOTIFY = pg.render(pg.APPEND, True, _HEADER_SETTLE_MANY_CTE)
 SETTLE_MANY_SILENT = pg.render(pg.APPEND, False, _HEADER_SETTLE_MANY_CTE)
+
+
+
+# -- companions: the same four statements with an ownership's CTEs added (journal/flows/ownership.py
+# Companion; the leases app writes and deletes the lease row there). Each variant is built once per
+# companion and notify flag, so its text is constant and psycopg prepares it once per connection.
+@lru_cache(maxsize=32)
+def boot(companion: Companion | None, notify: bool) -> str:
+    return pg.render(pg.OPEN, notify, _HEADER_INSERT_CTE + (companion.boot if companion else ""))
+
+
+@lru_cache(maxsize=32)
+def boot_many(companion: Companion | None, notify: bool) -> str:
+    return pg.render(BOOT_MANY, notify, companion.boot_many if companion else "")
+
+
+@lru_cache(maxsize=32)
+def settle(companion: Companion | None, notify: bool) -> str:
+    return pg.render(pg.APPEND, notify, _HEADER_SETTLE_CTE + (companion.settle if companion else ""))
+
+
+@lru_cache(maxsize=32)
+def settle_many(companion: Companion | None, notify: bool) -> str:
+    return pg.render(pg.APPEND, notify, _HEADER_SETTLE_MANY_CTE + (companion.settle_many if companion else ""))
+
 
 # -- SQLite: the same two header writes, run in the transaction of the journal write --
 SQLITE_HEADER_INSERT = """

@@ -27,6 +27,7 @@ from journal import coalesce, conf
 from journal.envelopes import Appended, AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused, StreamExists
 from journal.flows import sql
+from journal.flows.ownership import Companion, InlineLease
 from journal.models import Event
 from journal.store import store_for
 from journal.store.base import Verdict
@@ -39,6 +40,11 @@ class Settle:
     status: str
     result: Any = None
     error: str = ""
+    # The ownership's companion and lease owner: the settle statement also deletes the run's lease
+    # row (PostgreSQL); `released` is set once it did (the claim then has nothing to release).
+    companion: Companion | None = None
+    lease_owner: str | None = None
+    released: bool = False
 
 
 @dataclass(slots=True)
@@ -50,6 +56,9 @@ class RunHandle:
     input: Any
     token: int | None = None
     tip: int = -1
+    # A fresh start's inline lease (journal/flows/ownership.py): written by the bootstrap statement.
+    companion: Companion | None = None
+    lease: InlineLease | None = None
 
 
 def _json(value: Any) -> str | None:
@@ -86,7 +95,9 @@ def _bootstrap(run: RunHandle, envelopes: list[Envelope], settle: Settle | None)
                 cursor.execute(sql.SQLITE_HEADER_INSERT, [run.execution_id, run.flow, status, _json(run.input), result,
                                                           error, now, now, now if settle else None])
         return token
-    boot = _Boot(item, store.encode([item])[0], run.flow, status, _json(run.input), result, error, settle is not None)
+    lease = run.lease if run.companion is not None else None
+    boot = _Boot(item, store.encode([item])[0], run.flow, status, _json(run.input), result, error, settle is not None,
+                 run.companion if lease else None, lease.owner if lease else None, lease.ttl if lease else None)
     if coalesce.enabled():  # merged with other executions' bootstraps (BOOTSTRAP below)
         return coalesce.submit(BOOTSTRAP, run.execution_id, boot, store.alias)
     params = {
@@ -96,9 +107,9 @@ def _bootstrap(run: RunHandle, envelopes: list[Envelope], settle: Settle | None)
         "payloads": boot.encoded,
         "channel": conf.get("LOOM_NOTIFY_CHANNEL"),
         "flow": run.flow, "status": status, "input": boot.input, "result": result, "error": error,
-        "finished": boot.finished,
+        "finished": boot.finished, "lease_owner": boot.lease_owner, "lease_ttl": boot.lease_ttl,
     }
-    statement = sql.BOOT_NOTIFY if conf.get("LOOM_NOTIFY") else sql.BOOT_SILENT
+    statement = sql.boot(boot.companion, conf.get("LOOM_NOTIFY"))
     try:
         opened = store.execute_guarded(statement, params)[0][0] > 0
     except IntegrityError:
@@ -121,15 +132,20 @@ def _settle(run: RunHandle, envelopes: list[Envelope], settle: Settle):
         return appended
     item = AppendItem.build(run.execution_id, envelopes, run.token, run.tip)
     encoded = store.encode([item])[0]
+    companion = settle.companion if settle.lease_owner else None
     if coalesce.enabled():  # merged with other executions' settles (SETTLE below)
-        return coalesce.submit(SETTLE, run.execution_id,
-                               _SettleRequest(item, encoded, settle.status, _json(settle.result), settle.error),
-                               store.alias)
+        appended = coalesce.submit(SETTLE, run.execution_id,
+                                   _SettleRequest(item, encoded, settle.status, _json(settle.result), settle.error,
+                                                  companion, settle.lease_owner if companion else None),
+                                   store.alias)
+        settle.released = companion is not None
+        return appended
     # The journal's guarded append statement plus the header CTE; guard verdicts are read and
     # turned into the journal's exceptions exactly as JournalStore.append_batch does.
     params = store.append_params([item], [encoded])
-    params.update(hid=run.execution_id, status=settle.status, result=_json(settle.result), error=settle.error)
-    statement = sql.SETTLE_NOTIFY if conf.get("LOOM_NOTIFY") else sql.SETTLE_SILENT
+    params.update(hid=run.execution_id, status=settle.status, result=_json(settle.result), error=settle.error,
+                  lease_owner=settle.lease_owner, lease_token=run.token)
+    statement = sql.settle(companion, conf.get("LOOM_NOTIFY"))
     try:
         row = store.execute_guarded(statement, params)[0]
     except IntegrityError as exc:
@@ -137,6 +153,7 @@ def _settle(run: RunHandle, envelopes: list[Envelope], settle: Settle):
     verdict = Verdict(row[0], row[1], row[2], row[3])
     if not verdict.ok:
         raise store.refusal([item], [verdict])
+    settle.released = companion is not None
     return Appended(run.execution_id, verdict.tip + 1, verdict.tip + len(envelopes))
 
 
@@ -161,6 +178,9 @@ class _Boot:
     result: str | None
     error: str
     finished: bool
+    companion: Companion | None = None  # an inline lease written with the bootstrap (owner, TTL)
+    lease_owner: str | None = None
+    lease_ttl: float | None = None
 
 
 @dataclass(slots=True)
@@ -172,6 +192,8 @@ class _SettleRequest:
     status: str
     result: str | None
     error: str
+    companion: Companion | None = None  # the settle also deletes this owner's lease row
+    lease_owner: str | None = None
 
 
 def _named(refused: AppendRefused, items: list[AppendItem]) -> dict[str, AppendRefused]:
@@ -189,10 +211,12 @@ def _boot_many(using: str, boots: list[_Boot]) -> list[Any]:
     params.update(flows=[b.flow for b in boots], statuses=[b.status for b in boots], inputs=[b.input for b in boots],
                   results=[b.result for b in boots], errors=[b.error for b in boots],
                   finished=[b.finished for b in boots])
+    companion = next((b.companion for b in boots if b.companion is not None), None)
+    if companion is not None:
+        params.update(lease_owners=[b.lease_owner for b in boots], lease_ttls=[b.lease_ttl for b in boots])
     keys = [item.stream_id for item in items]
     try:
-        rows = store.execute_guarded(sql.BOOT_MANY_NOTIFY if conf.get("LOOM_NOTIFY") else sql.BOOT_MANY_SILENT,
-                                     params)
+        rows = store.execute_guarded(sql.boot_many(companion, conf.get("LOOM_NOTIFY")), params)
     except IntegrityError as exc:  # seq 0 exists without a fence (an aggregate): that stream exists
         named = _named(store.sequence_conflict(items, exc), items)
         return coalesce.refusal_outcomes(keys, {sid: _exists(sid) for sid in named})
@@ -208,10 +232,14 @@ def _settle_many(using: str, settles: list[_SettleRequest]) -> list[Any]:
     params = store.append_params(items, [s.encoded for s in settles])
     params.update(hids=[i.stream_id for i in items], hstatuses=[s.status for s in settles],
                   hresults=[s.result for s in settles], herrors=[s.error for s in settles])
+    leased = [s for s in settles if s.companion is not None]
+    companion = leased[0].companion if leased else None
+    if companion is not None:
+        params.update(lease_eids=[s.item.stream_id for s in leased], lease_owners=[s.lease_owner for s in leased],
+                      lease_tokens=[s.item.fence_token for s in leased])
     keys = [item.stream_id for item in items]
     try:
-        rows = store.execute_guarded(sql.SETTLE_MANY_NOTIFY if conf.get("LOOM_NOTIFY") else sql.SETTLE_MANY_SILENT,
-                                     params)
+        rows = store.execute_guarded(sql.settle_many(companion, conf.get("LOOM_NOTIFY")), params)
     except IntegrityError as exc:
         return coalesce.refusal_outcomes(keys, _named(store.sequence_conflict(items, exc), items))
     by_stream = {row[0]: Verdict(row[0], row[1], row[2], row[3]) for row in rows}

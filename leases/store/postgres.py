@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from django.db import transaction
 
+from journal.flows.ownership import Companion
 from leases.store.base import Item, LeaseStore, Takeover
 
 # -- acquire --
@@ -173,6 +174,56 @@ UPDATE journal_fence f SET token = f.token + 1 FROM (
 ) c WHERE f.stream_id = c.stream_id
 """
 GIVE_UP_LEASE = "DELETE FROM leases_lease WHERE execution_id = ANY(%(eids)s::text[])"
+
+# -- inline leases: the companion CTEs of the flows bootstrap and settle statements --
+# (journal/flows/ownership.py Companion; eager mode, fresh starts.) The lease is inserted FROM the
+# bootstrap's fence CTE: it exists iff this start won its sequence-0 bootstrap, at token 1, in the
+# same commit as the fence (a refused start writes none; a crash before the commit leaves neither).
+# On conflict (a row left for an id whose stream was removed) it is overwritten: the fence was
+# created by this very statement, so this run is the execution's only holder. The settle deletes
+# the lease only if the settling events were inserted (EXISTS ins) and only at this owner and
+# token: a settle refused by the fence (taken over) leaves the new owner's lease alone.
+LEASE_BOOT_CTE = """
+, lease_boot AS (
+    INSERT INTO leases_lease AS l (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
+    SELECT f.stream_id, %(lease_owner)s, 1, now(), now(), now() + %(lease_ttl)s::float8 * interval '1 second'
+    FROM fence f
+    ON CONFLICT (execution_id) DO UPDATE SET owner = EXCLUDED.owner, fence_token = 1,
+        acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
+)"""
+# The coalesced form: only streams that won their fence AND asked for a lease (a NULL owner: a
+# run of another mode, or inside a transaction), inserted in execution_id order like ACQUIRE.
+LEASE_BOOT_MANY_CTE = """
+, lease_boot AS (
+    INSERT INTO leases_lease AS l (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
+    SELECT o.eid, o.owner, 1, now(), now(), now() + o.ttl * interval '1 second'
+    FROM unnest(%(sids)s::text[], %(lease_owners)s::text[], %(lease_ttls)s::float8[]) AS o(eid, owner, ttl)
+    JOIN fence f ON f.stream_id = o.eid
+    WHERE o.owner IS NOT NULL
+    ORDER BY o.eid
+    ON CONFLICT (execution_id) DO UPDATE SET owner = EXCLUDED.owner, fence_token = 1,
+        acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
+)"""
+LEASE_SETTLE_CTE = """
+, lease_end AS (
+    DELETE FROM leases_lease
+    WHERE execution_id = %(hid)s AND owner = %(lease_owner)s AND fence_token = %(lease_token)s
+      AND EXISTS (SELECT 1 FROM ins)
+)"""
+# The coalesced form locks the rows in execution_id order (as RELEASE does), so a renew_many of
+# the same owner's leases, which locks in the same order, waits instead of deadlocking.
+LEASE_SETTLE_MANY_CTE = """
+, lease_end AS (
+    DELETE FROM leases_lease WHERE execution_id IN (
+        SELECT l.execution_id FROM leases_lease l
+        JOIN unnest(%(lease_eids)s::text[], %(lease_owners)s::text[], %(lease_tokens)s::bigint[]) AS x(eid, owner, tok)
+          ON l.execution_id = x.eid AND l.owner = x.owner AND l.fence_token = x.tok
+        WHERE x.eid IN (SELECT stream_id FROM ins)
+        ORDER BY l.execution_id
+        FOR UPDATE OF l
+    )
+)"""
+COMPANION = Companion(LEASE_BOOT_CTE, LEASE_BOOT_MANY_CTE, LEASE_SETTLE_CTE, LEASE_SETTLE_MANY_CTE)
 
 # -- keeper session --
 # The keeper's connection commits asynchronously: lease rows are soft state. Losing the last
