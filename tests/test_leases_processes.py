@@ -229,7 +229,9 @@ def test_loom_worker_runs_queued_executions_through_django_q2_and_stops_on_sigte
                             start_new_session=True)  # its own process group: the cluster's children too
     eid = f"queued-{uuid.uuid4().hex[:8]}"
     try:
-        wait_until(lambda: Schedule.objects.filter(name=SCHEDULE_NAME).exists(), "the worker starts", procs=[proc])
+        # Started: the cluster made its schedule AND the node registered (its services are up).
+        wait_until(lambda: Schedule.objects.filter(name=SCHEDULE_NAME).exists()
+                   and Worker.objects.filter(id="Q").exists(), "the worker starts", procs=[proc])
         enqueue_start("leases.noop", {}, execution_id=eid)
         wait_until(lambda: Execution.objects.filter(id=eid, status="completed").exists(), "the queued start runs",
                    procs=[proc])

@@ -45,11 +45,6 @@ _HEADER_SETTLE_CTE = """
     WHERE id = %(hid)s AND EXISTS (SELECT 1 FROM ins)
 )"""
 
-BOOT_NOTIFY = pg.render(pg.OPEN, True, _HEADER_INSERT_CTE)
-BOOT_SILENT = pg.render(pg.OPEN, False, _HEADER_INSERT_CTE)
-SETTLE_NOTIFY = pg.render(pg.APPEND, True, _HEADER_SETTLE_CTE)
-SETTLE_SILENT = pg.render(pg.APPEND, False, _HEADER_SETTLE_CTE)
-
 # -- boot_many (PostgreSQL, coalesced bootstraps of many executions) --
 # Per execution the same rule as OPEN: the fence row (token 1) decides who starts. The fences go
 # in with ON CONFLICT DO NOTHING RETURNING, so an id that already has a fence (or a racing start
