@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import queue
 import sqlite3
+import statistics
 import threading
 
 from django.db import connection, connections
@@ -44,6 +45,9 @@ def add_arguments(parser) -> None:
                         help="Longer sweeps: append up to 256 writers, executions up to 2048.")
     parser.add_argument("--ops", type=int, default=400, help="Events per writer per cell (default 400).")
     parser.add_argument("--payload-bytes", type=int, default=256, help="JSON payload size per event (default 256).")
+    parser.add_argument("--append-repeats", type=int, default=1,
+                        help="Interleaved repeats of each append cell, rotating the variants' order; medians"
+                             " are recorded (default 1).")
     parser.add_argument("--pg-connections", type=int, default=32,
                         help="On PostgreSQL, most connections the direct writers of a cell open (default 32).")
 
@@ -65,17 +69,39 @@ def payload(size: int) -> dict:
     return {"data": "x" * max(0, size - base)}
 
 
+VARIANTS = ("per-event", "batch", "ceiling")
+
+
 def run(ctx) -> None:
+    """Each concurrency: the three variants, `--append-repeats` times in a rotating order (so no
+    variant always runs first, on a cold cache, or last); recorded: median throughput, pooled
+    latencies, and the ceiling's median over each variant's (our overhead as a ratio)."""
     opts = ctx.options
     body = payload(opts["payload_bytes"])
     ops = opts["ops"]
+    repeats = max(1, opts.get("append_repeats") or 1)
     for conc in concurrencies(opts):
-        for variant in ("per-event", "batch", "ceiling"):
-            _cell(ctx, variant, conc, ops, body)
+        outcomes: dict[str, list] = {v: [] for v in VARIANTS}
+        for rep in range(repeats):
+            for variant in VARIANTS[rep % 3:] + VARIANTS[:rep % 3]:
+                outcomes[variant].append(_cell(ctx, variant, conc, ops, body, rep))
+        ceiling = statistics.median(o.throughput for o in outcomes["ceiling"])
+        for variant in VARIANTS:
+            runs = outcomes[variant]
+            throughput = statistics.median(o.throughput for o in runs)
+            units = sum(o.units for o in runs)
+            extra = {} if variant == "ceiling" else {"ceiling_over_this": round(ceiling / throughput, 3)}
+            ctx.record(variant, {"concurrency": conc, "payload_bytes": opts["payload_bytes"],
+                                 "events_per_call": BATCH if variant == "batch" else 1,
+                                 "connections": connection_cap(ctx, conc) or conc},
+                       throughput=throughput, unit="events/s",
+                       latencies_ms=[ms for o in runs for ms in o.latencies_ms], count=units,
+                       verified_rows=units, repeats=repeats, **extra)
 
 
-def _cell(ctx, variant: str, conc: int, ops: int, body: dict) -> None:
-    pfx = streams.prefix(ctx.run_id, "append", variant, conc)
+def _cell(ctx, variant: str, conc: int, ops: int, body: dict, rep: int = 0):
+    """One timed run of one variant; verified against the rows it wrote, then removed."""
+    pfx = streams.prefix(ctx.run_id, "append", variant, conc, rep)
     ids = [f"{pfx}{w}" for w in range(conc)]
     for sid in ids:
         Event.objects.open_stream(sid, Envelope("BenchOpened"))
@@ -109,12 +135,9 @@ def _cell(ctx, variant: str, conc: int, ops: int, body: dict) -> None:
     written = streams.count_events(pfx) - conc  # minus the opening events
     ctx.verify(f"{variant} c={conc} events", outcome.units, written)
     ctx.verify(f"{variant} c={conc} streams with gaps", 0, streams.check_contiguous(pfx))
-    ctx.record(variant, {"concurrency": conc, "payload_bytes": ctx.options["payload_bytes"],
-                         "events_per_call": per_call, "connections": pool or conc},
-               throughput=outcome.throughput, unit="events/s", latencies_ms=outcome.latencies_ms,
-               count=outcome.units, verified_rows=written, wall_s=round(outcome.wall_s, 4))
     if not ctx.options.get("keep"):
         streams.remove(pfx)
+    return outcome
 
 
 def connection_cap(ctx, writers: int) -> int | None:
