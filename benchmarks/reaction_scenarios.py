@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-from django.conf import settings as django_settings
 from django.db import connection
 from django.test.utils import override_settings
 
@@ -59,8 +58,9 @@ def _cleanup(ctx, names: list[str], prefix: str | None) -> None:
 
 def _child_env() -> dict[str, str]:
     s = connection.settings_dict
-    # The children run the same settings module as this process (whatever project hosts the apps).
-    env = dict(os.environ, PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE=django_settings.SETTINGS_MODULE)
+    # The children inherit DJANGO_SETTINGS_MODULE: the same settings as this process, whatever project
+    # hosts the apps (settings.SETTINGS_MODULE is None under override_settings, so it is not used).
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     if connection.vendor == "sqlite":
         env["DATABASE_URL"] = f"sqlite:///{s['NAME']}"
     else:

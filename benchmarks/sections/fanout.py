@@ -17,8 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from django.conf import settings as django_settings
-
 from benchmarks import streams
 from benchmarks.harness import run_workers
 from benchmarks.sections.append import connection_cap, payload, pooled
@@ -120,8 +118,8 @@ def _round(ctx, nodes: int, writers: int, ops: int, body: dict, rep: int) -> dic
 
 
 def _spawn(prefix: str) -> subprocess.Popen:
-    # The subscriber runs the same settings module as this process, whatever project hosts the apps.
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": django_settings.SETTINGS_MODULE}
+    # The subscriber inherits DJANGO_SETTINGS_MODULE: the same settings as this process.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     code = f"import django; django.setup()\nfrom benchmarks.sections.fanout import follow\nfollow({prefix!r})\n"
     child = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
