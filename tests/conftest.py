@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from tests.flows_fixtures import EFFECTS_TABLE
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -61,3 +63,22 @@ def spawn_child(code: str, env: dict[str, str]) -> subprocess.Popen:
     prelude = "import django; django.setup()\n"
     return subprocess.Popen([sys.executable, "-c", prelude + code], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def effects():
+    """The side-effect table of the fixture flows, created with raw SQL."""
+    key = "id INTEGER PRIMARY KEY AUTOINCREMENT" if connection.vendor == "sqlite" else "id serial PRIMARY KEY"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS {EFFECTS_TABLE} ({key}, execution_id varchar(200),"
+                       " step varchar(100))")
+        cursor.execute(f"DELETE FROM {EFFECTS_TABLE}")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {EFFECTS_TABLE}")
+
+
+def effect_rows() -> list[tuple[str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT execution_id, step FROM {EFFECTS_TABLE} ORDER BY id")
+        return [tuple(r) for r in cursor.fetchall()]

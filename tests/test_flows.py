@@ -26,6 +26,7 @@ from journal.flows import (
 from journal.flows import ownership as own
 from journal.models import Event, Execution, Fence, Snapshot
 from tests import flows_fixtures as fx
+from tests.conftest import effect_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -40,25 +41,6 @@ def _flows(settings):
     own.set_ownership(None)  # these tests are about the runtime; leases have their own suite
     yield
     own.set_ownership(installed)
-
-
-@pytest.fixture
-def effects():
-    """The side-effect table of the fixture flows, created with raw SQL."""
-    key = "id INTEGER PRIMARY KEY AUTOINCREMENT" if connection.vendor == "sqlite" else "id serial PRIMARY KEY"
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE TABLE IF NOT EXISTS {fx.EFFECTS_TABLE} ({key}, execution_id varchar(200),"
-                       " step varchar(100))")
-        cursor.execute(f"DELETE FROM {fx.EFFECTS_TABLE}")
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE IF EXISTS {fx.EFFECTS_TABLE}")
-
-
-def effect_rows() -> list[tuple[str, str]]:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT execution_id, step FROM {fx.EFFECTS_TABLE} ORDER BY id")
-        return [tuple(r) for r in cursor.fetchall()]
 
 
 def types(execution_id: str) -> list[str]:

@@ -9,11 +9,9 @@ import signal
 import time
 
 import pytest
-from django.db import connection
 
 from journal.models import Event, Execution, Fence
-from tests import flows_fixtures as fx
-from tests.conftest import run_child, spawn_child
+from tests.conftest import effect_rows, run_child, spawn_child
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,24 +22,6 @@ def env(settings, child_env):
     child_env["LOOM_FLOW_MODULES"] = "tests.flows_fixtures"
     child_env["LOOM_LEASE_MODE"] = "off"  # explicit resume here; leases are tested in their own suite
     return child_env
-
-
-@pytest.fixture
-def effects():
-    key = "id INTEGER PRIMARY KEY AUTOINCREMENT" if connection.vendor == "sqlite" else "id serial PRIMARY KEY"
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE TABLE IF NOT EXISTS {fx.EFFECTS_TABLE} ({key}, execution_id varchar(200),"
-                       " step varchar(100))")
-        cursor.execute(f"DELETE FROM {fx.EFFECTS_TABLE}")
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE IF EXISTS {fx.EFFECTS_TABLE}")
-
-
-def effect_rows() -> list[tuple[str, str]]:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT execution_id, step FROM {fx.EFFECTS_TABLE} ORDER BY id")
-        return [tuple(r) for r in cursor.fetchall()]
 
 
 def wait_for(path, proc, timeout: float = 60) -> None:

@@ -46,7 +46,9 @@ class Verdict:
         return self.fence_ok and (self.expected is None or self.expected == self.tip)
 
 
-class JournalStore(ABC):
+class DatabaseBound:
+    """A store of one database alias; the connection is looked up per call (connections are per thread)."""
+
     vendor = ""
 
     def __init__(self, alias: str):
@@ -55,6 +57,9 @@ class JournalStore(ABC):
     @property
     def connection(self):
         return connections[self.alias]
+
+
+class JournalStore(DatabaseBound, ABC):
 
     # -- writes ---------------------------------------------------------------------------------
     def append_batch(self, items: Sequence[AppendItem]) -> list[Appended]:

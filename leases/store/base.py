@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from django.db import connections
+from journal.store.base import DatabaseBound
 
 Item = tuple[str, int]
 
@@ -21,15 +21,7 @@ class Takeover:
     stuck: list[str] = field(default_factory=list)
 
 
-class LeaseStore(ABC):
-    vendor = ""
-
-    def __init__(self, alias: str):
-        self.alias = alias
-
-    @property
-    def connection(self):
-        return connections[self.alias]
+class LeaseStore(DatabaseBound, ABC):
 
     def prepare_keeper_session(self) -> None:
         """Tune the keeper thread's own connection (once per connection); nothing by default."""

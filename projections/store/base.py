@@ -7,9 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connections
-
 from journal.envelopes import StoredEvent
+from journal.store.base import DatabaseBound
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,15 +50,7 @@ class CheckpointRow:
 Bump = tuple[str, str, str, str, int, int]
 
 
-class ProjectionStore(ABC):
-    vendor = ""
-
-    def __init__(self, alias: str):
-        self.alias = alias
-
-    @property
-    def connection(self):
-        return connections[self.alias]
+class ProjectionStore(DatabaseBound, ABC):
 
     # -- correlate --------------------------------------------------------------------------------
     @abstractmethod
