@@ -261,16 +261,6 @@ class PostgresLeaseStore(LeaseStore):
                 cursor.execute(KEEPER_SESSION)
             _prepared.add(raw)
 
-    def _rows(self, sql: str, params: dict) -> list[tuple]:
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall() if cursor.description else []
-
-    def _count(self, sql: str, params: dict) -> int:
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.rowcount
-
     def acquire_many(self, owner, items, ttl, release=()):
         if not items:
             if release:

@@ -121,16 +121,6 @@ def _pairs(items: Sequence[Item]) -> str:
 class SqliteLeaseStore(LeaseStore):
     vendor = "sqlite"
 
-    def _rows(self, sql: str, params: dict) -> list[tuple]:
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall() if cursor.description else []
-
-    def _count(self, sql: str, params: dict) -> int:
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.rowcount
-
     @staticmethod
     def _times(ttl: float) -> dict:
         now = _now()
