@@ -22,6 +22,7 @@ from django.test.utils import CaptureQueriesContext
 from pydantic import BaseModel, Field
 
 from benchmarks import streams
+from benchmarks.arguments import positive_int
 from journal.aggregates import (
     Invariant,
     InvariantViolated,
@@ -265,14 +266,14 @@ KEYS = ("1", "2", "+", "3", "4", "=", "*", "2", "=", "5")  # ten presses; the di
 def add_arguments(parser) -> None:
     parser.add_argument("--scenario", action="append", choices=SCENARIOS,
                         help="Run only this aggregate scenario (repeatable). Default: all.")
-    parser.add_argument("--iterations", type=int, default=300,
+    parser.add_argument("--iterations", type=positive_int, default=300,
                         help="Operations per sequential scenario (default 300).")
-    parser.add_argument("--rounds", type=int, default=30, help="Rounds per batch scenario (default 30).")
-    parser.add_argument("--fanout", type=int, default=50, help="Threads of fanout-50 (default 50).")
-    parser.add_argument("--contenders", type=int, default=20, help="Threads of contended-20 (default 20).")
-    parser.add_argument("--reservations", type=int, default=10,
+    parser.add_argument("--rounds", type=positive_int, default=30, help="Rounds per batch scenario (default 30).")
+    parser.add_argument("--fanout", type=positive_int, default=50, help="Threads of fanout-50 (default 50).")
+    parser.add_argument("--contenders", type=positive_int, default=20, help="Threads of contended-20 (default 20).")
+    parser.add_argument("--reservations", type=positive_int, default=10,
                         help="Contending threads of shared-inventory (default 10).")
-    parser.add_argument("--stock", type=int, default=8,
+    parser.add_argument("--stock", type=positive_int, default=8,
                         help="Units per shared-inventory round; reservations beyond it are refused (default 8).")
 
 

@@ -13,31 +13,40 @@ import django
 from django.db import connections
 
 ROOT = Path(__file__).resolve().parent.parent
-# The runtime whose speed the benchmarks measure; a change here changes the source hash.
-RUNTIME_PACKAGES = ("journal", "leases", "projections", "loomapi")
+# The runtime whose speed the benchmarks measure, and the benchmarks that measure it: a change to
+# either changes what a figure means, so either changes the source hash.
+MEASURED_PACKAGES = ("journal", "leases", "projections", "loomapi", "benchmarks")
+SOURCE_SUFFIXES = (".py", ".sql")
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, root: Path = ROOT) -> str:
     try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.stdout.strip()
 
 
-def source_hash() -> str:
-    """SHA-256 over the runtime's Python and SQL sources (paths and contents), sorted."""
+def source_hash(root: Path = ROOT) -> str:
+    """SHA-256 over the Python and SQL sources (paths and contents, sorted) of the runtime and of the
+    benchmarks themselves: two runs with the same hash ran the same measuring and measured code."""
     digest = hashlib.sha256()
-    for package in RUNTIME_PACKAGES:
-        base = ROOT / package
+    for package in MEASURED_PACKAGES:
+        base = root / package
         if not base.is_dir():
             continue
-        for path in sorted(base.rglob("*.py")):
+        for path in sorted(p for p in base.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()):
             if "migrations" in path.parts or "__pycache__" in path.parts:
                 continue
-            digest.update(str(path.relative_to(ROOT)).encode())
+            digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def git_dirty(root: Path = ROOT) -> bool:
+    """Whether the checkout differs from its commit: modified, staged, deleted or untracked files (a new,
+    not yet added module changes what runs as much as an edit does). Ignored files do not count."""
+    return bool(_git("status", "--porcelain", "--untracked-files=normal", root=root))
 
 
 def database_version(alias: str = "default") -> str:
@@ -54,10 +63,9 @@ def database_version(alias: str = "default") -> str:
 
 def describe(alias: str = "default") -> dict:
     """The environment fields of a BenchRun."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(status),
+        "git_dirty": git_dirty(),
         "source_hash": source_hash(),
         "db_vendor": connections[alias].vendor,
         "db_version": database_version(alias),

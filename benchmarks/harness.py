@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.db import connections
+from django.db.backends.signals import connection_created
 
 
 @dataclass
@@ -79,3 +81,46 @@ def run_workers(concurrency: int, ops: int, operation: Callable[[int, int], int]
         thread.join()
     outcome.wall_s = time.perf_counter() - started
     return outcome
+
+
+CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT")
+
+
+class StatementCounter:
+    """Counts the statements Django connections execute: an `execute_wrapper`, so every statement sent
+    through a Django cursor is seen, whatever issued it (the journal's store, the ORM, transaction
+    control). `control` counts BEGIN / SAVEPOINT / RELEASE / ROLLBACK / COMMIT among them."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+        self.control = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, execute, sql, params, many, context):
+        control = str(sql).lstrip()[:9].upper().startswith(CONTROL)
+        with self._lock:
+            self.statements += 1
+            self.control += control
+        return execute(sql, params, many, context)
+
+    def snapshot(self) -> tuple[int, int]:
+        with self._lock:
+            return self.statements, self.control
+
+
+@contextmanager
+def counting_statements() -> Iterator[StatementCounter]:
+    """Count every statement of every Django connection opened inside the block, in any thread (worker
+    threads, the coalescer's flush threads): a process-wide, connection-level counter. Connections
+    opened before the block (the calling thread's own) are not counted."""
+    counter = StatementCounter()
+
+    def install(sender, connection, **kwargs) -> None:
+        if counter not in connection.execute_wrappers:
+            connection.execute_wrappers.append(counter)
+
+    connection_created.connect(install, weak=False, dispatch_uid=f"bench-count-{id(counter)}")
+    try:
+        yield counter
+    finally:
+        connection_created.disconnect(dispatch_uid=f"bench-count-{id(counter)}")

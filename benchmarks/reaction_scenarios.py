@@ -20,6 +20,7 @@ from django.db import connection
 from django.test.utils import override_settings
 
 from benchmarks import streams
+from benchmarks.arguments import positive_float, positive_int, positive_int_list, rate_list
 from benchmarks.harness import run_workers
 from journal.envelopes import Envelope
 from journal.models import Event
@@ -33,17 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--rates", default="idle,100,1000",
+    parser.add_argument("--rates", type=rate_list, default="idle,100,1000",
                         help="Latency scenarios: idle and/or commits per second (default idle,100,1000).")
-    parser.add_argument("--seconds", type=float, default=3.0, help="Duration of each sustained-rate run.")
-    parser.add_argument("--workers", default="1,3,5", help="Claim contention worker counts.")
-    parser.add_argument("--streams", default="100,500", help="Claim contention stream counts.")
-    parser.add_argument("--subscriptions", type=int, default=10_000, help="Watermark section: subscriptions.")
-    parser.add_argument("--replay", default="1000,5000", help="Replay section: event counts.")
-
-
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in str(text).split(",") if v.strip()]
+    parser.add_argument("--seconds", type=positive_float, default=3.0, help="Duration of each sustained-rate run.")
+    parser.add_argument("--workers", type=positive_int_list, default="1,3,5", help="Claim contention worker counts.")
+    parser.add_argument("--streams", type=positive_int_list, default="100,500", help="Claim contention stream counts.")
+    parser.add_argument("--subscriptions", type=positive_int, default=10_000, help="Watermark section: subscriptions.")
+    parser.add_argument("--replay", type=positive_int_list, default="1000,5000", help="Replay section: event counts.")
 
 
 def _cleanup(ctx, names: list[str], prefix: str | None) -> None:
@@ -138,7 +135,7 @@ def latency(ctx) -> None:
             service = DrainService()
             service.start()
             try:
-                for rate in str(ctx.options["rates"]).split(","):
+                for rate in ctx.options["rates"]:
                     handled.clear()
                     if rate == "idle":
                         done = []
@@ -169,7 +166,8 @@ def latency(ctx) -> None:
                     e2e = sorted((seen[(sid, seq)] - t0) * 1000 for sid, seq, t0, _ in done)
                     appends = sorted((t_end - t0) * 1000 for _, _, t0, t_end in done)
                     span = max(d[3] for d in done) - min(d[2] for d in done)
-                    ctx.record(f"latency {rate}", {**params, "wakeup": _wakeup(ctx)}, unit="ms",
+                    # throughput is the commit rate achieved (commits/s); the latencies are in ms (p50_ms...).
+                    ctx.record(f"latency {rate}", {**params, "wakeup": _wakeup(ctx)}, unit="commits/s",
                                throughput=len(done) / span if span > 0 else None,
                                latencies_ms=committed, count=len(done),
                                append_to_handler_p50_ms=round(e2e[len(e2e) // 2], 2),
@@ -197,8 +195,8 @@ def _wait(condition, timeout: float) -> None:
 
 def contention(ctx) -> None:
     """W workers drain S streams of 5 events each: streams/s and cycles that found nothing."""
-    for s in _ints(ctx.options["streams"]):
-        for w in _ints(ctx.options["workers"]):
+    for s in ctx.options["streams"]:
+        for w in ctx.options["workers"]:
             pfx = streams.prefix(ctx.run_id, "claim", w, s)
             name = f"bench-claim-{ctx.run_id}-{w}-{s}"
             seen: set[str] = set()
@@ -295,7 +293,7 @@ def replay(ctx) -> None:
                        " n bigint NOT NULL, total bigint NOT NULL)")
     upsert = ("INSERT INTO bench_proj_totals (stream, n, total) VALUES (%s, 1, %s) ON CONFLICT (stream)"
               " DO UPDATE SET n = bench_proj_totals.n + 1, total = bench_proj_totals.total + excluded.total")
-    for events in _ints(ctx.options["replay"]):
+    for events in ctx.options["replay"]:
         pfx = streams.prefix(ctx.run_id, "replay", events)
         per_stream = events // 10
         sids = [f"{pfx}{i}" for i in range(10)]

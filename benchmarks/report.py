@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+#: Text figures shown in the tables: a verdict qualifies the numbers beside it ("spread too wide").
+TEXT_METRICS = ("verdict",)
+
 
 def _fmt(value, digits: int = 2) -> str:
     if value is None:
@@ -23,7 +26,8 @@ def format_results(run, results: Sequence) -> str:
     for result in results:
         sections.setdefault(result.section, []).append(result)
     for section, rows in sections.items():
-        extra_keys = sorted({k for r in rows for k, v in r.metrics.items() if isinstance(v, (int, float))})
+        extra_keys = sorted({k for r in rows for k, v in r.metrics.items()
+                             if isinstance(v, (int, float)) or (k in TEXT_METRICS and v)})
         header = ["scenario", "params", "throughput", "unit", "p50 ms", "p95 ms", "p99 ms", "max ms", *extra_keys]
         lines.append(f"\n## {section}\n")
         lines.append("| " + " | ".join(header) + " |")

@@ -31,6 +31,7 @@ import time
 
 from django.urls import reverse
 
+from benchmarks.arguments import non_negative_int, positive_int
 from benchmarks.recording import VerificationError
 from journal.models import Event
 from loomapi.process import children, free_port, kill_all, server_log, spawn_server, wait_gone, wait_ready
@@ -39,14 +40,15 @@ SECTION_MODES = ("fresh", "state")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--requests", type=int, default=300, help="Requests per cell (default %(default)s).")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8],
+    parser.add_argument("--requests", type=positive_int, default=300, help="Requests per cell (default %(default)s).")
+    parser.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 4, 8],
                         help="Client counts (default 1 4 8).")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
                         help="Server worker processes (default: CPU count, %(default)s).")
     parser.add_argument("--worker-class", choices=("gthread", "sync"), default="gthread",
                         help="serve_api --worker-class (default %(default)s).")
-    parser.add_argument("--warmup", type=int, default=20, help="Sequential warm-up calls, excluded (default 20).")
+    parser.add_argument("--warmup", type=non_negative_int, default=20,
+                        help="Sequential warm-up calls, excluded (default 20).")
     parser.add_argument("--mode", dest="modes", action="append", choices=SECTION_MODES,
                         help="fresh and/or state (default both).")
 

@@ -25,6 +25,7 @@ import threading
 from django.db import connection, connections
 
 from benchmarks import streams
+from benchmarks.arguments import non_negative_int, positive_int, positive_int_list
 from benchmarks.harness import run_workers
 from journal import conf
 from journal.envelopes import AppendItem, Envelope
@@ -38,29 +39,26 @@ FULL_CONCURRENCY = "1,8,32,64,128,256"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--concurrency", default=None,
+    parser.add_argument("--concurrency", type=positive_int_list, default=None,
                         help=f"Comma-separated writer counts for the append section (default {DEFAULT_CONCURRENCY};"
                              f" --full: {FULL_CONCURRENCY}).")
     parser.add_argument("--full", action="store_true",
                         help="Longer sweeps: append up to 256 writers, executions up to 2048.")
-    parser.add_argument("--ops", type=int, default=400, help="Events per writer per cell (default 400).")
-    parser.add_argument("--payload-bytes", type=int, default=256, help="JSON payload size per event (default 256).")
-    parser.add_argument("--append-repeats", type=int, default=1,
+    parser.add_argument("--ops", type=positive_int, default=400, help="Events per writer per cell (default 400).")
+    parser.add_argument("--payload-bytes", type=non_negative_int, default=256,
+                        help="JSON payload size per event (default 256).")
+    parser.add_argument("--append-repeats", type=positive_int, default=1,
                         help="Interleaved repeats of each append cell, rotating the variants' order; medians"
                              " are recorded (default 1).")
-    parser.add_argument("--pg-connections", type=int, default=32,
+    parser.add_argument("--pg-connections", type=positive_int, default=32,
                         help="On PostgreSQL, most connections the direct writers of a cell open (default 32).")
 
 
 def concurrencies(options: dict) -> list[int]:
-    text = options.get("concurrency") or (FULL_CONCURRENCY if options.get("full") else DEFAULT_CONCURRENCY)
-    try:
-        values = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"--concurrency must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError("--concurrency needs at least one writer count >= 1")
-    return values
+    """Writer counts: `--concurrency` (checked when parsed), else the default or `--full` sweep."""
+    chosen = options.get("concurrency")
+    return list(chosen) if chosen else positive_int_list(FULL_CONCURRENCY if options.get("full") else
+                                                         DEFAULT_CONCURRENCY)
 
 
 def payload(size: int) -> dict:

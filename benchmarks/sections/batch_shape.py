@@ -9,6 +9,7 @@ Events per second and statements per second are both recorded, with the ratio to
 from __future__ import annotations
 
 from benchmarks import streams
+from benchmarks.arguments import positive_int
 from benchmarks.harness import run_workers
 from benchmarks.sections.append import connection_cap, payload, pooled
 from journal.envelopes import AppendItem, Envelope
@@ -18,7 +19,7 @@ SIZES = (1, 4, 16, 64)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--batch-writers", type=int, default=8, help="Writers of the batch-shape section (8).")
+    parser.add_argument("--batch-writers", type=positive_int, default=8, help="Writers of the batch-shape section (8).")
 
 
 def run(ctx) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 
 from benchmarks import streams
+from benchmarks.arguments import positive_int
 from benchmarks.harness import run_workers
 from benchmarks.sections.append import _ceiling, connection_cap, payload, pooled
 from journal import conf
@@ -30,10 +31,11 @@ SINGLE = ("per-event", "coalesced-16")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--coalesce-writers", type=int, default=64, help="Writers of the coalesced section (64).")
-    parser.add_argument("--coalesce-flushers", type=int, default=None,
+    parser.add_argument("--coalesce-writers", type=positive_int, default=64,
+                        help="Writers of the coalesced section (64).")
+    parser.add_argument("--coalesce-flushers", type=positive_int, default=None,
                         help="Flush threads per coalescer (default LOOM_COALESCE_FLUSHERS).")
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--repeats", type=positive_int, default=3,
                         help="Interleaved repeats of comparison sections; medians are recorded (default 3).")
 
 

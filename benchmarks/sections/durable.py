@@ -19,7 +19,8 @@ from django.db import connection
 from django.test import override_settings
 
 from benchmarks import streams
-from benchmarks.harness import run_workers
+from benchmarks.arguments import choice_list, positive_int, positive_int_list
+from benchmarks.harness import counting_statements, run_workers
 from journal import coalesce, conf
 from journal.flows import flow, start
 from journal.flows.ownership import get_ownership
@@ -44,34 +45,17 @@ def _noop() -> int:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--flow-concurrency", default=DEFAULT_CONCURRENCY,
+    parser.add_argument("--flow-concurrency", type=positive_int_list, default=DEFAULT_CONCURRENCY,
                         help=f"Comma-separated thread counts for the durable section (default {DEFAULT_CONCURRENCY}).")
-    parser.add_argument("--flow-executions", type=int, default=3000,
+    parser.add_argument("--flow-executions", type=positive_int, default=3000,
                         help="Executions per durable cell, spread over its threads (default 3000).")
-    parser.add_argument("--flow-coalesce", default="off,on",
+    parser.add_argument("--flow-coalesce", type=choice_list("off", "on"), default="off,on",
                         help="LOOM_COALESCE variants of each durable cell, in order: off, on or off,on (default).")
 
 
-def _ints(text: str, name: str) -> list[int]:
-    try:
-        values = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{name} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{name} needs values >= 1")
-    return values
-
-
-def _variants(text: str) -> list[bool]:
-    names = [v.strip() for v in str(text).split(",") if v.strip()]
-    if not names or any(n not in ("off", "on") for n in names):
-        raise ValueError(f"--flow-coalesce takes off, on or off,on; got {text!r}")
-    return [n == "on" for n in names]
-
-
 def run(ctx) -> None:
-    variants = _variants(ctx.options.get("flow_coalesce") or "off,on")
-    for conc in _ints(ctx.options["flow_concurrency"], "--flow-concurrency"):
+    variants = [name == "on" for name in ctx.options.get("flow_coalesce") or ("off", "on")]
+    for conc in ctx.options["flow_concurrency"]:
         for steps, name in ((1, "bench.noop1"), (3, "bench.noop3")):
             for coalesced in variants:  # interleaved: off and on of one cell back to back
                 _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc), coalesced)
@@ -106,12 +90,12 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, coalesced: boo
         return 1
 
     coalesce.close_shared()
-    with override_settings(LOOM_COALESCE=coalesced):
+    with override_settings(LOOM_COALESCE=coalesced), counting_statements() as counter:
         try:
             start("bench.noop1", {}, execution_id=f"{pfx}warmup")  # first use (imports, flush threads) untimed
-            before = _counters()
+            before, counted_before = _counters(), counter.snapshot()
             outcome = run_workers(conc, per_worker, op, progress=bar.update)
-            after = _counters()
+            after, counted_after = _counters(), counter.snapshot()
         finally:
             coalesce.close_shared()
     bar.close()
@@ -125,12 +109,17 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, coalesced: boo
                count_headers(pfx, "completed"))
     ctx.verify(f"{steps}-step c={conc} streams with gaps", 0, streams.check_contiguous(pfx))
     statements, requests = after[0] - before[0], after[1] - before[1]
+    # Every statement of the timed executions, on every connection (worker threads, flush threads):
+    all_statements = counted_after[0] - counted_before[0]
+    control = counted_after[1] - counted_before[1]
     ctx.record(f"{steps}-step", {"concurrency": conc, "steps": steps, "events_per_execution": per_exec,
                                  "coalesce": coalesced, "lease_mode": conf.get("LOOM_LEASE_MODE"),
                                  "ownership": type(get_ownership()).__name__,
                                  "snapshot_every": conf.get("LOOM_SNAPSHOT_EVERY")},
                throughput=outcome.throughput, unit="exec/s", latencies_ms=outcome.latencies_ms,
                count=outcome.units, verified_rows=outcome.units * per_exec,
+               statements_per_execution=round(all_statements / outcome.units, 3),
+               control_statements_per_execution=round(control / outcome.units, 3),
                events_per_s=round(outcome.throughput * per_exec, 1), wall_s=round(outcome.wall_s, 4),
                coalesced_statements_per_execution=round(statements / outcome.units, 3) if coalesced else None,
                requests_per_statement=round(requests / statements, 2) if coalesced and statements else None)

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import itertools
 
+from benchmarks.arguments import positive_int
 from benchmarks.sections.executions import run_cell
 
 EFFECTS_MS = (0.0, 1.0, 5.0, 25.0, 100.0)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--sweep-concurrency", type=int, default=32, help="Concurrency of effect-sweep (32).")
+    parser.add_argument("--sweep-concurrency", type=positive_int, default=32, help="Concurrency of effect-sweep (32).")
 
 
 def run(ctx) -> None:
@@ -41,6 +42,8 @@ def run(ctx) -> None:
                    write_s=round(cell["write_s"], 3), effect_s=round(cell["effect_s"], 3),
                    write_share=round(share, 3), verdict="write-bound" if share > 0.5 else "effect-bound",
                    statements_per_execution=round(cell["statements"] / cell["executions"], 3),
+                   control_statements_per_execution=round(cell["control_statements"] / cell["executions"], 3),
+                   coalesced_statements_per_execution=round(cell["coalesced_statements"] / cell["executions"], 3),
                    requests_per_statement=cell["requests_per_statement"])
     crossover = _crossover(shares)
     ctx.record("crossover", {"concurrency": conc}, unit="ms",

@@ -25,7 +25,8 @@ from django.db import connection
 from django.test import override_settings
 
 from benchmarks import streams
-from benchmarks.harness import run_workers
+from benchmarks.arguments import non_negative_float, positive_int, positive_int_list
+from benchmarks.harness import counting_statements, run_workers
 from journal import coalesce
 from journal.flows import flow, start
 
@@ -58,10 +59,11 @@ def _tally(kind: str, seconds: float) -> None:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--exec-concurrency", default=None,
+    parser.add_argument("--exec-concurrency", type=positive_int_list, default=None,
                         help=f"Concurrent executions of the executions section (default {DEFAULT}; --full: {FULL}).")
-    parser.add_argument("--exec-rounds", type=int, default=3, help="Executions per thread per cell (3).")
-    parser.add_argument("--effect-ms", type=float, default=100.0, help="Effect latency of executions (100 ms).")
+    parser.add_argument("--exec-rounds", type=positive_int, default=3, help="Executions per thread per cell (3).")
+    parser.add_argument("--effect-ms", type=non_negative_float, default=100.0,
+                        help="Effect latency of executions (100 ms).")
 
 
 def run_cell(ctx, label: str, conc: int, rounds: int, effect_ms: float, rep: int = 0) -> dict:
@@ -94,12 +96,13 @@ def run_cell(ctx, label: str, conc: int, rounds: int, effect_ms: float, rep: int
     bar = ctx.progress(conc * rounds, f"{label} c={conc} effect={effect_ms:g}ms")
     coalesce.close_shared()
     try:
-        with override_settings(LOOM_COALESCE=True):
+        with override_settings(LOOM_COALESCE=True), counting_statements() as counter:
             outcome = run_workers(conc, rounds, op, setup=setup, teardown=teardown,
                                   progress=lambda n: bar.update(n))
             coalescer = coalesce.running()
-            statements, requests, busy_s = ((coalescer.statements, coalescer.batched_requests, coalescer.busy_s)
-                                            if coalescer is not None else (0, 0, 0.0))
+            coalesced, requests, busy_s = ((coalescer.statements, coalescer.batched_requests, coalescer.busy_s)
+                                           if coalescer is not None else (0, 0, 0.0))
+            statements, control = counter.snapshot()
     finally:
         coalesce.close_shared()
     bar.close()
@@ -124,7 +127,8 @@ def run_cell(ctx, label: str, conc: int, rounds: int, effect_ms: float, rep: int
         "executions": executions, "events": events, "events_per_execution": per_exec,
         "exec_per_s": executions / outcome.wall_s, "latencies": outcome.latencies_ms, "wall_s": outcome.wall_s,
         "write_s": max(0.0, sum(t.get("run", 0.0) for t in totals) - effect_s), "effect_s": effect_s,
-        "statements": statements, "requests_per_statement": round(requests / statements, 2) if statements else None,
+        "statements": statements, "control_statements": control, "coalesced_statements": coalesced,
+        "requests_per_statement": round(requests / coalesced, 2) if coalesced else None,
         "flush_busy_s": round(busy_s, 3),
     }
 
@@ -139,9 +143,9 @@ def _remove_headers(pfx: str) -> None:
 
 def run(ctx) -> None:
     opts = ctx.options
-    text = opts.get("exec_concurrency") or (FULL if opts.get("full") else DEFAULT)
+    concs = opts.get("exec_concurrency") or positive_int_list(FULL if opts.get("full") else DEFAULT)
     effect_ms = opts["effect_ms"]
-    for conc in [int(v) for v in text.split(",") if v.strip()]:
+    for conc in concs:
         cell = run_cell(ctx, "executions", conc, opts["exec_rounds"], effect_ms)
         little = conc / (effect_ms / 1000) if effect_ms else None
         ctx.record("1-step", {"concurrency": conc, "effect_ms": effect_ms, "rounds": opts["exec_rounds"],
@@ -152,4 +156,6 @@ def run(ctx) -> None:
                    littles_law=little, efficiency=round(cell["exec_per_s"] / little, 3) if little else None,
                    wall_s=round(cell["wall_s"], 3),
                    statements_per_execution=round(cell["statements"] / cell["executions"], 3),
+                   control_statements_per_execution=round(cell["control_statements"] / cell["executions"], 3),
+                   coalesced_statements_per_execution=round(cell["coalesced_statements"] / cell["executions"], 3),
                    requests_per_statement=cell["requests_per_statement"])

@@ -25,6 +25,7 @@ import time
 from django.db import connection
 
 from benchmarks import streams
+from benchmarks.arguments import choice_list, non_negative_float, positive_int, positive_int_list
 from benchmarks.harness import run_workers
 from journal.flows import flow, start
 from journal.flows.ownership import set_ownership
@@ -64,22 +65,26 @@ SHORT = {"lease_concurrency": "16", "lease_repeats": 3, "lease_execs": 300, "lea
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--lease-concurrency", default=None,
+    parser.add_argument("--lease-concurrency", type=positive_int_list, default=None,
                         help="Comma-separated thread counts (bench_lease default 16,64,256; on PostgreSQL cells that "
                              "need more connections than the server has free are skipped).")
-    parser.add_argument("--lease-repeats", type=int, default=None, help="Interleaved repeats per cell (default 5).")
-    parser.add_argument("--lease-execs", type=int, default=None, help="No-op executions per sample (default 600).")
-    parser.add_argument("--lease-io-execs", type=int, default=None, help="I/O-bound executions per sample (320).")
-    parser.add_argument("--lease-io-ms", type=float, default=20.0, help="Effect duration of the io shape (ms).")
-    parser.add_argument("--lease-shapes", default=None, help="Comma-separated: noop, io (default both).")
-    parser.add_argument("--lease-ids", default=None, help="Comma-separated: caller, minted (default both).")
+    parser.add_argument("--lease-repeats", type=positive_int, default=None,
+                        help="Interleaved repeats per cell (default 5).")
+    parser.add_argument("--lease-execs", type=positive_int, default=None,
+                        help="No-op executions per sample (default 600).")
+    parser.add_argument("--lease-io-execs", type=positive_int, default=None,
+                        help="I/O-bound executions per sample (320).")
+    parser.add_argument("--lease-io-ms", type=non_negative_float, default=20.0,
+                        help="Effect duration of the io shape (ms).")
+    parser.add_argument("--lease-shapes", type=choice_list("noop", "io"), default=None,
+                        help="Comma-separated: noop, io (default both).")
+    parser.add_argument("--lease-ids", type=choice_list("caller", "minted"), default=None,
+                        help="Comma-separated: caller, minted (default both).")
 
 
-def _list(text: str, allowed: tuple[str, ...] | None = None) -> list[str]:
-    values = [v.strip() for v in str(text).split(",") if v.strip()]
-    if allowed is not None and (not values or any(v not in allowed for v in values)):
-        raise ValueError(f"expected a comma-separated subset of {', '.join(allowed)}, got {text!r}")
-    return values
+def _list(value: str | list, parse) -> list:
+    """An option as given (already parsed on the command line) or a default's text, parsed."""
+    return list(value) if isinstance(value, (list, tuple)) else parse(value)
 
 
 def _free_connections() -> int | None:
@@ -106,9 +111,9 @@ def run(ctx) -> None:
     defaults = FULL if ctx.recorder.command == "bench_lease" else SHORT
     opts = {**ctx.options, **{k: v for k, v in defaults.items() if ctx.options.get(k) is None}}
     ctx.options = opts
-    concs = [int(c) for c in _list(opts["lease_concurrency"])]
-    shapes = _list(opts["lease_shapes"], ("noop", "io"))
-    id_styles = _list(opts["lease_ids"], ("caller", "minted"))
+    concs = _list(opts["lease_concurrency"], positive_int_list)
+    shapes = _list(opts["lease_shapes"], choice_list("noop", "io"))
+    id_styles = _list(opts["lease_ids"], choice_list("caller", "minted"))
     repeats = max(1, opts["lease_repeats"])
     _IO_SECONDS["value"] = opts["lease_io_ms"] / 1000
     try:
@@ -150,15 +155,39 @@ def _cell(ctx, ids: str, shape: str, conc: int, repeats: int) -> None:
         paired = [(o - s) / o * 100 for o, s in zip(samples["off"], samples[mode], strict=True)]
         statements = sum(s["acquire_statements"] + s["release_statements"] + s["renew_statements"]
                          for s in stats[mode])
+        overhead = (medians["off"] - medians[mode]) / medians["off"] * 100
+        verdict = "" if mode == "off" else overhead_verdict(overhead, paired)
+        if verdict == SPREAD_TOO_WIDE:
+            ctx.command.stdout.write(
+                f"lease: {ids}/{shape}/c={conc} {mode} vs off: spread too wide to say (repeats range "
+                f"{min(paired):+.1f}..{max(paired):+.1f} %, wider than the median effect {overhead:+.1f} %); "
+                "not a result: rerun with more --lease-repeats or on a quieter machine")
         ctx.record(f"{ids}/{shape}/{mode}", {**params, "mode": mode}, throughput=medians[mode], unit="exec/s",
                    count=per_thread * conc * repeats, samples=[round(s, 1) for s in samples[mode]],
                    order_rotated=True,
-                   overhead_pct=round((medians["off"] - medians[mode]) / medians["off"] * 100, 2),
+                   overhead_pct=None if verdict == SPREAD_TOO_WIDE else round(overhead, 2), verdict=verdict,
                    paired_median_pct=round(statistics.median(paired), 2),
                    paired_min_pct=round(min(paired), 2), paired_max_pct=round(max(paired), 2),
                    leases_acquired=sum(s["acquire"] for s in stats[mode]),
                    leases_inline=sum(s["inline"] for s in stats[mode]),
                    lease_statements_per_exec=round(statements / (per_thread * conc * repeats), 4))
+
+
+SPREAD_TOO_WIDE = "spread too wide"
+
+
+def overhead_verdict(overhead_pct: float, paired_pct: list[float]) -> str:
+    """What an overhead figure may be called. The repeats' paired differences (each repeat's OFF and
+    mode samples, adjacent in time) spread over a range; when that range is wider than the effect
+    itself, or has repeats on both sides of zero with a median effect inside it, the figure is noise
+    (SQLite on a shared machine has shown eager leases "46-66 % faster" than no lease): say so.
+    A single repeat has no spread, so nothing can be said about it either."""
+    if len(paired_pct) < 2:
+        return SPREAD_TOO_WIDE
+    width = max(paired_pct) - min(paired_pct)
+    if width > abs(overhead_pct) or min(paired_pct) < 0 < max(paired_pct):
+        return SPREAD_TOO_WIDE
+    return "overhead" if overhead_pct > 0 else "faster"
 
 
 def _sample(ctx, ids: str, shape: str, conc: int, per_thread: int, mode: str, rep: int) -> tuple[float, dict]:

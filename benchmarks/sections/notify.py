@@ -17,6 +17,7 @@ from django.db import connection
 from django.test import override_settings
 
 from benchmarks import streams
+from benchmarks.arguments import positive_int
 from benchmarks.harness import run_workers
 from benchmarks.sections.append import connection_cap, payload, pooled
 from journal import conf
@@ -27,7 +28,7 @@ CELLS = (("silent", 0), ("notify", 0), ("notify", 4), ("notify", 16))
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--notify-writers", type=int, default=32, help="Writers of notify and fanout (32).")
+    parser.add_argument("--notify-writers", type=positive_int, default=32, help="Writers of notify and fanout (32).")
 
 
 def connect():

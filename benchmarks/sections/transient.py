@@ -11,14 +11,16 @@ import time
 
 from django.db import connection
 
+from benchmarks.arguments import positive_int
 from benchmarks.sections import durable  # noqa: F401  (registers bench.noop1)
 from journal.flows import invoke_transient
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--transient-calls", type=int, default=200_000,
+    parser.add_argument("--transient-calls", type=positive_int, default=200_000,
                         help="invoke_transient calls per repeat (default 200000).")
-    parser.add_argument("--transient-repeats", type=int, default=5, help="Repeats; the median is recorded (default 5).")
+    parser.add_argument("--transient-repeats", type=positive_int, default=5,
+                        help="Repeats; the median is recorded (default 5).")
 
 
 def all_rows() -> int:
