@@ -1,5 +1,3 @@
-import importlib
-
 from django.apps import AppConfig
 
 
@@ -11,8 +9,9 @@ class JournalConfig(AppConfig):
     def ready(self) -> None:
         from journal import checks  # noqa: F401  (registers the system checks)
         from journal.conf import get_safe
+        from journal.flows.registry import flow_module_problems
 
         # Flows register themselves when their module is imported; a worker that resumes an
         # execution must know its flow, so the modules listed here are imported at start-up.
-        for module in get_safe("LOOM_FLOW_MODULES", []):
-            importlib.import_module(module)
+        # A module that cannot be imported is reported by the system check loom.E003.
+        flow_module_problems(get_safe("LOOM_FLOW_MODULES", []))

@@ -17,6 +17,16 @@ def check_settings(app_configs=None, **kwargs) -> list:
     ]
 
 
+@register()
+def check_flow_modules(app_configs=None, **kwargs) -> list:
+    from journal.flows.registry import flow_module_problems
+
+    return [
+        Error(problem, hint="List importable modules that declare flows (a dotted module path).", id="loom.E003")
+        for problem in flow_module_problems(conf.get_safe("LOOM_FLOW_MODULES", []))
+    ]
+
+
 @register(deploy=False)
 def check_databases(app_configs=None, **kwargs) -> list:
     messages = []

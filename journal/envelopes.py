@@ -11,19 +11,27 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from journal import conf
-from journal.exceptions import InvalidPayload, InvalidStream
+from journal import conf, jsonvalues
+from journal.exceptions import InvalidGuard, InvalidPayload
+from journal.ids import check_id
 
-TYPE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.:\-]{0,99}$")
-STREAM_ID = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
+TYPE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:\-]{0,99}\Z")
+"""An event type: a letter, then up to 99 letters, digits, `_ . : -`. `\\Z`, not `$`, which would let a
+trailing newline through when used with match()."""
+
+MAX_BIGINT = 2**63 - 1
+"""Fence tokens and seqs are bigint columns: a guard beyond this cannot match anything stored."""
 
 
 def check_stream_id(stream_id: str) -> str:
-    if not isinstance(stream_id, str) or not STREAM_ID.match(stream_id):
-        raise InvalidStream(
-            f"invalid stream id {stream_id!r}: 1 to 200 characters, no whitespace or control characters"
-        )
-    return stream_id
+    """The stream id if it is in the id alphabet (journal/ids.py); InvalidStream otherwise."""
+    return check_id(stream_id, "stream id")
+
+
+def check_token(token: object, what: str, stream_id: str, minimum: int = 1) -> None:
+    """A fence token or seq given as a guard: None, or an int (not bool) in minimum..2**63-1."""
+    if token is not None and (type(token) is not int or not minimum <= token <= MAX_BIGINT):
+        raise InvalidGuard(f"{what} for {stream_id} must be an integer from {minimum} to 2**63-1, got {token!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,20 +43,15 @@ class Envelope:
 
     def encode(self, max_bytes: int | None = None) -> str:
         """The payload as JSON text, after checking the type name, serialisability and size."""
-        if not isinstance(self.type, str) or not TYPE_NAME.match(self.type):
+        if not isinstance(self.type, str) or not TYPE_NAME.fullmatch(self.type):
             raise InvalidPayload(
                 f"invalid event type {self.type!r}: a letter, then up to 99 of letters, digits, _ . : -"
             )
-        try:
-            text = json.dumps(self.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise InvalidPayload(f"payload of {self.type} is not JSON-serialisable: {exc}") from None
+        text = jsonvalues.dumps(self.payload, f"payload of {self.type}")
         limit = conf.get("LOOM_MAX_PAYLOAD_BYTES") if max_bytes is None else max_bytes
         size = len(text.encode("utf-8")) if len(text) * 4 > limit else len(text)
         if size > limit:
             raise InvalidPayload(f"payload of {self.type} is {size} bytes, over LOOM_MAX_PAYLOAD_BYTES={limit}")
-        if "\\u0000" in text:  # json.dumps escapes NUL; PostgreSQL's jsonb refuses \u0000
-            raise InvalidPayload(f"payload of {self.type} contains a NUL character, which PostgreSQL cannot store")
         return text
 
 
@@ -84,12 +87,8 @@ class AppendItem:
         items = tuple(as_envelope(e) for e in (envelopes if not isinstance(envelopes, Envelope) else [envelopes]))
         if not items:
             raise InvalidPayload(f"append to {stream_id} has no events")
-        if fence_token is not None and (not isinstance(fence_token, int) or isinstance(fence_token, bool)
-                                        or fence_token < 1):
-            raise InvalidPayload(f"fence token for {stream_id} must be a positive integer, got {fence_token!r}")
-        if expected_seq is not None and (not isinstance(expected_seq, int) or isinstance(expected_seq, bool)
-                                         or expected_seq < -1):
-            raise InvalidPayload(f"expected_seq for {stream_id} must be an integer >= -1, got {expected_seq!r}")
+        check_token(fence_token, "fence token", stream_id)
+        check_token(expected_seq, "expected_seq", stream_id, minimum=-1)
         return cls(stream_id, items, fence_token, expected_seq)
 
 

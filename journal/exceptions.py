@@ -16,8 +16,13 @@ class InvalidPayload(JournalError, ValueError):
     """An envelope is not storable: bad type name, payload not JSON-serialisable, or too large."""
 
 
+class InvalidGuard(InvalidPayload):
+    """A fence token or expected seq is not an integer in the range a bigint column holds."""
+
+
 class InvalidStream(JournalError, ValueError):
-    """A stream id is empty, too long, or contains whitespace or control characters."""
+    """A stream id is not in the id alphabet (journal/ids.py): empty, too long, whitespace, control,
+    format or surrogate characters, or a '.' / '..' path segment."""
 
 
 class AppendRefused(JournalError):

@@ -10,7 +10,15 @@ from collections.abc import Iterable, Sequence
 
 from django.db import models
 
-from journal.envelopes import Appended, AppendItem, Envelope, SnapshotRecord, StoredEvent
+from journal.envelopes import (
+    Appended,
+    AppendItem,
+    Envelope,
+    SnapshotRecord,
+    StoredEvent,
+    check_stream_id,
+    check_token,
+)
 
 
 class EventManager(models.Manager):
@@ -42,11 +50,18 @@ class EventManager(models.Manager):
         return self._store().open_stream(item)
 
     def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None) -> list[StoredEvent]:
+        """The stream's events after `after_seq`, in seq order (at most `limit`).
+
+        Reads check their arguments like writes do (InvalidStream, InvalidGuard), so a bad id gets
+        our error instead of the database's."""
+        check_stream_id(stream_id)
+        check_token(after_seq, "after_seq", stream_id, minimum=-1)
+        check_token(limit, "limit", stream_id, minimum=0)
         return self._store().read(stream_id, after_seq, limit)
 
     def tip(self, stream_id: str) -> int:
         """The seq of the stream's last event, -1 if it has none."""
-        return self._store().tip(stream_id)
+        return self._store().tip(check_stream_id(stream_id))
 
 
 class FenceManager(models.Manager):
@@ -57,10 +72,12 @@ class FenceManager(models.Manager):
 
     def advance(self, stream_id: str, expected_token: int | None = None) -> int:
         """Take over a stream: bump its fence, so every writer holding an older token is refused."""
+        check_stream_id(stream_id)
+        check_token(expected_token, "expected_token", stream_id)
         return self._store().advance_fence(stream_id, expected_token)
 
     def current(self, stream_id: str) -> int | None:
-        return self._store().current_fence(stream_id)
+        return self._store().current_fence(check_stream_id(stream_id))
 
 
 class SnapshotManager(models.Manager):
@@ -70,8 +87,12 @@ class SnapshotManager(models.Manager):
         return store_for(self.db)
 
     def save_state(self, stream_id: str, seq: int, state) -> None:
-        """Checkpoint a stream's folded state at `seq` (idempotent: an existing one is kept)."""
+        """Checkpoint a stream's folded state at `seq` (idempotent: an existing one is kept).
+
+        The state is encoded by the same JSON boundary as payloads (journal/jsonvalues.py)."""
+        check_stream_id(stream_id)
+        check_token(seq, "snapshot seq", stream_id, minimum=0)
         self._store().save_snapshot(SnapshotRecord(stream_id, seq, state))
 
     def latest(self, stream_id: str) -> SnapshotRecord | None:
-        return self._store().latest_snapshot(stream_id)
+        return self._store().latest_snapshot(check_stream_id(stream_id))

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -35,7 +37,9 @@ from journal.aggregates.errors import (
     UnknownEvent,
 )
 from journal.envelopes import Envelope, StoredEvent
+from journal.ids import check_id
 from journal.models import Event, Snapshot
+from journal.store import store_for
 
 logger = logging.getLogger("journal.aggregates")
 
@@ -112,6 +116,13 @@ def _fold(st: State, current: BaseModel, stream: str, events: Iterable[StoredEve
 
 
 # -- loading ------------------------------------------------------------------------------------------
+def _stream_of(st: State, id: str) -> tuple[str, str]:
+    """(id as text, its stream id), the stream checked against the id alphabet (journal/ids.py) before any
+    SQL: a NUL or a control character in an aggregate id is InvalidStream, not a database error."""
+    id = str(id)
+    return id, check_id(st.stream(id), f"stream id of {st.name}")
+
+
 def _in_transaction() -> bool:
     return transaction.get_connection(Event.objects.db).in_atomic_block
 
@@ -145,8 +156,7 @@ def _from_snapshot(st: State, stream: str) -> tuple[BaseModel, int]:
 def replay(st: State[S], id: str, *, use_snapshot: bool = True) -> Aggregate[S]:
     """Compute an aggregate from the journal, bypassing the cache (the admin shows this)."""
     st.check()
-    id = str(id)
-    stream = st.stream(id)
+    id, stream = _stream_of(st, id)
     state, seq = _from_snapshot(st, stream) if use_snapshot else (st.initial, -1)
     state, last, count = _fold(st, state, stream, Event.objects.read(stream, after_seq=seq))
     return Aggregate(st.name, id, stream, state, last if count else seq, count)
@@ -160,8 +170,7 @@ def load(st: State[S], id: str, *, fresh: bool = False) -> Aggregate[S]:
     those. A miss replays the newest snapshot plus the events after it.
     """
     st.check()
-    id = str(id)
-    stream = st.stream(id)
+    id, stream = _stream_of(st, id)
     got = cache.get((st.name, stream))
     if got is not None:
         cached, stale = got
@@ -249,8 +258,7 @@ def do(action: Action[S, Any], id: str, payload: Mapping[str, Any] | BaseModel |
     """
     st = action.state
     st.check()
-    id = str(id)
-    stream = st.stream(id)
+    id, stream = _stream_of(st, id)
     cmd = _validate_input(action, stream, payload)
     current = load(st, id)
     if expected_version is not None and current.version != expected_version:
@@ -301,29 +309,91 @@ def do(action: Action[S, Any], id: str, payload: Mapping[str, Any] | BaseModel |
     return agg
 
 
+# -- retrying under contention ---------------------------------------------------------------------------
+_STRIPES = 256
+_turns = [threading.RLock() for _ in range(_STRIPES)]
+_holding = threading.local()
+
+
+@contextmanager
+def _in_process_turn(stream: str) -> Iterator[None]:
+    """Threads of this process retrying on the same stream take turns instead of racing each other.
+
+    An optimisation only (it cannot see other processes; the journal's expected-seq guard decides every
+    commit): without it, N threads of one process would make each other lose N-1 races per commit.
+    Streams share 256 striped re-entrant locks; a thread already holding one (an action whose handler
+    commits to another aggregate) does not wait for a second, so two threads cannot deadlock on them.
+    """
+    if getattr(_holding, "turn", None) is not None:
+        yield
+        return
+    turn = _turns[hash(stream) % _STRIPES]
+    with turn:
+        _holding.turn = turn
+        try:
+            yield
+        finally:
+            _holding.turn = None
+
+
+def _queued_attempt(stream: str) -> AbstractContextManager[None]:
+    """A retry's attempt inside a transaction that first queues behind the other retriers of the stream.
+
+    On PostgreSQL a transaction-scoped advisory lock (journal/store/postgres.py LOCK_STREAM); on SQLite the
+    transaction begins IMMEDIATE, holding the write lock, so the attempt cannot lose at all. Losers of a
+    race therefore stop fighting each other: only first attempts (which take no lock) can still beat the
+    lock holder, and each of those commits or joins the queue. Inside a caller's transaction the lock
+    would be held until the caller commits, so there the attempt runs as is (backoff only).
+    """
+    alias = Event.objects.db
+    if transaction.get_connection(alias).in_atomic_block:
+        return nullcontext()
+    return _locked(alias, stream)
+
+
+@contextmanager
+def _locked(alias: str, stream: str) -> Iterator[None]:
+    with transaction.atomic(using=alias):
+        store_for(alias).lock_stream(stream)
+        yield
+
+
+def backoff_delay(attempt: int, backoff_ms: float, max_backoff_ms: float) -> float:
+    """Seconds to sleep after lost race number `attempt`: "full jitter", a random 0..min(cap, base * 2^(n-1))."""
+    return random.uniform(0, min(max_backoff_ms, backoff_ms * 2 ** min(attempt - 1, 30))) / 1000
+
+
 def do_with_retry(action: Action[S, Any], id: str, payload: Mapping[str, Any] | BaseModel | None = None, *,
-                  actor: Actor = None, attempts: int = 10, backoff_ms: float = 2.0,
+                  actor: Actor = None, attempts: int = 10, backoff_ms: float = 2.0, max_backoff_ms: float = 100.0,
                   on_conflict: Callable[[int, ConcurrencyError], None] | None = None) -> Aggregate[S]:
     """`do`, re-loading and re-running the action when it loses an optimistic-concurrency race.
 
     Each retry re-reads only the events it missed, re-checks the invariants on the new state and
     re-runs the handler, so an action that is no longer allowed fails with InvariantViolated.
-    Between attempts it sleeps a random 0..backoff_ms*attempt ms (capped at 8 steps), so that
-    contenders spread out. After `attempts` lost races it raises RetriesExhausted (a ConcurrencyError).
-    Other errors are not retried: they would fail the same way again. `on_conflict(attempt, error)`
-    is called after each lost race (for metrics or logs).
+    Under contention every caller gets through (docs/aggregates.md): threads of one process take turns
+    on a stream; after a lost race a caller sleeps a jittered, exponentially growing delay (capped at
+    `max_backoff_ms`) and makes its next attempts queued behind the stream's other retriers (a
+    database lock; see `_queued_attempt`). After `attempts` lost races it raises RetriesExhausted (a
+    ConcurrencyError). Other errors are not retried: they would fail the same way again.
+    `on_conflict(attempt, error)` is called after each lost race (for metrics or logs).
     """
     if attempts < 1:
         raise ValueError("attempts must be at least 1")
-    cmd = _validate_input(action, action.state.stream(str(id)), payload)
-    for attempt in range(1, attempts + 1):
-        try:
-            return do(action, id, cmd, actor=actor)
-        except ConcurrencyError as exc:
-            if on_conflict is not None:
-                on_conflict(attempt, exc)
-            if attempt == attempts:
-                raise RetriesExhausted(action.name, action.state.stream(str(id)), attempts) from exc
-            if backoff_ms > 0:
-                time.sleep(random.uniform(0, backoff_ms * min(attempt, 8)) / 1000)
+    st = action.state
+    _, stream = _stream_of(st, id)
+    cmd = _validate_input(action, stream, payload)
+    with _in_process_turn(stream):
+        for attempt in range(1, attempts + 1):
+            try:
+                if attempt == 1:  # the uncontended path: no lock, no transaction
+                    return do(action, id, cmd, actor=actor)
+                with _queued_attempt(stream):
+                    return do(action, id, cmd, actor=actor)
+            except ConcurrencyError as exc:
+                if on_conflict is not None:
+                    on_conflict(attempt, exc)
+                if attempt == attempts:
+                    raise RetriesExhausted(action.name, stream, attempts) from exc
+                if backoff_ms > 0:
+                    time.sleep(backoff_delay(attempt, backoff_ms, max_backoff_ms))
     raise AssertionError("unreachable")

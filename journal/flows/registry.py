@@ -8,11 +8,13 @@ resumes a flow must import its module (LOOM_FLOW_MODULES does that at start-up).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any
 
+from journal import jsonvalues
+from journal.exceptions import InvalidPayload
 from journal.flows.errors import InvalidInput, UnknownFlow
 from journal.flows.retry import NO_RETRY, RetryPolicy
 
@@ -37,11 +39,11 @@ class Flow:
             except ValidationError as exc:
                 raise InvalidInput(f"input of flow {self.name!r} does not validate: {exc}") from None
             return parsed, (parsed.model_dump(mode="json") if check_json else None)
-        if check_json:
+        if check_json:  # the journal's JSON rules (journal/jsonvalues.py), so the start cannot fail later
             try:
-                json.dumps(value, allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                raise InvalidInput(f"input of flow {self.name!r} is not JSON-serialisable: {exc}") from None
+                jsonvalues.dumps(value, f"input of flow {self.name!r}")
+            except InvalidPayload as exc:
+                raise InvalidInput(str(exc)) from None
         return value, value
 
     def __call__(self, ctx, value):
@@ -83,3 +85,17 @@ def get_flow(name: str | Flow) -> Flow:
 
 def registered() -> dict[str, Flow]:
     return dict(_REGISTRY)
+
+
+def flow_module_problems(modules: list[str]) -> list[str]:
+    """Import each module of LOOM_FLOW_MODULES (registering its flows); why each one that failed did.
+
+    Called from the journal's ready() and its system check loom.E003: a typo in the setting is reported
+    with the check's id when a command starts, instead of a raw ModuleNotFoundError from ready()."""
+    problems = []
+    for module in modules:
+        try:
+            import_module(module)
+        except ImportError as exc:
+            problems.append(f"LOOM_FLOW_MODULES: cannot import {module!r}: {exc}")
+    return problems

@@ -123,6 +123,13 @@ class JournalStore(DatabaseBound, ABC):
     @abstractmethod
     def save_snapshot(self, snapshot: SnapshotRecord) -> None: ...
 
+    @abstractmethod
+    def lock_stream(self, stream_id: str) -> None:
+        """Queue behind other lockers of this stream until the caller's transaction ends.
+
+        Only an aid to fairness (aggregates' retries take it so that losers of a race stop fighting
+        each other); appends never depend on it. Must be called inside a transaction."""
+
     def fence_refusal(self, stream_id: str, expected_token: int | None) -> AppendRefused:
         """Why an advance_fence changed nothing: no fence at all, or not the expected token."""
         current = self.current_fence(stream_id)

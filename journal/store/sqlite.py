@@ -9,12 +9,12 @@ There is no NOTIFY: readers poll.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from django.db import IntegrityError, transaction
 
+from journal import jsonvalues
 from journal.envelopes import AppendItem, SnapshotRecord
 from journal.store.base import JournalStore, Verdict
 
@@ -108,8 +108,12 @@ class SqliteStore(JournalStore):
             raise self.fence_refusal(stream_id, expected_token)
         return row[0]
 
+    def lock_stream(self, stream_id: str) -> None:
+        """Nothing to run: the caller's transaction began IMMEDIATE, so it already holds the database's
+        write lock, which serialises every writer (and so every locker of any stream) until it ends."""
+
     def save_snapshot(self, snapshot: SnapshotRecord) -> None:
-        state = json.dumps(snapshot.state, separators=(",", ":"))
+        state = jsonvalues.dumps(snapshot.state, f"snapshot state of {snapshot.stream_id}")
         with self.connection.cursor() as cursor:
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state, self.now()])
 

@@ -1,0 +1,107 @@
+"""The JSON boundary: what a payload may hold, and the one text both databases store for it.
+
+Every payload, snapshot state and flow input is encoded here before any SQL runs, so that what a
+reader gets back is what the writer gave, the same on SQLite (the text, stored as is) and on
+PostgreSQL (jsonb, which re-parses numbers as `numeric`). The rules (docs/architecture.md):
+
+Accepted, read back equal (same types, same values):
+- dict with `str` keys, list, str, int (any size Python prints: up to 4300 digits), float (finite),
+  bool, None, nested at most `MAX_DEPTH` levels.
+
+Normalised (documented, the same on both backends):
+- a tuple comes back as a list; a subclass of str/int/float/dict/list as the plain type;
+- `-0.0` comes back as `0.0` (jsonb's numeric has no negative zero);
+- a float printed with a positive exponent (`4.205453796612399e+16`, `1e300`) is written out in
+  full with a `.0` (`42054537966123990.0`): jsonb would otherwise store `42054537966123990`, which
+  reads back as an int. The value read back is the same float;
+- the order of an object's keys is not kept (jsonb sorts them).
+
+Refused with InvalidPayload (nothing is written):
+- keys that are not strings (JSON would silently turn `1` into `"1"`), NaN and the infinities,
+  objects JSON cannot encode, cycles, nesting deeper than `MAX_DEPTH`;
+- NUL (`\\x00`) anywhere, in a key or a value (jsonb cannot store it); the six characters
+  backslash-u-0-0-0-0 as text are fine;
+- lone surrogates (`\\ud800`), which have no UTF-8 encoding.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from typing import Any
+
+from journal.exceptions import InvalidPayload
+
+MAX_DEPTH = 100
+"""Deepest nesting of lists and objects a value may have (a scalar at the top is depth 0)."""
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# A JSON escape of NUL: "\u0000" preceded by an even number of backslashes (an odd number means
+# the backslash before "u0000" is itself escaped: the text holds a backslash, not a NUL).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# A string (skipped as is), or a number jsonb would change: a positive exponent, or negative zero.
+_NUMBER_TO_FIX = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?\d(?:\.\d+)?e\+\d+|-0\.0(?=[,\]}]|$))')
+
+
+def dumps(value: Any, what: str = "payload") -> str:
+    """The JSON text stored for `value`; InvalidPayload (naming `what`) if it may not be stored."""
+    try:
+        text = _ENCODER.encode(value)
+    except RecursionError:
+        raise InvalidPayload(f"{what} is nested deeper than {MAX_DEPTH} levels") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
+    if "{" in text or "[" in text:
+        problem = _structure_problem(value)
+        if problem is not None:
+            raise InvalidPayload(f"{what} {problem}")
+    if not text.isascii() and _SURROGATE.search(text):
+        raise InvalidPayload(f"{what} contains a lone surrogate, which has no UTF-8 encoding")
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise InvalidPayload(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    if "e+" in text or "-0.0" in text:
+        text = _NUMBER_TO_FIX.sub(_fix_number, text)
+    return text
+
+
+def problem(value: Any, what: str = "value") -> str | None:
+    """Why `value` may not be stored, or None (for callers that report rather than raise)."""
+    try:
+        dumps(value, what)
+    except InvalidPayload as exc:
+        return str(exc)
+    return None
+
+
+def _structure_problem(value: Any) -> str | None:
+    """A key that is not a string, or nesting deeper than MAX_DEPTH (one walk over containers only)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            kinds = set(map(type, node))
+            if not kinds <= {str} and not all(issubclass(kind, str) for kind in kinds):
+                key = next(k for k in node if not isinstance(k, str))
+                return f"has a key that is not a string: {key!r} (JSON keys are strings; convert it yourself)"
+            children = node.values()
+        elif isinstance(node, (list, tuple)):
+            children = node
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            return f"is nested deeper than {MAX_DEPTH} levels"
+        if not set(map(type, children)) <= _PLAIN:
+            stack.extend((child, depth + 1) for child in children if type(child) not in _PLAIN)
+    return None
+
+
+def _fix_number(match: re.Match) -> str:
+    number = match.group(1)
+    if number is None:  # a string: unchanged
+        return match.group(0)
+    if number.startswith("-0.0"):
+        return "0.0"
+    return format(Decimal(number), "f") + ".0"
