@@ -7,16 +7,14 @@ the messages name the offending key, and the hot path of a transient call stays 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from journal import conf
-from loomapi.errors import InvalidBody, MalformedJson, PayloadTooLarge, UnsupportedMediaType
+from journal import conf, jsonvalues
+from journal.ids import id_problem
+from loomapi.errors import InvalidBody, InvalidParameter, MalformedJson, PayloadTooLarge, UnsupportedMediaType
 
 _NO_STATE = object()
-# Execution ids become journal stream ids: printable, no whitespace, bounded.
-_EXECUTION_ID = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +36,45 @@ class StartBody(CallBody):
     execution_id: str | None = None
 
 
+def has_body(request) -> bool:
+    """The request declares a body (a Content-Length above 0, or chunked transfer coding)."""
+    declared = request.META.get("CONTENT_LENGTH") or ""
+    return (declared.isdigit() and int(declared) > 0) or _chunked(request)
+
+
+def body_consumed(request) -> bool:
+    """read_json read the whole body: nothing of it is left on the connection."""
+    return getattr(request, "_loom_body_read", False)
+
+
+def _chunked(request) -> bool:
+    return "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+
+
+def _read_raw(request, limit: int) -> bytes:
+    """The body, at most limit + 1 bytes of it (one byte past the limit tells an oversize body)."""
+    if _chunked(request) and not request.META.get("CONTENT_LENGTH"):
+        # Django reads a body of Content-Length bytes only (none: empty). A chunked body is read from
+        # the WSGI stream, which the server (gunicorn) de-chunks and ends (wsgi.input_terminated).
+        stream = request.META.get("wsgi.input")
+        if stream is None or not request.META.get("wsgi.input_terminated"):
+            raise MalformedJson("a chunked request body needs a server that terminates wsgi.input; "
+                                "send Content-Length")
+        parts, size = [], 0
+        while size <= limit:
+            part = stream.read(limit + 1 - size)
+            if not part:
+                break
+            parts.append(part)
+            size += len(part)
+        return b"".join(parts)
+    return request.read(limit + 1)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise MalformedJson(f"request body is not valid JSON: {name} is not a JSON number")
+
+
 def read_json(request) -> Any:
     """The request's JSON body; 415/413/400 with a JSON error when it is not one we accept."""
     content_type = request.content_type or ""
@@ -49,17 +86,27 @@ def read_json(request) -> Any:
         # Refused on the declared length, before reading a byte of it.
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds LOOM_API_MAX_BODY_BYTES={limit}")
     # Read one byte past the limit: a body without (or with a lying) Content-Length is still bounded.
-    raw = request.read(limit + 1)
+    raw = _read_raw(request, limit)
     if len(raw) > limit:
         raise PayloadTooLarge(f"request body exceeds LOOM_API_MAX_BODY_BYTES={limit}")
+    request._loom_body_read = True
     if not raw:
         raise MalformedJson("request body is empty; send a JSON object")
     try:
-        return json.loads(raw)
+        data = json.loads(raw, parse_constant=_refuse_constant)
     except UnicodeDecodeError:
         raise MalformedJson("request body is not UTF-8") from None
+    except RecursionError:
+        raise MalformedJson("request body is not valid JSON we accept: nested too deeply") from None
     except ValueError as exc:
         raise MalformedJson(f"request body is not valid JSON: {exc}") from None
+    if b"\\u" in raw:
+        # Only an escape can put NUL or a lone surrogate into a parsed string (raw control
+        # characters and invalid UTF-8 are refused by the parser): the scan runs only then.
+        problem = jsonvalues.problem(data, "request body")
+        if problem is not None:
+            raise InvalidBody(problem)
+    return data
 
 
 def _object(data: Any, allowed: set[str]) -> dict:
@@ -83,6 +130,25 @@ def call_body(data: Any) -> CallBody:
 def start_body(data: Any) -> StartBody:
     data = _object(data, {"input", "state", "execution_id"})
     execution_id = data.get("execution_id")
-    if execution_id is not None and (not isinstance(execution_id, str) or not _EXECUTION_ID.match(execution_id)):
-        raise InvalidBody("'execution_id' must be a string of 1 to 200 printable characters without whitespace")
+    if execution_id is not None:
+        problem = id_problem(execution_id)
+        if problem is not None:
+            raise InvalidBody(f"'execution_id' {ascii(execution_id)[:80]} is refused: {problem}")
     return StartBody(data["input"], data.get("state", _NO_STATE), execution_id)
+
+
+def wait_seconds(request) -> float:
+    """The `wait` query parameter of a durable start: seconds to wait for the outcome (0: none),
+    bounded by LOOM_API_MAX_WAIT."""
+    text = request.GET.get("wait", "")
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    limit = conf.get("LOOM_API_MAX_WAIT")
+    if not 0 <= value <= limit:  # also refuses nan
+        raise InvalidParameter(f"'wait' is a number of seconds from 0 to LOOM_API_MAX_WAIT={limit:g}, "
+                               f"got {text[:40]!r}")
+    return value

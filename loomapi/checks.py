@@ -6,15 +6,29 @@ nagged on every command; serve_api refuses to start without tokens anyway.
 
 from __future__ import annotations
 
-from django.core.checks import Warning, register
+from django.core.checks import Error, Warning, register
 
 from journal import conf
+from loomapi.auth import TokenConfigError, token_entries
+
+
+@register()
+def check_api_tokens(app_configs=None, **kwargs) -> list:
+    """LOOM_API_TOKENS must be readable: plain tokens, or scoped entries (docs/http-api.md)."""
+    try:
+        token_entries()
+    except TokenConfigError as exc:
+        return [Error(str(exc), hint="See docs/http-api.md, 'Tokens and scopes'.", id="loomapi.E001")]
+    return []
 
 
 @register(deploy=True)
 def check_api_auth(app_configs=None, **kwargs) -> list:
     auth = conf.get_safe("LOOM_API_AUTH", True)
-    tokens = conf.get_safe("LOOM_API_TOKENS", [])
+    try:
+        tokens = [entry.token for entry in token_entries()]
+    except TokenConfigError:
+        return []  # loomapi.E001 says why
     if auth and not tokens:
         return [Warning("LOOM_API_AUTH is on but LOOM_API_TOKENS is empty: every API request is refused (401)",
                         hint="Set LOOM_API_TOKENS to one or more long random tokens.", id="loomapi.W001")]

@@ -4,8 +4,8 @@ Every error response has the same body, so a client handles one shape:
 
     {"error": {"code": "unknown_flow", "message": "no flow is registered as 'x' ...", "id": null}}
 
-`id` is set only on 500s: the same id is logged server-side with the traceback, which never
-reaches the client.
+`id` is set only on 500s and 504s: the same id is logged server-side (with the traceback of a 500,
+which never reaches the client; with the flow and trace id of a call that timed out, for a 504).
 """
 
 from __future__ import annotations
@@ -45,11 +45,24 @@ class InvalidBody(ApiError):
     code = "invalid_body"
 
 
+class InvalidParameter(ApiError):
+    """A query parameter has a value the endpoint does not take."""
+
+    code = "invalid_parameter"
+
+
 class Unauthorized(ApiError):
     """No bearer token, or one the server does not accept."""
 
     status = 401
     code = "unauthorized"
+
+
+class Forbidden(ApiError):
+    """The token is valid but its scope does not cover this flow (see LOOM_API_TOKENS scopes)."""
+
+    status = 403
+    code = "forbidden"
 
 
 class NotFound(ApiError):
@@ -87,6 +100,20 @@ class PayloadTooLarge(ApiError):
 class UnsupportedMediaType(ApiError):
     status = 415
     code = "unsupported_media_type"
+
+
+class CallTimedOut(ApiError):
+    """A transient call ran past LOOM_API_CALL_TIMEOUT; the worker that ran it retires."""
+
+    status = 504
+    code = "call_timeout"
+
+    def __init__(self, message: str, *, call_id: str):
+        self.call_id = call_id
+        super().__init__(message, headers={"Connection": "close"})
+
+    def response(self) -> JsonResponse:
+        return error_response(self.status, self.code, self.message, error_id=self.call_id, headers=self.headers)
 
 
 class InvalidInput(ApiError):

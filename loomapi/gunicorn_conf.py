@@ -5,9 +5,10 @@ serve_api loads this module; it also works on its own for a project's WSGI modul
     gunicorn -c python:loomapi.gunicorn_conf yourproject.wsgi
 
 Why gunicorn: it is a mature pre-fork WSGI server already in our dependencies; Django and
-journal.flows are synchronous (a durable start runs to completion in the request's thread), so
-an ASGI server (uvicorn, granian) would only push each request onto a thread. The gthread worker
-keeps HTTP/1.1 connections alive (the sync worker closes every connection after one request).
+journal.flows are synchronous, so an ASGI server (uvicorn, granian) would only push each request
+onto a thread. The worker is loomapi.worker.BufferingWorker: gunicorn's gthread worker (keep-alive
+connections) whose main loop buffers each request whole before a thread sees it, so clients that
+send part of a request and stall cannot hold the request threads (see loomapi/worker.py).
 
 Warm: the app is preloaded in the arbiter (Django set up, URLconfs and so views and flow
 modules imported) before any fork; every worker then opens its database connections in the
@@ -30,7 +31,7 @@ import sys
 import threading
 import time
 
-worker_class = "gthread"
+worker_class = "loomapi.worker.BufferingWorker"
 threads = 1
 keepalive = 5
 preload_app = True

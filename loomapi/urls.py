@@ -1,6 +1,7 @@
 """The API's routes, mounted by the embedding project under a prefix of its choice:
 
     path("api/", include("loomapi.urls"))
+    handler400 = "loomapi.views.bad_request"   # JSON 400s under the prefix (a disallowed Host, say)
 """
 
 from django.urls import path
@@ -13,6 +14,7 @@ urlpatterns = [
     path("health", views.health, name="health"),
     path("flows/<str:name>/call", views.call, name="call"),
     path("flows/<str:name>/executions", views.start_execution, name="start"),
+    path("executions/<path:execution_id>/retry", views.retry_execution, name="retry"),
     path("executions/<path:execution_id>", views.execution, name="execution"),
     path("<path:rest>", views.not_found),
     path("", views.not_found),

@@ -1,79 +1,113 @@
 """The JSON views: thin glue between HTTP and journal.flows (docs/http-api.md documents them).
 
-Every API view goes through `api_view`, which checks the method, authenticates, turns ApiError
-and the runtime's errors into JSON 4xx, and any other exception into a JSON 500 with an id
-(logged with its traceback, never sent). Views are CSRF-exempt: they take a bearer token, not
-cookies, so a cross-site form cannot ride on a browser session.
+Every API view goes through `api_view`, which checks the method, authenticates (and scopes: see
+loomapi/auth.py), gives the request its trace id (loomapi/trace.py), turns ApiError and the
+runtime's errors into JSON 4xx, and any other exception into a JSON 500 with an id (logged with its
+traceback, never sent). Views are CSRF-exempt: they take a bearer token, not cookies, so a
+cross-site form cannot ride on a browser session.
+
+A durable start does not run here: it is queued for a worker (leases.tasks.enqueue_start) and
+answered `202 Accepted` at once, so a long flow never holds a request thread (`?wait=` lets a
+caller wait, bounded, for the outcome). Transient calls run here, bounded by
+LOOM_API_CALL_TIMEOUT (loomapi/calls.py).
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import os
+import time
 from collections.abc import Callable
+from typing import Any
 
-from django.http import JsonResponse
-from django.urls import reverse
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import HttpResponse
+from django.urls import Resolver404, resolve, reverse
+from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
+from ulid import ULID
 
 from journal.exceptions import InvalidStream
-from journal.flows import (
-    ExecutionExists,
-    UnknownExecution,
-    UnknownFlow,
-    describe,
-    get_flow,
-    invoke_transient,
-    load_state,
-    start,
-)
 from journal.flows import InvalidInput as FlowInvalidInput
-from loomapi import errors
-from loomapi.auth import authenticate
-from loomapi.bodies import call_body, read_json, start_body
+from journal.flows import NotResumable, UnknownExecution, UnknownFlow, describe, get_flow
+from journal.flows.state import TERMINAL
+from journal.flows.writer import header_status
+from journal.ids import id_problem
+from loomapi import errors, trace
+from loomapi.auth import Principal, authenticate, require_flow
+from loomapi.bodies import body_consumed, call_body, has_body, read_json, start_body, wait_seconds
+from loomapi.calls import call_with_timeout
 from loomapi.state import flow_input, split_result
+
+logger = logging.getLogger("loomapi")
+
+META = "$meta"
+"""Key of the EXECUTION_STARTED payload under which a start records who asked and its trace."""
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> HttpResponse:
+    """Strict JSON (ValueError on NaN, the infinities or an int too long to print), unlike JsonResponse."""
+    text = json.dumps(data, cls=DjangoJSONEncoder, allow_nan=False)
+    return HttpResponse(text, status=status, content_type="application/json", headers=headers)
 
 
 def api_view(*methods: str, auth: bool = True) -> Callable:
+    if "GET" in methods and "HEAD" not in methods:
+        methods = (*methods, "HEAD")  # HEAD is a GET without the body (the server drops it)
     allowed = ", ".join(methods)
 
     def decorate(view: Callable) -> Callable:
         @csrf_exempt
         @functools.wraps(view)
         def wrapper(request, *args, **kwargs):
+            current, token = trace.begin(request.headers.get("traceparent"))
             try:
-                if request.method not in methods:
-                    raise errors.MethodNotAllowed(f"{request.method} is not allowed here; use {allowed}",
-                                                  headers={"Allow": allowed})
-                if auth:
-                    authenticate(request)
-                response = view(request, *args, **kwargs)
-            except errors.ApiError as exc:
-                response = exc.response()
-            except UnknownFlow as exc:
-                response = errors.UnknownFlowError(str(exc)).response()
-            except UnknownExecution as exc:
-                response = errors.UnknownExecutionError(str(exc)).response()
-            except FlowInvalidInput as exc:
-                response = errors.InvalidInput(str(exc)).response()
-            except InvalidStream as exc:
-                response = errors.InvalidBody(f"execution id refused by the journal: {exc}").response()
-            except Exception as exc:
-                response = errors.internal_error(request, exc)
-            # Every API response names the worker process that served it: the benchmark counts the
-            # first request each worker serves (its cold start); an operator matches a response to a log.
-            response["X-Loom-Worker"] = str(os.getpid())
-            return response
+                response = _serve(view, request, methods, allowed, auth, args, kwargs)
+                # Every API response names the worker process that served it: the benchmark counts the
+                # first request each worker serves (its cold start); an operator matches a response to a log.
+                response["X-Loom-Worker"] = str(os.getpid())
+                response["traceparent"] = current.traceparent
+                if has_body(request) and not body_consumed(request):
+                    # Refused before its body was read (401, 405, 413, 415...): the unread rest would be
+                    # parsed as the next request, so the connection is closed, and said to be.
+                    response["Connection"] = "close"
+                return response
+            finally:
+                trace.end(token)
 
         return wrapper
 
     return decorate
 
 
+def _serve(view: Callable, request, methods, allowed: str, auth: bool, args, kwargs) -> HttpResponse:
+    try:
+        if request.method not in methods:
+            raise errors.MethodNotAllowed(f"{request.method} is not allowed here; use {allowed}",
+                                          headers={"Allow": allowed})
+        if auth:
+            request.loom_principal = authenticate(request)
+        return view(request, *args, **kwargs)
+    except errors.ApiError as exc:
+        return exc.response()
+    except UnknownFlow as exc:
+        return errors.UnknownFlowError(str(exc)).response()
+    except UnknownExecution as exc:
+        return errors.UnknownExecutionError(str(exc)).response()
+    except FlowInvalidInput as exc:
+        return errors.InvalidInput(str(exc)).response()
+    except InvalidStream as exc:
+        return errors.InvalidBody(f"execution id refused by the journal: {exc}").response()
+    except Exception as exc:
+        return errors.internal_error(request, exc)
+
+
 @api_view("GET", auth=False)
 def health(request):
     """Liveness for load balancers and the benchmark's readiness poll: no auth, no database."""
-    return JsonResponse({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 @api_view("POST")
@@ -81,44 +115,130 @@ def call(request, name: str):
     """Run a flow transiently: input in, result out, nothing written; optional caller-owned state.
 
     A flow that raises is answered 200 with status "failed" and its error (the caller keeps its old
-    state): the request was served; the flow's own failure is data, as for a durable execution.
+    state): the request was served; the flow's own failure is data, as for a durable execution. So
+    is a result JSON cannot carry (NaN, an infinity, an integer of more than 4300 digits).
     """
     body = call_body(read_json(request))
     flow = get_flow(name)
-    outcome = invoke_transient(flow, flow_input(body))
+    require_flow(request.loom_principal, flow.name)
+    outcome = call_with_timeout(flow, flow_input(body))
     if outcome.status != "completed":
-        return JsonResponse({"status": outcome.status, "result": None, "error": outcome.error})
-    return JsonResponse({"status": "completed", **split_result(flow.name, body, outcome.result), "error": None})
+        return json_response({"status": outcome.status, "result": None, "error": outcome.error})
+    fields = split_result(flow.name, body, outcome.result)
+    try:
+        return json_response({"status": "completed", **fields, "error": None})
+    except ValueError as exc:
+        return json_response({"status": "failed", "result": None,
+                              "error": f"the flow's result cannot be sent as JSON: {exc}"})
 
 
 @api_view("POST")
 def start_execution(request, name: str):
-    """Start a durable execution (runs to completion in this request); idempotent on execution_id."""
+    """Queue a durable execution for a worker: 202 with its Location at once; idempotent on execution_id.
+
+    `?wait=<seconds>` (at most LOOM_API_MAX_WAIT) waits for the outcome: 201 with it when the
+    execution settled in time, else the same 202.
+    """
+    from leases.tasks import enqueue_start
+
     body = start_body(read_json(request))
+    wait = wait_seconds(request)
     flow = get_flow(name)
-    try:
-        outcome = start(flow, flow_input(body), execution_id=body.execution_id)
-    except ExecutionExists as exc:
-        if exc.flow and exc.flow != flow.name:
-            raise errors.ExecutionConflict(
-                f"execution {exc.execution_id!r} already exists for flow {exc.flow!r}, not {flow.name!r}") from None
-        # The id is an idempotency key: a repeat must be the same request, not a new one under an old id.
-        if load_state(exc.execution_id).input != flow.prepare(flow_input(body))[1]:
-            raise errors.ExecutionConflict(
-                f"execution {exc.execution_id!r} already exists with a different input; "
-                "choose a new execution_id for a new execution") from None
-        existing = {"execution_id": exc.execution_id, "flow": exc.flow or flow.name, "status": exc.status,
-                    "result": exc.result, "error": exc.error or None, "created": False}
-        return JsonResponse(existing, status=200, headers={"Location": _location(request, exc.execution_id)})
-    created = {"execution_id": outcome.execution_id, "flow": flow.name, "status": outcome.status,
-               "result": outcome.result, "error": outcome.error or None, "created": True}
-    return JsonResponse(created, status=201, headers={"Location": _location(request, outcome.execution_id)})
+    principal: Principal = request.loom_principal
+    require_flow(principal, flow.name)
+    value = flow_input(body)
+    _, stored = flow.prepare(value)  # invalid input is refused (422) before anything is queued
+    execution_id = body.execution_id or str(ULID())
+    refuse_aggregate_namespace(execution_id)
+    header = header_status(execution_id)
+    if header is not None:
+        return _existing(request, principal, flow.name, execution_id, header, stored)
+    if _stream_exists(execution_id):
+        raise errors.ExecutionConflict(f"a journal stream named {execution_id!r} exists and is not an execution; "
+                                       "choose another execution_id")
+    current = trace.current()
+    meta = {"started_by": principal.name, "trace_id": current.trace_id, "span_id": current.span_id}
+    enqueue_start(flow.name, value, execution_id=execution_id, meta=meta)
+    logger.info("queued start of flow %s as execution %s by %s (trace %s)", flow.name, execution_id,
+                principal.name, current.trace_id)
+    location = {"Location": _location(execution_id)}
+    if wait:
+        header = _wait_settled(execution_id, wait)
+        if header is not None:
+            status, _, result, error = header
+            return json_response({"execution_id": execution_id, "flow": flow.name, "status": status,
+                                  "result": result, "error": error or None, "created": True},
+                                 status=201, headers=location)
+    return json_response({"execution_id": execution_id, "flow": flow.name, "status": "queued", "result": None,
+                          "error": None, "created": True}, status=202, headers=location)
+
+
+def _existing(request, principal: Principal, flow: str, execution_id: str, header: tuple, stored: Any):
+    """A start of an id that exists: the existing execution if it is this very request, else 409."""
+    status, existing_flow, result, error = header
+    started = _started_payload(execution_id)
+    if not principal.may_read(_started_by(started)):
+        raise errors.ExecutionConflict(f"execution {execution_id!r} already exists; choose a new execution_id")
+    if existing_flow != flow:
+        raise errors.ExecutionConflict(
+            f"execution {execution_id!r} already exists for flow {existing_flow!r}, not {flow!r}")
+    # The id is an idempotency key: a repeat must be the same request, not a new one under an old id.
+    if started.get("input") != stored:
+        raise errors.ExecutionConflict(
+            f"execution {execution_id!r} already exists with a different input; "
+            "choose a new execution_id for a new execution")
+    existing = {"execution_id": execution_id, "flow": existing_flow, "status": status, "result": result,
+                "error": error or None, "created": False}
+    return json_response(existing, status=200, headers={"Location": _location(execution_id)})
+
+
+def _wait_settled(execution_id: str, seconds: float) -> tuple | None:
+    """Poll the execution's header until it is settled or `seconds` passed; the header, or None."""
+    deadline = time.monotonic() + seconds
+    pause = 0.02
+    while True:
+        header = header_status(execution_id)
+        if header is not None and header[0] in TERMINAL:
+            return header
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.5)
 
 
 @api_view("GET")
 def execution(request, execution_id: str):
-    """An execution's status, result, error and events."""
-    return JsonResponse(describe(execution_id))
+    """An execution's status, result, error and events; 404 for a stream that is not an execution."""
+    return _describe(request, execution_id)
+
+
+def _describe(request, execution_id: str) -> HttpResponse:
+    _readable_header(request.loom_principal, execution_id)
+    return json_response(describe(execution_id))
+
+
+@api_view("POST", "GET")
+def retry_execution(request, execution_id: str):
+    """POST: a new attempt of a failed execution, handed to a worker (journal.flows.retry); 202.
+
+    GET: the execution whose id ends in "/retry" (ids may hold "/"), like any other."""
+    if request.method in ("GET", "HEAD"):
+        return _describe(request, f"{execution_id}/retry")
+    from journal.flows.runtime import retry  # (journal.flows.retry is also the retry-policy module)
+
+    principal: Principal = request.loom_principal
+    flow = _readable_header(principal, execution_id)[1]
+    require_flow(principal, flow)
+    current = trace.current()
+    try:
+        outcome = retry(execution_id, actor={"api": principal.name, "trace_id": current.trace_id}, handoff=True)
+    except NotResumable as exc:
+        raise errors.ExecutionConflict(str(exc)) from None
+    logger.info("retry of execution %s (flow %s) queued by %s (trace %s)", execution_id, flow, principal.name,
+                current.trace_id)
+    return json_response({"execution_id": execution_id, "flow": flow, "status": outcome.status, "retried": True},
+                         status=202, headers={"Location": _location(execution_id)})
 
 
 @api_view("GET", "POST", "PUT", "PATCH", "DELETE", auth=False)
@@ -127,5 +247,66 @@ def not_found(request, rest: str = ""):
     raise errors.NotFound(f"no API route at {request.path!r}; see docs/http-api.md")
 
 
-def _location(request, execution_id: str) -> str:
+def bad_request(request, exception=None):
+    """handler400 of the embedding project: a JSON 400 under the API prefix (a disallowed Host, say),
+    Django's own page elsewhere. Set `handler400 = "loomapi.views.bad_request"` in the root URLconf."""
+    try:
+        in_api = resolve(request.path_info).namespace == "loomapi"
+    except Resolver404:
+        in_api = False
+    if not in_api:
+        return defaults.bad_request(request, exception)
+    message = "bad request"
+    if exception is not None and type(exception).__name__ == "DisallowedHost":
+        message = "the Host header names a host this server does not serve (ALLOWED_HOSTS)"
+    response = errors.error_response(400, "bad_request", message)
+    response["Connection"] = "close"
+    return response
+
+
+def refuse_aggregate_namespace(execution_id: str) -> None:
+    """409 for an id in a declared aggregate state's stream namespace (`Ticket-43`): executions and
+    aggregates share the journal's stream ids, and an execution there would break the aggregate."""
+    from journal.aggregates.declarations import states
+
+    for state in states().values():
+        if state.prefix and execution_id.startswith(state.prefix):
+            raise errors.ExecutionConflict(
+                f"execution id {execution_id!r} is in the stream namespace of aggregate state {state.name} "
+                f"(prefix {state.prefix!r}); choose another execution_id")
+
+
+def _readable_header(principal: Principal, execution_id: str) -> tuple:
+    """The execution's header if it exists and this token may read it; 404 otherwise (the same answer
+    for a stream that is not an execution, an id outside the alphabet and another token's execution,
+    so that a scoped token learns nothing of what it may not read)."""
+    problem = id_problem(execution_id)
+    if problem is not None:
+        raise errors.UnknownExecutionError(f"execution {ascii(execution_id)[:80]} does not exist: {problem}")
+    header = header_status(execution_id)
+    if header is None or not principal.may_read(_started_by(_started_payload(execution_id))):
+        raise errors.UnknownExecutionError(f"execution {execution_id!r} does not exist")
+    return header
+
+
+def _started_payload(execution_id: str) -> dict:
+    """The EXECUTION_STARTED payload of an execution (its first event): flow, input and $meta."""
+    from journal.models import Event
+
+    payload = Event.objects.filter(stream_id=execution_id, seq=0).values_list("payload", flat=True).first()
+    return payload if isinstance(payload, dict) else {}
+
+
+def _started_by(started: dict) -> str | None:
+    meta = started.get(META)
+    return meta.get("started_by") if isinstance(meta, dict) else None
+
+
+def _stream_exists(stream_id: str) -> bool:
+    from journal.models import Event
+
+    return Event.objects.filter(stream_id=stream_id).exists()
+
+
+def _location(execution_id: str) -> str:
     return reverse("loomapi:execution", kwargs={"execution_id": execution_id})

@@ -13,5 +13,8 @@ urlpatterns = [
     path("api/", include("loomapi.urls")),
 ]
 
+# A disallowed Host (and any other 400 Django raises before a view) answers JSON under api/.
+handler400 = "loomapi.views.bad_request"
+
 if settings.DEBUG and "debug_toolbar" in settings.INSTALLED_APPS:
     urlpatterns.append(path("__debug__/", include("debug_toolbar.urls")))

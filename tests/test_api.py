@@ -32,10 +32,13 @@ def fails(ctx: Context, value):
 
 
 @pytest.fixture(autouse=True)
-def api_settings(settings):
+def api_settings(settings, monkeypatch):
     settings.LOOM_API_AUTH = True
     settings.LOOM_API_TOKENS = [TOKEN]
     settings.LOOM_API_MAX_BODY_BYTES = 1024
+    # django-q2's sync mode: a queued start runs inside enqueue_start, in this process, on the test's
+    # database (tests/test_api_server.py runs the real thing: serve_api and a loom_worker).
+    monkeypatch.setattr("django_q.conf.Conf.SYNC", True)
 
 
 def post(client, path: str, body, **headers):
@@ -77,11 +80,13 @@ def test_caller_owned_state_round_trips_and_the_server_keeps_nothing(client):
     assert Event.objects.count() == 0
 
 
-def test_start_creates_a_durable_execution_and_status_reads_it(client):
+def test_start_is_queued_for_a_worker_and_answered_202_with_its_location(client):
+    """The request does not run the flow: 202 and a Location at once (here django-q2's sync mode has
+    run the queued start by the time the response is read, so the status shows its outcome)."""
     response = post(client, "/api/flows/calc.add/executions", {"input": {"a": 1, "b": 2}, "execution_id": "e-1"})
-    assert response.status_code == 201
+    assert response.status_code == 202
     assert response["Location"] == "/api/executions/e-1"
-    assert response.json() == {"execution_id": "e-1", "flow": "calc.add", "status": "completed", "result": 3,
+    assert response.json() == {"execution_id": "e-1", "flow": "calc.add", "status": "queued", "result": None,
                                "error": None, "created": True}
     status = client.get("/api/executions/e-1", headers=AUTH)
     assert status.status_code == 200
@@ -91,16 +96,31 @@ def test_start_creates_a_durable_execution_and_status_reads_it(client):
                                                    "EXECUTION_COMPLETED"]
 
 
+def test_start_with_wait_answers_201_with_the_outcome(client):
+    response = post(client, "/api/flows/calc.add/executions?wait=5", {"input": {"a": 1, "b": 2}, "execution_id": "w"})
+    assert response.status_code == 201
+    assert response["Location"] == "/api/executions/w"
+    assert response.json() == {"execution_id": "w", "flow": "calc.add", "status": "completed", "result": 3,
+                               "error": None, "created": True}
+
+
+@pytest.mark.parametrize("wait", ["-1", "abc", "nan", "31", "inf"])
+def test_a_wait_outside_the_bound_is_400_and_nothing_is_queued(client, wait):
+    response = post(client, f"/api/flows/calc.add/executions?wait={wait}", {"input": {"a": 1, "b": 2}})
+    assert_error(response, 400, "invalid_parameter")
+    assert Event.objects.count() == 0
+
+
 def test_start_without_an_id_mints_one(client):
     response = post(client, "/api/flows/calc.add/executions", {"input": {"a": 1, "b": 1}})
-    assert response.status_code == 201
+    assert response.status_code == 202
     execution_id = response.json()["execution_id"]
     assert client.get(f"/api/executions/{execution_id}", headers=AUTH).json()["result"] == 2
 
 
 def test_repeated_start_with_the_same_id_returns_the_existing_execution(client):
     body = {"input": {"a": 1, "b": 2}, "execution_id": "same"}
-    assert post(client, "/api/flows/calc.add/executions", body).status_code == 201
+    assert post(client, "/api/flows/calc.add/executions", body).status_code == 202
     rows = Event.objects.count()
     again = post(client, "/api/flows/calc.add/executions", body)
     assert again.status_code == 200
@@ -120,7 +140,7 @@ def test_reusing_an_id_with_another_input_or_flow_is_a_conflict(client):
 
 
 def test_durable_start_with_caller_owned_state_stores_the_flows_return_value(client):
-    response = post(client, "/api/flows/calc.accumulate/executions",
+    response = post(client, "/api/flows/calc.accumulate/executions?wait=5",
                     {"input": {"n": 2}, "state": {"total": 3, "calls": 4}, "execution_id": "acc"})
     assert response.status_code == 201
     assert response.json()["result"] == {"result": 5, "state": {"total": 5, "calls": 5}}
@@ -131,7 +151,7 @@ def test_a_failing_flow_is_reported_as_failed_not_as_a_server_error(client):
     assert call.status_code == 200
     assert call.json()["status"] == "failed"
     assert "the flow's own failure" in call.json()["error"]
-    started = post(client, "/api/flows/tests.api.fails/executions", {"input": {}, "execution_id": "f"})
+    started = post(client, "/api/flows/tests.api.fails/executions?wait=5", {"input": {}, "execution_id": "f"})
     assert started.status_code == 201
     assert started.json()["status"] == "failed"
 
@@ -202,8 +222,8 @@ def test_wrong_content_type_is_415(client):
 @pytest.mark.parametrize(("method", "path", "allow"), [
     ("get", "/api/flows/calc.add/call", "POST"),
     ("put", "/api/flows/calc.add/executions", "POST"),
-    ("post", "/api/executions/x", "GET"),
-    ("delete", "/api/executions/x", "GET"),
+    ("post", "/api/executions/x", "GET, HEAD"),
+    ("delete", "/api/executions/x", "GET, HEAD"),
 ])
 def test_wrong_method_is_405_with_allow(client, method, path, allow):
     response = getattr(client, method)(path, headers=AUTH)

@@ -7,7 +7,11 @@ import os
 from django.core.management.base import BaseCommand, CommandError
 
 from journal import conf
+from loomapi import worker
+from loomapi.auth import TokenConfigError, token_entries
 from loomapi.server import ApiServer
+
+WORKER_CLASSES = {"gthread": "loomapi.worker.BufferingWorker", "sync": "sync"}
 
 
 class Command(BaseCommand):
@@ -19,9 +23,13 @@ class Command(BaseCommand):
         parser.add_argument("--bind", default="127.0.0.1:8001", help="host:port to listen on (default %(default)s).")
         parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                             help="Worker processes (default: CPU count, %(default)s).")
-        parser.add_argument("--worker-class", choices=("gthread", "sync"), default="gthread",
-                            help="gthread (default): keep-alive connections, a connection stays with one worker; "
-                                 "sync: one request per connection, so every request goes to a free worker.")
+        parser.add_argument("--worker-class", choices=tuple(WORKER_CLASSES), default="gthread",
+                            help="gthread (default): loomapi's buffering gthread worker, keep-alive connections, "
+                                 "a request reaches a thread only once it was received whole; sync: one request per "
+                                 "connection, every request goes to a free worker, NOT safe against slow clients "
+                                 "without a buffering proxy in front.")
+        parser.add_argument("--read-timeout", type=float, default=worker.READ_TIMEOUT,
+                            help="Seconds a client has to send a whole request before a 408 (default %(default)s).")
         parser.add_argument("--threads", type=int, default=1,
                             help="Request threads per worker (default %(default)s; each keeps its own DB connection).")
         parser.add_argument("--timeout", type=int, default=30, help="Seconds before a silent worker is restarted.")
@@ -34,7 +42,13 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         if options["workers"] < 1 or options["threads"] < 1:
             raise CommandError("--workers and --threads must be at least 1")
-        if conf.get("LOOM_API_AUTH") and not conf.get("LOOM_API_TOKENS"):
+        if options["read_timeout"] <= 0:
+            raise CommandError("--read-timeout must be positive")
+        try:
+            tokens = token_entries()
+        except TokenConfigError as exc:
+            raise CommandError(f"LOOM_API_TOKENS: {exc}") from None
+        if conf.get("LOOM_API_AUTH") and not tokens:
             raise CommandError("LOOM_API_AUTH is on but LOOM_API_TOKENS is empty: every request would be refused. "
                                "Set LOOM_API_TOKENS (or, for a local benchmark only, LOOM_API_AUTH=false)")
         if not conf.get("LOOM_API_AUTH"):
@@ -43,11 +57,12 @@ class Command(BaseCommand):
         gunicorn_options = {
             "bind": [options["bind"]],
             "workers": options["workers"],
-            "worker_class": options["worker_class"],
+            "worker_class": WORKER_CLASSES[options["worker_class"]],
             "threads": options["threads"],
             "timeout": options["timeout"],
             "graceful_timeout": options["graceful_timeout"],
             "accesslog": "-" if options["access_log"] else None,
             "proc_name": "loom-serve-api",
         }
+        worker.READ_TIMEOUT = options["read_timeout"]  # read by the workers, which fork from this process
         ApiServer(gunicorn_options, options["conn_max_age"]).run()
