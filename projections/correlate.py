@@ -115,22 +115,62 @@ def correlate(registry: Registry, alias: str = "default") -> int:
     return bumped
 
 
+MAX_SEQ = 2**63 - 1
+MAX_STREAM = 200  # projections_subscription.stream
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")  # a lone surrogate (valid in JSON escapes) cannot be sent to the database
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def parse_notification(payload: str) -> tuple[dict[str, int], frozenset[str]] | None:
+    """The tips and types of a journal notification, or None if the payload is not one.
+
+    Any role that can connect may NOTIFY the channel, so a payload is a hint, never trusted:
+    it must be an object with a non-empty `tips` object of stream id -> seq (a non-negative
+    integer, not a bool) and a `types` list of strings. Anything else (and {"poll": true})
+    is answered with a scan of the log, which only believes committed events.
+    """
+    try:
+        data = json.loads(payload)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("poll") is not None:
+        return None
+    tips, types = data.get("tips"), data.get("types")
+    if not isinstance(tips, dict) or not tips or not isinstance(types, list):
+        return None
+    for stream, seq in tips.items():
+        if not 0 < len(stream) <= MAX_STREAM or "\x00" in stream or not _encodable(stream):
+            return None
+        if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
+            return None
+    if not all(isinstance(t, str) for t in types):
+        return None
+    return tips, frozenset(types)
+
+
 def bumps_from_notification(registry: Registry, payload: str) -> tuple[list[Bump], bool]:
-    """What a NOTIFY payload tells: exact bumps, and whether a scan is needed to know the rest.
+    """What a NOTIFY payload tells: bumps to try, and whether a scan is needed to know the rest.
 
     The payload has each stream's new tip and the statement's distinct types, not which stream got
     which type. A bump is exact when the statement wrote one stream, or when every type it wrote is
     followed by the consumer; otherwise (mixed multi-stream batch) the scan sorts it out.
-    {"poll": true} (payload over 8000 bytes) always asks for a scan.
+    {"poll": true} (payload over 8000 bytes) and anything malformed ask for a scan. The tips are
+    still hints: store.bump(..., hinted=True) clamps each to the stream's real last seq.
     """
-    try:
-        data = json.loads(payload)
-    except ValueError:
+    parsed = parse_notification(payload)
+    if parsed is None:
         return [], True
-    if data.get("poll") or "tips" not in data:
-        return [], True
-    tips: dict[str, int] = data.get("tips") or {}
-    types = frozenset(data.get("types") or ())
+    return bumps_from_tips(registry, *parsed)
+
+
+def bumps_from_tips(registry: Registry, tips: dict[str, int], types: frozenset[str]) -> tuple[list[Bump], bool]:
+    """The bumps of a parsed notification (see bumps_from_notification), and whether to scan."""
     bumps: list[Bump] = []
     scan = False
     for c in registry.consumers.values():

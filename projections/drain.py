@@ -5,6 +5,10 @@ Atomic consumers (projections, and reactions by default) run their handlers and 
 transaction: if the lease was lost the ack changes nothing, LeaseLost rolls everything back, and
 the new holder applies the events instead, so database effects happen exactly once. Non-atomic
 reactions are acked together at the end of the cycle (at-least-once).
+
+A watermark only ever moves to the last event its own claim READ (each claim reads from its own
+watermark, see store.read): never to the tip, which only says that work exists. An ack can therefore
+not pass an event that was not delivered (or skipped because the consumer does not follow it).
 """
 
 from __future__ import annotations
@@ -84,13 +88,17 @@ class DrainController:
         try:
             events = store.read(claims, batch)
             loose: list[tuple[Claim, int, int]] = []  # non-atomic: (claim, new at, events handled)
+            ended: set[int] = set()  # claims whose read reached the end of their stream
             for claim in claims:
                 consumer = consumers[claim.consumer]
-                read = [e for e in events.get(claim.stream, ()) if e.seq > claim.at][:batch]
-                last = read[-1].seq if read else max(claim.at, claim.tip)
+                read = events.get(claim.id, [])
+                # The new watermark is the last event read, nothing beyond: an empty read acks nothing.
+                last = read[-1].seq if read else claim.at
+                if len(read) < batch:
+                    ended.add(claim.id)
                 mine = [e for e in read if consumer.follows(e.stream_id, e.type)]
                 if consumer.atomic:
-                    self._atomic(store, consumer, claim, mine, last, result)
+                    self._atomic(store, consumer, claim, mine, last, result, claim.id in ended)
                     continue
                 try:
                     self._deliver(consumer, mine)
@@ -98,7 +106,7 @@ class DrainController:
                 except _Failure as failure:
                     self._fail(store, consumer, claim, failure, result)
             if loose:
-                acked = store.ack([(c, at) for c, at, _ in loose], self.worker_id)
+                acked = store.ack([(c, at) for c, at, _ in loose], self.worker_id, ended)
                 for c, _, n in loose:
                     if c.id in acked:
                         result.acked += 1
@@ -127,9 +135,9 @@ class DrainController:
                 raise _Failure(event, exc, done) from exc
             done.append(event)
 
-    def _atomic(self, store, consumer, claim, mine, last, result: CycleResult) -> None:
+    def _atomic(self, store, consumer, claim, mine, last, result: CycleResult, ended: bool = False) -> None:
         try:
-            self._apply(store, consumer, claim, mine, last)
+            self._apply(store, consumer, claim, mine, last, ended=ended)
         except LeaseLost:
             result.lost += 1
             return
@@ -152,12 +160,13 @@ class DrainController:
         result.acked += 1
         result.handled += len(mine)
 
-    def _apply(self, store, consumer, claim, events, at, failure: _Failure | None = None) -> None:
+    def _apply(self, store, consumer, claim, events, at, failure: _Failure | None = None,
+               ended: bool = False) -> None:
         """Handlers and progress in one transaction; the progress write is fenced by the lease."""
         with transaction.atomic(using=self.alias):
             self._deliver(consumer, events)
             if failure is None:
-                ok = bool(store.ack([(claim, at)], self.worker_id))
+                ok = bool(store.ack([(claim, at)], self.worker_id, {claim.id} if ended else ()))
             else:
                 self._last_blocked = store.fail(claim, self.worker_id, describe(consumer, claim, failure),
                                                 conf.get("LOOM_DRAIN_RETRIES"), conf.get("LOOM_DRAIN_RETRY_DELAY"), at)

@@ -5,6 +5,11 @@ LISTEN must stay on one session; the bumps it makes go through Django's connecti
 A notification whose types no consumer follows wakes nothing and costs no query (drain skip).
 Notifications can be lost (a reconnect, {"poll": true} for a large statement): the correlator's
 scan and the lanes' polling cover that, and a reconnect triggers a scan at once.
+
+A notification is a hint, never a fact: any role that can connect may NOTIFY the channel. A payload
+that is not a well-formed journal notification asks for a scan (which believes only committed
+events); the tips of a good one are clamped to the streams' real last seqs when they are stored
+(store.bump(hinted=True)); and nothing in a payload can make this thread drop its connection.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable
 from django.db import connections
 
 from journal import conf
-from projections.correlate import bumps_from_notification
+from projections.correlate import bumps_from_tips, parse_notification
 from projections.declarations import Registry
 from projections.store import store_for
 
@@ -31,6 +36,10 @@ def _connect(alias: str):
                            user=s.get("USER") or None, password=s.get("PASSWORD") or None, autocommit=True)
 
 
+def _is_poll(payload: str) -> bool:
+    return payload.replace(" ", "") == '{"poll":true}'
+
+
 class Listener:
     """Runs in its own thread until `stop` is set."""
 
@@ -40,10 +49,15 @@ class Listener:
         self.wake_lanes, self.wake_correlator, self.stop = wake_lanes, wake_correlator, stop
         self.received = 0
         self.bumped = 0
+        self.rejected = 0  # payloads that were not journal notifications (answered with a scan)
+        self.sessions = 0  # connections made: more than one means the LISTEN session was lost
         self.ready = threading.Event()
 
     def run(self) -> None:
-        channel = conf.get("LOOM_NOTIFY_CHANNEL")
+        from psycopg import sql
+
+        # Quoted as an identifier: the channel name is never pasted into the statement.
+        listen = sql.SQL("LISTEN {}").format(sql.Identifier(conf.get("LOOM_NOTIFY_CHANNEL")))
         backoff = 0.1
         try:
             while not self.stop.is_set():
@@ -55,9 +69,10 @@ class Listener:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 backoff = 0.1
+                self.sessions += 1
                 try:
                     with conn:
-                        conn.execute(f'LISTEN "{channel}"')
+                        conn.execute(listen)
                         self.ready.set()
                         self.wake_correlator()  # anything committed while we were not listening
                         while not self.stop.is_set():
@@ -79,7 +94,14 @@ class Listener:
         self.received += len(payloads)
         bumps, scan = [], False
         for payload in payloads:
-            found, needs_scan = bumps_from_notification(self.registry, payload)
+            parsed = parse_notification(payload)
+            if parsed is None:
+                scan = True
+                if not _is_poll(payload):
+                    self.rejected += 1
+                    log.debug("projections listener: not a journal notification: %.200r", payload)
+                continue
+            found, needs_scan = bumps_from_tips(self.registry, *parsed)
             bumps.extend(found)
             scan = scan or needs_scan
         if bumps:
@@ -89,7 +111,7 @@ class Listener:
                 if key not in best or best[key][5] < b[5]:
                     best[key] = b
             try:
-                self.bumped += store_for(self.alias).bump(list(best.values()))
+                self.bumped += store_for(self.alias).bump(list(best.values()), hinted=True)
             except Exception as exc:
                 log.warning("projections listener: bump failed (%s); asking for a scan", exc)
                 connections[self.alias].close()

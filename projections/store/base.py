@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -69,8 +69,11 @@ class ProjectionStore(DatabaseBound, ABC):
         """Events with id > after_id, in id order (committed ones only: what this snapshot sees)."""
 
     @abstractmethod
-    def bump(self, bumps: Sequence[Bump]) -> int:
-        """Subscribe (consumer, stream) pairs and raise their tips; returns rows changed."""
+    def bump(self, bumps: Sequence[Bump], hinted: bool = False) -> int:
+        """Subscribe (consumer, stream) pairs and raise their tips; returns rows changed.
+
+        hinted: the tips come from a notification (anyone may send one): each is clamped to the
+        stream's real last seq, and streams without events are not subscribed."""
 
     @abstractmethod
     def sync_consumer(self, consumer: str, lane: str, priority: int) -> None:
@@ -82,13 +85,17 @@ class ProjectionStore(DatabaseBound, ABC):
         """Lease up to `limit` subscriptions of the lane that have work and no live lease."""
 
     @abstractmethod
-    def read(self, claims: Sequence[Claim], batch: int) -> dict[str, list[StoredEvent]]:
-        """For each claimed stream, up to `batch` events after the lowest claimed watermark."""
+    def read(self, claims: Sequence[Claim], batch: int) -> dict[int, list[StoredEvent]]:
+        """For each claim (by id), up to `batch` events of its stream after ITS OWN watermark.
+
+        Never from another claim's watermark: what a claim is acked for must be what it read."""
 
     @abstractmethod
-    def ack(self, acks: Sequence[tuple[Claim, int]], by: str) -> set[int]:
-        """Advance watermarks and release leases, only where `by` still holds the claim's lease
-        and it has not expired. Returns the ids acked; the others were taken over."""
+    def ack(self, acks: Sequence[tuple[Claim, int]], by: str, ended: Collection[int] = frozenset()) -> set[int]:
+        """Advance watermarks to the last seq each claim read and release leases, only where `by`
+        still holds the claim's lease and it has not expired. Returns the ids acked; the others
+        were taken over. `ended`: ids of claims whose read reached the end of the stream; a tip
+        no event backs (unchanged since the claim) comes down to the watermark."""
 
     @abstractmethod
     def fail(self, claim: Claim, by: str, error: str, limit: int, delay: float, at: int | None = None) -> bool | None:

@@ -53,6 +53,23 @@ ON CONFLICT (consumer, stream) DO UPDATE SET tip = EXCLUDED.tip, updated_at = no
 WHERE projections_subscription.tip < EXCLUDED.tip
 """
 
+# -- bump_hinted --
+# The same upsert for tips that come from a notification. Any role that can connect may NOTIFY the
+# channel, so a tip there is a hint: each is clamped to the stream's real last seq (one backward
+# probe of the (stream_id, seq) unique index; the notification is delivered after its commit, so
+# this statement sees the events it announces), and a stream with no events subscribes nobody.
+BUMP_HINTED = """
+INSERT INTO projections_subscription
+    (consumer, stream, source, lane, priority, at, tip, lease, retries, blocked, error, updated_at)
+SELECT c, s, src, l, p, -1, LEAST(t, r.tip), 0, 0, false, '', now()
+FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[]) AS b(c, s, src, l, p, t)
+CROSS JOIN LATERAL (SELECT max(j.seq) AS tip FROM journal_event j WHERE j.stream_id = b.s) r
+WHERE r.tip IS NOT NULL
+ORDER BY c, s
+ON CONFLICT (consumer, stream) DO UPDATE SET tip = EXCLUDED.tip, updated_at = now()
+WHERE projections_subscription.tip < EXCLUDED.tip
+"""
+
 SYNC_CONSUMER = """
 UPDATE projections_subscription SET lane = %s, priority = %s
 WHERE consumer = %s AND (lane <> %s OR priority <> %s)
@@ -83,17 +100,22 @@ RETURNING s.id, s.consumer, s.stream, s.at, s.tip, s.lease, s.retries
 """
 
 # -- read --
-# The events of every claimed stream in one round trip: a LATERAL probe of the (stream_id, seq)
-# unique index per stream. Per-stream seqs have no gaps and a seq can only commit after the one
-# before it (its insert reads that tip), so "seq > at" never skips a late commit.
+# Each claim reads from ITS OWN watermark: one LATERAL probe of the (stream_id, seq) unique index
+# per distinct (stream, watermark) pair, all in one round trip. Reading a stream once from the lowest
+# watermark of the claims on it, LIMIT batch, starved the consumer ahead: its events were past the
+# page, its read came back empty, and an empty read must never be mistaken for "caught up" (issue 11).
+# Per pair, not per claim: consumers at the same watermark (the usual case when they keep up) share
+# one probe, and each probe stops after `batch` rows, so a cycle reads at most batch rows per pair,
+# the ones that claim will be acked for. Per-stream seqs have no gaps and a seq can only commit
+# after the one before it (its insert reads that tip), so "seq > at" never skips a late commit.
 READ = """
-SELECT e.id, e.stream_id, e.seq, e.type, e.payload, e.recorded_at
+SELECT c.at, e.id, e.stream_id, e.seq, e.type, e.payload, e.recorded_at
 FROM unnest(%(streams)s::text[], %(ats)s::bigint[]) AS c(stream_id, at)
 CROSS JOIN LATERAL (
     SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event j
     WHERE j.stream_id = c.stream_id AND j.seq > c.at ORDER BY j.seq LIMIT %(batch)s
 ) e
-ORDER BY e.stream_id, e.seq
+ORDER BY e.stream_id, c.at, e.seq
 """
 
 # -- ack --
@@ -103,17 +125,24 @@ ORDER BY e.stream_id, e.seq
 # and a projection's transaction then rolls back its read-model writes with it.
 # Rows are locked in (consumer, stream) order first, like BUMP inserts them, so the two cannot
 # deadlock.
+# `at` is the last seq the claim READ (and delivered, or skipped as not followed): never the tip.
+# `ended`: the read reached the end of the stream (fewer than batch rows), so no event lies between
+# `at` and the tip the claim saw. If the tip is still the claim's (nothing raised it since: bumps
+# only raise), that tip was never backed by an event (a forged notification, see listener.py) and
+# comes down to the watermark, so the row stops being claimed; a real bump raises it again later.
 ACK = """
 WITH a AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(ats)s::bigint[]) AS a(id, lease, at)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(ats)s::bigint[], %(tips)s::bigint[],
+                         %(ended)s::boolean[]) AS a(id, lease, at, tip, ended)
 ), locked AS (
     SELECT s.id FROM projections_subscription s JOIN a ON a.id = s.id
     ORDER BY s.consumer, s.stream
     FOR UPDATE OF s
 )
 UPDATE projections_subscription s
-SET at = GREATEST(s.at, a.at), tip = GREATEST(s.tip, a.at), retries = 0, error = '',
-    leased_by = NULL, leased_until = NULL, updated_at = now()
+SET at = GREATEST(s.at, a.at),
+    tip = CASE WHEN a.ended AND s.tip = a.tip THEN GREATEST(s.at, a.at) ELSE GREATEST(s.tip, a.at) END,
+    retries = 0, error = '', leased_by = NULL, leased_until = NULL, updated_at = now()
 FROM a, locked
 WHERE s.id = a.id AND locked.id = a.id
   AND s.lease = a.lease AND s.leased_by = %(by)s AND s.leased_until >= clock_timestamp()
@@ -188,12 +217,12 @@ class PostgresProjectionStore(ProjectionStore):
             cursor.execute(SCAN, [after_id, limit])
             return [ScannedEvent(*row) for row in cursor.fetchall()]
 
-    def bump(self, bumps: Sequence[Bump]) -> int:
+    def bump(self, bumps: Sequence[Bump], hinted: bool = False) -> int:
         if not bumps:
             return 0
         cols = list(zip(*sorted(bumps), strict=True))
         with self._cursor() as cursor:
-            cursor.execute(BUMP, [list(c) for c in cols])
+            cursor.execute(BUMP_HINTED if hinted else BUMP, [list(c) for c in cols])
             return cursor.rowcount
 
     def sync_consumer(self, consumer, lane, priority):
@@ -207,23 +236,24 @@ class PostgresProjectionStore(ProjectionStore):
             return [Claim.from_row(row) for row in cursor.fetchall()]
 
     def read(self, claims, batch):
-        lowest: dict[str, int] = {}
-        for c in claims:
-            lowest[c.stream] = min(c.at, lowest.get(c.stream, c.at))
-        out: dict[str, list[StoredEvent]] = {s: [] for s in lowest}
-        with self._cursor() as cursor:
-            cursor.execute(READ, {"streams": list(lowest), "ats": list(lowest.values()), "batch": batch})
-            for row in cursor.fetchall():
-                out[row[1]].append(StoredEvent.from_row(row))
-        return out
+        pairs = sorted({(c.stream, c.at) for c in claims})
+        found: dict[tuple[str, int], list[StoredEvent]] = {p: [] for p in pairs}
+        if pairs:
+            with self._cursor() as cursor:
+                cursor.execute(READ, {"streams": [p[0] for p in pairs], "ats": [p[1] for p in pairs],
+                                      "batch": batch})
+                for row in cursor.fetchall():
+                    found[(row[2], row[0])].append(StoredEvent.from_row(row[1:]))
+        return {c.id: found[(c.stream, c.at)] for c in claims}
 
-    def ack(self, acks, by):
+    def ack(self, acks, by, ended=frozenset()):
         if not acks:
             return set()
         ordered = sorted(acks, key=lambda a: (a[0].consumer, a[0].stream))
         with self._cursor() as cursor:
             cursor.execute(ACK, {"ids": [c.id for c, _ in ordered], "leases": [c.lease for c, _ in ordered],
-                                 "ats": [at for _, at in ordered], "by": by})
+                                 "ats": [at for _, at in ordered], "tips": [c.tip for c, _ in ordered],
+                                 "ended": [c.id in ended for c, _ in ordered], "by": by})
             return {row[0] for row in cursor.fetchall()}
 
     def fail(self, claim, by, error, limit, delay, at=None):

@@ -38,6 +38,20 @@ ON CONFLICT (consumer, stream) DO UPDATE SET tip = excluded.tip, updated_at = ex
 WHERE projections_subscription.tip < excluded.tip
 """
 
+# -- bump_hinted -- tips from a notification, clamped to the stream's real last seq (see postgres.BUMP_HINTED).
+# MIN(t, NULL) is NULL in SQLite: a stream with no events subscribes nobody. The WHERE also lets
+# SQLite parse the upsert clause after a SELECT.
+BUMP_HINTED = """
+WITH b(c, s, src, l, p, t, u) AS (VALUES {rows})
+INSERT INTO projections_subscription
+    (consumer, stream, source, lane, priority, at, tip, lease, retries, blocked, error, updated_at)
+SELECT c, s, src, l, p, -1, MIN(t, (SELECT MAX(j.seq) FROM journal_event j WHERE j.stream_id = b.s)) AS real_tip,
+    0, 0, 0, '', u
+FROM b WHERE real_tip IS NOT NULL
+ON CONFLICT (consumer, stream) DO UPDATE SET tip = excluded.tip, updated_at = excluded.updated_at
+WHERE projections_subscription.tip < excluded.tip
+"""
+
 SYNC_CONSUMER = """
 UPDATE projections_subscription SET lane = %s, priority = %s
 WHERE consumer = %s AND (lane <> %s OR priority <> %s)
@@ -59,14 +73,17 @@ WHERE id IN (
 RETURNING id, consumer, stream, at, tip, lease, retries
 """
 
+# -- read -- each claim from its own watermark, one query per distinct (stream, watermark): see postgres.READ.
 READ = ("SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event"
         " WHERE stream_id = %s AND seq > %s ORDER BY seq LIMIT %s")
 
-# -- ack -- the lease is the fence: holder, token and an unexpired window (see postgres.ACK).
+# -- ack -- the lease is the fence: holder, token and an unexpired window; `at` is the last seq read,
+# and a tip no event backs comes down when the read reached the end of the stream (see postgres.ACK).
+# SET expressions all see the row as it was before the update.
 ACK = """
 UPDATE projections_subscription
-SET at = MAX(at, %s), tip = MAX(tip, %s), retries = 0, error = '', leased_by = NULL, leased_until = NULL,
-    updated_at = %s
+SET at = MAX(at, %s), tip = CASE WHEN %s AND tip = %s THEN MAX(at, %s) ELSE MAX(tip, %s) END,
+    retries = 0, error = '', leased_by = NULL, leased_until = NULL, updated_at = %s
 WHERE id = %s AND lease = %s AND leased_by = %s AND leased_until >= %s
 """
 
@@ -135,18 +152,17 @@ class SqliteProjectionStore(ProjectionStore):
             cursor.execute(SCAN, [after_id, limit])
             return [ScannedEvent(*row) for row in cursor.fetchall()]
 
-    def bump(self, bumps: Sequence[Bump]) -> int:
+    def bump(self, bumps: Sequence[Bump], hinted: bool = False) -> int:
         if not bumps:
             return 0
         now = _text(self._now())
         changed = 0
+        row = "(%s, %s, %s, %s, %s, %s, %s)" if hinted else "(%s, %s, %s, %s, %s, -1, %s, 0, 0, 0, '', %s)"
+        sql = BUMP_HINTED if hinted else BUMP
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
-            for start in range(0, len(bumps), 500):  # 12 parameters a row, SQLite allows 32766
+            for start in range(0, len(bumps), 500):  # 7 parameters a row, SQLite allows 32766
                 chunk = sorted(bumps)[start:start + 500]
-                cursor.execute(
-                    BUMP.format(rows=", ".join(["(%s, %s, %s, %s, %s, -1, %s, 0, 0, 0, '', %s)"] * len(chunk))),
-                    [v for b in chunk for v in (*b, now)],
-                )
+                cursor.execute(sql.format(rows=", ".join([row] * len(chunk))), [v for b in chunk for v in (*b, now)])
                 changed += cursor.rowcount
         return changed
 
@@ -166,27 +182,24 @@ class SqliteProjectionStore(ProjectionStore):
             return [Claim.from_row(row) for row in cursor.fetchall()]
 
     def read(self, claims, batch):
-        lowest: dict[str, int] = {}
-        for c in claims:
-            lowest[c.stream] = min(c.at, lowest.get(c.stream, c.at))
         from journal.store import store_for
 
         journal = store_for(self.alias)
-        out: dict[str, list[StoredEvent]] = {}
+        found: dict[tuple[str, int], list[StoredEvent]] = {}
         with self.connection.cursor() as cursor:
-            for stream, at in lowest.items():
-                cursor.execute(READ, [stream, at, batch])
-                out[stream] = [journal._event(row) for row in cursor.fetchall()]
-        return out
+            for pair in sorted({(c.stream, c.at) for c in claims}):
+                cursor.execute(READ, [*pair, batch])
+                found[pair] = [journal._event(row) for row in cursor.fetchall()]
+        return {c.id: found[(c.stream, c.at)] for c in claims}
 
-    def ack(self, acks, by):
+    def ack(self, acks, by, ended=frozenset()):
         done: set[int] = set()
         if not acks:
             return done
         now = _text(self._now())
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             for claim, at in acks:
-                cursor.execute(ACK, [at, at, now, claim.id, claim.lease, by, now])
+                cursor.execute(ACK, [at, claim.id in ended, claim.tip, at, at, now, claim.id, claim.lease, by, now])
                 if cursor.rowcount:
                     done.add(claim.id)
         return done
