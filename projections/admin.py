@@ -1,10 +1,19 @@
-"""Subscriptions in the admin: lag (tip - watermark), blocked ones with their error, unblock, reset."""
+"""Subscriptions in the admin: lag (tip - watermark), blocked ones with their error, unblock, reset.
+
+Each action declares the permission it needs (custom permissions of Subscription: `unblock_subscription`,
+`replay_subscription`), so view-only staff can look but not act. Reset wipes read models: it shows a
+confirmation page saying what will happen before anything changes. Rows cannot be added or deleted
+here: a deleted subscription would come back at watermark -1 and replay its stream into a read model
+that already holds it.
+"""
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Count, F
+from django.template.response import TemplateResponse
 
 from projections.declarations import registry
 from projections.models import Checkpoint, Subscription
@@ -53,6 +62,15 @@ class SubscriptionAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_unblock_permission(self, request) -> bool:
+        return request.user.has_perm("projections.unblock_subscription")
+
+    def has_replay_permission(self, request) -> bool:
+        return request.user.has_perm("projections.replay_subscription")
+
     @admin.display(description="lag")
     def lag(self, obj: Subscription) -> int:
         return obj.lag
@@ -61,17 +79,35 @@ class SubscriptionAdmin(admin.ModelAdmin):
     def short_error(self, obj: Subscription) -> str:
         return obj.error.splitlines()[0][:120] if obj.error else ""
 
-    @admin.action(description="Unblock (retry from the failed event)")
+    @admin.action(description="Unblock (retry from the failed event)", permissions=["unblock"])
     def unblock(self, request, queryset):
         count = store_for(queryset.db).unblock(list(queryset.values_list("id", flat=True)))
         self.message_user(request, f"{count} subscription(s) unblocked.", messages.SUCCESS)
 
-    @admin.action(description="Reset: replay the selected consumers from the start")
+    @admin.action(description="Reset: replay the selected consumers from the start", permissions=["replay"])
     def reset_replay(self, request, queryset):
         names = set(queryset.values_list("consumer", flat=True))
+        if request.POST.get("post") != "yes":
+            return self._confirm_reset(request, queryset, names)
         count = reset_consumers(names, queryset.db)
         self.message_user(request, f"{', '.join(sorted(names))}: {count} subscription(s) reset for replay.",
                           messages.SUCCESS)
+
+    def _confirm_reset(self, request, queryset, names: set[str]) -> TemplateResponse:
+        """What a reset will do, per consumer, before it is done (nothing changes on this page)."""
+        totals = dict(Subscription.objects.using(queryset.db).filter(consumer__in=names).values("consumer")
+                      .annotate(n=Count("id")).values_list("consumer", "n"))
+        consumers = []
+        for name in sorted(names):
+            declared = registry.consumers.get(name)
+            consumers.append({"name": name, "subscriptions": totals.get(name, 0), "declared": declared is not None,
+                              "kind": declared.kind if declared else "not declared here",
+                              "wipes": declared is not None and declared.reset is not None})
+        context = {**self.admin_site.each_context(request), "title": "Reset and replay: are you sure?",
+                   "opts": self.model._meta, "consumers": consumers,
+                   "selected": list(queryset.values_list("pk", flat=True)),
+                   "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME}
+        return TemplateResponse(request, "admin/projections/subscription/reset_replay_confirmation.html", context)
 
 
 @admin.register(Checkpoint)

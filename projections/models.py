@@ -45,6 +45,11 @@ class Subscription(models.Model):
             models.Index(fields=["blocked"], name="projections_sub_blocked", condition=Q(blocked=True)),
         ]
         ordering = ["consumer", "stream"]
+        # The admin's actions (see projections/admin.py): view and change do not imply them.
+        permissions = [
+            ("unblock_subscription", "Can unblock a blocked subscription"),
+            ("replay_subscription", "Can reset a consumer and replay it from the start (wipes its read model)"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.consumer} <- {self.stream} @{self.at}/{self.tip}"
