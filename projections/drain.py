@@ -154,8 +154,8 @@ class DrainController:
                     result.lost += 1
                     return
                 except _Failure:
-                    pass
-            self._fail(store, consumer, claim, failure, result)
+                    pass  # the redo failed too and rolled back: nothing was delivered
+            self._fail(store, consumer, claim, failure, result, delivered=False)
             return
         result.acked += 1
         result.handled += len(mine)
@@ -174,11 +174,13 @@ class DrainController:
             if not ok:
                 raise LeaseLost(f"lease {claim.lease} of {consumer.name} on {claim.stream} was taken over")
 
-    def _fail(self, store, consumer, claim, failure: _Failure, result: CycleResult) -> None:
-        at = failure.event.seq - 1 if failure.done else None
+    def _fail(self, store, consumer, claim, failure: _Failure, result: CycleResult, delivered: bool = True) -> None:
+        """Record a failure. The watermark moves past `failure.done` only if those events' effects
+        stand (`delivered`): a non-atomic handler ran them; an atomic one's were rolled back."""
+        at = failure.event.seq - 1 if failure.done and delivered else None
         blocked = store.fail(claim, self.worker_id, describe(consumer, claim, failure),
                              conf.get("LOOM_DRAIN_RETRIES"), conf.get("LOOM_DRAIN_RETRY_DELAY"), at)
-        if not consumer.atomic and failure.done and blocked is not None:
+        if at is not None and blocked is not None:
             result.handled += len(failure.done)
         self._count_failure(consumer, claim, failure, result, blocked)
 

@@ -205,3 +205,27 @@ def test_two_projections_far_apart_under_producers_and_a_killed_consumer(child_e
                        " WHERE j.stream_id = s.stream) FROM projections_subscription s WHERE s.at <> (SELECT"
                        " max(seq) FROM journal_event j WHERE j.stream_id = s.stream)")
         assert cursor.fetchall() == []
+
+
+def test_a_failure_while_redoing_the_events_before_a_poison_one_keeps_the_watermark(settings):
+    """Atomic consumer: the events before a failing one are redone in a transaction with the failure.
+    If that redo fails too, everything rolled back: the watermark must stay where it was."""
+    settings.LOOM_DRAIN_RETRY_DELAY = 0.0
+    calls = {"n": 0, "flaky": True}
+
+    def handle(event, target):
+        calls["n"] += 1
+        if calls["flaky"] and (event.seq == 2 or calls["n"] > 3):  # seq 2 fails, then the redo of seq 0 fails
+            raise ValueError(f"flaky on {event.seq}")
+        write("flaky", event, target)
+
+    from projections.declarations import projection
+
+    projection("flaky", on=["Tick"], handler=handle)
+    ticks("s", 4)
+    drain("default", max_cycles=1)
+    row = Subscription.objects.get(consumer="flaky")
+    assert (row.at, row.retries) == (-1, 1) and applied("flaky") == []
+    calls["flaky"] = False
+    drain()
+    assert applied("flaky") == [("s", i) for i in range(4)]
