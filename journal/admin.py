@@ -1,23 +1,70 @@
 """The journal in the admin: executions with their timeline, and the log, read-only.
 
 The log is append-only, so the admin never adds, changes or deletes events, fences or snapshots;
-execution headers are written by the runtime only. The two things an operator may do to an
-execution, resume and cancel, are actions that call journal.flows (they write events through the
-runtime's fenced write path, like any other run).
+execution headers are written by the runtime only. What an operator may do to an execution goes
+through journal.flows, under Django's model permissions (journal.resume_execution,
+journal.cancel_execution, journal.retry_execution; viewing needs journal.view_execution):
+
+- resume: handed to a worker (journal.flows.hand_over), never run in the web request; refused
+  while another process provably drives the execution, unless forced on a confirmation page;
+- retry (a failed execution): a new attempt recorded in its log, handed to a worker;
+- cancel: recorded as EXECUTION_CANCELLED, after a confirmation page.
+
+Bulk actions show a page that lists what will happen to each selected execution before anything
+is done. Ids are unquoted the way the admin quotes them (order_42, ids with / or :).
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from django.contrib import admin, messages
-from django.http import HttpResponseRedirect
+from django.contrib.admin.options import IS_POPUP_VAR
+from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.views.main import ERROR_FLAG
+from django.db import DatabaseError
+from django.db.models import Count, OuterRef, Subquery
+from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
 
 from journal.models import Event, Execution, Fence, Snapshot
 
+VERBS = ("resume", "retry", "cancel")
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Views only: no add, change or delete."""
+
+class SafeChangeList:
+    """A list page answers bad filter values (NUL, a lone surrogate, a year out of range) like any
+    other invalid lookup, with the admin's "?e=1" redirect, never a 500."""
+
+    def changelist_view(self, request, extra_context=None):
+        if any(_unstorable(value) for values in request.GET.lists() for value in values[1]):
+            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
+        try:
+            return super().changelist_view(request, extra_context)
+        except (ValueError, OverflowError, DatabaseError):
+            if ERROR_FLAG in request.GET:
+                raise
+            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
+
+
+def _unstorable(value: str) -> bool:
+    """NUL and lone surrogates cannot be sent to the database as text."""
+    if "\x00" in value:
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class ReadOnlyAdmin(SafeChangeList, admin.ModelAdmin):
+    """Views only: no add, change or delete. Viewing follows Django's model permissions."""
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -29,100 +76,256 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-def _act(request, execution_ids, verb: str) -> None:
-    from journal.flows import cancel, resume
+def stamp(when) -> str:
+    from journal.flows.describe import stamp as fmt
 
-    call = resume if verb == "resume" else cancel
-    for eid in execution_ids:
-        try:
-            out = call(eid)
-        except Exception as exc:  # shown to the operator, never a 500
-            messages.error(request, f"{verb} {eid}: {type(exc).__name__}: {exc}")
+    return fmt(when)
+
+
+def plan(execution: Execution, verb: str, force: bool = False) -> tuple[bool, str]:
+    """(will act, what will happen) for one execution: shown before a bulk action or a button runs."""
+    from journal.flows import ownership
+
+    status = execution.status
+    if verb == "cancel":
+        if status in ("running", "stuck", "suspended"):
+            return True, "will be cancelled (EXECUTION_CANCELLED); a run in progress stops at its next step"
+        return False, f"nothing: already {status}"
+    if verb == "retry":
+        if status == "failed":
+            return True, "a new attempt from its last completed step, recorded in its log, handed to a worker"
+        return False, f"nothing: only a failed execution can be retried (this one is {status})"
+    if status not in ("running", "stuck"):
+        return False, f"nothing: already {status}"
+    holder = ownership.live_owner(execution.pk)
+    if holder is not None and not force:
+        return False, f"refused: running under {holder} (force it from the execution's page)"
+    if holder is not None:
+        return True, f"FORCED: takes it over from {holder} (its in-flight step may run twice), handed to a worker"
+    return True, "handed to a worker, which takes a new fence and continues from the log"
+
+
+def act(request: HttpRequest, execution_id: str, verb: str, force: bool = False) -> bool:
+    """Do one verb through journal.flows; the outcome becomes a message (never a 500)."""
+    from journal.flows import cancel, hand_over
+    from journal.flows.runtime import retry
+
+    actor = request.user.get_username()
+    try:
+        if verb == "resume":
+            token = hand_over(execution_id, force=force)
+            text = f"resume {execution_id}: handed over to a worker (from fence {token})"
+            text += " [forced]" if force else ""
+        elif verb == "retry":
+            retry(execution_id, actor=actor, handoff=True)
+            text = f"retry {execution_id}: a new attempt was recorded and handed over to a worker"
         else:
-            messages.success(request, f"{verb} {eid}: {out.status}" + (f" ({out.error})" if out.error else ""))
+            out = cancel(execution_id, f"cancelled by {actor} in the admin")
+            text = f"cancel {execution_id}: {out.status}"
+    except Exception as exc:  # shown to the operator, never a 500
+        messages.error(request, f"{verb} {execution_id}: {type(exc).__name__}: {exc}")
+        return False
+    messages.success(request, text)
+    return True
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+class StatusFilter(admin.ChoicesFieldListFilter):
+    """The statuses an execution can have today (no "suspended": nothing suspends yet)."""
+
+    def choices(self, changelist):
+        for choice in super().choices(changelist):
+            if "suspended" not in str(choice.get("display", "")).lower():
+                yield choice
 
 
 @admin.register(Execution)
 class ExecutionAdmin(ReadOnlyAdmin):
-    list_display = ("id", "flow", "status", "created_at", "finished_at", "recoveries")
-    list_filter = ("status", "flow")
+    list_display = ("id", "flow", "status", "progress", "duration", "created", "finished", "recoveries")
+    list_filter = (("status", StatusFilter), "flow")
     search_fields = ("id", "flow")
-    readonly_fields = ("id", "flow", "status", "input", "result", "error", "recoveries", "created_at",
-                       "updated_at", "finished_at", "lease_panel")
-    actions = ("resume_executions", "cancel_executions")
-
-    @admin.display(description="lease")
-    def lease_panel(self, execution) -> str:
-        from leases.admin import lease_summary  # the leases app's read-only panel
-
-        return lease_summary(execution.pk)
+    readonly_fields = ("id", "flow", "status", "input_json", "result_json", "error", "recoveries", "created",
+                       "updated", "finished", "lease_panel")
+    fields = readonly_fields
+    actions = ("resume_executions", "retry_executions", "cancel_executions")
     change_form_template = "journal/execution_change_form.html"
     list_per_page = 50
     show_full_result_count = False  # no count(*) over a large table on every page
 
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
+    # -- permissions -------------------------------------------------------------------------------
+    def has_resume_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("journal.resume_execution")
 
-    def has_view_permission(self, request, obj=None) -> bool:
-        return request.user.is_active and request.user.is_staff
+    def has_retry_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("journal.retry_execution")
 
-    @admin.action(description="Resume selected executions (new fence, replay, continue)", permissions=["operate"])
+    def has_cancel_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("journal.cancel_execution")
+
+    def may(self, request, verb: str) -> bool:
+        return getattr(self, f"has_{verb}_permission")(request)
+
+    # -- list ----------------------------------------------------------------------------------------
+    def get_queryset(self, request):
+        done = (Event.objects.filter(stream_id=OuterRef("pk"), type="STEP_COMPLETED").order_by()
+                .values("stream_id").annotate(n=Count("id")).values("n"))
+        return super().get_queryset(request).annotate(steps_done=Subquery(done))
+
+    @admin.display(description="steps done")
+    def progress(self, execution) -> str:
+        n = getattr(execution, "steps_done", None) or 0
+        return f"{n} step{'s' if n != 1 else ''}" + (" so far" if execution.status == "running" else "")
+
+    @admin.display(description="duration")
+    def duration(self, execution) -> str:
+        end = execution.finished_at or (timezone.now() if execution.status == "running" else execution.updated_at)
+        seconds = max(0.0, (end - execution.created_at).total_seconds())
+        text = f"{seconds:.3f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+        return text + (" (running)" if execution.status == "running" else "")
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, execution) -> str:
+        return stamp(execution.created_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, execution) -> str:
+        return stamp(execution.finished_at) or "-"
+
+    @admin.display(description="updated")
+    def updated(self, execution) -> str:
+        return stamp(execution.updated_at)
+
+    @admin.display(description="input")
+    def input_json(self, execution) -> str:
+        return format_html("<pre>{}</pre>", _json(execution.input))
+
+    @admin.display(description="result")
+    def result_json(self, execution) -> str:
+        return format_html("<pre>{}</pre>", _json(execution.result))
+
+    @admin.display(description="lease")
+    def lease_panel(self, execution) -> str:
+        from django.apps import apps
+
+        if not apps.is_installed("leases"):
+            return "no leases app"
+        from leases.admin import lease_summary  # the leases app's read-only panel
+
+        return lease_summary(execution.pk)
+
+    # -- bulk actions: a page lists what will happen, then "Yes" does it ------------------------------
+    @admin.action(description="Resume selected executions (handed to a worker)", permissions=["resume"])
     def resume_executions(self, request, queryset):
-        _act(request, list(queryset.values_list("id", flat=True)), "resume")
+        return self._bulk(request, queryset, "resume")
 
-    @admin.action(description="Cancel selected executions (recorded as EXECUTION_CANCELLED)", permissions=["operate"])
+    @admin.action(description="Retry selected failed executions (a new attempt, handed to a worker)",
+                  permissions=["retry"])
+    def retry_executions(self, request, queryset):
+        return self._bulk(request, queryset, "retry")
+
+    @admin.action(description="Cancel selected executions (recorded as EXECUTION_CANCELLED)", permissions=["cancel"])
     def cancel_executions(self, request, queryset):
-        _act(request, list(queryset.values_list("id", flat=True)), "cancel")
+        return self._bulk(request, queryset, "cancel")
 
-    def has_operate_permission(self, request) -> bool:
-        """Resume and cancel: staff with the change permission (the page itself stays read-only)."""
-        return request.user.is_superuser or request.user.has_perm("journal.change_execution")
+    def _bulk(self, request, queryset, verb: str):
+        executions = list(queryset[:500])
+        rows = [(execution, *plan(execution, verb)) for execution in executions]
+        if request.POST.get("post") == "yes":
+            done = sum(act(request, execution.pk, verb) for execution, will, _ in rows if will)
+            skipped = [execution.pk for execution, will, _ in rows if not will]
+            if skipped:
+                messages.warning(request, f"{verb}: nothing done for {', '.join(skipped)}")
+            if not done and not skipped:
+                messages.info(request, f"{verb}: nothing selected")
+            return None
+        context = {
+            **self.admin_site.each_context(request), "opts": self.model._meta,
+            "title": f"{verb.capitalize()} executions?", "verb": verb, "rows": rows,
+            "any_will": any(will for _, will, _ in rows),
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME, "action": f"{verb}_executions",
+        }
+        return TemplateResponse(request, "journal/execution_action_confirm.html", context)
 
+    # -- one execution: the buttons of its page ------------------------------------------------------
     def get_urls(self):
         urls = super().get_urls()
         extra = [
-            path("<path:object_id>/resume/", self.admin_site.admin_view(self._one("resume")),
-                 name="journal_execution_resume"),
-            path("<path:object_id>/cancel/", self.admin_site.admin_view(self._one("cancel")),
-                 name="journal_execution_cancel"),
+            path(f"<path:object_id>/{verb}/", self.admin_site.admin_view(self._one(verb)),
+                 name=f"journal_execution_{verb}")
+            for verb in VERBS
         ]
         return extra + urls
 
     def _one(self, verb: str):
         def view(request, object_id):
-            execution = get_object_or_404(Execution, pk=object_id)
-            url = reverse("admin:journal_execution_change", args=[execution.pk])
-            if request.method != "POST":
-                return HttpResponseRedirect(url)
-            if not self.has_operate_permission(request):
+            execution = get_object_or_404(Execution, pk=unquote(object_id))
+            url = reverse("admin:journal_execution_change", args=[quote(execution.pk)])
+            if not self.has_view_permission(request, execution) or not self.may(request, verb):
                 messages.error(request, f"you may not {verb} executions")
-            else:
-                _act(request, [execution.pk], verb)
-            return HttpResponseRedirect(url)
+                return HttpResponseRedirect(url)
+            force = request.POST.get("force") == "yes" or request.GET.get("force") == "yes"
+            confirmed = request.POST.get("confirm") == "yes"
+            needs_confirmation = verb == "cancel" or force
+            if request.method == "POST" and (confirmed or not needs_confirmation):
+                act(request, execution.pk, verb, force=force)
+                return HttpResponseRedirect(url)
+            will, what = plan(execution, verb, force=force)
+            context = {
+                **self.admin_site.each_context(request), "opts": self.model._meta, "original": execution,
+                "title": f"{verb.capitalize()} {execution.pk}?", "verb": verb, "force": force, "will": will,
+                "what": what, "change_url": url,
+            }
+            return TemplateResponse(request, "journal/execution_confirm.html", context)
 
         return view
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        from journal.flows import describe
+        from journal.flows import describe, ownership
         from journal.flows.errors import UnknownExecution
 
+        execution_id = unquote(object_id)
         extra_context = dict(extra_context or {})
         try:
-            view = describe(object_id)
+            view = describe(execution_id)
         except UnknownExecution:
             view = None
+        if view is not None:
+            for event in view["events"]:
+                event["json"] = json.dumps(event["payload"], sort_keys=True, ensure_ascii=False)
+                event["when"] = stamp(event["recorded_at"])
+            for row in view["steps"]:
+                row["json"] = json.dumps(row["result"], sort_keys=True, ensure_ascii=False)
+                row["when"] = stamp(row["started_at"])
+            running = view["status"] == "running"
+            created = view["created_at"]
+            view["running_for"] = (f"{(timezone.now() - created).total_seconds():.1f} s"
+                                   if running and created else "")
+            view["holder"] = ownership.live_owner(execution_id) if running else None
         extra_context["execution_view"] = view
-        extra_context["may_act"] = self.has_operate_permission(request)
+        extra_context["may"] = {verb: self.may(request, verb) for verb in VERBS}
+        extra_context["refresh"] = view is not None and view["status"] == "running" and IS_POPUP_VAR not in request.GET
         return super().change_view(request, object_id, form_url, extra_context)
 
 
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
-    list_display = ("stream_id", "seq", "type", "recorded_at")
+    list_display = ("stream_id", "seq", "type", "recorded")
     list_filter = ("type",)
     search_fields = ("stream_id",)
-    readonly_fields = ("id", "stream_id", "seq", "type", "payload", "recorded_at")
+    readonly_fields = ("id", "stream_id", "seq", "type", "payload_json", "recorded")
+    fields = readonly_fields
     show_full_result_count = False
+
+    @admin.display(description="recorded", ordering="recorded_at")
+    def recorded(self, event) -> str:
+        return stamp(event.recorded_at)
+
+    @admin.display(description="payload")
+    def payload_json(self, event) -> str:
+        return format_html("<pre>{}</pre>", _json(event.payload))
 
 
 @admin.register(Fence)
@@ -137,3 +340,8 @@ class SnapshotAdmin(ReadOnlyAdmin):
     list_display = ("stream_id", "seq", "created_at")
     search_fields = ("stream_id",)
     readonly_fields = ("stream_id", "seq", "state", "created_at")
+
+
+def execution_url(execution_id: str) -> str:
+    """The admin page of an execution (ids quoted the admin's way)."""
+    return reverse("admin:journal_execution_change", args=[quote(execution_id)])

@@ -88,6 +88,10 @@ class Execution(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # What an operator may do to an execution in the admin (and the API), besides viewing it.
+        permissions = [("resume_execution", "Can resume an execution (hand it to a worker)"),
+                       ("retry_execution", "Can retry a failed execution"),
+                       ("cancel_execution", "Can cancel an execution")]
 
     def __str__(self) -> str:
         return f"{self.flow} {self.id} ({self.status})"

@@ -62,6 +62,40 @@ class LeaseOwnership:
             return self.keeper.begin_lazy(execution_id, fence_token)
         return self.keeper.begin_eager(execution_id, fence_token)
 
+    def live_owner(self, execution_id: str) -> str | None:
+        """Who provably drives a running execution now, so that resume/hand-over must not take it
+        over (docs/leases.md "Live"): an unexpired lease (database clock) held by another process, or
+        held by this one for a run in progress here; or no lease row yet, fence token 1 (a fresh
+        start: lazy runs only go unleased then) and a header younger than grace + TTL (the sweep's
+        own orphan rule). A lease of this worker id that no run here holds is the recovery sweep's
+        takeover, handed to the resume that follows: not live."""
+        from django.db.models.functions import Now
+
+        from journal.models import Execution, Fence
+        from leases.models import Lease
+
+        header = (Execution.objects.filter(pk=execution_id).annotate(db_now=Now())
+                  .values_list("status", "updated_at", "db_now").first())
+        if header is None or header[0] != "running":
+            return None
+        _, updated_at, now = header
+        lease = Lease.objects.filter(execution_id=execution_id).values_list("owner_id", "expires_at").first()
+        keeper = self.keeper
+        with keeper.cond:
+            here = any(c.execution_id == execution_id for c in (*keeper.held, *keeper.pending, *keeper.acquire_q))
+        if here:
+            return f"a run in this process ({keeper.worker_id})"
+        if lease is not None:
+            owner, expires_at = lease
+            left = (expires_at - now).total_seconds()
+            if left > 0 and owner != keeper.worker_id:
+                return f"worker {owner} (lease expires in {left:.1f} s)"
+            return None
+        window = conf.lease_grace() + conf.get("LOOM_LEASE_TTL")
+        if Fence.objects.current(execution_id) == 1 and (now - updated_at).total_seconds() < window:
+            return "a fresh run within its lazy-lease grace (no lease row yet)"
+        return None
+
 
 def install(mode: str | None = None) -> str:
     """Install the ownership for `mode` (default: LOOM_LEASE_MODE) process-wide; returns the mode."""

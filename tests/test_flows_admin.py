@@ -55,17 +55,22 @@ def test_events_cannot_be_added_changed_or_deleted_in_the_admin(admin_client):
 
 
 def test_cancel_and_resume_buttons_go_through_the_runtime(admin_client):
+    """Resume hands the run to a worker (the queued task runs it); cancel confirms, then records."""
+    from tests.test_admin_executions import run_queued
+
     with pytest.raises(fx.Crash):
         start("test.crashing", {}, execution_id="adm-run")
     fx.CRASH_PASSES = True
     response = admin_client.post("/admin/journal/execution/adm-run/resume/")
     assert response.status_code == 302
+    assert Execution.objects.get(pk="adm-run").status == "running"  # not run in the request
+    run_queued()
     assert Execution.objects.get(pk="adm-run").status == "completed"
     with pytest.raises(fx.Crash):
         fx.CRASH_PASSES = False
         start("test.crashing", {}, execution_id="adm-cx")
     response = admin_client.post("/admin/journal/execution/", {"action": "cancel_executions",
-                                                               "_selected_action": ["adm-cx"]})
+                                                               "_selected_action": ["adm-cx"], "post": "yes"})
     assert response.status_code == 302
     assert Execution.objects.get(pk="adm-cx").status == "cancelled"
     assert Event.objects.read("adm-cx")[-1].type == "EXECUTION_CANCELLED"

@@ -9,7 +9,9 @@
     start("calc.add", {"a": 1, "b": 2})          # durable: 4 events, returns Outcome
     invoke_transient("calc.add", {"a": 1, "b": 2})  # writes nothing
 
-Modules: registry (defining), context (what flow code calls), runtime (start/resume/cancel),
+Modules: registry (defining), context (what flow code calls), runtime (start/resume/retry/cancel),
+handover (queue a resume for a worker). `retry_execution` is runtime.retry (journal.flows.retry is
+the retry-policy module),
 writer (the one write point), state (fold, snapshots, bounded load), ownership (lease hook),
 transient, describe, events (the event shape), errors. See docs/flows.md.
 
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from journal.flows.context import Context
 from journal.flows.errors import (
+    ExecutionBusy,
     ExecutionExists,
     FlowError,
     InvalidInput,
@@ -41,12 +44,14 @@ from journal.flows.transient import invoke_transient
 
 if TYPE_CHECKING:
     from journal.flows.describe import describe
-    from journal.flows.runtime import cancel, outcome_of, resume, start
+    from journal.flows.handover import hand_over
+    from journal.flows.runtime import cancel, outcome_of, resume, retry_execution, start
     from journal.flows.state import load_state
 
 _LAZY = {
     "start": "journal.flows.runtime", "resume": "journal.flows.runtime", "cancel": "journal.flows.runtime",
     "outcome_of": "journal.flows.runtime", "describe": "journal.flows.describe",
+    "retry_execution": "journal.flows.runtime", "hand_over": "journal.flows.handover",
     "load_state": "journal.flows.state",
 }
 
@@ -63,7 +68,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Context", "ExecutionExists", "Flow", "FlowError", "InvalidInput", "NonDeterminism", "NonRetryableError",
-    "NotResumable", "Outcome", "OwnershipLost", "RetryPolicy", "StepFailed", "UnknownExecution", "UnknownFlow",
-    "cancel", "describe", "flow", "get_flow", "invoke_transient", "load_state", "outcome_of", "resume", "start",
+    "Context", "ExecutionBusy", "ExecutionExists", "Flow", "FlowError", "InvalidInput", "NonDeterminism",
+    "NonRetryableError", "NotResumable", "Outcome", "OwnershipLost", "RetryPolicy", "StepFailed", "UnknownExecution",
+    "UnknownFlow", "cancel", "describe", "flow", "get_flow", "hand_over", "invoke_transient", "load_state",
+    "outcome_of", "resume", "retry_execution", "start",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 from journal.flows import events as ev
@@ -10,15 +11,27 @@ from journal.flows.state import ExecutionState
 
 
 def timeline(events) -> list[dict[str, Any]]:
-    """One row per step attempt: step, position, attempt, status, duration (ms), result or error."""
+    """One row per step attempt: step, position, attempt, status, duration (ms), result or error, and a
+    note. An attempt whose run died mid-step (the same position started again by a resume) is marked
+    "interrupted; recovered by <worker> at <time>"; a retry of a failed execution is a row of its own."""
     rows: list[dict[str, Any]] = []
     open_rows: dict[int, dict[str, Any]] = {}
+    pending_note = ""
     for event in events:
         p = event.payload if isinstance(event.payload, dict) else {}
         if event.type == ev.STEP_STARTED:
+            recovered = p.get("recovered_by")
+            interrupted = open_rows.pop(p.get("pos"), None)
+            if interrupted is not None:
+                by = f" by {recovered['by']}" if isinstance(recovered, dict) and recovered.get("by") else ""
+                interrupted["status"] = "interrupted"
+                interrupted["note"] = f"interrupted; recovered{by} at {stamp(event.recorded_at)}"
+            elif isinstance(recovered, dict):
+                pending_note = f"after a recovery by {recovered.get('by') or 'another process'}"
             row = {"pos": p.get("pos"), "step": p.get("step"), "attempt": p.get("attempt", 1), "status": "started",
                    "started_at": event.recorded_at, "started_seq": event.seq, "ms": None, "result": None,
-                   "error": ""}
+                   "error": "", "note": pending_note}
+            pending_note = ""
             rows.append(row)
             open_rows[p.get("pos")] = row
         elif event.type in (ev.STEP_COMPLETED, ev.STEP_FAILED):
@@ -32,7 +45,24 @@ def timeline(events) -> list[dict[str, Any]]:
             else:
                 row["status"] = "retrying" if p.get("retry") else "failed"
                 row["error"] = p.get("error", "")
+        elif event.type in ev.SETTLING:
+            for row in open_rows.values():  # a step still going when the execution settled (a cancel)
+                row["status"], row["note"] = "interrupted", f"interrupted by {event.type} at {stamp(event.recorded_at)}"
+            open_rows.clear()
+        elif event.type == ev.EXECUTION_RETRIED:
+            actor = p.get("actor")
+            rows.append({"pos": p.get("from_pos"), "step": "", "attempt": p.get("attempt"), "status": "retried",
+                         "started_at": event.recorded_at, "started_seq": event.seq, "ms": None, "result": None,
+                         "error": "", "note": f"execution attempt {p.get('attempt')} from step position "
+                                              f"{p.get('from_pos')}" + (f", asked by {actor}" if actor else "")})
     return rows
+
+
+def stamp(when) -> str:
+    """The one timestamp format of the execution pages: UTC, to the millisecond."""
+    if when is None:
+        return ""
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.") + f"{when.microsecond // 1000:03d} UTC"
 
 
 def describe(execution_id: str) -> dict[str, Any]:

@@ -63,6 +63,17 @@ class NotResumable(FlowError):
     """The execution cannot be resumed or cancelled in its current state."""
 
 
+class ExecutionBusy(NotResumable):
+    """Another process provably drives the execution (a live lease, or a fresh run still within its
+    lazy-lease grace): taking it over would run its in-flight step twice. Wait for the lease to
+    expire (the recovery sweep takes it over then) or force it."""
+
+    def __init__(self, execution_id: str, holder: str):
+        self.execution_id, self.holder = execution_id, holder
+        super().__init__(f"execution {execution_id!r} is running under {holder}; not taken over "
+                         f"(wait for its lease to expire, or force it)")
+
+
 class NonRetryableError(Exception):
     """Raise from a step to fail it at once, whatever its retry policy says."""
 

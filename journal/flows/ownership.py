@@ -15,6 +15,12 @@ its statements without knowing what they write) and a method `inline_lease()` (c
 a fresh start's bootstrap: an `InlineLease` to write with it, or None). begin() then receives that
 lease (`lease=`), and a claim whose lease row may be deleted by the settle says so with
 `settle_owner` (the owner id, or None); `end(released=True)` tells it the settle did.
+
+Live owners (resume, hand-over): an ownership may have a method `live_owner(execution_id) -> str |
+None` that names whoever else provably drives the execution right now (a live lease of another
+process, or a fresh run still within its lazy grace, which has no lease row yet). resume() and
+hand_over() refuse to take such an execution over (ExecutionBusy) unless forced. Without the
+method (the no-op default, LOOM_LEASE_MODE=off) nothing can be proven live and nothing is refused.
 """
 
 from __future__ import annotations
@@ -126,6 +132,12 @@ def inline_lease() -> tuple[Companion, InlineLease] | None:
         return None
     lease = current.inline_lease()
     return None if lease is None else (companion, lease)
+
+
+def live_owner(execution_id: str) -> str | None:
+    """Who else drives the execution right now (the installed ownership's `live_owner`), or None."""
+    check = getattr(_current, "live_owner", None)
+    return None if check is None else check(execution_id)
 
 
 def companion() -> Companion | None:

@@ -1,4 +1,4 @@
-"""Running durable flows: start, resume, cancel. A run happens in the caller's thread.
+"""Running durable flows: start, resume, retry, cancel. A run happens in the caller's thread.
 
 Statement cost of a fresh run of n steps that succeed first time (the hot path): n + 1 writes.
 The bootstrap writes EXECUTION_STARTED and the first STEP_STARTED with fence token 1 and the
@@ -9,18 +9,23 @@ header. No read happens on that path. Every write goes through journal/flows/wri
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any
 
 from django.db import transaction
+from django.db.models.functions import Now
 from ulid import ULID
 
+from journal import conf
 from journal.envelopes import Envelope, check_stream_id
 from journal.exceptions import InvalidStream, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
 from journal.flows import ownership, writer
 from journal.flows.context import DurableContext, Halt, _error_text, _jsonable
 from journal.flows.errors import (
+    ExecutionBusy,
     ExecutionExists,
     InvalidInput,
     NotResumable,
@@ -31,13 +36,23 @@ from journal.flows.errors import (
 from journal.flows.outcome import Outcome
 from journal.flows.ownership import Claim, get_ownership
 from journal.flows.registry import Flow, get_flow
-from journal.flows.state import CANCELLED, ExecutionState, checkpoint, load_state, snapshot_every
+from journal.flows.state import (
+    CANCELLED,
+    RUNNING,
+    SETTLED_FAILED,
+    TERMINAL,
+    ExecutionState,
+    checkpoint,
+    load_state,
+    snapshot_every,
+)
+from journal.flows.state import FAILED as FAILED_STEP
 
 
 class Runner:
     """One run of one execution: its pending events, its folded state, its claim."""
 
-    __slots__ = ("claim", "every", "pending", "released", "run", "state")
+    __slots__ = ("claim", "every", "pending", "recovered", "released", "run", "state")
 
     def __init__(self, run: writer.RunHandle, state: ExecutionState, claim: Claim | None):
         self.run = run
@@ -46,9 +61,14 @@ class Runner:
         self.pending: list[Envelope] = []
         self.every = snapshot_every()
         self.released = False  # the settle statement deleted the run's lease row
+        # A resume notes who took over in its first STEP_STARTED ("recovered_by": the admin's
+        # timeline marks the attempt it interrupted); the event count does not change.
+        self.recovered: dict | None = None
 
     def emit(self, type_: str, payload: dict) -> None:
         """Queue an event and fold it; it is written by the next flush."""
+        if self.recovered is not None and type_ == ev.STEP_STARTED:
+            payload, self.recovered = {**payload, "recovered_by": self.recovered}, None
         self.state.apply(self.run.tip + len(self.pending) + 1, type_, payload)
         self.pending.append(Envelope(type_, payload))
 
@@ -157,7 +177,7 @@ def _is_stale(error: Exception) -> bool:
     return isinstance(error, StaleFence)
 
 
-def start(flow: str | Flow, input: Any, execution_id: str | None = None) -> Outcome:
+def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: dict | None = None) -> Outcome:
     """Start a durable execution and run it to completion in this thread.
 
     With no id a ULID is minted; a caller-chosen id makes the start idempotent: a second start of
@@ -174,31 +194,125 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None) -> Outc
             raise InvalidInput(str(exc)) from None
     state = ExecutionState(execution_id)
     runner = Runner(writer.RunHandle(execution_id, definition.name, stored), state, None)
-    runner.emit(ev.EXECUTION_STARTED, {"flow": definition.name, "input": stored})
+    started = {"flow": definition.name, "input": stored}
+    if meta:
+        started["$meta"] = meta  # who started it and under which trace (the HTTP API records these)
+    runner.emit(ev.EXECUTION_STARTED, started)
     return runner.drive(definition, value)
 
 
-def _take_over(execution_id: str) -> tuple[int, ExecutionState]:
-    """A new fence first (every older owner is refused from here on), then the state."""
+def _take_over(execution_id: str, expected_fence: int | None = None) -> tuple[int, ExecutionState]:
+    """A new fence first (every older owner is refused from here on), then the state.
+
+    expected_fence: advance only from that token (a handed-over resume: if anyone took the
+    execution over since it was handed over, nothing is done)."""
     from journal.models import Fence
 
     try:
-        token = Fence.objects.advance(execution_id)
+        token = Fence.objects.advance(execution_id, expected_fence)
     except UnknownStream:
         raise UnknownExecution(execution_id) from None
+    except StaleFence:
+        raise NotResumable(f"execution {execution_id!r} was taken over since fence {expected_fence} "
+                           f"(now {Fence.objects.current(execution_id)}); nothing done") from None
     return token, load_state(execution_id)
 
 
-def resume(execution_id: str) -> Outcome:
-    """Continue an execution whose owner died: take a new fence, replay the log, run the rest.
+def header_of(execution_id: str) -> tuple[str, str, Any, str]:
+    """(status, flow, result, error) of an execution's header; UnknownExecution if it has none (a
+    stream without a header, such as an aggregate's, is not an execution and is never fenced)."""
+    header = writer.header_status(execution_id)
+    if header is None:
+        raise UnknownExecution(execution_id)
+    return header
 
-    A settled execution is not run again: its outcome is returned. NonDeterminism if the code
-    asks for a different step than the log recorded (nothing is written then).
+
+def check_not_live(execution_id: str) -> None:
+    """ExecutionBusy if another process provably drives the execution (ownership.live_owner)."""
+    holder = ownership.live_owner(execution_id)
+    if holder is not None:
+        raise ExecutionBusy(execution_id, holder)
+
+
+def resume(execution_id: str, *, force: bool = False, expected_fence: int | None = None) -> Outcome:
+    """Continue an execution whose owner died: take a new fence, replay the log, run the rest, in
+    this thread (an operator hands it to a worker instead: journal.flows.hand_over).
+
+    Checked before anything is taken over, so a refusal changes nothing: the execution exists (a
+    header), its flow is registered in this process (UnknownFlow), and nobody else drives it now
+    (ExecutionBusy: a live lease, or a fresh run within its lazy grace; `force=True` takes it over
+    anyway, and the run it fences off stops at its next step boundary, its in-flight step may run
+    twice). A settled execution is not run again: its outcome is returned. NonDeterminism if the
+    code asks for a different step than the log recorded (nothing is written then).
     """
-    token, state = _take_over(execution_id)
+    status, flow_name, _, _ = header_of(execution_id)
+    if status in TERMINAL:
+        state = load_state(execution_id)
+        if state.settled:
+            return Outcome(execution_id, state.status, state.result, state.error or None)
+    definition = get_flow(flow_name)
+    if not force:
+        check_not_live(execution_id)
+    token, state = _take_over(execution_id, expected_fence)
     if state.settled:
         return Outcome(execution_id, state.status, state.result, state.error or None)
-    definition = get_flow(state.flow)
+    value, _ = definition.prepare(state.input, check_json=False)
+    run = writer.RunHandle(execution_id, definition.name, state.input, token=token, tip=state.seq)
+    claim = get_ownership().begin(execution_id, token, fresh=False)
+    runner = Runner(run, state, claim)
+    runner.recovered = {"by": process_identity(), "fence": token}
+    return runner.drive(definition, value)
+
+
+def process_identity() -> str:
+    """Who this process is in the log: LOOM_WORKER_ID, or host:pid (the lease keeper's default too)."""
+    return conf.get("LOOM_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Outcome:
+    """A new attempt of a FAILED execution, from its last completed step, recorded in its log.
+
+    Takes a new fence, writes EXECUTION_RETRIED {attempt, actor, error, from_pos, steps} and puts
+    the header back to running in one transaction; the failed step (if the flow failed in a step)
+    runs again with a fresh set of attempts, completed steps are replayed from the log. Then the
+    run goes on in this thread (returns its outcome, like resume), or with `handoff=True` is queued
+    for a worker (journal.flows.hand_over; returns Outcome(status "running") at once). `actor` (who
+    asked; JSON, else its str) is recorded in the event. NotResumable unless the execution failed.
+    """
+    from journal.models import Event, Execution, Snapshot
+
+    status, flow_name, _, _ = header_of(execution_id)
+    if status != SETTLED_FAILED:
+        raise NotResumable(f"execution {execution_id!r} is {status}; only a failed execution can be retried")
+    definition = None if handoff else get_flow(flow_name)  # a worker needs the code; this process may not
+    token, _ = _take_over(execution_id)
+    # The whole log, not a snapshot: a settled checkpoint keeps no step records, a retry needs them.
+    events = Event.objects.read(execution_id)
+    state = ExecutionState(execution_id)
+    for event in events:
+        state.apply(event.seq, event.type, event.payload)
+    if state.status != SETTLED_FAILED:
+        raise NotResumable(f"execution {execution_id!r} is {state.status}; only a failed execution can be retried")
+    snapshot = Snapshot.objects.latest(execution_id)
+    state.snapshot_seq = -1 if snapshot is None else snapshot.seq
+    steps = state.steps
+    from_pos = len(steps) - 1 if steps and steps[-1][1] == FAILED_STEP else len(steps)
+    attempt = 2 + sum(1 for event in events if event.type == ev.EXECUTION_RETRIED)
+    payload = {"attempt": attempt, "actor": actor if _jsonable(actor) is None else str(actor),
+               "error": state.error, "from_pos": from_pos, "steps": steps[:from_pos]}
+    with transaction.atomic(using=Event.objects.db):
+        appended = Event.objects.append(execution_id, Envelope(ev.EXECUTION_RETRIED, payload), fence_token=token,
+                                        expected_seq=state.seq)
+        # The header goes back to running in the same transaction as its event (a rare operator
+        # action: the ORM's one UPDATE, not a hot-path statement).
+        Execution.objects.filter(pk=execution_id).update(status=RUNNING, result=None, error="", finished_at=None,
+                                                         updated_at=Now())
+    state.apply(appended.last_seq, ev.EXECUTION_RETRIED, payload)
+    if handoff:
+        from journal.flows.handover import enqueue_resume
+
+        enqueue_resume(execution_id, token)
+        return Outcome(execution_id, RUNNING, None, None)
     value, _ = definition.prepare(state.input, check_json=False)
     run = writer.RunHandle(execution_id, definition.name, state.input, token=token, tip=state.seq)
     claim = get_ownership().begin(execution_id, token, fresh=False)
@@ -231,4 +345,4 @@ def outcome_of(execution_id: str) -> Outcome:
     return Outcome(execution_id, state.status, state.result, state.error or None)
 
 
-
+retry_execution = retry  # exported as journal.flows.retry_execution (journal.flows.retry is the policy module)

@@ -54,6 +54,11 @@ class ExecutionState:
             self.status, self.error = SETTLED_FAILED, p.get("error", "")
         elif type_ == ev.EXECUTION_CANCELLED:
             self.status, self.error = CANCELLED, p.get("reason", "") or "cancelled"
+        elif type_ == ev.EXECUTION_RETRIED:
+            # A new attempt of a failed execution: running again, with the step records it replays
+            # carried in the event itself (a settled checkpoint keeps no step records).
+            self.status, self.result, self.error = RUNNING, None, ""
+            self.steps = [list(record) for record in p.get("steps") or []]
         self.seq = seq
 
     def _put(self, pos: int, record: list) -> None:
