@@ -87,40 +87,67 @@ CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT")
 
 
 class StatementCounter:
-    """Counts the statements Django connections execute: an `execute_wrapper`, so every statement sent
-    through a Django cursor is seen, whatever issued it (the journal's store, the ORM, transaction
-    control). `control` counts BEGIN / SAVEPOINT / RELEASE / ROLLBACK / COMMIT among them."""
+    """Counts the statements database connections run, at the driver, whoever issued them (the
+    journal's store, including its server-side prepared statements that bypass Django's cursor
+    wrappers; the ORM; transaction control). `control` counts BEGIN / SAVEPOINT / RELEASE / ROLLBACK
+    / COMMIT among them.
+
+    SQLite: the connection's trace callback, called for every statement SQLite runs (BEGIN and
+    COMMIT included). PostgreSQL: a psycopg cursor class counting execute/executemany; the BEGIN
+    and COMMIT psycopg sends on its own around a transaction block are not seen (appends run in
+    autocommit and have none)."""
 
     def __init__(self) -> None:
         self.statements = 0
         self.control = 0
         self._lock = threading.Lock()
 
-    def __call__(self, execute, sql, params, many, context):
-        control = str(sql).lstrip()[:9].upper().startswith(CONTROL)
+    def count(self, sql) -> None:
+        text = sql.decode() if isinstance(sql, bytes) else str(sql)
+        control = text.lstrip()[:9].upper().startswith(CONTROL)
         with self._lock:
             self.statements += 1
             self.control += control
-        return execute(sql, params, many, context)
 
     def snapshot(self) -> tuple[int, int]:
         with self._lock:
             return self.statements, self.control
 
+    def install(self, wrapper) -> None:
+        """Count the statements of one open Django connection (`wrapper.connection` is the driver's)."""
+        raw = wrapper.connection
+        if wrapper.vendor == "sqlite":
+            raw.set_trace_callback(self.count)
+        elif wrapper.vendor == "postgresql":
+            raw.cursor_factory = _counting_cursor(raw.cursor_factory, self)
+
+
+def _counting_cursor(base: type, counter: StatementCounter) -> type:
+    class CountingCursor(base):  # type: ignore[misc, valid-type]
+        def execute(self, query, params=None, **kwargs):
+            counter.count(query if isinstance(query, (str, bytes)) else "")
+            return super().execute(query, params, **kwargs)
+
+        def executemany(self, query, params_seq, **kwargs):
+            counter.count(query if isinstance(query, (str, bytes)) else "")
+            return super().executemany(query, params_seq, **kwargs)
+
+    return CountingCursor
+
 
 @contextmanager
 def counting_statements() -> Iterator[StatementCounter]:
-    """Count every statement of every Django connection opened inside the block, in any thread (worker
-    threads, the coalescer's flush threads): a process-wide, connection-level counter. Connections
-    opened before the block (the calling thread's own) are not counted."""
+    """Count every statement of every database connection opened inside the block, in any thread
+    (worker threads, the coalescer's flush threads). Connections opened before the block (the calling
+    thread's own) are not counted, so its verification queries stay out of the figures."""
     counter = StatementCounter()
+    uid = f"bench-count-{id(counter)}"
 
     def install(sender, connection, **kwargs) -> None:
-        if counter not in connection.execute_wrappers:
-            connection.execute_wrappers.append(counter)
+        counter.install(connection)
 
-    connection_created.connect(install, weak=False, dispatch_uid=f"bench-count-{id(counter)}")
+    connection_created.connect(install, weak=False, dispatch_uid=uid)
     try:
         yield counter
     finally:
-        connection_created.disconnect(dispatch_uid=f"bench-count-{id(counter)}")
+        connection_created.disconnect(dispatch_uid=uid)

@@ -27,6 +27,7 @@ from django.db import connection, connections
 from benchmarks import streams
 from benchmarks.arguments import non_negative_int, positive_int, positive_int_list
 from benchmarks.harness import run_workers
+from benchmarks.stats import latency_summary
 from journal import conf
 from journal.envelopes import AppendItem, Envelope
 from journal.models import Event
@@ -94,7 +95,8 @@ def run(ctx) -> None:
                                  "connections": connection_cap(ctx, conc) or conc},
                        throughput=throughput, unit="events/s",
                        latencies_ms=[ms for o in runs for ms in o.latencies_ms], count=units,
-                       verified_rows=units, repeats=repeats, **extra)
+                       verified_rows=units, repeats=repeats, runs=[round(o.throughput, 1) for o in runs],
+                       p50_runs=[round(latency_summary(o.latencies_ms)["p50_ms"], 4) for o in runs], **extra)
 
 
 def _cell(ctx, variant: str, conc: int, ops: int, body: dict, rep: int = 0):

@@ -11,7 +11,6 @@ every subscriber read every event the writers wrote, and the rows match the writ
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -119,7 +118,11 @@ def _round(ctx, nodes: int, writers: int, ops: int, body: dict, rep: int) -> dic
 
 def _spawn(prefix: str) -> subprocess.Popen:
     # The subscriber inherits DJANGO_SETTINGS_MODULE: the same settings as this process.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The subscribers follow the database this run writes to (the one `connection` names), not whatever
+    # DATABASE_URL the environment holds: under a test runner or a second database alias they differ.
+    from benchmarks.reaction_scenarios import _child_env
+
+    env = _child_env()
     code = f"import django; django.setup()\nfrom benchmarks.sections.fanout import follow\nfollow({prefix!r})\n"
     child = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)

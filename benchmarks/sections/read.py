@@ -10,7 +10,8 @@ last step raises out of the process's runner (a BaseException, as an interrupt w
 after 50 completed steps (4 and 102 events). With LOOM_SNAPSHOT_EVERY=16 the long one has a
 snapshot of 50 step records and a tail of a few events; the short one has no snapshot and a tail of 4.
 N threads load each repeatedly. Every load is counted: the statements it issued (a connection-level
-counter, `execute_wrapper`) and the rows it read (the snapshot, if any, plus the tail it folded).
+counter at the driver, `benchmarks.harness.counting_statements`) and the rows it read (the snapshot,
+if any, plus the tail it folded).
 Recorded per length: reads/s, p50..max, statements per read, rows per read; then the p50 ratio
 long/short. Finally both executions are resumed to completion, which verifies the loaded state:
 a resume replays the recorded steps (none runs again) and runs the last one.
@@ -25,10 +26,12 @@ from django.test.utils import override_settings
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int
-from benchmarks.harness import StatementCounter, run_workers
+from benchmarks.harness import counting_statements, run_workers
 from benchmarks.sections.durable import remove_headers
 from journal.flows import flow, load_state, resume, start
+from journal.flows.ownership import set_ownership
 from journal.flows.state import RUNNING
+from leases.ownership import install as install_ownership
 
 SNAPSHOT_EVERY = 16
 LENGTHS = ((1, 4), (50, 102))  # (completed steps, events in the log while it is running)
@@ -83,6 +86,9 @@ def run(ctx) -> None:
     pfx = streams.prefix(ctx.run_id, "read")
     conc, ops = ctx.options["read_concurrency"], ctx.options["read_ops"]
     p50 = {}
+    # No lease ownership while the section runs: the "crashed" runs below die inside this process, which
+    # would otherwise still count as their live owner (a lazy-lease grace) and refuse the final resume.
+    set_ownership(None)
     with override_settings(LOOM_SNAPSHOT_EVERY=SNAPSHOT_EVERY):
         try:
             for steps, events in LENGTHS:
@@ -100,6 +106,7 @@ def run(ctx) -> None:
             _resume_all(ctx, pfx)
         finally:
             _crash["on"] = True
+            install_ownership()
             if not ctx.options.get("keep"):
                 streams.remove(pfx)
                 remove_headers(pfx)
@@ -107,17 +114,17 @@ def run(ctx) -> None:
 
 def _measure(ctx, eid: str, steps: int, events: int, conc: int, ops: int) -> float | None:
     """N threads load the state `ops` times each, every load's statements and rows counted."""
-    tallies: list[tuple[int, int, int]] = []  # per thread: loads, statements, rows
+    tallies: list[tuple[int, int]] = []  # per thread: loads, rows
     lock = threading.Lock()
     local = threading.local()
     bar = ctx.progress(conc * ops, f"{events} events, running")
 
     def setup(w: int) -> None:
-        local.counter, local.rows, local.loads = StatementCounter(), 0, 0
+        connection.ensure_connection()  # opened inside the counting window; no statement yet
+        local.rows, local.loads = 0, 0
 
     def op(w: int, i: int, eid=eid, tip=events - 1) -> int:
-        with connection.execute_wrapper(local.counter):
-            state = load_state(eid)
+        state = load_state(eid)
         if state.seq != tip:
             raise RuntimeError(f"{eid}: load_state returned another tip")
         local.rows += (1 if state.snapshot_seq >= 0 else 0) + (state.seq - state.snapshot_seq)
@@ -126,15 +133,17 @@ def _measure(ctx, eid: str, steps: int, events: int, conc: int, ops: int) -> flo
 
     def teardown(w: int) -> None:
         with lock:
-            tallies.append((local.loads, local.counter.statements, local.rows))
+            tallies.append((local.loads, local.rows))
 
-    outcome = run_workers(conc, ops, op, setup=setup, teardown=teardown, progress=bar.update)
+    # Every statement of the worker threads' connections, counted at the driver (benchmarks.harness).
+    with counting_statements() as counter:
+        outcome = run_workers(conc, ops, op, setup=setup, teardown=teardown, progress=bar.update)
     bar.close()
     if outcome.errors:
         raise RuntimeError(f"read {events}: {outcome.errors[:3]}")
     loads = sum(t[0] for t in tallies)
     ctx.verify(f"{events}-event loads counted", outcome.units, loads)
-    statements, rows = sum(t[1] for t in tallies), sum(t[2] for t in tallies)
+    statements, rows = counter.snapshot()[0], sum(t[1] for t in tallies)
     # load_state promises two statements (snapshot, tail) whatever the log length: counted, not assumed.
     ctx.verify(f"{events}-event statements of {loads} loads (two each)", 2 * loads, statements)
     state = load_state(eid)
