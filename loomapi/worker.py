@@ -206,6 +206,15 @@ class BufferingWorker(ThreadWorker):
             self._drop(conn, _REQUEST_TIMEOUT if conn.loom_buffer else b"")
 
     # -- retiring ------------------------------------------------------------------------------------
+    def run(self) -> None:
+        super().run()
+        if self.retiring:
+            # The stuck call's thread would hold a normal exit (the interpreter joins its threads): the
+            # connections are closed, so exit now and let the arbiter start the replacement at once.
+            logger.info("worker %s retired: exiting", os.getpid())
+            logging.shutdown()
+            os._exit(0)
+
     def retire(self, reason: str) -> None:
         if self.retiring:
             return

@@ -6,12 +6,18 @@ import http.client
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from django.db import connection
 
 from loomapi.process import children, free_port, kill_all, server_log, spawn_server, wait_gone, wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,11 +67,10 @@ def test_workers_serve_requests_and_exit_when_the_parent_is_sigkilled(child_env)
             status, body, worker = request(conn, "POST", "/api/flows/calc.add/call", {"input": {"a": a, "b": 1}})
             assert (status, body["result"]) == (200, a + 1)
             served_by.add(int(worker))
+        # Queued for a worker (none runs here): answered at once, the execution not yet begun.
         status, body, _ = request(conn, "POST", "/api/flows/calc.add/executions",
                                   {"input": {"a": 2, "b": 3}, "execution_id": "served"})
-        assert (status, body["result"]) == (201, 5)
-        status, body, _ = request(conn, "GET", "/api/executions/served")
-        assert (status, body["status"]) == (200, "completed")
+        assert (status, body["status"]) == (202, "queued")
         conn.close()
         assert served_by <= workers  # the workers answer, not the arbiter
 
@@ -92,3 +97,177 @@ def test_serve_api_refuses_to_start_without_tokens_when_auth_is_on(child_env):
         kill_all({server.pid}, signal.SIGKILL)
         server.log.close()
         wait_sessions_closed(baseline)
+
+
+# -- a server that slow or careless clients cannot take down ------------------------------------------------
+
+def server_env(child_env, **extra: str) -> dict[str, str]:
+    return {**child_env, "LOOM_API_TOKENS": TOKEN, "LOOM_API_AUTH": "true", "LOOM_FLOW_MODULES": "tests.api_flows",
+            **extra}
+
+
+class Server:
+    """serve_api in a child process for one test; stopped (and its workers with it) at the end."""
+
+    def __init__(self, env: dict[str, str], workers: int = 1, *extra: str):
+        self.port = free_port()
+        self.process = spawn_server(workers, self.port, env, *extra)
+        self.workers = wait_ready(self.process, self.port, "/api/health", workers=workers)
+
+    def connection(self, timeout: float = 30) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def raw(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=30)
+
+    def stop(self) -> None:
+        kill_all({self.process.pid, *self.workers, *children(self.process.pid)}, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        self.process.log.close()
+
+
+@pytest.fixture
+def servers():
+    started: list[Server] = []
+    yield lambda env, workers=1, *extra: started.append(Server(env, workers, *extra)) or started[-1]
+    for server in started:
+        server.stop()
+
+
+def test_clients_that_send_part_of_a_request_and_stall_do_not_block_other_requests(child_env, servers):
+    """As many stalled clients as the worker has threads (one sends half a head, one a head and half
+    its body); a normal request is still answered, long before their read timeout expires."""
+    server = servers(server_env(child_env), 1, "--threads", "2", "--read-timeout", "120")
+    stalled = [server.raw(), server.raw()]
+    stalled[0].sendall(b"POST /api/flows/calc.add/call HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+    stalled[1].sendall(b"POST /api/flows/calc.add/call HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"inp")
+    try:
+        # A generous bound, far below the 120 s the stalled clients could hold a thread before the fix.
+        conn = server.connection(timeout=30)
+        for a in range(3):
+            status, body, _ = request(conn, "POST", "/api/flows/calc.add/call", {"input": {"a": a, "b": 1}})
+            assert (status, body["result"]) == (200, a + 1)
+        conn.close()
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_a_request_not_sent_whole_within_the_read_timeout_is_answered_408_and_closed(child_env, servers):
+    server = servers(server_env(child_env), 1, "--read-timeout", "1")
+    sock = server.raw()
+    sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    received = b""
+    while chunk := sock.recv(4096):  # the server closes the connection: recv returns b""
+        received += chunk
+    sock.close()
+    assert received.startswith(b"HTTP/1.1 408 ")
+    assert b'"request_timeout"' in received
+
+
+def test_a_chunked_request_body_is_read(child_env, servers):
+    server = servers(server_env(child_env))
+    conn = server.connection()
+    conn.request("POST", "/api/flows/calc.add/call", body=iter([b'{"input": ', b'{"a": 2, "b": 3}}']),
+                 headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+                 encode_chunked=True)
+    response = conn.getresponse()
+    assert (response.status, json.loads(response.read())["result"]) == (200, 5)
+    conn.close()
+
+
+@pytest.mark.parametrize(("token", "status"), [("wrong-token-0123456789", 401), (TOKEN, 413)])
+def test_a_refused_large_body_closes_the_connection_cleanly(child_env, servers, token, status):
+    """The server says `Connection: close` instead of keep-alive, so the client's next request goes on
+    a new connection instead of failing on a dropped one."""
+    server = servers(server_env(child_env, LOOM_API_MAX_BODY_BYTES="50000"))
+    conn = server.connection()
+    conn.request("POST", "/api/flows/calc.add/call", body=b'{"input": "' + b"x" * 200_000 + b'"}',
+                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    response.read()
+    assert response.status == status
+    assert response.getheader("Connection") == "close"
+    status, body, _ = request(conn, "POST", "/api/flows/calc.add/call", {"input": {"a": 1, "b": 1}})
+    assert (status, body["result"]) == (200, 2)
+    conn.close()
+
+
+def test_head_of_health_and_a_disallowed_host_get_api_answers(child_env, servers):
+    server = servers(server_env(child_env))
+    conn = server.connection()
+    conn.request("HEAD", "/api/health")
+    response = conn.getresponse()
+    assert (response.status, response.read()) == (200, b"")
+    conn.close()
+    conn = server.connection()
+    conn.request("GET", "/api/health", headers={"Host": "evil.example"})
+    response = conn.getresponse()
+    assert response.status == 400
+    assert json.loads(response.read())["error"]["code"] == "bad_request"
+    conn.close()
+
+
+def test_a_call_past_its_timeout_is_a_504_and_its_worker_is_replaced(child_env, servers):
+    """The stuck call cannot be interrupted; its worker retires and the arbiter starts a fresh one,
+    which serves the next requests (the pool is not eaten by stuck calls)."""
+    server = servers(server_env(child_env, LOOM_API_CALL_TIMEOUT="1"))
+    (old,) = server.workers
+    conn = server.connection()
+    status, body, worker = request(conn, "POST", "/api/flows/tests.api.hangs/call", {"input": 600})
+    conn.close()
+    assert (status, body["error"]["code"], int(worker)) == (504, "call_timeout", old)
+    assert body["error"]["id"] in server_log(server.process)  # the call id is logged
+    assert wait_gone({old}, timeout=60) == set(), server_log(server.process)
+    replacement = wait_ready(server.process, server.port, "/api/health", workers=1)
+    server.workers |= replacement
+    conn = server.connection()
+    status, body, worker = request(conn, "POST", "/api/flows/calc.add/call", {"input": {"a": 1, "b": 2}})
+    conn.close()
+    assert (status, body["result"]) == (200, 3)
+    assert int(worker) != old
+
+
+@pytest.mark.postgres  # a loom_worker's django-q2 cluster shares the ORM broker (as in test_leases_processes)
+def test_a_durable_start_runs_on_a_worker_while_the_api_stays_responsive(child_env, servers, tmp_path):
+    """A long flow: its POST is answered 202 at once, health and status answer while it runs, and
+    the execution completes on the loom_worker, with the caller's trace id recorded."""
+    env = server_env(child_env, LOOM_Q_WORKERS="1")
+    server = servers(env)
+    worker = subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--id", "api-test"], env=env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    gate = tmp_path / "gate"
+    try:
+        conn = server.connection(timeout=30)
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
+                   "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+        conn.request("POST", "/api/flows/tests.api.gated/executions",
+                     body=json.dumps({"input": {"gate": str(gate)}, "execution_id": "gated"}), headers=headers)
+        response = conn.getresponse()
+        assert (response.status, json.loads(response.read())["status"]) == (202, "queued")
+        assert response.getheader("Location") == "/api/executions/gated"
+        deadline = time.monotonic() + 120
+        while True:  # the worker picks it up and runs it; meanwhile the API answers
+            assert request(conn, "GET", "/api/health")[0] == 200
+            conn.request("GET", "/api/executions/gated", headers=headers)
+            response = conn.getresponse()
+            read = json.loads(response.read())
+            if response.status == 200 and read["status"] == "running":
+                break
+            assert time.monotonic() < deadline, "the worker never started the execution"
+            time.sleep(0.1)
+        gate.touch()
+        while read["status"] != "completed":
+            assert time.monotonic() < deadline, f"the execution never completed: {read}"
+            time.sleep(0.1)
+            conn.request("GET", "/api/executions/gated", headers=headers)
+            read = json.loads(conn.getresponse().read())
+        assert read["result"] == "opened"
+        assert read["events"][0]["payload"]["$meta"]["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+        conn.close()
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)
