@@ -57,6 +57,8 @@ _declare(
     Setting("LOOM_RECOVERY_MAX_ATTEMPTS", int, 5, "Recoveries of one execution before it is marked stuck.", 1),
     Setting("LOOM_RECOVERY_BATCH", int, 16, "Executions one sweep takes over at most (resumed in parallel).", 1),
     Setting("LOOM_WORKER_ID", str, "", "Name of this worker (default: host:pid)."),
+    Setting("LOOM_WORKER_RETENTION", float, 86400.0,
+            "Seconds the workers page keeps a worker that stopped or vanished (pruned by loom_worker).", 0),
     # aggregates
     Setting("LOOM_AGGREGATE_CACHE_SIZE", int, 1000, "Aggregate states kept in each process's LRU cache.", 0),
     Setting("LOOM_AGGREGATE_MODULES", list, [], "Modules declaring aggregate states, imported for the admin."),

@@ -1,13 +1,20 @@
 """Admin: leases (who drives which execution, until when), workers and what they hold, and the
-executions recovery gave up on. Read-only: leases are written by the keeper and the sweep."""
+executions under recovery. Read-only, for everyone (superusers too): leases, worker rows and
+execution headers are written by the keeper, the sweep and the runtime only; deleting one by hand
+would hide a running execution from recovery or break its fence bookkeeping."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib import admin
+from django.db.models import Q
+from django.db.models.functions import Now
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from journal import conf
 from leases.models import Lease, RecoveryView, Worker
 
 
@@ -26,10 +33,15 @@ def lease_summary(execution_id: str) -> str:
 
 
 class ReadOnly(admin.ModelAdmin):
+    """No add, change or delete (nor the "delete selected" action, which needs the delete permission)."""
+
     def has_add_permission(self, request) -> bool:
         return False
 
     def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
 
@@ -65,10 +77,30 @@ class HeldLeases(admin.TabularInline):
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+def worker_state(worker: Worker) -> str:
+    """alive (heartbeat within a lease TTL), stopped (clean shutdown) or gone (no heartbeat since)."""
+    if worker.stopped_at is not None:
+        return "stopped"
+    silent = (timezone.now() - worker.seen_at).total_seconds()
+    window = max(conf.get("LOOM_LEASE_TTL"), 3 * conf.get("LOOM_LEASE_RENEW_EVERY"))
+    return "alive" if silent <= window else f"gone (silent {silent:.0f} s)"
+
 
 @admin.register(Worker)
 class WorkerAdmin(ReadOnly):
-    list_display = ("id", "host", "pid", "started_at", "seen_at", "stopped_at", "held")
+    """One row per process: a loom_worker's main process, each of its django-q2 children (id
+    <main id>/<pid>), and any other process whose runs took leases. Rows unseen for
+    LOOM_WORKER_RETENTION seconds are pruned by the workers' recovery loop."""
+
+    list_display = ("id", "role", "host", "pid", "state", "seen_at", "started_at", "stopped_at", "held")
+    list_filter = ("role",)
     search_fields = ("id", "host")
     inlines = [HeldLeases]
 
@@ -76,12 +108,17 @@ class WorkerAdmin(ReadOnly):
     def held(self, worker: Worker) -> int:
         return worker.leases.count()
 
+    @admin.display(description="alive or gone")
+    def state(self, worker: Worker) -> str:
+        return worker_state(worker)
+
 
 @admin.register(RecoveryView)
 class RecoveryAdmin(ReadOnly):
-    """Running and stuck executions with their lease: who drives each, and the recovery count.
-    Stuck ones (recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS) need a person: fix the cause,
-    then resume them by hand (journal.flows.resume)."""
+    """Executions recovery is concerned with, not healthy ones: running with an expired lease, or
+    with none past the lazy grace + TTL (orphans the next sweep takes), recovered at least once
+    (any status), or stuck. Stuck ones (recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS) need a
+    person: fix the cause, then resume them by hand (journal.flows.resume)."""
 
     list_display = ("id", "flow", "status", "recoveries", "lease_owner", "lease_expires_in", "error", "updated_at")
     list_filter = ("status",)
@@ -91,7 +128,11 @@ class RecoveryAdmin(ReadOnly):
     readonly_fields = fields
 
     def get_queryset(self, request):
-        return super().get_queryset(request).filter(status__in=["running", "stuck"]).select_related("lease")
+        orphaned_before = timezone.now() - timedelta(seconds=conf.lease_grace() + conf.get("LOOM_LEASE_TTL"))
+        expired = Q(status="running", lease__expires_at__lt=Now())
+        orphan = Q(status="running", lease__isnull=True, updated_at__lt=orphaned_before)
+        return (super().get_queryset(request).filter(expired | orphan | Q(recoveries__gt=0) | Q(status="stuck"))
+                .select_related("lease"))
 
     @staticmethod
     def _lease(execution):

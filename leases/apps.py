@@ -15,3 +15,10 @@ class LeasesConfig(AppConfig):
         install()  # LOOM_LEASE_MODE decides; the keeper's thread starts with the first claim
         register_service(HeartbeatService)
         register_service(RecoveryService)
+        try:
+            from django_q.signals import post_spawn
+        except ImportError:  # django-q2 not installed: no queued starts, no cluster to watch
+            return
+        from leases.worker import register_q_child
+
+        post_spawn.connect(register_q_child, dispatch_uid="leases.register_q_child")

@@ -1,10 +1,16 @@
-"""System checks of the leases app (ids loom.E1xx)."""
+"""System checks of the leases app (ids loom.E1xx / loom.W1xx)."""
 
 from __future__ import annotations
 
-from django.core.checks import Error, register
+from django.conf import settings
+from django.core.checks import Error, Warning, register
 
 from journal import conf
+
+# The Q_CLUSTER keys that name a django-q2 broker (django_q/conf.py); without one django-q2
+# silently falls back to Redis on localhost, and `loom_worker` crashes where there is none.
+BROKER_KEYS = ("orm", "redis", "django_redis", "sqs", "iron_mq", "mongo", "broker_class")
+SNIPPET = 'Q_CLUSTER = {"name": "loom", "orm": "default", "timeout": 30, "retry": 40}'
 
 
 @register()
@@ -18,3 +24,46 @@ def check_lease_settings(app_configs=None, **kwargs) -> list:
             hint="A lazy run must take its lease well within a TTL; leave the grace unset (TTL/3).",
             id="loom.E101"))
     return problems
+
+
+def broker_problem() -> str | None:
+    """Why django-q2 has no usable broker in these settings, or None (loom.E110/E111; also
+    checked by `loom_worker` before it starts, in case checks are skipped)."""
+    cluster = getattr(settings, "Q_CLUSTER", None)
+    if not isinstance(cluster, dict):
+        return "Q_CLUSTER is not set: django-q2 would fall back to Redis on localhost"
+    named = [key for key in BROKER_KEYS if cluster.get(key)]
+    if not named:
+        return "Q_CLUSTER names no broker: django-q2 would fall back to Redis on localhost"
+    alias = cluster.get("orm")
+    if named == ["orm"] and alias not in settings.DATABASES:
+        return f"Q_CLUSTER['orm'] is {alias!r}, which is not a database alias in DATABASES"
+    return None
+
+
+@register()
+def check_broker(app_configs=None, **kwargs) -> list:
+    """Queued starts (leases.tasks.enqueue_start) and loom_worker need a django-q2 broker; and a
+    start taken by a worker that died is re-delivered only after Q_CLUSTER's `retry`."""
+    problem = broker_problem()
+    if problem is not None:
+        return [Error(problem, hint=f"Use the database as the queue (no Redis needed): {SNIPPET} in your "
+                                    "settings (or name another django-q2 broker).", id="loom.E110")]
+    cluster = settings.Q_CLUSTER
+    found = []
+    retry, timeout = cluster.get("retry", 60), cluster.get("timeout")
+    ttl = conf.get_safe("LOOM_LEASE_TTL", None)
+    if ttl is not None and isinstance(retry, int | float) and retry > 2 * ttl:
+        found.append(Warning(
+            f"Q_CLUSTER['retry'] ({retry} s) is more than twice LOOM_LEASE_TTL ({ttl} s): a queued start taken by "
+            "a worker that died waits that long before another worker takes it",
+            hint="Set retry to about LOOM_LEASE_TTL plus a few seconds (Loom's queued starts are idempotent, so "
+                 "an early re-delivery is harmless), and timeout below retry for your own tasks.",
+            id="loom.W112"))
+    if isinstance(timeout, int | float) and isinstance(retry, int | float) and timeout >= retry:
+        found.append(Warning(
+            f"Q_CLUSTER['timeout'] ({timeout} s) is not shorter than its 'retry' ({retry} s): django-q2 re-delivers "
+            "a task still running after retry, so a task may run twice",
+            hint="Set timeout below retry (Loom's own tasks set no timeout and are safe to re-deliver).",
+            id="loom.W113"))
+    return found

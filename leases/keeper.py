@@ -76,8 +76,29 @@ class LeaseClaim:
         return f"<LeaseClaim {self.execution_id}@{self.token} {self.state}{' lost' if self._lost else ''}>"
 
 
+# What this process is, for the workers page: "main" (a loom_worker), "django-q2 child" (a process
+# its cluster forked: each gets its own worker id and row), or "caller" (a web process or shell
+# whose runs take leases). A forked child of a main or of a child is a child.
+MAIN, CHILD, CALLER = "main", "django-q2 child", "caller"
+_role = CALLER
+_main_id: str | None = None
+
+
+def set_main(worker_id: str) -> None:
+    """Mark this process as a loom_worker main named `worker_id` (before its cluster forks)."""
+    global _role, _main_id
+    _role, _main_id = MAIN, worker_id
+
+
+def process_role() -> str:
+    return _role
+
+
 def node_identity() -> str:
-    """This process's worker id: LOOM_WORKER_ID, or host:pid."""
+    """This process's worker id: LOOM_WORKER_ID, or host:pid; a django-q2 child of a loom_worker
+    is <main id>/<pid>, so that it has its own row even when LOOM_WORKER_ID names the main."""
+    if _role == CHILD and _main_id:
+        return f"{_main_id}/{os.getpid()}"
     return conf.get("LOOM_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -226,7 +247,7 @@ class LeaseKeeper:
 
     def register(self) -> None:
         """Write this node's worker row (before its first lease, or when a worker starts)."""
-        store_for(self.alias).touch_worker(self.worker_id, socket.gethostname(), os.getpid())
+        store_for(self.alias).touch_worker(self.worker_id, socket.gethostname(), os.getpid(), _role)
         self.registered = True
 
     def _releases_due(self) -> bool:
@@ -339,7 +360,7 @@ class LeaseKeeper:
                         claim._lost = True  # taken over: the new owner's fence refuses us anyway
                         self.held.pop(claim, None)
         if self.registered:
-            store.touch_worker(self.worker_id, socket.gethostname(), os.getpid())
+            store.touch_worker(self.worker_id, socket.gethostname(), os.getpid(), _role)
         elif held:  # inline leases were written without a worker row: write it now
             self.register()
 
@@ -415,9 +436,11 @@ def reset_keeper(keeper: LeaseKeeper | None = None) -> None:
 def _after_fork_in_child() -> None:
     # A forked child (django-q2's worker processes) has none of the parent's threads: its claims
     # are not its own. It starts with a fresh keeper under its own id.
-    global _keeper, _keeper_lock
+    global _keeper, _keeper_lock, _role
     _keeper = None
     _keeper_lock = threading.Lock()
+    if _role == MAIN:
+        _role = CHILD
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

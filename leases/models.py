@@ -18,6 +18,9 @@ class Worker(models.Model):
     id = models.CharField(max_length=200, primary_key=True)
     host = models.CharField(max_length=200, blank=True, default="")
     pid = models.IntegerField(null=True, blank=True)
+    role = models.CharField(max_length=40, blank=True, default="", db_default="",
+                            help_text="main (a loom_worker), django-q2 child (a process its cluster forked), "
+                                      "or caller (a web process or shell whose runs took leases).")
     started_at = models.DateTimeField(db_default=Now())
     seen_at = models.DateTimeField(db_default=Now(), help_text="Last heartbeat tick of this node.")
     stopped_at = models.DateTimeField(null=True, blank=True, help_text="Set on a clean shutdown.")

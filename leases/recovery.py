@@ -10,12 +10,16 @@ fence once more and leases eagerly under this worker's id).
 The loop is a thread of the worker, not a django-q2 schedule: django-q2 schedules are
 minute-grained, and recovery must react within seconds of a TTL. leases.tasks.recovery_sweep is
 the same sweep as a django-q2 task, scheduled every minute as a backstop.
+
+Logged (logger "loom.recovery", docs/workers.md "Logs"): every takeover (execution, flow, fence
+token, attempt), every recovered run's end (status and duration), every execution marked stuck.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, connections
@@ -24,6 +28,7 @@ from journal import conf
 from leases.store import Takeover, store_for
 
 log = logging.getLogger("loom.recovery")
+PRUNE_EVERY = 60.0  # seconds between two prunings of old worker rows by one worker
 
 
 def sweep(owner: str, limit: int | None = None) -> Takeover:
@@ -47,17 +52,51 @@ def sweep(owner: str, limit: int | None = None) -> Takeover:
     )
 
 
-def resume_one(execution_id: str) -> None:
+def log_takeover(result: Takeover) -> None:
+    """One line per execution taken over or given up on."""
+    for execution_id in result.stuck:
+        log.warning("stuck execution=%s flow=%s: recovery gave up (LOOM_RECOVERY_MAX_ATTEMPTS)", execution_id,
+                    result.flow_of.get(execution_id, "?"))
+    for execution_id, token in result.taken:
+        log.info("takeover execution=%s flow=%s fence=%s", execution_id, result.flow_of.get(execution_id, "?"),
+                 token)
+
+
+def resume_one(execution_id: str, flow: str = "?") -> None:
     """Resume a taken-over execution in this process; failures are logged (the lease then
     expires and the next sweep counts another attempt)."""
     from journal.flows import resume
 
+    began = time.monotonic()
+    log.info("recovering execution=%s flow=%s", execution_id, flow)
     try:
-        resume(execution_id)
-    except Exception:
-        log.exception("recovery: resuming %s failed", execution_id)
+        outcome = resume(execution_id)
+    except Exception as exc:
+        log.warning("recovery halted execution=%s flow=%s duration=%.3fs: %s: %s", execution_id, flow,
+                    time.monotonic() - began, type(exc).__name__, exc,
+                    exc_info=not isinstance(exc, (DatabaseError, *_halts())))
+    else:
+        level = logging.INFO if outcome.status != "failed" else logging.WARNING
+        log.log(level, "recovered execution=%s flow=%s status=%s duration=%.3fs%s", execution_id, flow,
+                outcome.status, time.monotonic() - began, f" error={outcome.error}" if outcome.error else "")
     finally:
         connections.close_all()
+
+
+def _halts() -> tuple[type[Exception], ...]:
+    """Errors that end a run normally (another run took over): logged without a traceback."""
+    from journal.exceptions import StaleFence
+    from journal.flows import OwnershipLost
+
+    return OwnershipLost, StaleFence
+
+
+def prune_workers() -> int:
+    """Delete worker rows unseen for LOOM_WORKER_RETENTION seconds (the workers page)."""
+    pruned = store_for().prune_workers(conf.get("LOOM_WORKER_RETENTION"))
+    if pruned:
+        log.info("pruned %d worker row(s) unseen for LOOM_WORKER_RETENTION", pruned)
+    return pruned
 
 
 class RecoveryService:
@@ -69,6 +108,7 @@ class RecoveryService:
         self.pool: ThreadPoolExecutor | None = None
         self.inflight: set[str] = set()
         self.lock = threading.Lock()
+        self.prune_at = 0.0  # monotonic time of the next pruning of old worker rows
 
     def start(self, worker) -> None:
         self.owner = worker.worker_id
@@ -89,18 +129,24 @@ class RecoveryService:
                     log.exception("recovery sweep of %s failed; retrying", self.owner)
                     connections.close_all()
                     continue
-                for execution_id in result.stuck:
-                    log.warning("recovery: %s marked stuck", execution_id)
+                log_takeover(result)
                 for execution_id, _token in result.taken:
                     with self.lock:
                         self.inflight.add(execution_id)
-                    self.pool.submit(self._resume, execution_id)
+                    self.pool.submit(self._resume, execution_id, result.flow_of.get(execution_id, "?"))
+                if time.monotonic() >= self.prune_at:
+                    self.prune_at = time.monotonic() + PRUNE_EVERY
+                    try:
+                        prune_workers()
+                    except DatabaseError:
+                        log.exception("pruning worker rows failed; retrying later")
+                        connections.close_all()
         finally:
             connections.close_all()
 
-    def _resume(self, execution_id: str) -> None:
+    def _resume(self, execution_id: str, flow: str) -> None:
         try:
-            resume_one(execution_id)
+            resume_one(execution_id, flow)
         finally:
             with self.lock:
                 self.inflight.discard(execution_id)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from leases.keeper import get_keeper, node_identity
+from leases.keeper import get_keeper, node_identity, set_main
 
 log = logging.getLogger("loom.worker")
 
@@ -96,6 +96,7 @@ class HeartbeatService:
     name = "lease-heartbeat"
 
     def start(self, worker: Worker) -> None:
+        set_main(worker.worker_id)
         keeper = get_keeper()
         if keeper.worker_id != worker.worker_id:
             from leases.keeper import LeaseKeeper, reset_keeper
@@ -109,3 +110,16 @@ class HeartbeatService:
     def stop(self, timeout: float) -> None:
         released = self.keeper.shutdown(timeout)
         log.info("lease keeper %s: stopped, %d lease(s) handed back", self.keeper.worker_id, released)
+
+
+def register_q_child(**_kwargs) -> None:
+    """django-q2's post_spawn signal, in each of its worker processes: give the process its row on
+    the workers page (role "django-q2 child", id <main id>/<pid> under loom_worker) and a running
+    keeper, whose tick keeps the row's heartbeat fresh while the process lives."""
+    keeper = get_keeper()
+    try:
+        keeper.register()
+    except Exception:  # the row is for the page; the child must run its tasks regardless
+        log.exception("worker %s: could not register", keeper.worker_id)
+    keeper.ensure_started()
+    log.info("worker %s: django-q2 child ready (pid %d)", keeper.worker_id, os.getpid())

@@ -5,6 +5,7 @@
 settings (`LOOM_*`) are documented with their defaults in `journal/conf.py`.
 """
 
+import math
 from pathlib import Path
 
 import environ
@@ -112,8 +113,11 @@ _redis_url = env.str("LOOM_Q_REDIS_URL", default="")
 Q_CLUSTER = {
     "name": "loom",
     "workers": env.int("LOOM_Q_WORKERS", default=2),
-    "timeout": 300,
-    "retry": 360,
+    # A queued start taken by a worker that died is re-delivered after `retry` seconds: about one
+    # lease TTL (Loom's queued starts are idempotent: leases/tasks.py, check loom.W112). `timeout`
+    # stays below retry for other tasks; Loom's own tasks set none (their leases bound them).
+    "timeout": math.ceil(env.float("LOOM_LEASE_TTL", default=30.0)),
+    "retry": math.ceil(env.float("LOOM_LEASE_TTL", default=30.0)) + 5,
     "max_attempts": 1,
     "catch_up": False,
     "label": "Background tasks",

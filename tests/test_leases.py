@@ -266,14 +266,17 @@ def test_the_installed_ownership_follows_the_mode(settings):
 def test_admin_shows_leases_workers_and_stuck_executions(admin_client):
     running("adm1")
     running("adm2")
+    running("adm3")
     Execution.objects.filter(id="adm2").update(status="stuck", error="recovery gave up after 5 attempts")
     keeper = LeaseKeeper("admin-node", autostart=False)
     keeper.begin_eager("adm1", 1, wait=False)
+    keeper.begin_eager("adm3", 1, wait=False)
     keeper.step()
+    store_for().expire_many("admin-node", [("adm3", 1)])
     for url, expected in (("/admin/leases/lease/", "admin-node"), ("/admin/leases/worker/", "admin-node"),
                           ("/admin/leases/worker/admin-node/change/", "adm1"),
                           ("/admin/leases/recoveryview/", "adm2"),
-                          ("/admin/leases/recoveryview/adm1/change/", "admin-node"),
+                          ("/admin/leases/recoveryview/adm3/change/", "admin-node"),
                           ("/admin/journal/execution/adm1/change/", "owner admin-node, fence token 1")):
         response = admin_client.get(url)
         assert response.status_code == 200, url

@@ -19,6 +19,7 @@ class Takeover:
 
     taken: list[Item] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
+    flow_of: dict[str, str] = field(default_factory=dict)  # the flow of each execution taken or stuck (logs)
 
 
 class LeaseStore(DatabaseBound, ABC):
@@ -68,8 +69,13 @@ class LeaseStore(DatabaseBound, ABC):
         `flows`: only executions of these flows (the ones this worker can run; None: any)."""
 
     @abstractmethod
-    def touch_worker(self, worker_id: str, host: str, pid: int) -> None:
+    def touch_worker(self, worker_id: str, host: str, pid: int, role: str = "") -> None:
         """Register the node or mark it seen (one statement per heartbeat tick)."""
+
+    @abstractmethod
+    def prune_workers(self, older_than: float) -> int:
+        """Delete the rows of workers not seen for `older_than` seconds that hold no lease (the
+        workers page keeps what is alive or recently gone); the number deleted."""
 
     @abstractmethod
     def stop_worker(self, worker_id: str) -> None:

@@ -110,7 +110,7 @@ UPDATE leases_lease l SET expires_at = now() FROM (
 # lease is orphaned: its process died within the grace). FOR UPDATE OF e SKIP LOCKED: two sweepers
 # never take the same execution, and neither waits for the other.
 TAKEOVER_CANDIDATES = """
-SELECT e.id, e.recoveries FROM journal_execution e
+SELECT e.id, e.recoveries, e.flow FROM journal_execution e
 LEFT JOIN leases_lease l ON l.execution_id = e.id
 WHERE e.status = 'running'
   -- Only flows this worker has code for: another worker may run the rest; taking them here would
@@ -236,11 +236,23 @@ KEEPER_SESSION = "SET synchronous_commit = off"
 
 # -- worker: touch --
 TOUCH_WORKER = """
-INSERT INTO leases_worker (id, host, pid, started_at, seen_at, stopped_at) VALUES (%s, %s, %s, now(), now(), NULL)
-ON CONFLICT (id) DO UPDATE SET seen_at = now(), stopped_at = NULL, host = EXCLUDED.host, pid = EXCLUDED.pid
+INSERT INTO leases_worker (id, host, pid, role, started_at, seen_at, stopped_at)
+VALUES (%s, %s, %s, %s, now(), now(), NULL)
+ON CONFLICT (id) DO UPDATE SET seen_at = now(), stopped_at = NULL, host = EXCLUDED.host, pid = EXCLUDED.pid,
+    role = EXCLUDED.role
 """
 
 STOP_WORKER = "UPDATE leases_worker SET stopped_at = now(), seen_at = now() WHERE id = %s"
+
+# -- worker: prune --
+# Rows of workers gone for longer than the retention, unless a lease still names them (the lease
+# admin links its owner; such a lease is expired and the next sweep moves it anyway). No lock
+# beyond the delete's own: a worker that comes back re-inserts its row at its next tick.
+PRUNE_WORKERS = """
+DELETE FROM leases_worker w
+WHERE w.seen_at < now() - %(older)s::float8 * interval '1 second'
+  AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.owner = w.id)
+"""
 
 
 _prepared: weakref.WeakSet = weakref.WeakSet()  # raw connections already tuned
@@ -298,8 +310,8 @@ class PostgresLeaseStore(LeaseStore):
                                                           "any_flow": flows is None, "flows": list(flows or [])})
             if not candidates:
                 return Takeover()
-            stuck = [eid for eid, recoveries in candidates if recoveries >= max_attempts]
-            retry = [eid for eid, recoveries in candidates if recoveries < max_attempts]
+            stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]
+            retry = [eid for eid, recoveries, _ in candidates if recoveries < max_attempts]
             if stuck:
                 self._count(GIVE_UP_STATUS, {"eids": stuck})
                 self._count(GIVE_UP_FENCE, {"eids": stuck})
@@ -315,11 +327,14 @@ class PostgresLeaseStore(LeaseStore):
                     unfenced = set(claimed) - set(eids)
                     if unfenced:  # no fence row: not a durable execution stream; leave it alone
                         self._count(GIVE_UP_LEASE, {"eids": sorted(unfenced)})
-            return Takeover(sorted(taken), sorted(stuck))
+            return Takeover(sorted(taken), sorted(stuck), {eid: flow for eid, _, flow in candidates})
 
-    def touch_worker(self, worker_id, host, pid):
+    def touch_worker(self, worker_id, host, pid, role=""):
         with self.connection.cursor() as cursor:
-            cursor.execute(TOUCH_WORKER, [worker_id, host, pid])
+            cursor.execute(TOUCH_WORKER, [worker_id, host, pid, role])
+
+    def prune_workers(self, older_than):
+        return self._count(PRUNE_WORKERS, {"older": older_than})
 
     def stop_worker(self, worker_id):
         with self.connection.cursor() as cursor:

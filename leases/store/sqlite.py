@@ -56,7 +56,7 @@ UPDATE leases_lease SET expires_at = %(now)s WHERE owner = %(owner)s AND (execut
 # -- takeover: candidates --
 # See leases/store/postgres.py: expired lease, or none for longer than `orphan_after`.
 TAKEOVER_CANDIDATES = """
-SELECT e.id, e.recoveries FROM journal_execution e
+SELECT e.id, e.recoveries, e.flow FROM journal_execution e
 LEFT JOIN leases_lease l ON l.execution_id = e.id
 WHERE e.status = 'running'
   AND (%(any_flow)s OR e.flow IN (SELECT value FROM json_each(%(flows)s)))
@@ -99,10 +99,18 @@ GIVE_UP_LEASE = f"DELETE FROM leases_lease WHERE execution_id IN ({IDS})"
 
 # -- worker --
 TOUCH_WORKER = """
-INSERT INTO leases_worker (id, host, pid, started_at, seen_at, stopped_at) VALUES (%s, %s, %s, %s, %s, NULL)
-ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at, stopped_at = NULL, host = excluded.host, pid = excluded.pid
+INSERT INTO leases_worker (id, host, pid, role, started_at, seen_at, stopped_at) VALUES (%s, %s, %s, %s, %s, %s, NULL)
+ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at, stopped_at = NULL, host = excluded.host, pid = excluded.pid,
+    role = excluded.role
 """
 STOP_WORKER = "UPDATE leases_worker SET stopped_at = %s, seen_at = %s WHERE id = %s"
+
+# -- worker: prune --
+# See leases/store/postgres.py PRUNE_WORKERS.
+PRUNE_WORKERS = """
+DELETE FROM leases_worker
+WHERE seen_at < %(cutoff)s AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.owner = leases_worker.id)
+"""
 
 
 def stamp(moment: datetime) -> str:
@@ -166,8 +174,8 @@ class SqliteLeaseStore(LeaseStore):
                 "any_flow": flows is None, "flows": json.dumps(list(flows or []))})
             if not candidates:
                 return Takeover()
-            stuck = [eid for eid, recoveries in candidates if recoveries >= max_attempts]
-            retry = [eid for eid, recoveries in candidates if recoveries < max_attempts]
+            stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]
+            retry = [eid for eid, recoveries, _ in candidates if recoveries < max_attempts]
             if stuck:
                 ids = json.dumps(stuck)
                 self._count(GIVE_UP_STATUS, {"eids": ids, "now": times["now"]})
@@ -184,12 +192,15 @@ class SqliteLeaseStore(LeaseStore):
                     unfenced = set(claimed) - {t[0] for t in taken}
                     if unfenced:
                         self._count(GIVE_UP_LEASE, {"eids": json.dumps(sorted(unfenced))})
-            return Takeover(sorted(taken), sorted(stuck))
+            return Takeover(sorted(taken), sorted(stuck), {eid: flow for eid, _, flow in candidates})
 
-    def touch_worker(self, worker_id, host, pid):
+    def touch_worker(self, worker_id, host, pid, role=""):
         now = stamp(_now())
         with self.connection.cursor() as cursor:
-            cursor.execute(TOUCH_WORKER, [worker_id, host, pid, now, now])
+            cursor.execute(TOUCH_WORKER, [worker_id, host, pid, role, now, now])
+
+    def prune_workers(self, older_than):
+        return self._count(PRUNE_WORKERS, {"cutoff": stamp(_now() - timedelta(seconds=older_than))})
 
     def stop_worker(self, worker_id):
         now = stamp(_now())

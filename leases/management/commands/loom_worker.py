@@ -3,17 +3,19 @@
 It runs the in-process services every app registered (lease heartbeat, recovery sweep,
 projection drains...) and, unless --no-cluster, django-q2's cluster for queued and scheduled
 tasks. SIGTERM or SIGINT: the services stop and the leases are handed back (expired at once, so
-other workers recover the runs); then the cluster stops. SIGKILL: nothing to clean up; the
-leases expire after LOOM_LEASE_TTL.
+other workers recover the runs); then the cluster stops. SIGKILL: every process of the cluster
+dies with it (leases/lifeline.py); the leases expire after LOOM_LEASE_TTL.
 """
 
 from __future__ import annotations
 
 import signal
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from leases.checks import SNIPPET, broker_problem
+from leases.lifeline import die_with_parents
 from leases.worker import Worker
 
 
@@ -29,14 +31,21 @@ class Command(BaseCommand):
                             help="Seconds each service gets to stop on SIGTERM (default 10).")
 
     def handle(self, *args, worker_id=None, no_cluster=False, stop_timeout=10.0, **options) -> None:
-        worker = Worker(worker_id)
         cluster = None
+        if not no_cluster:
+            problem = broker_problem()  # also system check loom.E110, which --skip-checks skips
+            if problem is not None:
+                raise CommandError(f"{problem}. Add to your settings: {SNIPPET} (or run with --no-cluster).")
+        worker = Worker(worker_id)
         if not no_cluster:
             from django_q.cluster import Cluster
 
             from leases.tasks import ensure_schedule
 
             ensure_schedule()
+            # Every process the cluster forks (sentinel, then its workers, pusher and monitor) dies
+            # with its parent: a SIGKILLed worker leaves no cluster behind taking queued starts.
+            die_with_parents()
             # The cluster forks: a database connection open in this process would be shared with
             # the children (one socket, two users: corrupted). Close ours; each side reconnects.
             connections.close_all()

@@ -1,0 +1,222 @@
+"""The worker's surroundings on either database: queued starts (ids, idempotent deliveries), the
+recovery backstop's django-q2 options, the broker checks, the read-only leases admin, the workers
+page (roles, alive or gone, pruning) and the executions under recovery."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+from django_q.brokers import get_broker
+from django_q.models import OrmQ, Schedule, Task
+from django_q.signing import SignedPackage
+
+from journal.envelopes import Envelope
+from journal.flows import InvalidInput, UnknownFlow
+from journal.models import Event, Execution
+from leases import keeper as keeper_module
+from leases.keeper import LeaseKeeper, reset_keeper
+from leases.models import Lease, Worker
+from leases.recovery import prune_workers
+from leases.store import store_for
+from leases.tasks import SCHEDULE_NAME, enqueue_start, ensure_schedule, run_start
+from tests.lease_flows import create_effects_table, effects
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keeper():
+    yield
+    reset_keeper(None)
+
+
+def queued() -> list[dict]:
+    return [SignedPackage.loads(row.payload) for row in OrmQ.objects.all()]
+
+
+def running(eid: str, flow: str = "leases.noop") -> str:
+    Event.objects.open_stream(eid, Envelope("EXECUTION_STARTED", {"flow": flow, "input": {}}))
+    Execution.objects.create(id=eid, flow=flow)
+    return eid
+
+
+# -- queued starts ---------------------------------------------------------------------------------
+
+def test_enqueue_start_returns_the_execution_id_not_the_task_id():
+    """Without an execution_id the id is minted at enqueue time and returned; the queued task
+    carries it, so every delivery of the task starts that one execution."""
+    eid = enqueue_start("leases.noop", {})
+    given = enqueue_start("leases.noop", {}, execution_id="chosen-1")
+    tasks = queued()
+    assert given == "chosen-1"
+    assert sorted(t["args"][2] for t in tasks) == sorted([eid, "chosen-1"])
+    assert eid not in {t["id"] for t in tasks}  # not django-q2's task id
+    assert not Execution.objects.filter(id=eid).exists()  # queued, not started
+    run_start(*tasks[[t["args"][2] for t in tasks].index(eid)]["args"])
+    assert Execution.objects.get(id=eid).status == "completed"
+
+
+def test_a_bad_queued_start_is_refused_to_the_caller_and_nothing_is_queued():
+    with pytest.raises(UnknownFlow):
+        enqueue_start("no.such.flow", {})
+    with pytest.raises(InvalidInput):
+        enqueue_start("leases.noop", {"x": float("nan")})
+    with pytest.raises(InvalidInput):
+        enqueue_start("leases.noop", {}, execution_id="bad\nid")
+    assert not OrmQ.objects.exists()
+
+
+def test_a_second_delivery_of_a_queued_start_runs_nothing():
+    """The broker re-delivers a task whose worker died (Q_CLUSTER retry): the second delivery
+    finds the execution and does nothing, so each step's effect exists once."""
+    create_effects_table()
+    eid = enqueue_start("leases.steps", {"n": 3, "pause": 0})
+    (task,) = queued()
+    first = run_start(*task["args"])
+    second = run_start(*task["args"])
+    assert first == {"execution_id": eid, "status": "completed"}
+    assert second == {"execution_id": eid, "status": "completed", "duplicate": True}
+    assert [e for e in effects() if e[0] == eid] == [(eid, "s000"), (eid, "s001"), (eid, "s002")]
+
+
+def test_queued_starts_and_recoveries_are_logged_with_id_flow_fence_and_duration(caplog):
+    eid = enqueue_start("leases.noop", {})
+    (task,) = queued()
+    with caplog.at_level(logging.INFO, logger="loom"):
+        run_start(*task["args"])
+        run_start(*task["args"])
+    lines = [r.getMessage() for r in caplog.records if r.name == "loom.worker"]
+    assert f"start execution={eid} flow=leases.noop fence=1 (queued)" in lines
+    assert any(line.startswith(f"completed execution={eid} flow=leases.noop fence=1 duration=") for line in lines)
+    assert any(line.startswith(f"duplicate execution={eid}") for line in lines)
+
+
+def test_the_recovery_backstop_saves_no_successes_in_django_q2():
+    """The every-minute backstop task must not flood django-q2's success list: its schedule
+    carries save=False, and django-q2's monitor then records nothing for a success."""
+    from django_q.monitor import save_task
+    from django_q.scheduler import scheduler
+
+    ensure_schedule()
+    ensure_schedule()  # idempotent, and it updates a schedule made by an older version
+    Schedule.objects.filter(name=SCHEDULE_NAME).update(next_run=timezone.now() - timedelta(seconds=5))
+    scheduler(broker=get_broker())
+    (task,) = queued()
+    assert task["func"] == "leases.tasks.recovery_sweep"
+    assert task["save"] is False and task["timeout"] == -1
+    task.update(result=0, success=True, stopped=task["started"])
+    save_task(task, get_broker())
+    assert not Task.objects.exists()
+
+
+# -- broker checks ---------------------------------------------------------------------------------
+
+def loom_checks() -> dict[str, str]:
+    return {m.id: m.msg for m in run_checks() if (m.id or "").startswith("loom.") and m.id[5:6] in "EW"}
+
+
+@pytest.mark.parametrize("cluster", [None, {"name": "x"}, {"name": "x", "orm": "nope"}],
+                         ids=["unset", "no-broker", "unknown-alias"])
+def test_a_missing_broker_is_a_system_check_error_and_loom_worker_refuses_to_start(settings, cluster):
+    if cluster is None:
+        del settings.Q_CLUSTER
+    else:
+        settings.Q_CLUSTER = cluster
+    found = loom_checks()
+    assert "loom.E110" in found, found
+    with pytest.raises(CommandError, match=r'Q_CLUSTER = \{"name": "loom", "orm": "default"'):
+        call_command("loom_worker", skip_checks=True)
+
+
+def test_the_broker_checks_warn_of_a_long_retry_and_a_timeout_not_below_it(settings):
+    settings.LOOM_LEASE_TTL = 30.0
+    settings.Q_CLUSTER = {"name": "x", "orm": "default", "timeout": 30, "retry": 40}
+    assert not {"loom.E110", "loom.W112", "loom.W113"} & set(loom_checks())
+    settings.Q_CLUSTER = {"name": "x", "orm": "default", "timeout": 300, "retry": 360}
+    found = loom_checks()
+    assert "loom.W112" in found and "loom.E110" not in found
+    settings.Q_CLUSTER = {"name": "x", "orm": "default", "timeout": 50, "retry": 50}
+    assert "loom.W113" in loom_checks()
+
+
+# -- admin -----------------------------------------------------------------------------------------
+
+def test_the_read_only_leases_admin_pages_refuse_delete_to_a_superuser(admin_client):
+    """Leases, workers and execution headers (executions under recovery) cannot be deleted from
+    the leases admin, neither one by one nor with the "delete selected" action."""
+    eid = running("ro-1")
+    Execution.objects.filter(id=eid).update(status="stuck")
+    keeper = LeaseKeeper("ro-node", autostart=False)
+    keeper.begin_eager(eid, 1, wait=False)
+    keeper.step()
+    pages = {"lease": eid, "worker": "ro-node", "recoveryview": eid}
+    for model, pk in pages.items():
+        listing = admin_client.get(f"/admin/leases/{model}/")
+        assert listing.status_code == 200
+        assert "delete_selected" not in listing.content.decode(), model
+        assert admin_client.get(f"/admin/leases/{model}/{pk}/delete/").status_code == 403, model
+        assert admin_client.post(f"/admin/leases/{model}/{pk}/delete/", {"post": "yes"}).status_code == 403, model
+        admin_client.post(f"/admin/leases/{model}/", {"action": "delete_selected", "_selected_action": [pk],
+                                                       "post": "yes"})
+        assert admin_client.get(f"/admin/leases/{model}/add/").status_code == 403, model
+    assert Lease.objects.filter(execution_id=eid).exists()
+    assert Worker.objects.filter(id="ro-node").exists()
+    assert Execution.objects.filter(id=eid).exists()
+
+
+def test_executions_under_recovery_lists_only_expired_orphaned_recovered_or_stuck(admin_client, settings):
+    settings.LOOM_LEASE_TTL = 30.0
+    healthy, expired, recovered, stuck, fresh = (running(f"rv-{n}") for n in
+                                                 ("healthy", "expired", "recovered", "stuck", "fresh"))
+    Execution.objects.filter(id=recovered).update(status="completed", recoveries=1)
+    Execution.objects.filter(id=stuck).update(status="stuck")
+    keeper = LeaseKeeper("rv-node", autostart=False)
+    for eid in (healthy, expired):
+        keeper.begin_eager(eid, 1, wait=False)
+    keeper.step()
+    store_for().expire_many("rv-node", [(expired, 1)])
+    page = admin_client.get("/admin/leases/recoveryview/").content.decode()
+    listed = {eid for eid in (healthy, expired, recovered, stuck, fresh) if f">{eid}<" in page}
+    assert listed == {expired, recovered, stuck}  # a live lease or a fresh lazy run is healthy
+
+
+def test_the_workers_page_shows_role_and_alive_or_gone_and_old_rows_are_pruned(admin_client, settings):
+    settings.LOOM_LEASE_TTL = 30.0
+    settings.LOOM_WORKER_RETENTION = 3600.0
+    store = store_for()
+    store.touch_worker("w-main", "h", 1, "main")
+    store.touch_worker("w-main/2", "h", 2, "django-q2 child")
+    store.touch_worker("w-old", "h", 3, "main")
+    store.touch_worker("w-old-holder", "h", 4, "main")
+    store.stop_worker("w-main/2")
+    Worker.objects.filter(id__in=["w-old", "w-old-holder"]).update(seen_at="2000-01-01T00:00:00Z")
+    keeper = LeaseKeeper("w-old-holder", autostart=False)
+    keeper.begin_eager(running("wp-1"), 1, wait=False)
+    keeper.step()
+    Worker.objects.filter(id="w-old-holder").update(seen_at="2000-01-01T00:00:00Z")
+    page = admin_client.get("/admin/leases/worker/").content.decode()
+    for text in ("django-q2 child", "alive", "stopped", "gone (silent"):
+        assert text in page, text
+    assert prune_workers() == 1
+    assert set(Worker.objects.values_list("id", flat=True)) == {"w-main", "w-main/2", "w-old-holder"}
+
+
+def test_a_django_q2_child_of_a_loom_worker_has_its_own_id_and_role(monkeypatch, settings):
+    """A forked child of a loom_worker main gets <main id>/<pid> and role "django-q2 child", even
+    when LOOM_WORKER_ID names the main (so each process has its own row)."""
+    settings.LOOM_WORKER_ID = "named-main"
+    monkeypatch.setattr(keeper_module, "_role", keeper_module.CALLER)
+    monkeypatch.setattr(keeper_module, "_main_id", None)
+    keeper_module.set_main("named-main")
+    keeper_module._after_fork_in_child()  # what os.fork() runs in the child
+    assert keeper_module.process_role() == "django-q2 child"
+    child_id = keeper_module.node_identity()
+    assert child_id.startswith("named-main/")
+    LeaseKeeper(child_id, autostart=False).register()
+    assert Worker.objects.get(id=child_id).role == "django-q2 child"
