@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -112,6 +113,8 @@ class Command(BaseCommand):
             if failed:
                 raise CommandError(f"faults found in {len(failed)} round(s): {', '.join(failed)} "
                                    f"(seed {seed}; output kept in {workdir})")
+        if not options["workdir"]:
+            shutil.rmtree(workdir, ignore_errors=True)  # nothing failed: nothing to look at
 
     def _cannot_run(self, module, options: dict) -> str | None:
         if module.POSTGRES_ONLY and connection.vendor != "postgresql":
