@@ -21,7 +21,7 @@ from benchmarks.compare import Cell
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 PERCENTILES = (("p50_ms", "p50"), ("p95_ms", "p95"), ("p99_ms", "p99"))
 WIDTH, HEIGHT = 640, 300
-LEFT, RIGHT, TOP, BOTTOM = 64, 16, 36, 56
+LEFT, RIGHT, TOP, BOTTOM = 76, 16, 40, 60  # room for 13-14px labels (results.css)
 
 
 @dataclass(frozen=True)
@@ -117,17 +117,17 @@ def _frame(scale: _Scale, y_label: str, x_label: str, title: str) -> list[str]:
 def _legend(series: Sequence[tuple[str, str, bool]]) -> tuple[list[str], float]:
     """Legend entries (name, colour, dashed) laid out left to right across the top; and the y
     where the plot can start below them."""
-    parts, x, y = [], LEFT, 14
+    parts, x, y = [], LEFT, 16
     for name, color, dashed in series:
-        width = 28 + 6.5 * len(name)
+        width = 30 + 7.8 * len(name)  # 13px legend text
         if x + width > WIDTH - RIGHT and x > LEFT:
-            x, y = LEFT, y + 14
+            x, y = LEFT, y + 17
         dash = ' stroke-dasharray="5 3"' if dashed else ""
         parts.append(f'<line x1="{x}" x2="{x + 18}" y1="{y - 4}" y2="{y - 4}" stroke="{color}" '
                      f'stroke-width="3"{dash}/>')
         parts.append(f'<text x="{x + 22}" y="{y}" class="legend">{escape(name)}</text>')
         x += width
-    return parts, y + 14
+    return parts, y + 16
 
 
 def line_chart(title: str, x_label: str, x_values: Sequence, series: Sequence[Series], y_label: str,
@@ -168,7 +168,7 @@ def bar_chart(title: str, categories: Sequence[str], groups: Sequence[tuple[str,
     span = WIDTH - RIGHT - LEFT
     slot = span / max(len(categories), 1)
     bar = min(28.0, slot * 0.8 / max(len(groups), 1))
-    rotate = len(categories) > 5 or max((len(c) for c in categories), default=0) * 6 > slot
+    rotate = len(categories) > 5 or max((len(c) for c in categories), default=0) * 7.5 > slot
     for i, category in enumerate(categories):
         cx = LEFT + slot * (i + 0.5)
         start = cx - bar * len(groups) / 2

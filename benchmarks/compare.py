@@ -2,8 +2,12 @@
 
 A *cell* is one measured figure set, identified across runs by its section, scenario and parameters
 (`append/per-event[concurrency=1,events_per_call=1,payload_bytes=256]`). Comparing two runs pairs their
-cells by that key; a ratio per figure says how the newer run moved, and a cell is flagged as a
-regression when its p50 latency grew, or its throughput fell, by more than the threshold.
+cells by that key; a ratio per figure says how the newer run moved (throughput: higher is better; p50 and
+p99: lower is better). A cell is flagged as a regression (or an improvement) only when its p50 grew
+(fell), or its throughput fell (rose), by more than the threshold AND outside the measured spread of
+repeats: every repeat of the new run worse (better) than every repeat of the base run. Two identical
+runs of a noisy cell differ by 2x on a shared machine; a difference inside that spread, or a cell whose
+runs measured no spread (a single repeat), is "noise": not judged either way.
 
 The gate (`manage.py bench_check`) applies the same rule to a few chosen cells only, against a
 baseline file or run: see `GATED` for which cells and why. Nothing here touches Django beyond reading
@@ -43,6 +47,8 @@ class Cell:
     p99_ms: float | None = None
     max_ms: float | None = None
     count: int | None = None
+    throughput_runs: tuple[float, ...] = ()  # one throughput per repeat (the spread); () if not measured
+    p50_runs: tuple[float, ...] = ()  # one p50 per repeat
 
     @property
     def key(self) -> str:
@@ -50,9 +56,19 @@ class Cell:
 
     @classmethod
     def from_result(cls, result) -> Cell:
-        """From a `BenchResult` (or anything with the same attributes)."""
+        """From a `BenchResult` (or anything with the same attributes). The spread of repeats is read
+        from the metrics sections record it under: `runs` (throughput per repeat; the lease section's
+        `samples`) and `p50_runs`."""
+        metrics = getattr(result, "metrics", None) or {}
         return cls(result.section, result.scenario, dict(result.params or {}), result.throughput, result.unit,
-                   result.p50_ms, result.p95_ms, result.p99_ms, result.max_ms, result.count)
+                   result.p50_ms, result.p95_ms, result.p99_ms, result.max_ms, result.count,
+                   _numbers(metrics.get("runs") or metrics.get("samples")), _numbers(metrics.get("p50_runs")))
+
+
+def _numbers(values) -> tuple[float, ...]:
+    if not isinstance(values, (list, tuple)):
+        return ()
+    return tuple(float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
 def _ratio(new: float | None, base: float | None) -> float | None:
@@ -68,10 +84,11 @@ class Row:
     key: str
     base: Cell | None
     new: Cell | None
-    throughput_ratio: float | None  # new / base: above 1 is faster
-    p50_ratio: float | None  # new / base: above 1 is slower
-    p99_ratio: float | None
-    status: str  # regression, improvement, same, added, removed
+    throughput_ratio: float | None  # new / base: above 1 is faster (higher is better)
+    p50_ratio: float | None  # new / base: above 1 is slower (lower is better)
+    p99_ratio: float | None  # new / base: lower is better
+    status: str  # regression, improvement, noise, same, added, removed
+    note: str = ""  # why a status is what it is (the spreads, for noise)
 
     @property
     def cell(self) -> Cell:
@@ -89,6 +106,51 @@ def classify(throughput_ratio: float | None, p50_ratio: float | None, factor: fl
     return "same"
 
 
+def _separated(base: tuple[float, ...], new: tuple[float, ...], worse_if_higher: bool, verdict: str) -> bool:
+    """Whether every new repeat lies beyond every base repeat in the direction of `verdict`."""
+    if len(base) < 2 or len(new) < 2:
+        return False
+    higher = min(new) > max(base)
+    lower = max(new) < min(base)
+    if verdict == "regression":
+        return higher if worse_if_higher else lower
+    return lower if worse_if_higher else higher
+
+
+def judge(old: Cell, new: Cell, factor: float) -> tuple[str, str]:
+    """(status, note) of a paired cell: each figure past the threshold is confirmed against the spread
+    of its repeats; a regression wins over an improvement; unconfirmed differences are noise."""
+    tr, p50 = _ratio(new.throughput, old.throughput), _ratio(new.p50_ms, old.p50_ms)
+    confirmed: list[str] = []
+    unconfirmed: list[str] = []
+    for name, ratio, base_runs, new_runs, worse_if_higher in (
+            ("throughput", tr, old.throughput_runs, new.throughput_runs, False),
+            ("p50", p50, old.p50_runs, new.p50_runs, True)):
+        if ratio is None:
+            continue
+        verdict = (classify(ratio, None, factor) if name == "throughput" else classify(None, ratio, factor))
+        if verdict == "same":
+            continue
+        if _separated(base_runs, new_runs, worse_if_higher, verdict):
+            confirmed.append(verdict)
+        elif len(base_runs) < 2 or len(new_runs) < 2:
+            unconfirmed.append(f"{name} {ratio:.2f}x, but no spread of repeats was measured (one repeat): not judged")
+        else:
+            unconfirmed.append(f"{name} {ratio:.2f}x is within the spread of repeats (base {_span(base_runs)}, "
+                               f"new {_span(new_runs)})")
+    if "regression" in confirmed:
+        return "regression", ""
+    if "improvement" in confirmed:
+        return "improvement", ""
+    if unconfirmed:
+        return "noise", "; ".join(unconfirmed)
+    return "same", ""
+
+
+def _span(values: tuple[float, ...]) -> str:
+    return f"{min(values):.4g}..{max(values):.4g}"
+
+
 def compare(base: Iterable[Cell], new: Iterable[Cell], factor: float = DEFAULT_FACTOR) -> list[Row]:
     """Pair cells by key; rows in the new run's order, then cells only the base run has."""
     base_by_key = {c.key: c for c in base}
@@ -104,7 +166,8 @@ def compare(base: Iterable[Cell], new: Iterable[Cell], factor: float = DEFAULT_F
             continue
         tr = _ratio(cell.throughput, old.throughput)
         p50 = _ratio(cell.p50_ms, old.p50_ms)
-        rows.append(Row(cell.key, old, cell, tr, p50, _ratio(cell.p99_ms, old.p99_ms), classify(tr, p50, factor)))
+        status, note = judge(old, cell, factor)
+        rows.append(Row(cell.key, old, cell, tr, p50, _ratio(cell.p99_ms, old.p99_ms), status, note))
     for key, old in base_by_key.items():
         if key not in seen:
             rows.append(Row(key, old, None, None, None, None, "removed"))
