@@ -139,7 +139,7 @@ def compare_runs(request: HttpRequest, base: int | None = None, new: int | None 
     factor = _factor(request)
     rows = _comparison(base_run, new_run, factor)
     counts = {status: sum(1 for r in rows if r.status == status)
-              for status in ("regression", "improvement", "same", "added", "removed")}
+              for status in ("regression", "improvement", "noise", "same", "added", "removed")}
     sections: dict[str, list] = {}
     for row in rows:
         sections.setdefault(row.cell.section, []).append(

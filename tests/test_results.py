@@ -27,15 +27,19 @@ ROOT = Path(__file__).resolve().parent.parent
 PER_EVENT_1 = "append/per-event[concurrency=1,events_per_call=1,payload_bytes=256]"
 
 
-def record_run(command: str = "bench_throughput", *, slow: float = 1.0, extra_section: bool = False) -> BenchRun:
-    """A run with an `append` concurrency sweep; `slow` multiplies every latency (and divides throughput)."""
+def record_run(command: str = "bench_throughput", *, slow: float = 1.0, extra_section: bool = False,
+               spread: float = 0.02) -> BenchRun:
+    """A run with an `append` concurrency sweep; `slow` multiplies every latency (and divides throughput).
+    Each cell has three repeats spread by +-`spread` around its median (`runs`, `p50_runs`)."""
     with Recorder(command, {"ops": 100}) as rec:
         for conc in (1, 8):
             for scenario, per_call, p50 in (("per-event", 1, 0.2), ("batch", 16, 0.5), ("ceiling", 1, 0.05)):
+                tput = 4000 * conc / slow
                 rec.add("append", scenario, {"concurrency": conc, "payload_bytes": 256, "events_per_call": per_call},
-                        throughput=4000 * conc / slow, unit="events/s", count=100 * conc,
+                        throughput=tput, unit="events/s", count=100 * conc,
                         p50_ms=p50 * slow, p95_ms=p50 * 3 * slow, p99_ms=p50 * 10 * slow, max_ms=p50 * 40 * slow,
-                        verified_rows=100 * conc)
+                        verified_rows=100 * conc, runs=[tput * (1 - spread), tput, tput * (1 + spread)],
+                        p50_runs=[p50 * slow * (1 - spread), p50 * slow, p50 * slow * (1 + spread)])
         if extra_section:
             rec.add("renew", "renew_many", {"leases": 500}, throughput=900.0, unit="leases/s", p50_ms=1.5,
                     p95_ms=2.0, p99_ms=3.0, max_ms=4.0, count=500)
@@ -200,8 +204,8 @@ def test_classify_treats_slower_p50_or_lower_throughput_as_regression():
 
 def test_compare_pairs_cells_by_section_scenario_and_params():
     """Cells with the same key pair up; a param change makes a different cell."""
-    a = Cell("s", "x", {"c": 1}, throughput=100.0, p50_ms=1.0)
-    b = Cell("s", "x", {"c": 1}, throughput=50.0, p50_ms=3.0)
+    a = Cell("s", "x", {"c": 1}, throughput=100.0, p50_ms=1.0, throughput_runs=(99.0, 101.0))
+    b = Cell("s", "x", {"c": 1}, throughput=50.0, p50_ms=3.0, throughput_runs=(49.0, 51.0))
     c = Cell("s", "x", {"c": 2}, throughput=50.0, p50_ms=3.0)
     rows = compare([a], [b, c])
     assert [(r.status, r.throughput_ratio, r.p50_ratio) for r in rows] == [
