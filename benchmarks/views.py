@@ -1,7 +1,8 @@
 """Result pages: the list of runs, one run's tables and charts, a comparison of two runs, exports.
 
 Thin glue: the comparison rules live in benchmarks/compare.py, the charts in benchmarks/charts.py.
-Pages are plain HTML (no JavaScript); who may see them is decided by `LOOM_RESULTS_PUBLIC`.
+Pages are plain HTML (no JavaScript); who may see them is decided by `LOOM_RESULTS_PUBLIC` (staff only
+unless it is set).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from functools import wraps
 from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import Paginator
 from django.db.models import Count
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.safestring import mark_safe
@@ -23,6 +24,7 @@ from benchmarks import charts
 from benchmarks.command import run_as_json
 from benchmarks.compare import DEFAULT_FACTOR, Cell, compare, is_gated
 from benchmarks.models import BenchRun
+from benchmarks.recording import redacted_command_line, scrub_settings
 from journal import conf
 
 CSV_FIELDS = ("section", "scenario", "params", "throughput", "unit", "p50_ms", "p95_ms", "p99_ms", "max_ms",
@@ -30,8 +32,8 @@ CSV_FIELDS = ("section", "scenario", "params", "throughput", "unit", "p50_ms", "
 
 
 def results_access(view: Callable) -> Callable:
-    """Open to anyone when LOOM_RESULTS_PUBLIC (the local default); staff only otherwise, through
-    Django auth (the admin's login page), because recorded runs name machines and commits."""
+    """Staff only, through Django auth (the admin's login page), because recorded runs name machines,
+    commits and settings; open to anyone only when LOOM_RESULTS_PUBLIC is set (an explicit opt-in)."""
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs):
@@ -42,6 +44,14 @@ def results_access(view: Callable) -> Callable:
         return view(request, *args, **kwargs)
 
     return wrapper
+
+
+def _shown(run: BenchRun) -> BenchRun:
+    """The run as a page may show it (not saved): secrets redacted even in runs recorded before the
+    allow-list (benchmarks/recording.py)."""
+    run.settings = scrub_settings(run.settings or {})
+    run.argv = redacted_command_line(run.argv)
+    return run
 
 
 def _sections(results: Iterable) -> list[dict]:
@@ -75,6 +85,10 @@ def run_list(request: HttpRequest) -> HttpResponse:
     # Explicit order: Meta.ordering is not applied to an aggregated (GROUP BY) query.
     runs = BenchRun.objects.annotate(cells=Count("results")).order_by("-started_at", "-id")
     command, vendor = request.GET.get("command", ""), request.GET.get("vendor", "")
+    if "\x00" in command or "\x00" in vendor:
+        # PostgreSQL refuses NUL in text: a filter with one can match nothing, and must not become a 500.
+        return HttpResponseBadRequest("command and vendor filters cannot contain NUL characters",
+                                      content_type="text/plain; charset=utf-8")
     if command:
         runs = runs.filter(command=command)
     if vendor:
@@ -92,7 +106,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
 
 @results_access
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    run = get_object_or_404(BenchRun, pk=pk)
+    run = _shown(get_object_or_404(BenchRun, pk=pk))
     previous = (BenchRun.objects.filter(command=run.command, db_vendor=run.db_vendor, started_at__lt=run.started_at)
                 .order_by("-started_at", "-id").first())
     return render(request, "benchmarks/run_detail.html", {
@@ -175,7 +189,7 @@ def _blank(value) -> object:
 @results_access
 def run_json(request: HttpRequest, pk: int) -> HttpResponse:
     """The same document `bench_* --json` writes."""
-    run = get_object_or_404(BenchRun, pk=pk)
+    run = _shown(get_object_or_404(BenchRun, pk=pk))
     response = JsonResponse(run_as_json(run, run.results.all()), json_dumps_params={"indent": 2})
     response["Content-Disposition"] = f'inline; filename="bench-run-{run.pk}.json"'
     return response

@@ -81,7 +81,8 @@ _declare(
     Setting("LOOM_API_MAX_BODY_BYTES", int, 1_048_576, "Largest request body the HTTP API accepts.", 1),
     Setting("LOOM_API_EXAMPLES", bool, True, "Register loomapi's example flows (calc.add, calc.accumulate)."),
     # benchmarks
-    Setting("LOOM_RESULTS_PUBLIC", bool, True, "Benchmark result pages need no login (false: staff only)."),
+    Setting("LOOM_RESULTS_PUBLIC", bool, False,
+            "Benchmark result pages need no login (default: staff only; runs name machines and commits)."),
 )
 
 

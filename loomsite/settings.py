@@ -1,8 +1,10 @@
-"""Settings for the Loom project: everything comes from the environment (django-environ).
+"""Settings of the demo site: everything comes from the environment (django-environ).
 
-`DATABASE_URL` defaults to a SQLite file in the project folder, the embedded default;
-`DATABASE_URL=postgres://127.0.0.1:5432/loom` switches to PostgreSQL. The library's own
-settings (`LOOM_*`) are documented with their defaults in `journal/conf.py`.
+Only this demo site reads environment variables; a project that embeds the apps sets the same
+`LOOM_*` names in its own Django settings (docs/embedding.md). `DATABASE_URL` defaults to a SQLite
+file in the project folder, the embedded default; `DATABASE_URL=postgres://127.0.0.1:5432/loom`
+switches to PostgreSQL. The library's own settings (`LOOM_*`) are documented with their defaults in
+`journal/conf.py`; the security settings and the SECRET_KEY rule in docs/security.md.
 """
 
 import math
@@ -10,14 +12,32 @@ from pathlib import Path
 
 import environ
 
+from loomsite import secret_key
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False) if (BASE_DIR / ".env").exists() else None
 
 DEBUG = env.bool("DEBUG", default=False)
-SECRET_KEY = env.str("SECRET_KEY", default="loom-insecure-development-key-change-me-in-production-0123456789")
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+# From the environment; a local site (DEBUG, or ALLOWED_HOSTS naming only this machine) falls back to a
+# key generated into var/secret_key on first use. The rule and why: loomsite/secret_key.py.
+SECRET_KEY = secret_key.choose(env.str("SECRET_KEY", default=""), BASE_DIR / "var" / "secret_key",
+                               debug=DEBUG, allowed_hosts=ALLOWED_HOSTS)
+
+# HTTPS behind a proxy, from the environment so that `check --deploy` can be made clean without editing
+# this file (docs/security.md lists a production environment).
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_REDIRECT_EXEMPT = env.list("SECURE_REDIRECT_EXEMPT", default=[])
+_proxy_ssl_header = env.list("SECURE_PROXY_SSL_HEADER", default=[])  # e.g. HTTP_X_FORWARDED_PROTO,https
+SECURE_PROXY_SSL_HEADER = tuple(_proxy_ssl_header) if _proxy_ssl_header else None
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -32,6 +52,8 @@ INSTALLED_APPS = [
     "projections",
     "benchmarks",
     "loomapi",
+    "axes",
+    "loomsite.apps.LoomsiteConfig",
 ]
 
 MIDDLEWARE = [
@@ -42,7 +64,23 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "loomsite.middleware.HostileQueryMiddleware",
+    # Last, as django-axes asks: locks out a client after repeated failed admin logins.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Admin login throttling (django-axes): 5 failures for one username from one address lock that pair out
+# for an hour; attempts are stored in the database (admin: Axes), so every web process sees them.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = env.float("AXES_COOLOFF_TIME", default=1.0)  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Axes keys on REMOTE_ADDR: behind a reverse proxy that is the proxy's address, so the lock-out is per
+# username (docs/security.md says what that means and what to do at the proxy).
 
 ROOT_URLCONF = "loomsite.urls"
 WSGI_APPLICATION = "loomsite.wsgi.application"
@@ -90,7 +128,10 @@ DATABASES = {"default": _database()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
 LANGUAGE_CODE = "en-us"
@@ -128,7 +169,8 @@ else:
     Q_CLUSTER["orm"] = "default"
 
 # Loom settings: every LOOM_* variable in the environment becomes a setting of that name,
-# typed by the defaults declared in journal/conf.py (see docs/configuration.md).
+# typed by the defaults declared in journal/conf.py (see docs/configuration.md). Only this demo
+# site does this: an embedding project writes LOOM_* settings in its own settings module.
 for _key, _value in env.ENVIRON.items():
     if _key.startswith("LOOM_") and not _key.startswith("LOOM_Q_"):
         globals()[_key] = _value

@@ -48,6 +48,7 @@ def record_run(command: str = "bench_throughput", *, slow: float = 1.0, extra_se
 
 @pytest.fixture
 def public(settings):
+    """The explicit opt-in: pages open to anyone (they are staff-only by default)."""
     settings.LOOM_RESULTS_PUBLIC = True
 
 
@@ -159,9 +160,10 @@ def test_compare_csv_has_ratio_and_status_per_cell(client, public):
 
 
 @pytest.mark.django_db
-def test_pages_are_staff_only_when_results_are_not_public(client, settings, django_user_model):
-    """With LOOM_RESULTS_PUBLIC false, anonymous and non-staff users are sent to the login page."""
-    settings.LOOM_RESULTS_PUBLIC = False
+def test_pages_are_staff_only_unless_results_are_made_public(client, settings, django_user_model):
+    """By default (LOOM_RESULTS_PUBLIC unset), anonymous and non-staff users are sent to the login page."""
+    if hasattr(settings, "LOOM_RESULTS_PUBLIC"):
+        del settings.LOOM_RESULTS_PUBLIC
     run = record_run()
     urls = [reverse("benchmarks:run_list"), reverse("benchmarks:run_detail", args=[run.pk]),
             reverse("benchmarks:run_csv", args=[run.pk]), reverse("benchmarks:run_json", args=[run.pk]),

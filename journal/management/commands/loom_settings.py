@@ -1,8 +1,13 @@
-"""`manage.py loom_settings`: every LOOM_* setting with its type, default and current value."""
+"""`manage.py loom_settings`: every LOOM_* setting with its type, default and current value.
+
+Secret-looking settings (LOOM_API_TOKENS...) are printed as "<redacted>": the output ends up in
+terminals, CI logs and bug reports (journal/redaction.py decides what is secret).
+"""
 
 from django.core.management.base import BaseCommand
 
 from journal import conf
+from journal.redaction import shown
 
 
 def markdown_table() -> str:
@@ -25,4 +30,5 @@ class Command(BaseCommand):
             self.stdout.write(markdown_table(), ending="")
             return
         for item in conf.SETTINGS.values():
-            self.stdout.write(f"{item.name} = {conf.get_safe(item.name, '<invalid>')!r}")
+            value = shown(item.name, conf.get_safe(item.name, "<invalid>"))
+            self.stdout.write(f"{item.name} = {value!r}")
