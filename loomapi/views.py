@@ -152,7 +152,7 @@ def start_execution(request, name: str):
     refuse_aggregate_namespace(execution_id)
     header = header_status(execution_id)
     if header is not None:
-        return _existing(request, principal, flow.name, execution_id, header, stored)
+        return _existing(principal, flow.name, execution_id, header, stored, wait)
     if _stream_exists(execution_id):
         raise errors.ExecutionConflict(f"a journal stream named {execution_id!r} exists and is not an execution; "
                                        "choose another execution_id")
@@ -173,9 +173,10 @@ def start_execution(request, name: str):
                           "error": None, "created": True}, status=202, headers=location)
 
 
-def _existing(request, principal: Principal, flow: str, execution_id: str, header: tuple, stored: Any):
-    """A start of an id that exists: the existing execution if it is this very request, else 409."""
-    status, existing_flow, result, error = header
+def _existing(principal: Principal, flow: str, execution_id: str, header: tuple, stored: Any, wait: float):
+    """A start of an id that exists: the existing execution if it is this very request (after up to
+    `wait` seconds for it to settle), else 409."""
+    existing_flow = header[1]
     started = _started_payload(execution_id)
     if not principal.may_read(_started_by(started)):
         raise errors.ExecutionConflict(f"execution {execution_id!r} already exists; choose a new execution_id")
@@ -187,6 +188,9 @@ def _existing(request, principal: Principal, flow: str, execution_id: str, heade
         raise errors.ExecutionConflict(
             f"execution {execution_id!r} already exists with a different input; "
             "choose a new execution_id for a new execution")
+    if wait and header[0] not in TERMINAL:
+        header = _wait_settled(execution_id, wait) or header_status(execution_id) or header
+    status, _, result, error = header
     existing = {"execution_id": execution_id, "flow": existing_flow, "status": status, "result": result,
                 "error": error or None, "created": False}
     return json_response(existing, status=200, headers={"Location": _location(execution_id)})

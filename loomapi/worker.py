@@ -90,6 +90,11 @@ def complete(buffer: bytes | bytearray, limit: int) -> bool:
     return len(buffer) - body_start >= length
 
 
+def _expects_continue(buffer: bytes | bytearray) -> bool:
+    end = buffer.find(b"\r\n\r\n")
+    return end >= 0 and b"\r\nexpect: 100-continue" in bytes(buffer[:end]).lower()
+
+
 def _chunks_complete(buffer: bytes | bytearray, pos: int, limit: int) -> bool:
     """Walk the chunked body from `pos`: True at its last chunk and trailers, or past `limit` bytes."""
     total = 0
@@ -172,6 +177,13 @@ class BufferingWorker(ThreadWorker):
         if complete(conn.loom_buffer, body_limit()):
             self._stop_reading(conn)
             self._hand_over(conn)
+        elif not getattr(conn, "loom_continued", False) and _expects_continue(conn.loom_buffer):
+            # The client waits for "100 Continue" before it sends the body (curl does, for larger
+            # bodies): say it now, or it would wait its own timeout first. (gunicorn may send one
+            # more when it builds the request; a client ignores extra 1xx responses, RFC 9110 15.2.)
+            conn.loom_continued = True
+            with contextlib.suppress(OSError):
+                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def _hand_over(self, conn) -> None:
         if conn.parser is None:

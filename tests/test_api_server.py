@@ -167,7 +167,7 @@ def test_a_request_not_sent_whole_within_the_read_timeout_is_answered_408_and_cl
     assert b'"request_timeout"' in received
 
 
-def test_a_chunked_request_body_is_read(child_env, servers):
+def test_chunked_and_expect_100_continue_request_bodies_are_read(child_env, servers):
     server = servers(server_env(child_env))
     conn = server.connection()
     conn.request("POST", "/api/flows/calc.add/call", body=iter([b'{"input": ', b'{"a": 2, "b": 3}}']),
@@ -176,6 +176,20 @@ def test_a_chunked_request_body_is_read(child_env, servers):
     response = conn.getresponse()
     assert (response.status, json.loads(response.read())["result"]) == (200, 5)
     conn.close()
+    # A client that waits for "100 Continue" before sending its body (as curl does) is told to go on.
+    body = b'{"input": {"a": 4, "b": 5}}'
+    sock = server.raw()
+    sock.sendall(b"POST /api/flows/calc.add/call HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                 + TOKEN.encode() + b"\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    assert sock.recv(4096).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+    sock.sendall(body)
+    received = b""
+    while b'"result": 9' not in received:
+        chunk = sock.recv(4096)
+        assert chunk, received
+        received += chunk
+    sock.close()
 
 
 @pytest.mark.parametrize(("token", "status"), [("wrong-token-0123456789", 401), (TOKEN, 413)])
