@@ -112,8 +112,8 @@ class SubscriptionAdmin(admin.ModelAdmin):
 
 @admin.register(Checkpoint)
 class CheckpointAdmin(admin.ModelAdmin):
-    list_display = ("consumer", "position", "horizon_id", "horizon_at", "updated_at")
-    readonly_fields = ("consumer", "position", "horizon_id", "horizon_at", "updated_at")
+    list_display = ("consumer", "position", "horizon_id", "horizon_at", "horizon_xmax", "updated_at")
+    readonly_fields = ("consumer", "position", "horizon_id", "horizon_at", "horizon_xmax", "updated_at")
 
     def has_add_permission(self, request):
         return False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
@@ -49,15 +50,38 @@ def route(consumers: Iterable[Consumer], events: Iterable[ScannedEvent]) -> list
     return [_bump(c, stream, seq) for (_, stream), (c, seq) in best.items()]
 
 
-def settle(row: CheckpointRow, ids: Sequence[int], now, horizon: float) -> CheckpointRow:
+_warned: dict[str, float] = {}  # consumer -> monotonic time of the last warning (logging only)
+
+
+def _warn_held(consumer: str, gap: int, xmax: int | None, oldest: int | None) -> None:
+    """Say, at most once a minute per consumer, that a long transaction holds correlation at a gap."""
+    now = time.monotonic()
+    if now - _warned.get(consumer, -1e9) >= 60:
+        _warned[consumer] = now
+        log.warning("correlation of %s waits at id %s: transaction %s (older than xid %s) is still running; "
+                    "later ids are re-read each scan until it ends", consumer, gap, oldest, xmax)
+
+
+def settle(row: CheckpointRow, ids: Sequence[int], now, horizon: float, xmax: int | None = None,
+           oldest: int | None = None) -> CheckpointRow:
     """The checkpoint after a scan that saw `ids` (ascending, all > row.position) at `now`.
 
     Contiguous ids advance the position at once. A gap stops it; the largest id seen is then
-    remembered with the time (the horizon); a later scan that finds the horizon older than
-    `horizon` seconds settles everything up to it, gaps included.
+    remembered with the time (the horizon). Without transaction information (SQLite: xmax None,
+    where gaps are final anyway) a later scan that finds the horizon older than `horizon` seconds
+    settles everything up to it, gaps included.
+
+    On PostgreSQL time alone is not enough: a transaction that allocated a missing id may simply
+    be slow, and if its commit's notification is not seen (listener away, {"poll": true}) its events
+    would never be correlated. So once the horizon has aged, the scan records the snapshot's `xmax`
+    (every transaction that allocated an id up to horizon_id got its xid within microseconds of it,
+    long before), and the gap settles only at a later scan whose `oldest` running xid (other
+    sessions) is at least that: every such transaction has ended, so this scan, which starts after
+    the clock was read, sees the missing id if it committed.
     """
-    position, hid, hat = row.position, row.horizon_id, row.horizon_at
-    aged = hat is not None and now - hat >= timedelta(seconds=horizon)
+    position, hid, hat, hx = row.position, row.horizon_id, row.horizon_at, row.horizon_xmax
+    timed = hat is not None and now - hat >= timedelta(seconds=horizon)
+    aged = timed and (xmax is None or (hx is not None and oldest is not None and oldest >= hx))
     if aged:
         position = max(position, hid)
     for i in ids:
@@ -71,7 +95,11 @@ def settle(row: CheckpointRow, ids: Sequence[int], now, horizon: float) -> Check
         return CheckpointRow(row.consumer, position, position, None)
     if hat is None or aged:
         return CheckpointRow(row.consumer, position, seen, now)
-    return CheckpointRow(row.consumer, position, hid, hat)
+    if timed and hx is None:
+        hx = xmax  # aged by time: from now on, wait for the transactions running now
+    elif timed and now - hat >= timedelta(seconds=max(60.0, 30 * horizon)):
+        _warn_held(row.consumer, position + 1, hx, oldest)
+    return CheckpointRow(row.consumer, position, hid, hat, hx)
 
 
 def correlate(registry: Registry, alias: str = "default") -> int:
@@ -86,16 +114,16 @@ def correlate(registry: Registry, alias: str = "default") -> int:
     with transaction.atomic(using=alias):
         if not store.try_correlate_lock():
             return 0
-        rows, now = store.checkpoints([c.name for c in consumers])
+        rows, clock = store.checkpoints([c.name for c in consumers])
         known = {r.consumer: r for r in rows}
         # A consumer seen for the first time starts from the beginning of the log.
         states = {c.name: known.get(c.name, CheckpointRow(c.name, 0, 0, None)) for c in consumers}
         groups: dict[tuple, list[Consumer]] = {}
         for c in consumers:
             s = states[c.name]
-            groups.setdefault((s.position, s.horizon_id, s.horizon_at), []).append(c)
+            groups.setdefault((s.position, s.horizon_id, s.horizon_at, s.horizon_xmax), []).append(c)
         changed: list[CheckpointRow] = []
-        for (position, _, _), members in groups.items():
+        for (position, *_), members in groups.items():
             ids: list[int] = []
             cursor = position
             for _ in range(MAX_PAGES):
@@ -108,7 +136,7 @@ def correlate(registry: Registry, alias: str = "default") -> int:
                 if len(events) < page:
                     break
             for c in members:
-                new = settle(states[c.name], ids, now, horizon)
+                new = settle(states[c.name], ids, clock.now, horizon, clock.xmax, clock.oldest)
                 if new != states[c.name] or c.name not in known:
                     changed.append(new)
         store.save_checkpoints(changed)

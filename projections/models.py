@@ -63,14 +63,19 @@ class Checkpoint(models.Model):
     """How far correlation has scanned the log for one consumer (global event ids).
 
     `position`: every id up to it is settled and scanned. `horizon_id`/`horizon_at`: the largest id
-    seen by a scan at `horizon_at`; once that is older than LOOM_CORRELATE_HORIZON_SECONDS, ids up
-    to `horizon_id` are settled even if some are missing (rolled back), see docs/projections.md.
+    seen by a scan at `horizon_at`; once that is older than LOOM_CORRELATE_HORIZON_SECONDS (and, on
+    PostgreSQL, every transaction running when it had aged has ended: `horizon_xmax`), ids up to
+    `horizon_id` are settled even if some are missing (rolled back), see docs/projections.md.
     """
 
     consumer = models.CharField(max_length=200, primary_key=True)
     position = models.BigIntegerField(default=0)
     horizon_id = models.BigIntegerField(default=0)
     horizon_at = models.DateTimeField(null=True, blank=True)
+    horizon_xmax = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="PostgreSQL: xmax of a snapshot taken once the horizon had aged; the gap settles only"
+                  " when no transaction older than it is running.")
     updated_at = models.DateTimeField(db_default=Now())
 
     def __str__(self) -> str:

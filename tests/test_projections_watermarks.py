@@ -229,3 +229,62 @@ def test_a_failure_while_redoing_the_events_before_a_poison_one_keeps_the_waterm
     calls["flaky"] = False
     drain()
     assert applied("flaky") == [("s", i) for i in range(4)]
+
+
+# -- correlation: a gap settles only once the transactions that could hold it have ended ----------
+
+def test_an_aged_gap_waits_for_the_transactions_running_when_it_aged():
+    from datetime import UTC, datetime, timedelta
+
+    from projections.correlate import settle
+    from projections.store.base import CheckpointRow
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    held = settle(CheckpointRow("c", 10, 10, None), [11, 13, 14], t0, 2.0, xmax=500, oldest=490)
+    assert (held.position, held.horizon_id, held.horizon_xmax) == (11, 14, None)
+    later = t0 + timedelta(seconds=3)
+    aged = settle(held, [13, 14], later, 2.0, xmax=520, oldest=495)  # aged by time: remember xmax 520
+    assert (aged.position, aged.horizon_xmax) == (11, 520)
+    assert settle(aged, [13, 14], later, 2.0, xmax=530, oldest=519).position == 11  # xid 519 still runs
+    assert settle(aged, [12, 13, 14], later, 2.0, xmax=530, oldest=519).position == 14  # it committed: seen
+    assert settle(aged, [13, 14], later, 2.0, xmax=530, oldest=520).position == 14  # all ended: rolled back
+
+
+@pytest.mark.postgres
+def test_an_event_committed_long_after_the_horizon_is_still_correlated(settings):
+    """A writer holds an event uncommitted well past the horizon while later ids commit; no
+    notification is listened to (drain() has no listener): the scan alone must still find it."""
+    import threading
+
+    from django.db import connections, transaction
+
+    from projections.correlate import correlate
+    from projections.models import Checkpoint
+
+    settings.LOOM_CORRELATE_HORIZON_SECONDS = 0.1
+    declare_counter()
+    inserted, release = threading.Event(), threading.Event()
+
+    def slow_writer():
+        try:
+            with transaction.atomic():
+                Event.objects.append("slow", Envelope("Tick"))
+                inserted.set()
+                release.wait(60)
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=slow_writer)
+    writer.start()
+    try:
+        assert inserted.wait(30)
+        ticks("fast", 1)  # a higher id, committed: the slow one is a gap in the ids
+        for _ in range(6):
+            correlate(registry)
+            time.sleep(0.1)  # five times the horizon in all
+        assert Checkpoint.objects.get(consumer="counter").position < Event.objects.get(stream_id="fast").id
+    finally:
+        release.set()
+        writer.join(30)
+    drain()
+    assert applied("counter") == [("fast", 0), ("slow", 0)]

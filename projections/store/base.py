@@ -44,6 +44,21 @@ class CheckpointRow:
     position: int
     horizon_id: int
     horizon_at: datetime | None
+    # PostgreSQL: the snapshot's xmax recorded once the horizon had aged: every transaction that
+    # could still hold a missing id up to horizon_id has a smaller xid (see correlate.settle).
+    horizon_xmax: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """The database's clock and, on PostgreSQL, its transactions when correlation starts a scan.
+
+    xmax: the first xid not yet assigned. oldest: the oldest xid still running in another session
+    (xmax if none). None on SQLite, where ids are assigned and committed under one write lock."""
+
+    now: datetime
+    xmax: int | None = None
+    oldest: int | None = None
 
 
 # A bump: (consumer, stream, source, lane, priority, seq) -> the subscription's tip is at least seq.
@@ -58,8 +73,9 @@ class ProjectionStore(DatabaseBound, ABC):
         """Inside a transaction: True if this worker may scan now (one scanner at a time)."""
 
     @abstractmethod
-    def checkpoints(self, consumers: Sequence[str]) -> tuple[list[CheckpointRow], datetime]:
-        """The consumers' checkpoints (missing ones absent) and the database's clock."""
+    def checkpoints(self, consumers: Sequence[str]) -> tuple[list[CheckpointRow], Clock]:
+        """The consumers' checkpoints (missing ones absent) and the database's clock, read before
+        the scan (so the scan's snapshot is later than the clock's)."""
 
     @abstractmethod
     def save_checkpoints(self, rows: Sequence[CheckpointRow]) -> None: ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from journal.envelopes import StoredEvent
-from projections.store.base import Bump, CheckpointRow, Claim, ProjectionStore, ScannedEvent
+from projections.store.base import Bump, CheckpointRow, Claim, Clock, ProjectionStore, ScannedEvent
 
 # -- try_correlate_lock --
 # A transaction-scoped advisory lock: only one worker scans the log at a time; the others skip
@@ -21,16 +21,36 @@ CORRELATE_LOCK_KEY = 0x4C6F6F6D436F72  # "LoomCor"
 # clock_timestamp(), not now(): the safety horizon is measured on the database's clock, which all
 # workers share, at the moment of the read.
 CHECKPOINTS = """
-SELECT consumer, position, horizon_id, horizon_at, clock_timestamp()
+SELECT consumer, position, horizon_id, horizon_at, horizon_xmax
 FROM projections_checkpoint WHERE consumer = ANY(%s)
 """
-CLOCK = "SELECT clock_timestamp()"
+
+# -- clock --
+# With the time, the snapshot's xmax (first xid not yet assigned) and the oldest xid still running
+# in ANOTHER session of THIS database (or prepared in it), as 64-bit xids: a missing journal id can
+# only be held by a transaction of this database, so writers elsewhere in the cluster do not hold
+# correlation back. pg_snapshot_xip lists the running xids (not our own); pg_stat_activity and
+# pg_prepared_xacts say which belong here (32-bit xids: matched modulo 2^32). backend_xid is visible
+# to every role. Read before the scan, whose READ COMMITTED snapshot is therefore later.
+CLOCK = """
+WITH s AS (SELECT pg_current_snapshot() AS snap), here AS (
+    SELECT backend_xid::text::bigint AS xid FROM pg_stat_activity
+    WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+    UNION ALL
+    SELECT transaction::text::bigint FROM pg_prepared_xacts WHERE database = current_database()
+)
+SELECT clock_timestamp(), pg_snapshot_xmax(snap)::text::bigint,
+       COALESCE((SELECT min(x::text::bigint) FROM pg_snapshot_xip(snap) AS x
+                 WHERE mod(x::text::bigint, 4294967296) IN (SELECT xid FROM here)),
+                pg_snapshot_xmax(snap)::text::bigint)
+FROM s
+"""
 
 SAVE_CHECKPOINTS = """
-INSERT INTO projections_checkpoint (consumer, position, horizon_id, horizon_at, updated_at)
-SELECT * , now() FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::timestamptz[])
+INSERT INTO projections_checkpoint (consumer, position, horizon_id, horizon_at, horizon_xmax, updated_at)
+SELECT * , now() FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::timestamptz[], %s::bigint[])
 ON CONFLICT (consumer) DO UPDATE SET position = EXCLUDED.position, horizon_id = EXCLUDED.horizon_id,
-    horizon_at = EXCLUDED.horizon_at, updated_at = now()
+    horizon_at = EXCLUDED.horizon_at, horizon_xmax = EXCLUDED.horizon_xmax, updated_at = now()
 """
 
 # -- scan --
@@ -199,18 +219,17 @@ class PostgresProjectionStore(ProjectionStore):
     def checkpoints(self, consumers):
         with self._cursor() as cursor:
             cursor.execute(CHECKPOINTS, [list(consumers)])
-            rows = cursor.fetchall()
-            if rows:
-                return [CheckpointRow(*row[:4]) for row in rows], rows[0][4]
+            rows = [CheckpointRow(*row) for row in cursor.fetchall()]
             cursor.execute(CLOCK)
-            return [], cursor.fetchone()[0]
+            return rows, Clock(*cursor.fetchone())
 
     def save_checkpoints(self, rows):
         if not rows:
             return
         with self._cursor() as cursor:
             cursor.execute(SAVE_CHECKPOINTS, [[r.consumer for r in rows], [r.position for r in rows],
-                                              [r.horizon_id for r in rows], [r.horizon_at for r in rows]])
+                                              [r.horizon_id for r in rows], [r.horizon_at for r in rows],
+                                              [r.horizon_xmax for r in rows]])
 
     def scan(self, after_id, limit):
         with self._cursor() as cursor:

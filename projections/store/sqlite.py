@@ -14,16 +14,16 @@ from datetime import UTC, datetime, timedelta
 from django.db import transaction
 
 from journal.envelopes import StoredEvent
-from projections.store.base import Bump, CheckpointRow, Claim, ProjectionStore, ScannedEvent
+from projections.store.base import Bump, CheckpointRow, Claim, Clock, ProjectionStore, ScannedEvent
 
 CHECKPOINTS = ("SELECT consumer, position, horizon_id, horizon_at FROM projections_checkpoint"
                " WHERE consumer IN ({marks})")
 
 SAVE_CHECKPOINT = """
-INSERT INTO projections_checkpoint (consumer, position, horizon_id, horizon_at, updated_at)
-VALUES (%s, %s, %s, %s, %s)
+INSERT INTO projections_checkpoint (consumer, position, horizon_id, horizon_at, horizon_xmax, updated_at)
+VALUES (%s, %s, %s, %s, NULL, %s)
 ON CONFLICT (consumer) DO UPDATE SET position = excluded.position, horizon_id = excluded.horizon_id,
-    horizon_at = excluded.horizon_at, updated_at = excluded.updated_at
+    horizon_at = excluded.horizon_at, horizon_xmax = NULL, updated_at = excluded.updated_at
 """
 
 # -- scan -- (ids are assigned and committed under the single write lock: no in-flight gaps here)
@@ -134,11 +134,11 @@ class SqliteProjectionStore(ProjectionStore):
     def checkpoints(self, consumers):
         names = list(consumers)
         if not names:
-            return [], self._now()
+            return [], Clock(self._now())
         with self.connection.cursor() as cursor:
             cursor.execute(CHECKPOINTS.format(marks=", ".join(["%s"] * len(names))), names)
             rows = [CheckpointRow(r[0], r[1], r[2], _parse(r[3])) for r in cursor.fetchall()]
-        return rows, self._now()
+        return rows, Clock(self._now())
 
     def save_checkpoints(self, rows):
         now = _text(self._now())
