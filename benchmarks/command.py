@@ -86,7 +86,15 @@ class BenchCommand(BaseCommand):
             if failure is not None:
                 self._report(recorder, options)
                 raise CommandError(str(failure))
+            self.finish(recorder, options)
         self._report(recorder, options)
+        self.conclude(recorder, options)
+
+    def finish(self, recorder: Recorder, options: dict) -> None:
+        """After every section ran, inside the recorded run: a command may record derived cells here."""
+
+    def conclude(self, recorder: Recorder, options: dict) -> None:
+        """After the run is recorded and reported: a command may fail here (a gate's exit status)."""
 
     def _report(self, recorder: Recorder, options: dict) -> None:
         run = recorder.run

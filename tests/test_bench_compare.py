@@ -7,7 +7,9 @@ is past the threshold and every repeat of the new run lies beyond every repeat o
 
 from __future__ import annotations
 
+import io
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,71 @@ def test_chart_text_is_large_enough_to_read():
                   p99_ms=2.0) for n in (1, 8, 64)]
     svg = charts.section_charts("append", cells)[0].svg
     assert 'class="tick"' in svg and 'class="axis"' in svg and 'class="legend"' in svg
+
+
+# --- the ratio gate (benchmarks/gate.py, manage.py bench_gate) ---------------------------------------
+
+
+def _pair(section: str, params: dict, top: str, bottom: str, top_runs, bottom_runs) -> list[Cell]:
+    return [Cell(section, top, params, throughput=statistics.median(top_runs), throughput_runs=tuple(top_runs)),
+            Cell(section, bottom, params, throughput=statistics.median(bottom_runs),
+                 throughput_runs=tuple(bottom_runs))]
+
+
+def test_the_gate_takes_the_median_of_paired_repeats():
+    """Repeat i of the numerator over repeat i of the denominator; one wild repeat does not decide."""
+    from benchmarks.gate import RULES, evaluate
+
+    coalescing = next(r for r in RULES if r.name == "coalescing gain")
+    cells = _pair("coalesced", {"writers": 64, "repeats": 5}, "coalesced-64", "per-event",
+                  [4000, 4200, 900, 4100, 3900], [1000, 1000, 1000, 1000, 1000])
+    (outcome,) = evaluate(cells, [coalescing])
+    assert outcome.value == pytest.approx(4.0) and not outcome.failed
+    assert outcome.paired == pytest.approx((4.0, 4.2, 0.9, 4.1, 3.9))
+    cells = _pair("coalesced", {"writers": 64}, "coalesced-64", "per-event", [2000, 2500, 2900], [1000] * 3)
+    assert evaluate(cells, [coalescing])[0].failed
+
+
+def test_the_gate_fails_a_rule_that_was_not_measured_or_measured_once():
+    """No cells, or a single repeat (no pairing possible): FAIL, not a silent pass."""
+    from benchmarks.gate import RULES, evaluate
+
+    assert all(o.failed and o.value is None for o in evaluate([], RULES))
+    append = next(r for r in RULES if r.name == "append overhead")
+    once = _pair("append", {"concurrency": 1}, "ceiling", "per-event", [1100], [1000])
+    assert evaluate(once, [append])[0].failed
+    ok = _pair("append", {"concurrency": 1}, "ceiling", "per-event", [1100, 1200, 1150], [1000, 1000, 1000])
+    assert not evaluate(ok, [append])[0].failed  # at most 1.5: the ceiling is 1.15x our append
+    slow = _pair("append", {"concurrency": 1}, "ceiling", "per-event", [3000, 3100, 2900], [1000, 1000, 1000])
+    assert evaluate(slow, [append])[0].failed
+
+
+def test_bench_gate_records_a_gate_cell_per_rule_and_exits_1_only_when_one_fails(transactional_db):
+    """At tiny sizes the ratios are anything; what must hold is that the run is recorded (ok), each rule
+    of this database has its cell, and the exit status agrees with the cells: CommandError(1) naming
+    exactly the failed rules, or success when all passed."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+    from django.db import connection
+
+    from benchmarks.gate import rules_for
+    from benchmarks.models import BenchRun
+
+    out = io.StringIO()
+    error = None
+    try:
+        call_command("bench_gate", "--gate-repeats", "2", "--ops", "16", "--coalesce-writers", "3",
+                     "--lease-concurrency", "2", "--lease-execs", "4", "--quiet", stdout=out, stderr=io.StringIO())
+    except CommandError as exc:
+        error = exc
+    run = BenchRun.objects.filter(command="bench_gate").order_by("-id").first()
+    assert run is not None and run.status == BenchRun.Status.OK, run and run.error
+    gates = {r.scenario: r for r in run.results.filter(section="gate")}
+    rules = rules_for(connection.vendor)
+    assert set(gates) == {rule.name for rule in rules}
+    failed = sorted(name for name, cell in gates.items() if not cell.metrics["passed"])
+    if failed:
+        assert error is not None and error.returncode == 1
+        assert all(name in str(error) for name in failed)
+    else:
+        assert error is None and "within their limits" in out.getvalue()
