@@ -358,6 +358,20 @@ def _locked(alias: str, stream: str) -> Iterator[None]:
         yield
 
 
+HOT_SECONDS = 2.0
+"""After this process loses a race on a stream, its commits to that stream queue from their first attempt
+for this long. A winner that never loses would otherwise keep beating the queue: its first attempt needs
+no read (its cache holds its own last commit), so it reaches the append before a queued retrier does."""
+
+_hot: dict[str, float] = {}  # stream -> time.monotonic() until which its commits queue
+
+
+def _mark_hot(stream: str) -> None:
+    if len(_hot) > 10_000:  # bounded: forgetting a mark only means one more optimistic attempt
+        _hot.clear()
+    _hot[stream] = time.monotonic() + HOT_SECONDS
+
+
 def backoff_delay(attempt: int, backoff_ms: float, max_backoff_ms: float) -> float:
     """Seconds to sleep after lost race number `attempt`: "full jitter", a random 0..min(cap, base * 2^(n-1))."""
     return random.uniform(0, min(max_backoff_ms, backoff_ms * 2 ** min(attempt - 1, 30))) / 1000
@@ -373,7 +387,8 @@ def do_with_retry(action: Action[S, Any], id: str, payload: Mapping[str, Any] | 
     Under contention every caller gets through (docs/aggregates.md): threads of one process take turns
     on a stream; after a lost race a caller sleeps a jittered, exponentially growing delay (capped at
     `max_backoff_ms`) and makes its next attempts queued behind the stream's other retriers (a
-    database lock; see `_queued_attempt`). After `attempts` lost races it raises RetriesExhausted (a
+    database lock; see `_queued_attempt`), as are this process's first attempts on that stream for
+    HOT_SECONDS after it lost a race there. After `attempts` lost races it raises RetriesExhausted (a
     ConcurrencyError). Other errors are not retried: they would fail the same way again.
     `on_conflict(attempt, error)` is called after each lost race (for metrics or logs).
     """
@@ -383,13 +398,15 @@ def do_with_retry(action: Action[S, Any], id: str, payload: Mapping[str, Any] | 
     _, stream = _stream_of(st, id)
     cmd = _validate_input(action, stream, payload)
     with _in_process_turn(stream):
+        optimistic = _hot.get(stream, 0.0) < time.monotonic()
         for attempt in range(1, attempts + 1):
             try:
-                if attempt == 1:  # the uncontended path: no lock, no transaction
+                if attempt == 1 and optimistic:  # the uncontended path: no lock, no transaction
                     return do(action, id, cmd, actor=actor)
                 with _queued_attempt(stream):
                     return do(action, id, cmd, actor=actor)
             except ConcurrencyError as exc:
+                _mark_hot(stream)
                 if on_conflict is not None:
                     on_conflict(attempt, exc)
                 if attempt == attempts:
