@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import django
 from django.contrib import admin, messages
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.admin.utils import quote, unquote
@@ -32,7 +33,9 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from journal.models import Event, Execution, Fence, Snapshot
+from journal.aggregates.admin import AggregateAdmin
+from journal.models import AggregateStream, Event, Execution, Fence, Snapshot
+from journal.timestamps import stamp
 
 VERBS = ("resume", "retry", "cancel")
 
@@ -74,12 +77,6 @@ class ReadOnlyAdmin(SafeChangeList, admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
-
-
-def stamp(when) -> str:
-    from journal.flows.describe import stamp as fmt
-
-    return fmt(when)
 
 
 def plan(execution: Execution, verb: str, force: bool = False) -> tuple[bool, str]:
@@ -246,6 +243,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
             "title": f"{verb.capitalize()} executions?", "verb": verb, "rows": rows,
             "any_will": any(will for _, will, _ in rows),
             "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME, "action": f"{verb}_executions",
+            **_crumbs(None, f"{verb.capitalize()} executions"),
         }
         return TemplateResponse(request, "journal/execution_action_confirm.html", context)
 
@@ -276,14 +274,14 @@ class ExecutionAdmin(ReadOnlyAdmin):
             context = {
                 **self.admin_site.each_context(request), "opts": self.model._meta, "original": execution,
                 "title": f"{verb.capitalize()} {execution.pk}?", "verb": verb, "force": force, "will": will,
-                "what": what, "change_url": url,
+                "what": what, "change_url": url, **_crumbs(execution, verb.capitalize()),
             }
             return TemplateResponse(request, "journal/execution_confirm.html", context)
 
         return view
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        from journal.flows import describe, ownership
+        from journal.flows import describe, ownership  # (the function; journal.flows loads it lazily)
         from journal.flows.errors import UnknownExecution
 
         execution_id = unquote(object_id)
@@ -345,3 +343,17 @@ class SnapshotAdmin(ReadOnlyAdmin):
 def execution_url(execution_id: str) -> str:
     """The admin page of an execution (ids quoted the admin's way)."""
     return reverse("admin:journal_execution_change", args=[quote(execution_id)])
+
+
+admin.site.register(AggregateStream, AggregateAdmin)  # the aggregates' pages, listed on the admin index
+
+
+def _crumbs(execution: Execution | None, last: str) -> dict:
+    """Breadcrumbs of the confirmation pages: Home > Loom journal > Executions > [id] > last."""
+    opts = Execution._meta
+    crumbs = [(opts.app_config.verbose_name, reverse("admin:app_list", args=["journal"])),
+              ("Executions", reverse("admin:journal_execution_changelist"))]
+    if execution is not None:
+        crumbs.append((execution.pk, execution_url(execution.pk)))
+    crumbs.append((last, None))
+    return {"crumbs": crumbs, "ol_breadcrumbs": django.VERSION >= (6, 0)}

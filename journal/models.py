@@ -95,3 +95,13 @@ class Execution(models.Model):
 
     def __str__(self) -> str:
         return f"{self.flow} {self.id} ({self.status})"
+
+
+class AggregateStream(Event):
+    """The aggregates' admin pages (journal/aggregates/admin.py): a proxy of Event so that they are
+    listed on the admin index and guarded by their own view permission (journal.view_aggregatestream)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "aggregate stream"
+        verbose_name_plural = "aggregates"

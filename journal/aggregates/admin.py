@@ -1,39 +1,57 @@
 """Read-only admin pages for aggregates: each declared state, its streams, and one stream's events
 with its current state computed on view (a replay that bypasses the cache, so it shows the log's truth).
 
-Mounted by the project (see docs/aggregates.md) at /admin/aggregates/ (staff only, through `admin.site.admin_view`).
-Pages, not a ModelAdmin: a proxy model of Event would need a migration in the journal app, and
-these pages only read. A state's streams are found by its stream prefix (see State.prefix).
+Registered with the admin site by journal/admin.py on `journal.models.AggregateStream` (a proxy of
+Event), so the pages are listed on the admin index ("Aggregates"), live under
+/admin/journal/aggregatestream/ with no URL of the project's own, render with the admin's context
+(user, logout form, breadcrumbs, styles) and need the view permission journal.view_aggregatestream.
+journal/aggregates/urls.py serves the same views for projects that mounted /admin/aggregates/.
+A state's streams are found by its stream prefix (see State.prefix).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+import django
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, Max
 from django.http import Http404, HttpRequest, HttpResponse
-from django.template import Context, Engine
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 
 from journal.aggregates.declarations import State, states
 from journal.aggregates.errors import AggregateError
 from journal.aggregates.runtime import META, replay
-from journal.models import Event
+from journal.models import AggregateStream, Event
+from journal.timestamps import stamp
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
 STREAMS_PER_PAGE = 50
 EVENTS_SHOWN = 500
 
 
 def _render(request: HttpRequest, template: str, context: dict) -> HttpResponse:
-    # Our templates live beside this module (journal/aggregates is not an app of its own), and
-    # extend the admin's base template through the default engine's loaders.
-    engine = Engine.get_default()
-    text = (TEMPLATES / template).read_text()
-    ctx = {**admin.site.each_context(request), **context}
-    return HttpResponse(engine.from_string(text).render(Context(ctx, autoescape=True)))
+    """An admin page: the site's context (user, logout, site header), the model's opts for breadcrumbs."""
+    model_admin = admin.site._registry.get(AggregateStream)
+    site = model_admin.admin_site if model_admin else admin.site
+    if model_admin is not None and not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    ctx = {**site.each_context(request), "opts": AggregateStream._meta, "ol_breadcrumbs": django.VERSION >= (6, 0),
+           **context}
+    return TemplateResponse(request, f"journal/aggregates/{template}", ctx)
+
+
+def _crumbs(state: State | None = None, id: str | None = None) -> list[tuple[str, str | None]]:
+    """Home > Loom journal > Aggregates > state > id (the last one is the current page)."""
+    crumbs = [(AggregateStream._meta.app_config.verbose_name, reverse("admin:app_list", args=["journal"])),
+              ("Aggregates", reverse("admin:journal_aggregatestream_changelist") if state else None)]
+    if state is not None:
+        crumbs.append((state.name, reverse("admin:journal_aggregate_streams", args=[state.name]) if id else None))
+    if id is not None:
+        crumbs.append((id, None))
+    return crumbs
 
 
 def _state(name: str) -> State:
@@ -55,7 +73,7 @@ def index(request: HttpRequest) -> HttpResponse:
          "actions": sorted(st.actions), "snapshot_every": st.snapshot_every}
         for st in sorted(states().values(), key=lambda s: s.name)
     ]
-    return _render(request, "aggregates_index.html", {"title": "Aggregates", "states": rows})
+    return _render(request, "index.html", {"title": "Aggregates", "states": rows, "crumbs": _crumbs()})
 
 
 def stream_list(request: HttpRequest, state: str) -> HttpResponse:
@@ -68,8 +86,9 @@ def stream_list(request: HttpRequest, state: str) -> HttpResponse:
     page = Paginator(streams, STREAMS_PER_PAGE).get_page(request.GET.get("page"))
     for row in page.object_list:
         row["id"] = row["stream_id"][len(st.prefix):]
-    return _render(request, "aggregates_streams.html",
-                   {"title": f"{st.name} aggregates", "state": st, "page": page, "q": query})
+        row["when"] = stamp(row["updated"])
+    return _render(request, "streams.html", {"title": f"{st.name} aggregates", "state": st, "page": page, "q": query,
+                                             "crumbs": _crumbs(st)})
 
 
 def stream_detail(request: HttpRequest, state: str, id: str) -> HttpResponse:
@@ -91,11 +110,36 @@ def stream_detail(request: HttpRequest, state: str, id: str) -> HttpResponse:
         meta = payload.pop(META, {}) or {}
         rows.append({"seq": ev.seq, "type": ev.type, "recorded_at": ev.recorded_at,
                      "deprecated": ev.type in st.deprecated, "action": meta.get("action", ""),
-                     "actor": json.dumps(meta.get("actor")), "payload": json.dumps(payload, sort_keys=True)})
-    return _render(request, "aggregates_detail.html", {
+                     "actor": json.dumps(meta.get("actor")), "payload": json.dumps(payload, sort_keys=True),
+                     "when": stamp(ev.recorded_at)})
+    return _render(request, "detail.html", {
         "title": f"{st.name} {id}", "state": st, "id": id, "stream": stream, "agg": agg, "current": current,
-        "error": error, "events": rows, "total": total, "truncated": total > len(rows),
+        "error": error, "events": rows, "total": total, "truncated": total > len(rows), "crumbs": _crumbs(st, id),
     })
+
+
+class AggregateAdmin(admin.ModelAdmin):
+    """The pages above as the admin of the AggregateStream proxy: its list is the index of states."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        return index(request)
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path("", wrap(index), name="journal_aggregatestream_changelist"),
+            path("<str:state>/", wrap(stream_list), name="journal_aggregate_streams"),
+            path("<str:state>/<path:id>/", wrap(stream_detail), name="journal_aggregate_detail"),
+        ]
 
 
 urlpatterns_views = {

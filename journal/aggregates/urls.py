@@ -1,4 +1,8 @@
-"""URLs of the aggregate admin pages; a project mounts them at /admin/aggregates/ (see docs/aggregates.md)."""
+"""The aggregate admin pages at a URL of the project's choosing (loomsite mounts them at /admin/aggregates/).
+
+Not needed: the same pages are registered with the admin site (journal/admin.py, the AggregateStream
+proxy) at /admin/journal/aggregatestream/ and linked from the admin index. Same permission either way.
+"""
 
 from django.urls import path
 

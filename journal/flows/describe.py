@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC
 from typing import Any
 
 from journal.flows import events as ev
 from journal.flows.errors import UnknownExecution
 from journal.flows.state import ExecutionState
+from journal.timestamps import stamp
 
 
 def timeline(events) -> list[dict[str, Any]]:
@@ -56,13 +56,6 @@ def timeline(events) -> list[dict[str, Any]]:
                          "error": "", "note": f"execution attempt {p.get('attempt')} from step position "
                                               f"{p.get('from_pos')}" + (f", asked by {actor}" if actor else "")})
     return rows
-
-
-def stamp(when) -> str:
-    """The one timestamp format of the execution pages: UTC, to the millisecond."""
-    if when is None:
-        return ""
-    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.") + f"{when.microsecond // 1000:03d} UTC"
 
 
 def describe(execution_id: str) -> dict[str, Any]:
