@@ -53,10 +53,10 @@ def check_broker(app_configs=None, **kwargs) -> list:
     found = []
     retry, timeout = cluster.get("retry", 60), cluster.get("timeout")
     ttl = conf.get_safe("LOOM_LEASE_TTL", None)
-    if ttl is not None and isinstance(retry, int | float) and retry > 2 * ttl:
+    if ttl is not None and isinstance(retry, int | float) and retry > ttl + max(ttl, 10):
         found.append(Warning(
-            f"Q_CLUSTER['retry'] ({retry} s) is more than twice LOOM_LEASE_TTL ({ttl} s): a queued start taken by "
-            "a worker that died waits that long before another worker takes it",
+            f"Q_CLUSTER['retry'] ({retry} s) is longer than LOOM_LEASE_TTL ({ttl} s) plus max(TTL, 10 s): a queued "
+            "start taken by a worker that died waits that long before another worker takes it",
             hint="Set retry to about LOOM_LEASE_TTL plus a few seconds (Loom's queued starts are idempotent, so "
                  "an early re-delivery is harmless), and timeout below retry for your own tasks.",
             id="loom.W112"))

@@ -135,6 +135,10 @@ def test_queued_starts_of_a_killed_worker_finish_on_a_fresh_worker_within_about_
     try:
         wait_until(lambda: Worker.objects.filter(id=f"victim-{tag}").exists()
                    and len(group(victim.pid)) >= 1 + CLUSTER, "the victim runs", proc=victim)
+        # The workers page: one row for the main process, one per django-q2 worker process.
+        wait_until(lambda: Worker.objects.filter(id__startswith=f"victim-{tag}/", role="django-q2 child").count()
+                   == Q_WORKERS, "the django-q2 children register", proc=victim)
+        assert Worker.objects.get(id=f"victim-{tag}").role == "main"
         eids = [enqueue_start("leases.steps", {"n": steps, "pause": 0.3}, execution_id=f"q-{tag}-{i}")
                 for i in range(n)]
         mine = lambda: [e for e in effects() if e[0].startswith(f"q-{tag}")]  # noqa: E731
@@ -154,6 +158,10 @@ def test_queued_starts_of_a_killed_worker_finish_on_a_fresh_worker_within_about_
         wait_until(lambda: not OrmQ.objects.exists(), "every queue row acknowledged", timeout=60, proc=rescuer)
         rescuer.send_signal(signal.SIGTERM)
         assert rescuer.wait(60) == 0, output(rescuer)
+        logged = output(victim) + output(rescuer)  # the worker's own log lines (docs/workers.md "Logs")
+        for line in (f"start execution=q-{tag}-", f"completed execution=q-{tag}-", f"takeover execution=q-{tag}-",
+                     f"recovered execution=q-{tag}-", f"duplicate execution=q-{tag}-"):
+            assert line in logged, line
         assert not group(rescuer.pid)
     finally:
         cleanup(victim)

@@ -9,12 +9,14 @@ dies with it (leases/lifeline.py); the leases expire after LOOM_LEASE_TTL.
 
 from __future__ import annotations
 
+import logging
 import signal
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from leases.checks import SNIPPET, broker_problem
+from leases.keeper import set_main
 from leases.lifeline import die_with_parents
 from leases.worker import Worker
 
@@ -29,8 +31,18 @@ class Command(BaseCommand):
                             help="Do not start django-q2's cluster (services only).")
         parser.add_argument("--stop-timeout", type=float, default=10.0,
                             help="Seconds each service gets to stop on SIGTERM (default 10).")
+        parser.add_argument("--log-level", default=None,
+                            help="Level of the 'loom' loggers (default: as LOGGING says, else INFO).")
 
-    def handle(self, *args, worker_id=None, no_cluster=False, stop_timeout=10.0, **options) -> None:
+    def handle(self, *args, worker_id=None, no_cluster=False, stop_timeout=10.0, log_level=None,
+               **options) -> None:
+        # A worker you can watch: its starts, completions, failures, takeovers and recoveries are
+        # logged at INFO under "loom.*" (docs/workers.md "Logs"), unless LOGGING set that logger.
+        loom_log = logging.getLogger("loom")
+        if log_level is not None:
+            loom_log.setLevel(log_level.upper())
+        elif loom_log.level == logging.NOTSET:
+            loom_log.setLevel(logging.INFO)
         cluster = None
         if not no_cluster:
             problem = broker_problem()  # also system check loom.E110, which --skip-checks skips
@@ -43,6 +55,9 @@ class Command(BaseCommand):
             from leases.tasks import ensure_schedule
 
             ensure_schedule()
+            # Before the cluster forks: its processes then know they are this worker's children
+            # (their own ids <worker id>/<pid>, role "django-q2 child" on the workers page).
+            set_main(worker.worker_id)
             # Every process the cluster forks (sentinel, then its workers, pusher and monitor) dies
             # with its parent: a SIGKILLed worker leaves no cluster behind taking queued starts.
             die_with_parents()
