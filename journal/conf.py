@@ -8,6 +8,7 @@ reported by the system check `loom.E001` (see journal/checks.py), not deep insid
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,18 @@ class Setting:
     minimum: float | None = None
     choices: tuple[str, ...] | None = None
     optional: bool = False  # None is a legal value ("unset")
+    check: Callable[[Any], str | None] | None = None  # why a coerced value is unusable, or None
+
+
+def _channel_problem(value: str) -> str | None:
+    """A PostgreSQL channel name is an identifier: 1 to 63 bytes (NAMEDATALEN - 1); printable, so it reads
+    the same in LISTEN, in logs and in pg_notify()."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= 63 or not value.isprintable():
+        return f"is not a PostgreSQL channel name: 1 to 63 bytes of printable characters, got {size} bytes"
+    return None
+
+
 
 
 SETTINGS: dict[str, Setting] = {}
@@ -37,7 +50,9 @@ _declare(
     # journal
     Setting("LOOM_MAX_PAYLOAD_BYTES", int, 1_048_576, "Largest JSON payload (bytes) an append accepts.", 1),
     Setting("LOOM_NOTIFY", bool, True, "On PostgreSQL, NOTIFY listeners of new stream tips after each append."),
-    Setting("LOOM_NOTIFY_CHANNEL", str, "loom_journal", "PostgreSQL channel the journal notifies on."),
+    Setting("LOOM_NOTIFY_CHANNEL", str, "loom_journal",
+            "PostgreSQL channel the journal notifies on (1 to 63 bytes of printable characters).",
+            check=_channel_problem),
     Setting("LOOM_SNAPSHOT_EVERY", int, None, "Checkpoint an execution's state every N events (unset: never).", 1,
             optional=True),
     Setting("LOOM_COALESCE", bool, False, "Route appends of durable flows through the cross-stream coalescer."),
@@ -95,6 +110,9 @@ def _coerce(item: Setting, value: Any) -> Any:
         if item.optional:
             return None
         if item.type is str:
+            problem = item.check("") if item.check is not None else None
+            if problem is not None:
+                raise ConfigError(f"{item.name}='' {problem}")
             return ""
         raise ConfigError(f"{item.name} must be set")
     if item.type is bool:
@@ -118,6 +136,10 @@ def _coerce(item: Setting, value: Any) -> Any:
         raise ConfigError(f"{item.name}={result!r} is below its minimum {item.minimum}")
     if item.choices is not None and result not in item.choices:
         raise ConfigError(f"{item.name}={result!r} is not one of {', '.join(item.choices)}")
+    if item.check is not None:
+        problem = item.check(result)
+        if problem is not None:
+            raise ConfigError(f"{item.name}={result!r} {problem}")
     return result
 
 

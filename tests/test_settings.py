@@ -57,3 +57,58 @@ def test_renewal_slower_than_ttl_is_reported(settings):
 
 def test_default_configuration_passes_checks():
     assert [m for m in check_settings() if m.id.startswith("loom.E")] == []
+
+
+@pytest.mark.parametrize("channel", ["", "c" * 64, "é" * 32, "tab\there", "nul\x00"], ids=ascii)
+def test_a_notify_channel_postgresql_cannot_use_is_reported(settings, channel):
+    """Empty, over 63 bytes (PostgreSQL's identifier limit) or unprintable: loom.E001, not a failed append."""
+    settings.LOOM_NOTIFY_CHANNEL = channel
+    assert any("LOOM_NOTIFY_CHANNEL" in m.msg for m in check_settings() if m.id == "loom.E001")
+    with pytest.raises(conf.ConfigError, match="LOOM_NOTIFY_CHANNEL"):
+        conf.get("LOOM_NOTIFY_CHANNEL")
+
+
+@pytest.mark.parametrize("channel", ["c" * 63, "Loom Journal", 'quote"d', "é" * 31], ids=ascii)
+def test_any_printable_channel_of_at_most_63_bytes_is_accepted(settings, channel):
+    settings.LOOM_NOTIFY_CHANNEL = channel
+    assert conf.get("LOOM_NOTIFY_CHANNEL") == channel
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_appends_notify_on_a_channel_that_needs_quoting(settings):
+    """The channel travels as a parameter of pg_notify(), so any accepted name works, quotes and case included."""
+    import psycopg
+    from django.db import connection
+
+    from journal.envelopes import Envelope
+    from journal.models import Event
+
+    settings.LOOM_NOTIFY_CHANNEL = 'Loom "Quoted" ch'
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as listener:
+        listener.execute('LISTEN "Loom ""Quoted"" ch"')
+        Event.objects.append("notified", Envelope("E"))
+        received = next(listener.notifies(timeout=10, stop_after=1))
+    assert received.channel == 'Loom "Quoted" ch' and '"notified"' in received.payload
+
+
+def test_flow_modules_that_cannot_be_imported_are_a_system_check_error(settings):
+    from journal.checks import check_flow_modules
+
+    settings.LOOM_FLOW_MODULES = ["tests.flows_fixtures", "tests.no_such_flows"]
+    errors = check_flow_modules()
+    assert [m.id for m in errors] == ["loom.E003"] and "tests.no_such_flows" in errors[0].msg
+
+
+def test_a_typo_in_flow_modules_does_not_crash_start_up(child_env):
+    """Before, ready() raised ModuleNotFoundError; now the process starts and `check` reports loom.E003."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.flows_fixtures,tests.no_such_flows"}
+    proc = subprocess.run([sys.executable, "manage.py", "check"], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "loom.E003" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
