@@ -359,6 +359,8 @@ class LeaseKeeper:
                     elif not claim.ended:
                         claim._lost = True  # taken over: the new owner's fence refuses us anyway
                         self.held.pop(claim, None)
+                        log.warning("lease lost execution=%s fence=%s owner=%s: taken over (the run stops at its "
+                                    "next step)", claim.execution_id, claim.token, self.worker_id)
         if self.registered:
             store.touch_worker(self.worker_id, socket.gethostname(), os.getpid(), _role)
         elif held:  # inline leases were written without a worker row: write it now
