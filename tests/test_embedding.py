@@ -1,13 +1,25 @@
-"""The apps install into another Django project: migrate, check and append without loomsite."""
+"""The apps install into another Django project: migrate, check and append without loomsite; and a project
+built from docs/embedding.md's snippets alone gets the worker, the admin pages and the API running."""
 
 from __future__ import annotations
 
+import ast
+import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+EMBEDDING_DOC = ROOT / "docs" / "embedding.md"
 APPS = ("journal", "leases", "projections", "benchmarks")
 
 EMBEDDED_SCRIPT = """
@@ -29,13 +41,30 @@ print("embedded-ok")
 """
 
 
+def _names_loomsite(source: str) -> bool:
+    """True when code (not a docstring or comment) imports loomsite or names one of its modules."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "loomsite" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "loomsite":
+            return True
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                and "loomsite" in node.value):
+            return True
+    return False
+
+
 def test_apps_do_not_import_loomsite():
-    """Nothing in the reusable apps names the hosting project."""
+    """Nothing in the reusable apps (the distribution) imports or names the demo site: it is not installed."""
     offenders = [
         str(path.relative_to(ROOT))
-        for app in APPS
+        for app in (*APPS, "loomapi")
         for path in (ROOT / app).rglob("*.py")
-        if "loomsite" in path.read_text()
+        if _names_loomsite(path.read_text())
     ]
     assert offenders == []
 
@@ -50,3 +79,146 @@ def test_apps_migrate_and_work_in_a_minimal_project(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "embedded-ok" in proc.stdout
+
+
+# --- a new project that follows docs/embedding.md, and nothing else ------------------------------------------
+
+
+def doc_block(heading: str) -> str:
+    """The first ```python block under `heading` in docs/embedding.md: the test runs what the docs say."""
+    text = EMBEDDING_DOC.read_text()
+    section = text[text.index(f"\n{heading}\n"):]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, f"no python block under {heading!r}"
+    return match.group(1)
+
+
+def host_env() -> dict[str, str]:
+    """The environment of a host project's shell: none of this repository's settings leak in."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("LOOM_", "DJANGO_", "SECURE_", "AXES_"))
+           and k not in {"DATABASE_URL", "PYTHONPATH", "SECRET_KEY", "DEBUG", "ALLOWED_HOSTS"}}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http(method: str, url: str, token: str | None = None, body: dict | None = None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = condition()
+        except OSError:  # the server is not listening yet
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def stop(proc: subprocess.Popen) -> str:
+    """Stop a process this test started, with its children (its own session), and return its output."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.stdout.read() if proc.stdout else ""
+
+
+ADMIN_SCRIPT = """
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.test.utils import setup_test_environment
+setup_test_environment()
+user = get_user_model().objects.create_superuser("ops", "ops@example.com", "a-long-passphrase-for-ops")
+client = Client()
+client.force_login(user)
+index = client.get("/admin/")
+assert index.status_code == 200, index.status_code
+html = index.content.decode()
+for app in ("journal", "leases", "projections", "benchmarks", "django_q"):
+    assert f'href="/admin/{app}/"' in html, app
+for url in ("/admin/journal/", "/admin/leases/", "/admin/projections/", "/bench/"):
+    assert client.get(url).status_code == 200, url
+import sys
+assert not any(m == "loomsite" or m.startswith("loomsite.") for m in sys.modules), "loomsite imported"
+from django.conf import settings
+print("TOKEN=" + settings.LOOM_API_TOKENS[0])
+"""
+
+
+def test_a_new_project_built_from_the_docs_runs_the_worker_admin_and_api(tmp_path):
+    """startproject, append the settings snippet, write the urls snippet: migrate and check are clean,
+    the admin index lists Loom's apps, serve_api answers, and loom_worker runs a durable start the API
+    queued. No step beyond the docs, no environment from this repository."""
+    env = host_env()
+    subprocess.run([sys.executable, "-m", "django", "startproject", "hostsite", str(tmp_path)], env=env,
+                   check=True, capture_output=True, timeout=60)
+    settings_py = tmp_path / "hostsite" / "settings.py"
+    settings_py.write_text(settings_py.read_text() + "\n" + doc_block("## settings.py"))
+    (tmp_path / "hostsite" / "urls.py").write_text(doc_block("## urls.py"))
+
+    def manage(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    migrate = manage("migrate", "--noinput")
+    assert migrate.returncode == 0, migrate.stderr
+    check = manage("check")
+    assert check.returncode == 0, check.stderr
+    assert "System check identified no issues" in check.stdout, check.stdout + check.stderr
+    admin = manage("shell", "-c", ADMIN_SCRIPT)
+    assert admin.returncode == 0, admin.stderr
+    token = admin.stdout.split("TOKEN=")[1].strip()
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}/api"
+    popen = {"cwd": tmp_path, "env": env, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True,
+             "start_new_session": True}
+    api = subprocess.Popen([sys.executable, "manage.py", "serve_api", "--bind", f"127.0.0.1:{port}",
+                            "--workers", "1"], **popen)
+    worker = subprocess.Popen([sys.executable, "manage.py", "loom_worker"], **popen)
+    try:
+        wait_for(lambda: http("GET", f"{base}/health")[0] == 200, 60, "serve_api to answer /api/health")
+        status, body = http("POST", f"{base}/flows/calc.add/call", token, {"input": {"a": 2, "b": 3}})
+        assert (status, body.get("result")) == (200, 5), body
+        status, body = http("POST", f"{base}/flows/calc.add/executions", token,
+                            {"input": {"a": 20, "b": 22}, "execution_id": "embedded-start-1"})
+        assert status in (200, 201, 202), body
+        done = wait_for(lambda: (lambda r: r[1] if r[0] == 200 and r[1].get("status") == "completed" else None)(
+            http("GET", f"{base}/executions/embedded-start-1", token)), 90, "the worker to run the queued start")
+        assert done["result"] == 42
+        assert http("GET", f"{base}/executions/embedded-start-1")[0] == 401  # no token, no answer
+    finally:
+        api_out, worker_out = stop(api), stop(worker)
+    assert api.returncode is not None and worker.returncode is not None, (api_out, worker_out)
+
+
+@pytest.mark.parametrize("heading", ["## settings.py", "## urls.py"])
+def test_the_embedding_snippets_name_nothing_from_the_demo_site(heading):
+    """The docs' snippets stand alone: no loomsite, no environment variables."""
+    block = doc_block(heading)
+    assert "loomsite" not in block
+    assert "os.environ" not in block and "import environ" not in block

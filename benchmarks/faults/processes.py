@@ -54,8 +54,7 @@ def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOM_", "FAULTS_"))}
     env.update(CHILD_SETTINGS)
     env["DATABASE_URL"] = database_url()
-    env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE or os.environ.get("DJANGO_SETTINGS_MODULE",
-                                                                                "loomsite.settings")
+    env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE or os.environ["DJANGO_SETTINGS_MODULE"]
     env["PYTHONPATH"] = str(ROOT)
     env.update({k: str(v) for k, v in extra.items()})
     return env
