@@ -50,7 +50,9 @@ class Command(BaseCommand):
             raise CommandError(f"LOOM_API_TOKENS: {exc}") from None
         if conf.get("LOOM_API_AUTH") and not tokens:
             raise CommandError("LOOM_API_AUTH is on but LOOM_API_TOKENS is empty: every request would be refused. "
-                               "Set LOOM_API_TOKENS (or, for a local benchmark only, LOOM_API_AUTH=false)")
+                               "Set LOOM_API_TOKENS in your Django settings (or, for a local benchmark only, "
+                               "LOOM_API_AUTH = False); only the repository's demo site reads them from environment "
+                               "variables")
         if not conf.get("LOOM_API_AUTH"):
             self.stderr.write(self.style.WARNING(
                 "LOOM_API_AUTH is off: the API accepts unauthenticated requests (local benchmarks only)"))
