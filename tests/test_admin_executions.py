@@ -332,3 +332,34 @@ def test_list_filters_with_nul_answer_the_invalid_filter_redirect(admin_client, 
 def test_no_dead_suspended_filter(admin_client):
     page = admin_client.get("/admin/journal/execution/")
     assert b"status__exact=running" in page.content and b"status__exact=suspended" not in page.content
+
+
+# -- the execution list and page ------------------------------------------------------------------------
+def test_an_attempt_interrupted_by_a_crash_is_marked_with_who_recovered_it(admin_client, settings):
+    settings.LOOM_WORKER_ID = "worker-x"
+    crashed("int-1")
+    resume("int-1")
+    rows = describe("int-1")["steps"]
+    interrupted = [row for row in rows if row["status"] == "interrupted"]
+    assert [(row["step"], row["pos"]) for row in interrupted] == [("second", 1)]
+    assert interrupted[0]["note"].startswith("interrupted; recovered by worker-x at 20")
+    body = admin_client.get("/admin/journal/execution/int-1/change/").content.decode()
+    assert "interrupted; recovered by worker-x at" in body and " UTC" in body
+
+
+def test_a_running_page_refreshes_itself_and_a_settled_one_does_not(admin_client):
+    crashed("live-page")
+    body = admin_client.get("/admin/journal/execution/live-page/change/").content.decode()
+    assert '<meta http-equiv="refresh" content="5">' in body and "running for" in body
+    start("admin.fail_second", {}, execution_id="done-page")
+    body = admin_client.get("/admin/journal/execution/done-page/change/").content.decode()
+    assert 'http-equiv="refresh"' not in body
+    assert '{"first": 1, "second": 2}' in body.replace("&quot;", '"')  # payloads as JSON, not Python reprs
+
+
+def test_the_list_shows_duration_and_step_progress(admin_client):
+    start("admin.fail_second", {}, execution_id="list-done")
+    crashed("list-run")
+    body = admin_client.get("/admin/journal/execution/").content.decode()
+    assert "column-progress" in body and "column-duration" in body
+    assert "2 steps" in body and "1 step so far" in body and "(running)" in body

@@ -17,6 +17,7 @@ import time
 import pytest
 from django.contrib.auth.models import User
 
+from journal.flows import ownership as own
 from journal.flows import start
 from journal.models import Event, Execution
 from tests import admin_flows as af
@@ -67,13 +68,18 @@ def test_resume_retry_and_cancel_buttons_act_on_real_executions(live_server, bro
     settings.LOOM_LEASE_TTL, settings.LOOM_LEASE_LAZY_GRACE = 1.0, 0.2
     settings.LOOM_FLOW_MODULES = ["tests.admin_flows"]
     User.objects.create_superuser("op", "op@example.com", "pw-for-the-browser")
-    af.CRASH = True
-    for eid in ("br-resume", "br-cancel"):
-        with pytest.raises(af.Crash):
-            start("admin.crash_once", {}, execution_id=eid)
-    af.CRASH, af.FAIL = False, True
-    assert start("admin.fail_second", {}, execution_id="br-retry").status == "failed"
-    af.FAIL = False
+    installed = own.get_ownership()
+    own.set_ownership(None)  # no lease keeper thread in this process (it would outlive the test database)
+    try:
+        af.CRASH = True
+        for eid in ("br-resume", "br-cancel"):
+            with pytest.raises(af.Crash):
+                start("admin.crash_once", {}, execution_id=eid)
+        af.CRASH, af.FAIL = False, True
+        assert start("admin.fail_second", {}, execution_id="br-retry").status == "failed"
+    finally:
+        af.CRASH, af.FAIL = False, False
+        own.set_ownership(installed)  # the web pages judge liveness with the leases app's ownership
     time.sleep(1.3)  # past the lazy grace + TTL: nobody drives the crashed runs any more
 
     page = browser_page
