@@ -129,6 +129,9 @@ def test_resume_refuses_an_execution_with_a_live_lease_and_takes_nothing_over(ad
 def test_a_forced_resume_asks_for_confirmation_then_hands_over(admin_client, leased):
     crashed("busy-2")
     live_lease("busy-2")
+    page = admin_client.get("/admin/journal/execution/busy-2/change/")
+    assert b"worker worker-b (lease expires in" in page.content
+    assert b'href="/admin/journal/execution/busy-2/resume/?force=yes"' in page.content
     page = admin_client.get("/admin/journal/execution/busy-2/resume/", {"force": "yes"})
     assert page.status_code == 200 and b"FORCED: takes it over from worker worker-b" in page.content
     assert queued() == []
