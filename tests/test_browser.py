@@ -78,3 +78,34 @@ def test_list_run_and_compare_pages_render_tables_and_charts(live_server, browse
     assert charts.count() == 2
     assert charts.first.locator("polyline").count() == 2  # per-event and batch
     assert charts.first.bounding_box()["height"] > 100  # drawn, not collapsed
+
+
+PASSWORD = "a-long-passphrase-for-the-browser"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_result_pages_send_visitors_to_the_login_and_staff_back_to_the_page(live_server, browser_page, settings,
+                                                                             django_user_model):
+    """By default (no LOOM_RESULTS_PUBLIC), /bench/runs/<id>/ redirects to the admin login; after logging
+    in as staff through the form, the browser is sent back to the run's page; a wrong password is refused."""
+    if hasattr(settings, "LOOM_RESULTS_PUBLIC"):
+        del settings.LOOM_RESULTS_PUBLIC
+    run = record(1.0)
+    django_user_model.objects.create_user("ann", password=PASSWORD, is_staff=True)
+    page = browser_page
+
+    page.goto(f"{live_server.url}/bench/runs/{run}/")
+    assert "/admin/login/" in page.url
+    assert page.locator("table.cells").count() == 0
+
+    page.fill("#id_username", "ann")
+    page.fill("#id_password", "wrong password")
+    page.locator("input[type=submit]").click()
+    page.wait_for_load_state()
+    assert "/admin/login/" in page.url and page.locator(".errornote").count() == 1
+
+    page.fill("#id_username", "ann")
+    page.fill("#id_password", PASSWORD)
+    page.locator("input[type=submit]").click()
+    page.wait_for_url(f"**/bench/runs/{run}/")
+    assert page.locator("table.cells tbody tr").count() == 6
