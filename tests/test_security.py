@@ -27,8 +27,9 @@ from django.db import connection
 from django.urls import reverse
 
 from benchmarks.models import BenchRun
-from benchmarks.recording import REDACTED, Recorder, redacted_command_line, scrub_settings
+from benchmarks.recording import RECORDED_SETTINGS, REDACTED, Recorder, redacted_command_line, scrub_settings
 from journal import conf
+from journal.redaction import is_secret
 from loomsite import secret_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +77,12 @@ def test_a_setting_not_on_the_allow_list_is_recorded_redacted(settings, monkeypa
     settings.LOOM_SOMETHING_NEW = "private-value"
     run = record()
     assert run.settings["loom"]["LOOM_SOMETHING_NEW"] == REDACTED
+
+
+def test_the_allow_list_holds_no_secret_looking_name():
+    assert [name for name in RECORDED_SETTINGS if is_secret(name)] == []
+    assert is_secret("LOOM_API_TOKENS") and is_secret("SECRET_KEY") and is_secret("LOOM_Q_REDIS_URL")
+    assert not is_secret("LOOM_API_AUTH") and not is_secret("LOOM_DRAIN_LEASE_SECONDS")
 
 
 def test_secret_options_are_redacted_from_the_command_line():
