@@ -12,8 +12,8 @@ from pydantic import BaseModel
 from journal.aggregates import State, do, do_with_retry, load
 from journal.envelopes import Envelope
 from journal.exceptions import InvalidGuard, InvalidPayload, InvalidStream, JournalError
-from journal.flows import start
-from journal.flows.errors import InvalidInput
+from journal.flows import flow, outcome_of, start
+from journal.flows.errors import ExecutionExists, InvalidInput
 from journal.ids import MAX_ID_LENGTH, check_id
 from journal.models import Event, Execution, Fence, Snapshot
 
@@ -215,6 +215,29 @@ def test_a_payload_at_the_size_limit_is_stored_and_one_byte_more_is_refused(sett
 def test_unstorable_flow_input_is_invalid_input_and_nothing_is_written(value, unchanged):
     with pytest.raises(InvalidInput):
         start("test.add", value, execution_id="in-1")
+
+
+@flow("test.inputs.returns")
+def _returns(ctx, value):
+    return ctx.step("give", lambda: {1: "a"} if value["kind"] == "int-keys" else {"x": 4.205453796612399e16})
+
+
+def test_a_step_result_the_journal_cannot_store_fails_the_step_not_the_run():
+    """A step returning {1: "a"} would be stored as {"1": "a"} and replayed differently: the step fails
+    with the reason, the execution settles as failed (before, the run stopped with a raw error, left running)."""
+    outcome = start("test.inputs.returns", {"kind": "int-keys"}, execution_id="ret-1")
+    assert outcome.status == "failed" and "key that is not a string" in outcome.error
+    assert Execution.objects.get(id="ret-1").status == "failed"
+
+
+def test_a_float_result_reads_back_as_the_same_float_from_the_log_and_the_header():
+    outcome = start("test.inputs.returns", {"kind": "float"}, execution_id="ret-2")
+    assert outcome.result == {"x": 4.205453796612399e16}
+    again = outcome_of("ret-2").result["x"]
+    assert type(again) is float and again == 4.205453796612399e16
+    with pytest.raises(ExecutionExists) as exists:
+        start("test.inputs.returns", {"kind": "float"}, execution_id="ret-2")
+    assert type(exists.value.result["x"]) is float
 
 
 def test_every_refusal_here_is_a_journal_error():

@@ -13,11 +13,11 @@ running; a different step name at a recorded position is NonDeterminism (never g
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
+from journal import jsonvalues
 from journal.flows import events as ev
 from journal.flows.errors import NonDeterminism, StepFailed
 from journal.flows.retry import RetryPolicy
@@ -49,12 +49,8 @@ def _error_text(exc: BaseException) -> str:
 
 
 def _jsonable(value: Any) -> str | None:
-    """None if value is JSON-serialisable, else why not."""
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return f"result is not JSON-serialisable: {exc}"
-    return None
+    """None if the journal can store value (journal/jsonvalues.py: the rules every payload follows), else why not."""
+    return jsonvalues.problem(value, "result")
 
 
 class DurableContext(Context):

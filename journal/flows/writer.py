@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
-from journal import coalesce, conf
+from journal import coalesce, conf, jsonvalues
 from journal.envelopes import Appended, AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused, StreamExists
 from journal.flows import sql
@@ -62,7 +62,8 @@ class RunHandle:
 
 
 def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """The header's JSON text, by the same boundary as payloads (a float reads back as a float on jsonb)."""
+    return None if value is None else jsonvalues.dumps(value, "execution header value")
 
 
 def write(run: RunHandle, envelopes: list[Envelope], settle: Settle | None = None) -> int:
