@@ -21,6 +21,7 @@ from typing import Any
 
 import django
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ERROR_FLAG
@@ -242,7 +243,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request), "opts": self.model._meta,
             "title": f"{verb.capitalize()} executions?", "verb": verb, "rows": rows,
             "any_will": any(will for _, will, _ in rows),
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME, "action": f"{verb}_executions",
+            "action_checkbox_name": ACTION_CHECKBOX_NAME, "action": f"{verb}_executions",
             **_crumbs(None, f"{verb.capitalize()} executions"),
         }
         return TemplateResponse(request, "journal/execution_action_confirm.html", context)

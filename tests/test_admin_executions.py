@@ -366,3 +366,28 @@ def test_the_list_shows_duration_and_step_progress(admin_client):
     body = admin_client.get("/admin/journal/execution/").content.decode()
     assert "column-progress" in body and "column-duration" in body
     assert "2 steps" in body and "1 step so far" in body and "(running)" in body
+
+
+def test_the_bulk_resume_refuses_a_healthy_run_and_hands_over_the_others(admin_client, leased):
+    """Reproduces the list action that took over a running execution with a live lease."""
+    crashed("bulk-busy")
+    live_lease("bulk-busy")
+    crashed("bulk-dead")
+    live_lease("bulk-dead", ttl=-1.0)
+    data = {"action": "resume_executions", "_selected_action": ["bulk-busy", "bulk-dead"]}
+    page = admin_client.post("/admin/journal/execution/", data).content.decode()
+    assert "refused: running under worker worker-b" in page and "handed to a worker, which takes" in page
+    admin_client.post("/admin/journal/execution/", {**data, "post": "yes"})
+    assert [t["args"][0] for t in queued()] == ["bulk-dead"]
+    assert Fence.objects.current("bulk-busy") == 1 and Fence.objects.current("bulk-dead") == 1
+
+
+def test_resume_of_a_stream_without_an_execution_header_fences_nothing():
+    """An aggregate's (or any plain) stream is not an execution: resume must not advance its fence."""
+    from journal.envelopes import Envelope
+    from journal.flows import UnknownExecution
+
+    Event.objects.open_stream("plain-1", [Envelope("Opened", {})])
+    with pytest.raises(UnknownExecution):
+        resume("plain-1")
+    assert Fence.objects.current("plain-1") == 1
