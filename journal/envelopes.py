@@ -80,16 +80,24 @@ class AppendItem:
     fence_token: int | None = None
     expected_seq: int | None = None
 
+    def __post_init__(self) -> None:
+        # Checked here, not only in build(): append_batch() takes AppendItem(...) made directly too.
+        check_stream_id(self.stream_id)
+        envelopes = self.envelopes
+        if type(envelopes) is not tuple or not all(type(e) is Envelope for e in envelopes):
+            if isinstance(envelopes, (str, bytes)) or not hasattr(envelopes, "__iter__"):
+                envelopes = [envelopes]
+            object.__setattr__(self, "envelopes", tuple(as_envelope(e) for e in envelopes))
+        if not self.envelopes:
+            raise InvalidPayload(f"append to {self.stream_id} has no events")
+        check_token(self.fence_token, "fence token", self.stream_id)
+        check_token(self.expected_seq, "expected_seq", self.stream_id, minimum=-1)
+
     @classmethod
     def build(cls, stream_id: str, envelopes, fence_token: int | None = None,
               expected_seq: int | None = None) -> AppendItem:
-        check_stream_id(stream_id)
-        items = tuple(as_envelope(e) for e in (envelopes if not isinstance(envelopes, Envelope) else [envelopes]))
-        if not items:
-            raise InvalidPayload(f"append to {stream_id} has no events")
-        check_token(fence_token, "fence token", stream_id)
-        check_token(expected_seq, "expected_seq", stream_id, minimum=-1)
-        return cls(stream_id, items, fence_token, expected_seq)
+        """An item from any accepted spelling of envelopes (one Envelope, pairs, dicts); validated."""
+        return cls(stream_id, envelopes, fence_token, expected_seq)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from journal.aggregates import State, do, do_with_retry, load
-from journal.envelopes import Envelope
+from journal.envelopes import AppendItem, Envelope
 from journal.exceptions import InvalidGuard, InvalidPayload, InvalidStream, JournalError
 from journal.flows import flow, outcome_of, start
 from journal.flows.errors import ExecutionExists, InvalidInput
@@ -81,6 +81,7 @@ def test_a_stream_id_outside_the_alphabet_is_refused_everywhere(bad, unchanged):
     calls = [
         lambda: Event.objects.append(bad, Envelope("E")),
         lambda: Event.objects.append_batch([(bad, [Envelope("E")])]),
+        lambda: Event.objects.append_batch([AppendItem(bad, (Envelope("E"),))]),
         lambda: Event.objects.open_stream(bad, Envelope("E")),
         lambda: Event.objects.read(bad),
         lambda: Event.objects.tip(bad),
@@ -129,6 +130,8 @@ def test_an_event_type_with_a_trailing_newline_or_a_control_character_is_refused
 def test_a_guard_beyond_bigint_is_an_invalid_guard(kwargs, unchanged):
     with pytest.raises(InvalidGuard):
         Event.objects.append("known", Envelope("E"), **kwargs)
+    with pytest.raises(InvalidGuard):
+        Event.objects.append_batch([AppendItem("known", (Envelope("E"),), **kwargs)])
 
 
 @pytest.mark.parametrize("token", ["", "1", 0, -1, 2**63, 1.5, True])
