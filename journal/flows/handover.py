@@ -30,6 +30,7 @@ def hand_over(execution_id: str, *, force: bool = False) -> int:
     from journal.flows.state import TERMINAL
     from journal.models import Fence
 
+    check_queue()
     status, _, _, _ = header_of(execution_id)
     if status in TERMINAL:
         raise NotResumable(f"execution {execution_id!r} already {status}; nothing to resume")
@@ -40,14 +41,19 @@ def hand_over(execution_id: str, *, force: bool = False) -> int:
     return token
 
 
-def enqueue_resume(execution_id: str, fence_token: int | None, *, force: bool = False) -> None:
-    """Put the resume on django-q2's queue (no django-q2 timeout: a durable run is bounded by its
-    lease, not by the broker)."""
+def check_queue() -> None:
+    """NotResumable unless django-q2 is installed (its cluster is what runs handed-over work)."""
     from django.apps import apps
 
     if not apps.is_installed("django_q"):
         raise NotResumable("no worker queue: add django_q to INSTALLED_APPS and run manage.py loom_worker "
                            "(docs/workers.md), or call resume() in a process of your own")
+
+
+def enqueue_resume(execution_id: str, fence_token: int | None, *, force: bool = False) -> None:
+    """Put the resume on django-q2's queue (no django-q2 timeout: a durable run is bounded by its
+    lease, not by the broker)."""
+    check_queue()
     from django_q.tasks import async_task
 
     async_task("journal.flows.handover.run_handed_over", execution_id, fence_token, force,

@@ -20,7 +20,7 @@ from ulid import ULID
 
 from journal import conf
 from journal.envelopes import Envelope, check_stream_id
-from journal.exceptions import InvalidStream, StaleFence, StreamExists, UnknownStream
+from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
 from journal.flows import ownership, writer
 from journal.flows.context import DurableContext, Halt, _error_text, _jsonable
@@ -285,6 +285,10 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     if status != SETTLED_FAILED:
         raise NotResumable(f"execution {execution_id!r} is {status}; only a failed execution can be retried")
     definition = None if handoff else get_flow(flow_name)  # a worker needs the code; this process may not
+    if handoff:
+        from journal.flows.handover import check_queue
+
+        check_queue()  # before anything is written: a retry nobody will run is worse than none
     token, _ = _take_over(execution_id)
     # The whole log, not a snapshot: a settled checkpoint keeps no step records, a retry needs them.
     events = Event.objects.read(execution_id)
@@ -300,13 +304,17 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     attempt = 2 + sum(1 for event in events if event.type == ev.EXECUTION_RETRIED)
     payload = {"attempt": attempt, "actor": actor if _jsonable(actor) is None else str(actor),
                "error": state.error, "from_pos": from_pos, "steps": steps[:from_pos]}
-    with transaction.atomic(using=Event.objects.db):
-        appended = Event.objects.append(execution_id, Envelope(ev.EXECUTION_RETRIED, payload), fence_token=token,
-                                        expected_seq=state.seq)
-        # The header goes back to running in the same transaction as its event (a rare operator
-        # action: the ORM's one UPDATE, not a hot-path statement).
-        Execution.objects.filter(pk=execution_id).update(status=RUNNING, result=None, error="", finished_at=None,
-                                                         updated_at=Now())
+    try:
+        with transaction.atomic(using=Event.objects.db):
+            appended = Event.objects.append(execution_id, Envelope(ev.EXECUTION_RETRIED, payload), fence_token=token,
+                                            expected_seq=state.seq)
+            # The header goes back to running in the same transaction as its event (a rare operator
+            # action: the ORM's one UPDATE, not a hot-path statement).
+            Execution.objects.filter(pk=execution_id).update(status=RUNNING, result=None, error="", finished_at=None,
+                                                             updated_at=Now())
+    except (StaleFence, SequenceConflict):  # another retry (or resume) took the fence after us: it wins
+        raise NotResumable(f"execution {execution_id!r} was taken over while it was being retried; "
+                           f"nothing written") from None
     state.apply(appended.last_seq, ev.EXECUTION_RETRIED, payload)
     if handoff:
         from journal.flows.handover import enqueue_resume
