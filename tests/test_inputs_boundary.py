@@ -101,6 +101,17 @@ def test_an_execution_id_outside_the_alphabet_is_refused_before_anything_is_writ
         start("test.add", {"a": 1, "b": 2}, execution_id=bad)
 
 
+@pytest.mark.parametrize("name", ["resume", "cancel", "outcome_of", "describe", "hand_over", "retry_execution"])
+@pytest.mark.parametrize("bad", ["nul\x00", "lone\ud800", "../x"], ids=ascii)
+def test_operating_on_an_execution_id_outside_the_alphabet_is_invalid_stream(name, bad, unchanged):
+    """Every public operation on an execution checks its id before reading anything (a NUL was a
+    DataError and a lone surrogate a UnicodeEncodeError on PostgreSQL)."""
+    from journal import flows
+
+    with pytest.raises(InvalidStream):
+        getattr(flows, name)(bad)
+
+
 @pytest.mark.parametrize("bad", ["nul\x00", "lone\ud800", "../../admin", "bidi\u202e", "abc\n", "y" * 200],
                          ids=ascii)
 def test_an_aggregate_id_outside_the_alphabet_is_refused_by_do_retry_and_load(bad, unchanged):
