@@ -32,7 +32,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def _fresh_keeper():
+    """Queued starts run here take leases through the process's keeper: stop its thread while the
+    test database still exists, and start the next test with a fresh one."""
     yield
+    if keeper_module._keeper is not None:
+        keeper_module._keeper.shutdown(5)
     reset_keeper(None)
 
 
