@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 
 from journal.flows import Context, flow
 
@@ -26,3 +28,28 @@ def hangs(ctx: Context, seconds: float) -> str:
     """A transient call that hangs (for the per-call timeout)."""
     time.sleep(seconds)
     return "woke"
+
+
+@contextlib.contextmanager
+def queued_starts_run_inline(monkeypatch) -> Iterator[None]:
+    """django-q2's sync mode for a test: a queued start (or retry) runs inside async_task, in this process,
+    on the test's database, without ownership leases (the runs are short).
+
+    django-q2 sends post_spawn in sync mode too, and the leases app's receiver would start a lease
+    keeper thread in the test process that outlives the test: it is disconnected meanwhile.
+    """
+    from django_q.signals import post_spawn
+
+    from journal.flows.ownership import get_ownership, set_ownership
+    from leases.worker import register_q_child
+
+    monkeypatch.setattr("django_q.conf.Conf.SYNC", True)
+    disconnected = post_spawn.disconnect(dispatch_uid="leases.register_q_child")
+    installed = get_ownership()
+    set_ownership(None)
+    try:
+        yield
+    finally:
+        set_ownership(installed)
+        if disconnected:
+            post_spawn.connect(register_q_child, dispatch_uid="leases.register_q_child")

@@ -10,6 +10,7 @@ from django.test import Client
 
 from journal.flows import Context, flow
 from journal.models import Event
+from tests.api_flows import queued_starts_run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -36,9 +37,10 @@ def api_settings(settings, monkeypatch):
     settings.LOOM_API_AUTH = True
     settings.LOOM_API_TOKENS = [TOKEN]
     settings.LOOM_API_MAX_BODY_BYTES = 1024
-    # django-q2's sync mode: a queued start runs inside enqueue_start, in this process, on the test's
-    # database (tests/test_api_server.py runs the real thing: serve_api and a loom_worker).
-    monkeypatch.setattr("django_q.conf.Conf.SYNC", True)
+    # Queued starts run inside enqueue_start, in this process (tests/test_api_server.py runs the real
+    # thing: serve_api and a loom_worker).
+    with queued_starts_run_inline(monkeypatch):
+        yield
 
 
 def post(client, path: str, body, **headers):

@@ -14,6 +14,7 @@ from journal.aggregates.declarations import State
 from journal.envelopes import Envelope
 from journal.flows import Context, flow
 from journal.models import Event, Execution
+from tests.api_flows import queued_starts_run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -70,7 +71,10 @@ def api_settings(settings, monkeypatch):
     settings.LOOM_API_TOKENS = [FULL, {"token": CALC_ONLY, "name": "calc", "flows": ["calc.*"]},
                                 {"token": OWN_ONLY, "name": "own", "read": "own"}]
     settings.LOOM_API_MAX_BODY_BYTES = 1 << 20
-    monkeypatch.setattr("django_q.conf.Conf.SYNC", True)  # queued starts run in enqueue_start (test_api.py)
+    # Queued starts run inside enqueue_start, in this process (tests/test_api_server.py runs the real
+    # thing: serve_api and a loom_worker).
+    with queued_starts_run_inline(monkeypatch):
+        yield
 
 
 def post(client, path: str, body, token: str = FULL, **extra):
