@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -222,3 +223,20 @@ def test_the_embedding_snippets_name_nothing_from_the_demo_site(heading):
     block = doc_block(heading)
     assert "loomsite" not in block
     assert "os.environ" not in block and "import environ" not in block
+
+
+def test_the_distribution_leaves_the_demo_site_and_its_extras_out():
+    """`pip install loom-django` brings the apps and what they import: not loomsite, its environment loader
+    and login throttling, the debug toolbar or the Redis client (extras); the metadata has a license and a
+    readme; build output is ignored by git."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    meta = project["project"]
+    required = {re.split(r"[<>=\[; ]", dep, maxsplit=1)[0].lower() for dep in meta["dependencies"]}
+    assert required.isdisjoint({"redis", "django-debug-toolbar", "django-environ", "django-axes"}), required
+    assert {"redis", "site", "dev", "test"} <= set(meta["optional-dependencies"])
+    assert "loom-django[site,redis,dev]" in meta["optional-dependencies"]["test"]  # make venv installs .[test]
+    packages = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert not any(p.startswith("loomsite") for p in packages)
+    assert {f"{app}*" for app in (*APPS, "loomapi")} <= set(packages)
+    assert meta["license"] and meta["readme"] == "README.md" and (ROOT / "LICENSE").exists()
+    assert "/build/" in (ROOT / ".gitignore").read_text().split()
