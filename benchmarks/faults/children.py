@@ -150,7 +150,6 @@ def flows(args: dict) -> None:
                 if not args.get("tolerant"):
                     raise
                 say("ERROR", eid, type(exc).__name__)
-                connections["default"].close_if_unusable_or_obsolete()
                 _reconnect()
             if args.get("pause"):
                 time.sleep(args["pause"])

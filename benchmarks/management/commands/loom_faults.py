@@ -88,7 +88,8 @@ class Command(BaseCommand):
                     seconds = round(time.monotonic() - r.started, 2)
                     recorder.add("faults", name, {"round": i, **r.params}, count=verdict.details.get("events"),
                                  lost=verdict.lost, duplicated=verdict.duplicated, stuck=verdict.stuck,
-                                 error=error, seconds=seconds, **verdict.details, **r.figures)
+                                 error=error, seconds=seconds, **{k: v for k, v in verdict.details.items() if v},
+                                 **r.figures)
                     sums = totals.setdefault(name, {"rounds": 0, "lost": 0, "duplicated": 0, "stuck": 0, "errors": 0})
                     sums["rounds"] += 1
                     for key in ("lost", "duplicated", "stuck"):
