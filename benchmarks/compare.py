@@ -1,4 +1,4 @@
-"""Comparing recorded cells across runs, and the CI performance gate built on that comparison.
+"""Comparing recorded cells across runs, and the absolute-baseline check built on that comparison.
 
 A *cell* is one measured figure set, identified across runs by its section, scenario and parameters
 (`append/per-event[concurrency=1,events_per_call=1,payload_bytes=256]`). Comparing two runs pairs their
@@ -9,8 +9,9 @@ repeats: every repeat of the new run worse (better) than every repeat of the bas
 runs of a noisy cell differ by 2x on a shared machine; a difference inside that spread, or a cell whose
 runs measured no spread (a single repeat), is "noise": not judged either way.
 
-The gate (`manage.py bench_check`) applies the same rule to a few chosen cells only, against a
-baseline file or run: see `GATED` for which cells and why. Nothing here touches Django beyond reading
+`manage.py bench_check` applies the threshold to a few chosen cells' p50s only, against a baseline file
+or run taken on the same machine (see `GATED` for which cells and why); CI gates ratios within one run
+instead (benchmarks/gate.py, `bench_gate`). Nothing here touches Django beyond reading
 model instances, so the rules can be read and tested on their own.
 """
 

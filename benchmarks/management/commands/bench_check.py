@@ -1,4 +1,7 @@
-"""`manage.py bench_check`: the CI performance gate over recorded runs.
+"""`manage.py bench_check`: absolute p50s of recorded runs against a baseline taken on the SAME machine.
+
+For a user's own fixed hardware; CI does not run it (absolute figures on a shared runner move with
+the neighbours' load): CI runs `bench_gate`, which gates ratios measured within one run.
 
     manage.py bench_throughput --section append --concurrency 1 --ops 500 --quiet   # x3 for --best-of 3
     manage.py bench_check --baseline benchmarks/perf-baseline.json --best-of 3
