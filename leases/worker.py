@@ -9,6 +9,7 @@ Worker next to django-q2's cluster (see docs/workers.md for why the split).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -122,4 +123,14 @@ def register_q_child(**_kwargs) -> None:
     except Exception:  # the row is for the page; the child must run its tasks regardless
         log.exception("worker %s: could not register", keeper.worker_id)
     keeper.ensure_started()
+    # A clean exit of the child (django-q2 recycles it, or the cluster stops) marks its row stopped
+    # and hands its leases back; multiprocessing runs atexit functions in its forked children.
+    atexit.register(_q_child_exit, keeper)
     log.info("worker %s: django-q2 child ready (pid %d)", keeper.worker_id, os.getpid())
+
+
+def _q_child_exit(keeper) -> None:
+    try:
+        keeper.shutdown(5)
+    except Exception:
+        log.exception("worker %s: clean exit failed", keeper.worker_id)

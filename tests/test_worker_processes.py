@@ -158,6 +158,9 @@ def test_queued_starts_of_a_killed_worker_finish_on_a_fresh_worker_within_about_
         wait_until(lambda: not OrmQ.objects.exists(), "every queue row acknowledged", timeout=60, proc=rescuer)
         rescuer.send_signal(signal.SIGTERM)
         assert rescuer.wait(60) == 0, output(rescuer)
+        rows = Worker.objects.filter(id__startswith=f"rescuer-{tag}")
+        assert {(w.role, w.stopped_at is not None) for w in rows} == {("main", True), ("django-q2 child", True)}
+        assert rows.count() >= 1 + Q_WORKERS
         logged = output(victim) + output(rescuer)  # the worker's own log lines (docs/workers.md "Logs")
         for line in (f"start execution=q-{tag}-", f"completed execution=q-{tag}-", f"takeover execution=q-{tag}-",
                      f"recovered execution=q-{tag}-", f"duplicate execution=q-{tag}-"):
