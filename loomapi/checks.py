@@ -35,7 +35,7 @@ def check_api_auth(app_configs=None, **kwargs) -> list:
     if not auth:
         return [Warning("LOOM_API_AUTH is off: the HTTP API accepts unauthenticated requests",
                         hint="Only for local benchmarks; never in production.", id="loomapi.W002")]
-    short = [t for t in tokens if len(str(t)) < 16]
+    short = [t for t in tokens if len(t.decode()) < 16]
     if short:
         return [Warning(f"{len(short)} LOOM_API_TOKENS entr{'y is' if len(short) == 1 else 'ies are'} "
                         "shorter than 16 characters", hint="Use long random tokens (secrets.token_urlsafe()).",

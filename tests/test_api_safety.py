@@ -285,3 +285,13 @@ def test_retry_of_an_unknown_or_unreadable_execution_is_404(client):
                                   headers={"Authorization": f"Bearer {OWN_ONLY}"}), 404) == "unknown_execution"
     assert error_code(client.post("/api/executions/nope/retry",
                                   headers={"Authorization": f"Bearer {FULL}"}), 404) == "unknown_execution"
+
+
+def test_short_tokens_are_reported_whether_plain_or_scoped(settings):
+    from loomapi.checks import check_api_auth
+
+    settings.LOOM_API_AUTH = True
+    settings.LOOM_API_TOKENS = [FULL, {"token": "short-scoped", "flows": ["calc.*"]}]
+    assert [w.id for w in check_api_auth()] == ["loomapi.W003"]
+    settings.LOOM_API_TOKENS = [FULL, {"token": CALC_ONLY}]
+    assert check_api_auth() == []
