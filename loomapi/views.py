@@ -162,6 +162,7 @@ def start_execution(request, name: str):
     logger.info("queued start of flow %s as execution %s by %s (trace %s)", flow.name, execution_id,
                 principal.name, current.trace_id)
     location = {"Location": _location(execution_id)}
+    status = "queued"
     if wait:
         header = _wait_settled(execution_id, wait)
         if header is not None:
@@ -169,7 +170,10 @@ def start_execution(request, name: str):
             return json_response({"execution_id": execution_id, "flow": flow.name, "status": status,
                                   "result": result, "error": error or None, "created": True},
                                  status=201, headers=location)
-    return json_response({"execution_id": execution_id, "flow": flow.name, "status": "queued", "result": None,
+        header = header_status(execution_id)
+        if header is not None:
+            status = header[0]  # a worker began it: running
+    return json_response({"execution_id": execution_id, "flow": flow.name, "status": status, "result": None,
                           "error": None, "created": True}, status=202, headers=location)
 
 

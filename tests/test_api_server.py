@@ -272,7 +272,16 @@ def test_a_durable_start_runs_on_a_worker_while_the_api_stays_responsive(child_e
                 break
             assert time.monotonic() < deadline, "the worker never started the execution"
             time.sleep(0.1)
+        # An idempotent repeat answers with the existing execution, running, without a second run.
+        start = json.dumps({"input": {"gate": str(gate)}, "execution_id": "gated"})
+        conn.request("POST", "/api/flows/tests.api.gated/executions?wait=0.2", body=start, headers=headers)
+        response = conn.getresponse()
+        assert (response.status, json.loads(response.read())["status"]) == (200, "running")
         gate.touch()
+        conn.request("POST", "/api/flows/tests.api.gated/executions?wait=30", body=start, headers=headers)
+        response = conn.getresponse()
+        repeat = json.loads(response.read())
+        assert (response.status, repeat["status"], repeat["created"]) == (200, "completed", False)
         while read["status"] != "completed":
             assert time.monotonic() < deadline, f"the execution never completed: {read}"
             time.sleep(0.1)
