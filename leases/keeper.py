@@ -90,6 +90,13 @@ def set_main(worker_id: str) -> None:
     _role, _main_id = MAIN, worker_id
 
 
+def mark_child() -> None:
+    """Mark this process as a django-q2 worker process (its post_spawn signal; under a plain
+    `qcluster` too, where no loom_worker main forked it)."""
+    global _role
+    _role = CHILD
+
+
 def process_role() -> str:
     return _role
 

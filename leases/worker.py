@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from leases.keeper import get_keeper, node_identity, set_main
+from leases.keeper import get_keeper, mark_child, node_identity, set_main
 
 log = logging.getLogger("loom.worker")
 
@@ -117,6 +117,7 @@ def register_q_child(**_kwargs) -> None:
     """django-q2's post_spawn signal, in each of its worker processes: give the process its row on
     the workers page (role "django-q2 child", id <main id>/<pid> under loom_worker) and a running
     keeper, whose tick keeps the row's heartbeat fresh while the process lives."""
+    mark_child()
     keeper = get_keeper()
     try:
         keeper.register()
