@@ -212,6 +212,10 @@ def test_a_new_project_built_from_the_docs_runs_the_worker_admin_and_api(tmp_pat
             http("GET", f"{base}/executions/embedded-start-1", token)), 90, "the worker to run the queued start")
         assert done["result"] == 42
         assert http("GET", f"{base}/executions/embedded-start-1")[0] == 401  # no token, no answer
+        refused = urllib.request.Request(f"{base}/health", headers={"Host": "evil.example"})
+        with pytest.raises(urllib.error.HTTPError) as bad_host:  # (startproject's DEBUG shows Django's page)
+            urllib.request.urlopen(refused, timeout=10)
+        assert bad_host.value.code == 400
     finally:
         api_out, worker_out = stop(api), stop(worker)
     assert api.returncode is not None and worker.returncode is not None, (api_out, worker_out)
