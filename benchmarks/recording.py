@@ -23,7 +23,7 @@ from benchmarks import environment
 from benchmarks.models import BenchResult, BenchRun
 from benchmarks.stats import latency_summary
 from journal import conf
-from journal.redaction import REDACTED, is_secret, redact
+from journal.redaction import REDACTED, is_secret, redact, redact_tree
 
 # The LOOM_* settings recorded in clear with each run: tuning knobs that explain a run's figures.
 # A setting must be added here on purpose; anything else (LOOM_API_TOKENS, a setting added later) is
@@ -55,7 +55,7 @@ def _clean(value):
 class Recorder:
     def __init__(self, command: str, options: dict | None = None, using: str = "default"):
         self.command = command
-        self.options = {k: redact(v) if is_secret(k) else v for k, v in (options or {}).items() if _jsonable(v)}
+        self.options = redact_tree({k: v for k, v in (options or {}).items() if _jsonable(v)})
         self.using = using
         self.run: BenchRun | None = None
         self.results: list[BenchResult] = []
@@ -127,7 +127,7 @@ def scrub_settings(recorded: dict) -> dict:
         scrubbed["loom"] = {name: value if name in RECORDED_SETTINGS and not is_secret(name) else redact(value)
                             for name, value in recorded["loom"].items()}
     if isinstance(recorded.get("options"), dict):
-        scrubbed["options"] = {k: redact(v) if is_secret(k) else v for k, v in recorded["options"].items()}
+        scrubbed["options"] = redact_tree(recorded["options"])
     return scrubbed
 
 

@@ -37,3 +37,12 @@ def redact(value: Any) -> Any:
 def shown(name: str, value: Any) -> Any:
     """The value of setting `name` as it may be printed or stored."""
     return redact(value) if is_secret(name) else value
+
+
+def redact_tree(value: Any) -> Any:
+    """A JSON-like value with the value under every secret-looking key redacted, at any depth."""
+    if isinstance(value, dict):
+        return {k: redact(v) if is_secret(str(k)) else redact_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_tree(v) for v in value]
+    return value

@@ -58,11 +58,11 @@ def test_a_recorded_run_holds_no_api_token_and_its_pages_show_none(staff, settin
     run's JSON export and on its page; tuning settings stay in clear."""
     settings.LOOM_API_TOKENS = [TOKEN]
     settings.LOOM_LEASE_TTL = 12.5
-    run = record({"ops": 5, "api_token": TOKEN})
+    run = record({"ops": 5, "api_token": TOKEN, "client": {"password": TOKEN, "retries": 2}})
     run.refresh_from_db()
     assert run.settings["loom"]["LOOM_API_TOKENS"] == REDACTED
     assert run.settings["loom"]["LOOM_LEASE_TTL"] == 12.5
-    assert run.settings["options"] == {"ops": 5, "api_token": REDACTED}
+    assert run.settings["options"] == {"ops": 5, "api_token": REDACTED, "client": {"password": REDACTED, "retries": 2}}
     assert TOKEN not in str(run.settings)
     for name in ("benchmarks:run_json", "benchmarks:run_detail", "benchmarks:run_csv"):
         response = staff.get(reverse(name, args=[run.pk]))
