@@ -133,6 +133,7 @@ def flows(args: dict) -> None:
 
     node = Worker(args["wid"], services=[HeartbeatService])
     node.start()
+    say("READY")
     ids = list(args["ids"])
     lock = threading.Lock()
     _wait_for(args.get("go"))

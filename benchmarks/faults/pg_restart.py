@@ -93,6 +93,8 @@ def run(r: Round) -> Verdict:
         starter = pool.role("starter", "flows", {"wid": f"{r.prefix}starter", "ids": ids, "flow": "faults.steps",
                                                  "input": {"n": steps, "pause": 0.05}, "threads": 2, "pause": 0.1,
                                                  "tolerant": True}, env)
+        worker.ready()
+        wait_until(lambda: starter.said("READY"), "the flow starter to come up", 120, [*writers, starter])
         wait_until(lambda: len(acks(writers[:1])) >= restart_at, "the load to build up", 600, [*writers, starter])
         r.figures["restart_seconds"] = round(restart(r.options["restart_cluster"]), 2)
         _reconnect()

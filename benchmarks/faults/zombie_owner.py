@@ -30,8 +30,10 @@ def run(r: Round) -> Verdict:
     with r.pool() as pool:
         zombie = pool.role("zombie", "hold", {"wid": f"{r.prefix}A", "id": eid, "input": value},
                            r.env(LOOM_LEASE_MODE="eager"))
-        wait_until(lambda: (r.folder / f"running.{zombie.pid}").exists()
-                   and Lease.objects.filter(execution_id=eid).exists(), "the zombie to hold its step", 60, [zombie])
+        if not wait_until(lambda: (r.folder / f"running.{zombie.pid}").exists()
+                          and Lease.objects.filter(execution_id=eid).exists(), "the zombie to hold its step", 60,
+                          [zombie]):
+            raise AssertionError(f"the zombie never reached step {at} holding a lease:\n{zombie.tail()}")
         zombie.signal(signal.SIGSTOP)
         rescuer = pool.worker("rescuer", f"{r.prefix}B", r.env())
         took = wait_until(lambda: (r.folder / f"running.{rescuer.pid}").exists(), "the worker to take over",
