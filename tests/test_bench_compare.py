@@ -186,6 +186,7 @@ def test_bench_gate_records_a_gate_cell_per_rule_and_exits_1_only_when_one_fails
 
     from benchmarks.gate import rules_for
     from benchmarks.models import BenchRun
+    from leases.keeper import get_keeper, reset_keeper
 
     out = io.StringIO()
     error = None
@@ -194,6 +195,9 @@ def test_bench_gate_records_a_gate_cell_per_rule_and_exits_1_only_when_one_fails
                      "--lease-concurrency", "2", "--lease-execs", "4", "--quiet", stdout=out, stderr=io.StringIO())
     except CommandError as exc:
         error = exc
+    finally:  # the process's lease keeper must not outlive the test database (see test_bench_smoke.py)
+        get_keeper().shutdown()
+        reset_keeper(None)
     run = BenchRun.objects.filter(command="bench_gate").order_by("-id").first()
     assert run is not None and run.status == BenchRun.Status.OK, run and run.error
     gates = {r.scenario: r for r in run.results.filter(section="gate")}

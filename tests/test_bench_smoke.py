@@ -35,6 +35,18 @@ TINY_THROUGHPUT = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def stop_the_process_lease_keeper(transactional_db):
+    """A bench command runs flows in this process, which may start the process's lease keeper thread; a
+    real `manage.py` process ends with the command, the test process does not: stop it while the test
+    database is still open, so it does not outlive the test."""
+    yield
+    from leases.keeper import get_keeper, reset_keeper
+
+    get_keeper().shutdown()
+    reset_keeper(None)
+
+
 def run_command(name: str, *argv: str) -> tuple[BenchRun, str]:
     out = io.StringIO()
     call_command(name, *argv, "--quiet", stdout=out, stderr=io.StringIO())
