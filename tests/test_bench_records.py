@@ -137,3 +137,55 @@ def test_bad_arguments_on_the_command_line_exit_2_without_a_traceback(child_env)
                           env=child_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "argument --concurrency" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- what the figures count ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_statement_counter_sees_every_statement_of_connections_opened_in_any_thread():
+    """Appends in a worker thread are counted at the driver, including the PostgreSQL store's server-side
+    prepared statements (which bypass Django's execute wrappers): one statement per append there; on
+    SQLite each append is several (BEGIN, guard reads, insert, COMMIT). The calling thread's own
+    connection, opened before, is not counted."""
+    import threading
+
+    from django.db import connection, connections
+
+    from benchmarks.harness import counting_statements
+    from journal.envelopes import Envelope
+    from journal.models import Event
+
+    appends = 5
+    connection.ensure_connection()
+
+    def work() -> None:
+        try:
+            Event.objects.open_stream("count-1", Envelope("Opened"))
+            for _ in range(appends):
+                Event.objects.append("count-1", Envelope("Added"), fence_token=1)
+        finally:
+            connections.close_all()
+
+    with counting_statements() as counter:
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+        Event.objects.tip("count-1")  # this thread's connection: not counted
+    statements, control = counter.snapshot()
+    if connection.vendor == "postgresql":
+        assert statements == appends + 1 and control == 0
+    else:
+        assert statements >= 3 * (appends + 1) and control >= 2 * (appends + 1)
+
+
+def test_a_lease_overhead_inside_the_spread_of_its_repeats_is_not_a_result():
+    """The SQLite case: eager leases "faster" than none, repeats from -112 % to +19 %: spread too wide.
+    A tight spread around a real cost is an overhead; a single repeat says nothing."""
+    from benchmarks.sections.lease import SPREAD_TOO_WIDE, overhead_verdict
+
+    assert overhead_verdict(-46.0, [-112.2, -10.7, 18.9]) == SPREAD_TOO_WIDE
+    assert overhead_verdict(14.3, [-14.8, 14.3, 19.6]) == SPREAD_TOO_WIDE
+    assert overhead_verdict(8.0, [7.0, 8.0, 9.5]) == "overhead"
+    assert overhead_verdict(-30.0, [-33.0, -30.0, -28.0]) == "faster"
+    assert overhead_verdict(8.0, [8.0]) == SPREAD_TOO_WIDE
