@@ -31,7 +31,8 @@ class Command(BaseCommand):
                             help="Do not start django-q2's cluster (services only).")
         parser.add_argument("--stop-timeout", type=float, default=10.0,
                             help="Seconds each service gets to stop on SIGTERM (default 10).")
-        parser.add_argument("--log-level", default=None,
+        parser.add_argument("--log-level", default=None, type=str.upper,
+                            choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                             help="Level of the 'loom' loggers (default: as LOGGING says, else INFO).")
 
     def handle(self, *args, worker_id=None, no_cluster=False, stop_timeout=10.0, log_level=None,
@@ -40,7 +41,7 @@ class Command(BaseCommand):
         # logged at INFO under "loom.*" (docs/workers.md "Logs"), unless LOGGING set that logger.
         loom_log = logging.getLogger("loom")
         if log_level is not None:
-            loom_log.setLevel(log_level.upper())
+            loom_log.setLevel(log_level)
         elif loom_log.level == logging.NOTSET:
             loom_log.setLevel(logging.INFO)
         cluster = None
