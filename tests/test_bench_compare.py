@@ -209,3 +209,15 @@ def test_bench_gate_records_a_gate_cell_per_rule_and_exits_1_only_when_one_fails
         assert all(name in str(error) for name in failed)
     else:
         assert error is None and "within their limits" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_run_page_shows_vs_eventsourcing_and_vs_dbos_columns(client, public):
+    """A peers run's cells carry ours ÷ theirs; the run page names those columns after the peer."""
+    with Recorder("bench_throughput", {}) as rec:
+        for name, peer in (("ours: aggregate do()", "eventsourcing"), ("eventsourcing", "eventsourcing"),
+                           ("ours: durable one-step flow", "dbos"), ("DBOS one-step workflow", "dbos")):
+            rec.add("peers", name, {"peer": peer, "concurrency": 8}, throughput=100.0, unit="exec/s", p50_ms=1.0,
+                    count=10, runs=[99.0, 101.0], **{f"vs_{peer}": 2.5})
+    html = client.get(reverse("benchmarks:run_detail", args=[rec.run.pk])).content.decode()
+    assert ">vs eventsourcing</th>" in html and ">vs DBOS</th>" in html and "2.5" in html

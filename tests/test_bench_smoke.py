@@ -23,7 +23,7 @@ from tests.conftest import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-POSTGRES_ONLY = {"notify", "fanout"}
+POSTGRES_ONLY = {"notify", "fanout", "peers"}
 
 TINY_THROUGHPUT = [
     "--concurrency", "1,2", "--ops", "16", "--append-repeats", "2", "--repeats", "2",
@@ -31,7 +31,7 @@ TINY_THROUGHPUT = [
     "--exec-concurrency", "2", "--exec-rounds", "1", "--effect-ms", "0", "--sweep-concurrency", "2",
     "--flow-concurrency", "1,2", "--flow-executions", "6", "--transient-calls", "50", "--transient-repeats", "2",
     "--read-concurrency", "2", "--read-ops", "5", "--lease-concurrency", "2", "--lease-repeats", "2",
-    "--lease-execs", "4",
+    "--lease-execs", "4", "--peer-concurrency", "1,2", "--peer-ops", "3", "--peer-repeats", "2",
 ]
 
 
@@ -87,6 +87,25 @@ def test_bench_throughput_runs_every_section():
     for cell in found["durable"] + found["executions"]:
         assert cell.metrics["statements_per_execution"] >= 2, cell
     assert f"recorded as run #{run.pk}" in output
+
+
+def test_peers_section_records_both_peers_beside_us_in_one_run():
+    """eventsourcing beside our aggregate do(), DBOS beside our durable one-step flow, each at every
+    concurrency, with the ratio ours / theirs; on SQLite, or without the packages, one line and a skip."""
+    from benchmarks.sections.peers import missing_packages
+
+    run, output = run_command("bench_throughput", "--section", "peers", "--peer-concurrency", "1,2",
+                              "--peer-ops", "3", "--peer-repeats", "2")
+    skipped = run.settings.get("skipped") or {}
+    if connection.vendor != "postgresql" or missing_packages():
+        assert "peers" in skipped and "peers: skipped:" in output
+        return
+    cells = {(r.scenario, r.params["concurrency"]): r for r in run.results.filter(section="peers")}
+    assert set(cells) == {(s, c) for s in ("ours: aggregate do()", "eventsourcing", "ours: durable one-step flow",
+                                           "DBOS one-step workflow") for c in (1, 2)}
+    for cell in cells.values():
+        ratio = cell.metrics["vs_eventsourcing" if cell.params["peer"] == "eventsourcing" else "vs_dbos"]
+        assert ratio is not None and ratio > 0 and cell.p50_ms is not None and len(cell.metrics["runs"]) == 2
 
 
 def test_read_section_counts_the_statements_and_rows_of_loading_running_executions():

@@ -12,4 +12,5 @@ THROUGHPUT_SECTIONS: dict[str, str] = {
     "transient": "benchmarks.sections.transient",
     "read": "benchmarks.sections.read",
     "lease": "benchmarks.sections.lease",  # short version; the full method is `manage.py bench_lease`
+    "peers": "benchmarks.sections.peers",  # eventsourcing and DBOS beside us (optional extra `peers`)
 }
