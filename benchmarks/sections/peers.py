@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import secrets
 import statistics
 import threading
 
@@ -86,6 +87,50 @@ def _pair(ctx, peer: str, ours: tuple, theirs: tuple, concs: list[int], ops: int
                        **{f"vs_{peer}": round(ratio, 3) if ratio else None})
 
 
+# -- the peers' own definitions, made once per process ------------------------------------------------
+# Both libraries register classes and functions globally by name (eventsourcing's topics, DBOS's
+# registry), so they are defined on first use and reused by every later run in the same process.
+
+_defined: dict = {}
+_dbos_steps = {"count": 0}
+_dbos_lock = threading.Lock()
+
+
+def _es_counter():
+    if "es_counter" not in _defined:
+        from eventsourcing.domain import Aggregate, event
+
+        class EsCounter(Aggregate):
+            @event("Created")
+            def __init__(self) -> None:
+                self.count = 0
+
+            @event("Incremented")
+            def increment(self, by: int) -> None:
+                self.count += by
+
+        _defined["es_counter"] = EsCounter
+    return _defined["es_counter"]
+
+
+def _dbos_workflow():
+    if "dbos_workflow" not in _defined:
+        from dbos import DBOS
+
+        @DBOS.step()
+        def bench_noop_step() -> int:
+            with _dbos_lock:
+                _dbos_steps["count"] += 1
+            return 1
+
+        @DBOS.workflow()
+        def bench_one_step(value: dict) -> int:
+            return bench_noop_step()
+
+        _defined["dbos_workflow"] = bench_one_step
+    return _defined["dbos_workflow"]
+
+
 # -- eventsourcing ------------------------------------------------------------------------------------
 
 
@@ -98,18 +143,8 @@ class _EventSourcingSide:
 
     def __enter__(self):
         from eventsourcing.application import Application
-        from eventsourcing.domain import Aggregate, event
 
-        class EsCounter(Aggregate):
-            @event("Created")
-            def __init__(self) -> None:
-                self.count = 0
-
-            @event("Incremented")
-            def increment(self, by: int) -> None:
-                self.count += by
-
-        self.counter_cls = EsCounter
+        self.counter_cls = _es_counter()
         s = connection.settings_dict
         with connection.cursor() as cursor:  # the library's tables in a schema of their own, dropped after
             cursor.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
@@ -188,8 +223,7 @@ class _DbosSide:
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
-        self.calls = 0
-        self.lock = threading.Lock()
+        self.token = secrets.token_hex(4)
 
     def __enter__(self):
         from dbos import DBOS
@@ -198,21 +232,9 @@ class _DbosSide:
         password = f":{s['PASSWORD']}" if s["PASSWORD"] else ""
         url = (f"postgresql://{s['USER'] or 'postgres'}{password}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/"
                f"{s['NAME']}_dbos")
+        self.workflow = _dbos_workflow()  # registered before DBOS() is configured and launched
         DBOS(config={"name": "loom-bench-peers", "system_database_url": url, "sys_db_pool_size": 40,
                      "log_level": "WARNING"})
-        side = self
-
-        @DBOS.step()
-        def noop_step() -> int:
-            with side.lock:
-                side.calls += 1
-            return 1
-
-        @DBOS.workflow()
-        def one_step(value: dict) -> int:
-            return noop_step()
-
-        self.workflow = one_step
         self.dbos = DBOS
         DBOS.launch()
         return self
@@ -223,8 +245,10 @@ class _DbosSide:
     def round(self, conc: int, ops: int, rep: int):
         from dbos import SetWorkflowID
 
-        prefix = f"bench-{self.ctx.run_id}-peers-dbos-{conc}-{rep}-"
-        before = self.calls
+        # DBOS's system database outlives our runs (and a test database's run ids start again at 1):
+        # a token makes the ids of this round new there.
+        prefix = f"bench-{self.ctx.run_id}-{self.token}-peers-dbos-{conc}-{rep}-"
+        before = _dbos_steps["count"]
 
         def op(w: int, i: int) -> int:
             with SetWorkflowID(f"{prefix}{w}-{i}"):
@@ -237,7 +261,7 @@ class _DbosSide:
         bar.close()
         if outcome.errors:
             raise RuntimeError(f"peers DBOS c={conc}: {outcome.errors[:3]}")
-        self.ctx.verify(f"DBOS c={conc} round {rep + 1} steps run", outcome.units, self.calls - before)
+        self.ctx.verify(f"DBOS c={conc} round {rep + 1} steps run", outcome.units, _dbos_steps["count"] - before)
         done = self.dbos.list_workflows(status="SUCCESS", workflow_id_prefix=prefix)
         self.ctx.verify(f"DBOS c={conc} round {rep + 1} workflows recorded as SUCCESS", outcome.units, len(done))
         return outcome
