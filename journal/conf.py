@@ -36,8 +36,6 @@ def _channel_problem(value: str) -> str | None:
     return None
 
 
-
-
 SETTINGS: dict[str, Setting] = {}
 
 
