@@ -295,3 +295,35 @@ def test_short_tokens_are_reported_whether_plain_or_scoped(settings):
     assert [w.id for w in check_api_auth()] == ["loomapi.W003"]
     settings.LOOM_API_TOKENS = [FULL, {"token": CALC_ONLY}]
     assert check_api_auth() == []
+
+
+# -- the buffering worker's view of a request (loomapi/worker.py) ---------------------------------------------
+
+HEAD = b"POST /api/flows/calc.add/call HTTP/1.1\r\nHost: x\r\n"
+
+
+@pytest.mark.parametrize(("buffer", "whole"), [
+    (b"GET /api/health HTTP/1.1\r\nHost: x\r\n", False),                      # head not finished
+    (b"GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n", True),                   # no body
+    (HEAD + b"Content-Length: 10\r\n\r\n01234", False),                        # half the body
+    (HEAD + b"Content-Length: 10\r\n\r\n0123456789", True),
+    (HEAD + b"Content-Length: 999999999\r\n\r\n", True),                       # over the limit: refused at once
+    (HEAD + b"Content-Length: ten\r\n\r\n", True),                             # malformed: the parser says 400
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", False),       # no last chunk yet
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\n\r\n", True),
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: 1\r\n", False),  # trailers unfinished
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n", True),
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", True),                # malformed size: the parser says 400
+])
+def test_the_buffering_worker_hands_a_request_over_only_when_it_is_whole(buffer, whole):
+    from loomapi.worker import complete
+
+    assert complete(buffer, limit=1000) is whole
+
+
+def test_chunk_data_that_looks_like_the_last_chunk_is_not_taken_for_it():
+    from loomapi.worker import complete
+
+    body = b"7\r\n\r\n0\r\n\r\n\r\n"  # a 7-byte chunk whose data is "\r\n0\r\n\r\n"
+    assert complete(HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + body, limit=1000) is False
+    assert complete(HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n", limit=1000) is True
