@@ -76,25 +76,25 @@ def problem(value: Any, what: str = "value") -> str | None:
     return None
 
 
-def _structure_problem(value: Any) -> str | None:
-    """A key that is not a string, or nesting deeper than MAX_DEPTH (one walk over containers only)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            kinds = set(map(type, node))
-            if not kinds <= {str} and not all(issubclass(kind, str) for kind in kinds):
-                key = next(k for k in node if not isinstance(k, str))
+def _structure_problem(node: Any, depth: int = 1) -> str | None:
+    """A key that is not a string, or nesting deeper than MAX_DEPTH. Only containers are visited (a
+    scalar child costs one type lookup); the recursion is bounded by MAX_DEPTH."""
+    if depth > MAX_DEPTH:
+        return f"is nested deeper than {MAX_DEPTH} levels"
+    if isinstance(node, dict):
+        for key, child in node.items():
+            if type(key) is not str and not isinstance(key, str):
                 return f"has a key that is not a string: {key!r} (JSON keys are strings; convert it yourself)"
-            children = node.values()
-        elif isinstance(node, (list, tuple)):
-            children = node
-        else:
-            continue
-        if depth > MAX_DEPTH:
-            return f"is nested deeper than {MAX_DEPTH} levels"
-        if not set(map(type, children)) <= _PLAIN:
-            stack.extend((child, depth + 1) for child in children if type(child) not in _PLAIN)
+            if type(child) not in _PLAIN:
+                problem = _structure_problem(child, depth + 1)
+                if problem is not None:
+                    return problem
+    elif isinstance(node, (list, tuple)):
+        for child in node:
+            if type(child) not in _PLAIN:
+                problem = _structure_problem(child, depth + 1)
+                if problem is not None:
+                    return problem
     return None
 
 
