@@ -116,3 +116,16 @@ def test_keys_that_are_not_strings_are_refused_not_turned_into_strings():
         with pytest.raises(InvalidPayload, match="key that is not a string"):
             Event.objects.append("keys", Envelope("Keys", payload))
     assert rows() == before
+
+
+def test_the_deepest_allowed_nesting_reads_back_and_one_more_level_is_refused():
+    """MAX_DEPTH (100) lists or objects deep is stored and read back on both backends; 101 is refused."""
+    deepest: object = "leaf"
+    for level in range(100):
+        deepest = [deepest] if level % 2 else {"k": deepest}
+    Event.objects.append("deep", Envelope("Deep", deepest))
+    assert Event.objects.read("deep")[0].payload == deepest
+    before = rows()
+    with pytest.raises(InvalidPayload, match="nested deeper than 100"):
+        Event.objects.append("deep", Envelope("Deep", [deepest]))
+    assert rows() == before
