@@ -1,0 +1,221 @@
+"""The journal store contract: fenced, guarded, all-or-nothing appends with contiguous seqs."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from datetime import datetime
+
+import pytest
+from django.db import connection, transaction
+
+from journal.envelopes import AppendItem, Envelope, SnapshotRecord
+from journal.exceptions import (
+    BatchRefused,
+    InvalidPayload,
+    SequenceConflict,
+    StaleFence,
+    StreamExists,
+    UnknownStream,
+)
+from tests.conformance import StoreContract
+
+
+def item(stream_id: str, *types: str, fence_token: int | None = None, expected_seq: int | None = None) -> AppendItem:
+    return AppendItem(stream_id, tuple(Envelope(t, {"t": t}) for t in types), fence_token, expected_seq)
+
+
+class JournalStoreContract(StoreContract):
+    """What every journal backend does (journal.store.base.JournalStore)."""
+
+    pytestmark = pytest.mark.django_db
+
+    covers = {
+        "_append": "append_batch", "_open": "open_stream", "advance_fence": "advance_fence",
+        "save_snapshot": "save_snapshot", "lock_stream": "lock_stream", "append_batch": "append_batch",
+        "append_encoded": "append_encoded", "open_stream": "open_stream", "read": "read", "tip": "tip",
+        "current_fence": "current_fence", "latest_snapshot": "latest_snapshot",
+    }
+
+    def types(self, store, stream_id: str) -> list[tuple[int, str]]:
+        return [(e.seq, e.type) for e in store.read(stream_id)]
+
+    # -- open -----------------------------------------------------------------------------------
+    def test_open_writes_seq_zero_with_fence_token_one(self, store):
+        token, appended = store.open_stream(item("x", "Started", "More"))
+        assert (token, appended.stream_id, appended.first_seq, appended.last_seq) == (1, "x", 0, 1)
+        assert store.current_fence("x") == 1 and store.tip("x") == 1
+        assert self.types(store, "x") == [(0, "Started"), (1, "More")]
+
+    def test_a_second_open_is_refused_and_writes_nothing(self, store):
+        store.open_stream(item("x", "Started"))
+        with pytest.raises(StreamExists):
+            store.open_stream(item("x", "Again", "Twice"))
+        assert self.types(store, "x") == [(0, "Started")] and store.current_fence("x") == 1
+
+    def test_open_refuses_a_stream_that_has_events_but_no_fence(self, store):
+        store.append_batch([item("agg", "Created", expected_seq=-1)])
+        with pytest.raises(StreamExists):
+            store.open_stream(item("agg", "Started"))
+        assert store.current_fence("agg") is None and self.types(store, "agg") == [(0, "Created")]
+
+    # -- appends --------------------------------------------------------------------------------
+    def test_appends_get_contiguous_seqs_from_zero_and_say_which(self, store):
+        first = store.append_batch([item("a", "One", "Two")])
+        second = store.append_batch([item("a", "Three")])
+        assert [(r.first_seq, r.last_seq) for r in first + second] == [(0, 1), (2, 2)]
+        assert self.types(store, "a") == [(0, "One"), (1, "Two"), (2, "Three")] and store.tip("a") == 2
+
+    def test_append_encoded_writes_what_encode_validated(self, store):
+        items = [item("a", "One"), item("b", "Two", "Three")]
+        appended = store.append_encoded(items, store.encode(items))
+        assert [(r.stream_id, r.first_seq, r.last_seq) for r in appended] == [("a", 0, 0), ("b", 0, 1)]
+
+    def test_an_empty_batch_writes_nothing(self, store):
+        assert store.append_batch([]) == []
+
+    def test_expected_tip_is_a_guard(self, store):
+        store.append_batch([item("a", "One", expected_seq=-1)])
+        with pytest.raises(SequenceConflict, match="expected tip -1, found 0"):
+            store.append_batch([item("a", "Again", expected_seq=-1)])
+        store.append_batch([item("a", "Two", expected_seq=0)])
+        assert self.types(store, "a") == [(0, "One"), (1, "Two")]
+
+    def test_the_current_fence_token_is_accepted_and_a_stale_one_refused(self, store):
+        store.open_stream(item("x", "Started"))
+        store.append_batch([item("x", "Step", fence_token=1)])
+        assert store.advance_fence("x") == 2
+        with pytest.raises(StaleFence):
+            store.append_batch([item("x", "Late", fence_token=1)])
+        store.append_batch([item("x", "NewOwner", fence_token=2)])
+        assert [t for _, t in self.types(store, "x")] == ["Started", "Step", "NewOwner"]
+
+    def test_both_guards_must_pass(self, store):
+        store.open_stream(item("x", "Started"))
+        with pytest.raises(SequenceConflict):
+            store.append_batch([item("x", "Wrong", fence_token=1, expected_seq=5)])
+        with pytest.raises(StaleFence):
+            store.append_batch([item("x", "Wrong", fence_token=9, expected_seq=0)])
+        store.append_batch([item("x", "Right", fence_token=1, expected_seq=0)])
+        assert store.tip("x") == 1
+
+    def test_a_token_for_a_stream_without_fence_or_events_is_unknown(self, store):
+        with pytest.raises(UnknownStream):
+            store.append_batch([item("nowhere", "E", fence_token=1)])
+        store.append_batch([item("plain", "E")])
+        with pytest.raises(UnknownStream):
+            store.append_batch([item("plain", "E", fence_token=1)])
+        assert store.tip("nowhere") == -1 and store.tip("plain") == 0
+
+    def test_a_batch_is_all_or_nothing_and_names_each_refused_stream(self, store):
+        store.open_stream(item("f", "Started"))
+        store.advance_fence("f")
+        store.append_batch([item("s", "One")])
+        with pytest.raises(BatchRefused) as refused:
+            store.append_batch([item("ok", "E"), item("f", "E", fence_token=1), item("s", "E", expected_seq=-1)])
+        assert isinstance(refused.value.errors["f"], StaleFence)
+        assert isinstance(refused.value.errors["s"], SequenceConflict)
+        assert "ok" not in refused.value.errors
+        assert store.tip("ok") == -1 and store.tip("f") == 0 and store.tip("s") == 0
+
+    def test_a_batch_appends_each_stream_from_its_own_tip(self, store):
+        store.append_batch([item("a", "A0", "A1")])
+        store.open_stream(item("b", "B0"))
+        appended = store.append_batch([item("c", "C0"), item("a", "A2"), item("b", "B1", fence_token=1)])
+        assert [(r.stream_id, r.first_seq) for r in appended] == [("c", 0), ("a", 2), ("b", 1)]
+
+    def test_a_stream_twice_in_one_batch_is_invalid(self, store):
+        with pytest.raises(InvalidPayload, match="twice"):
+            store.append_batch([item("a", "One"), item("a", "Two")])
+        assert store.tip("a") == -1
+
+    def test_an_oversized_payload_is_refused_before_any_sql(self, store, settings):
+        settings.LOOM_MAX_PAYLOAD_BYTES = 64
+        with pytest.raises(InvalidPayload):
+            store.append_batch([item("a", "Ok"), AppendItem("b", (Envelope("Big", {"x": "y" * 200}),))])
+        assert store.tip("a") == -1 and store.tip("b") == -1
+
+    def test_a_refusal_inside_a_transaction_leaves_it_usable(self, store):
+        store.append_batch([item("a", "One")])
+        with transaction.atomic():
+            store.append_batch([item("b", "InTxn")])
+            with pytest.raises(SequenceConflict):
+                store.append_batch([item("a", "Conflict", expected_seq=-1)])
+            with pytest.raises(UnknownStream):
+                store.advance_fence("nowhere")
+            store.append_batch([item("c", "StillWorks")])
+        assert (store.tip("a"), store.tip("b"), store.tip("c")) == (0, 0, 0)
+
+    # -- fences ---------------------------------------------------------------------------------
+    def test_advance_fence_bumps_by_one_or_compares_and_sets(self, store):
+        store.open_stream(item("x", "Started"))
+        assert store.advance_fence("x") == 2
+        assert store.advance_fence("x", expected_token=2) == 3
+        with pytest.raises(StaleFence):
+            store.advance_fence("x", expected_token=2)
+        assert store.current_fence("x") == 3
+
+    def test_advance_fence_of_an_unknown_stream_is_refused(self, store):
+        store.append_batch([item("plain", "E")])
+        for stream_id in ("nowhere", "plain"):
+            with pytest.raises(UnknownStream):
+                store.advance_fence(stream_id)
+            assert store.current_fence(stream_id) is None
+
+    def test_lock_stream_holds_inside_a_transaction_and_appends_still_go_through(self, store):
+        with transaction.atomic():
+            store.lock_stream("a")
+            store.append_batch([item("a", "Locked", expected_seq=-1)])
+        assert store.tip("a") == 0
+
+    # -- reads ----------------------------------------------------------------------------------
+    def test_read_returns_payloads_in_seq_order_after_a_seq_and_up_to_a_limit(self, store):
+        payload = {"text": "naïve ☃", "nested": {"list": [1, 2.5, None, True]}, "n": 2**40}
+        store.append_batch([AppendItem("a", (Envelope("P", payload), Envelope("Q"), Envelope("R")))])
+        events = store.read("a")
+        assert [e.seq for e in events] == [0, 1, 2] and events[0].payload == payload
+        assert events[0].id < events[1].id < events[2].id
+        assert all(isinstance(e.recorded_at, datetime) and e.recorded_at.tzinfo is not None for e in events)
+        assert [e.type for e in store.read("a", after_seq=0)] == ["Q", "R"]
+        assert [e.type for e in store.read("a", after_seq=0, limit=1)] == ["Q"]
+        assert store.read("nowhere") == []
+
+    def test_an_unknown_stream_has_tip_minus_one_and_no_fence(self, store):
+        assert store.tip("nowhere") == -1 and store.current_fence("nowhere") is None
+
+    # -- snapshots ------------------------------------------------------------------------------
+    def test_the_latest_snapshot_is_the_highest_seq_and_the_first_write_of_a_seq_stays(self, store):
+        store.save_snapshot(SnapshotRecord("a", 3, {"n": 3}))
+        store.save_snapshot(SnapshotRecord("a", 7, {"n": 7, "deep": {"list": ["x"]}}))
+        store.save_snapshot(SnapshotRecord("a", 7, {"n": "ignored duplicate"}))
+        latest = store.latest_snapshot("a")
+        assert (latest.stream_id, latest.seq, latest.state) == ("a", 7, {"n": 7, "deep": {"list": ["x"]}})
+        assert store.latest_snapshot("b") is None
+
+    # -- concurrency ----------------------------------------------------------------------------
+    @pytest.mark.django_db(transaction=True)
+    def test_concurrent_writers_leave_contiguous_seqs_and_only_named_refusals(self):
+        """Unguarded writers racing on one stream: every refusal is a SequenceConflict (never a raw
+        database error) and what was written is exactly seqs 0..n-1 with no duplicate."""
+        written, errors = [], []
+
+        def writer(n: int) -> None:
+            store = self.make_store()
+            try:
+                for i in range(10):
+                    with contextlib.suppress(SequenceConflict):  # a lost race: the one named refusal
+                        written.extend(store.append_batch([item("hot", f"W{n}-{i}")]))
+            except Exception as exc:  # anything else breaks the contract: reported below
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        store = self.make_store()
+        seqs = [e.seq for e in store.read("hot")]
+        assert seqs == list(range(len(written))) and sorted(r.first_seq for r in written) == seqs

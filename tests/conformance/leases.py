@@ -1,0 +1,183 @@
+"""The lease store contract: leases fenced by owner and token, expiry, takeover that advances the fence."""
+
+from __future__ import annotations
+
+import pytest
+
+from journal.envelopes import AppendItem, Envelope
+from journal.exceptions import StaleFence
+from journal.models import Execution
+from journal.store import store_for as journal_store_for
+from leases.models import Lease, Worker
+from tests.conformance import StoreContract
+
+TTL = 30.0
+LONG = 3600.0  # an orphan_after no execution of a test reaches
+
+
+def running(eid: str, flow: str = "conformance.flow", recoveries: int = 0) -> str:
+    """A running execution: its stream opened (fence token 1) and its header row."""
+    journal_store_for().open_stream(AppendItem(eid, (Envelope("EXECUTION_STARTED", {"flow": flow}),)))
+    Execution.objects.create(id=eid, flow=flow, recoveries=recoveries)
+    return eid
+
+
+def holder(eid: str) -> tuple[str, int] | None:
+    lease = Lease.objects.filter(execution_id=eid).first()
+    return None if lease is None else (lease.owner_id, lease.fence_token)
+
+
+class LeaseStoreContract(StoreContract):
+    """What every lease backend does (leases.store.base.LeaseStore). Real commits: the backends read
+    the database's clock per statement, so expiry is observed across statements, not inside one."""
+
+    pytestmark = pytest.mark.django_db(transaction=True)
+
+    covers = {
+        "acquire_many": "acquire_many", "renew_many": "renew_many", "release_many": "release_many",
+        "expire_many": "expire_many", "takeover": "takeover", "touch_worker": "touch_worker",
+        "prune_workers": "prune_workers", "stop_worker": "stop_worker",
+    }
+
+    # -- acquire --------------------------------------------------------------------------------
+    def test_acquire_leases_at_the_current_fence_token(self, store):
+        running("x")
+        assert store.acquire_many("a", [("x", 1)], TTL) == {"x"}
+        assert holder("x") == ("a", 1)
+
+    def test_acquire_at_a_stale_or_unfenced_token_is_refused(self, store):
+        running("x")
+        journal_store_for().advance_fence("x")
+        assert store.acquire_many("a", [("x", 1), ("nofence", 1)], TTL) == set()
+        assert store.acquire_many("a", [("x", 2)], TTL) == {"x"}
+        assert holder("x") == ("a", 2) and holder("nofence") is None
+
+    def test_a_held_lease_is_refused_to_another_owner_and_refreshed_for_its_own(self, store):
+        running("x")
+        store.acquire_many("a", [("x", 1)], TTL)
+        assert store.acquire_many("b", [("x", 1)], TTL) == set()
+        assert store.acquire_many("a", [("x", 1)], TTL) == {"x"}
+        assert holder("x") == ("a", 1)
+
+    def test_a_higher_token_supersedes_the_holder(self, store):
+        running("x")
+        store.acquire_many("a", [("x", 1)], TTL)
+        journal_store_for().advance_fence("x")
+        assert store.acquire_many("b", [("x", 2)], TTL) == {"x"}
+        assert holder("x") == ("b", 2)
+        assert store.renew_many("a", [("x", 1)], TTL) == set()
+
+    def test_releases_ride_along_with_an_acquire(self, store):
+        running("x"), running("y")
+        store.acquire_many("a", [("x", 1)], TTL)
+        assert store.acquire_many("a", [("y", 1)], TTL, release=[("x", 1)]) == {"y"}
+        assert holder("x") is None and holder("y") == ("a", 1)
+        assert store.acquire_many("a", [], TTL, release=[("y", 1)]) == set()
+        assert holder("y") is None
+
+    # -- renew / release / expire ---------------------------------------------------------------
+    def test_renew_returns_only_the_leases_the_owner_still_holds_at_that_token(self, store):
+        for eid in ("x", "y", "z"):
+            running(eid)
+        store.acquire_many("a", [("x", 1), ("y", 1)], TTL)
+        store.acquire_many("b", [("z", 1)], TTL)
+        before = Lease.objects.get(execution_id="x").expires_at
+        assert store.renew_many("a", [("x", 1), ("y", 2), ("z", 1)], TTL * 2) == {"x"}
+        assert Lease.objects.get(execution_id="x").expires_at > before
+        assert store.renew_many("a", [], TTL) == set()
+
+    def test_release_deletes_only_the_owners_leases_at_their_tokens(self, store):
+        for eid in ("x", "y"):
+            running(eid)
+        store.acquire_many("a", [("x", 1)], TTL)
+        store.acquire_many("b", [("y", 1)], TTL)
+        assert store.release_many("a", [("x", 2), ("y", 1)]) == 0
+        assert store.release_many("a", [("x", 1)]) == 1
+        assert holder("x") is None and holder("y") == ("b", 1)
+        assert store.release_many("a", []) == 0
+
+    def test_an_expired_lease_is_taken_over_at_once(self, store):
+        running("x")
+        store.acquire_many("a", [("x", 1)], TTL)
+        assert store.takeover("b", TTL, LONG, 5, 10).taken == []
+        assert store.expire_many("b", [("x", 1)]) == 0  # not b's to expire
+        assert store.expire_many("a", [("x", 1)]) == 1
+        assert store.takeover("b", TTL, LONG, 5, 10).taken == [("x", 2)]
+
+    # -- takeover -------------------------------------------------------------------------------
+    def test_takeover_moves_the_lease_advances_the_fence_and_counts_the_recovery(self, store):
+        running("x", flow="f.one")
+        store.acquire_many("a", [("x", 1)], -1.0)  # already expired
+        result = store.takeover("b", TTL, LONG, 5, 10)
+        assert result.taken == [("x", 2)] and result.stuck == [] and result.flow_of == {"x": "f.one"}
+        assert holder("x") == ("b", 2)
+        assert journal_store_for().current_fence("x") == 2
+        assert Execution.objects.get(id="x").recoveries == 1
+
+    def test_the_old_owner_is_fenced_out_after_a_takeover(self, store):
+        running("x")
+        store.acquire_many("a", [("x", 1)], -1.0)
+        store.takeover("b", TTL, LONG, 5, 10)
+        assert store.renew_many("a", [("x", 1)], TTL) == set()
+        assert store.release_many("a", [("x", 1)]) == 0
+        with pytest.raises(StaleFence):
+            journal_store_for().append_batch([AppendItem("x", (Envelope("Late"),), fence_token=1)])
+        assert store.renew_many("b", [("x", 2)], TTL) == {"x"}
+
+    def test_takeover_leaves_live_leases_alone(self, store):
+        running("x")
+        store.acquire_many("a", [("x", 1)], TTL)
+        assert store.takeover("b", TTL, -60.0, 5, 10).taken == []
+        assert holder("x") == ("a", 1) and journal_store_for().current_fence("x") == 1
+
+    def test_an_execution_without_a_lease_is_taken_only_once_orphaned(self, store):
+        running("x")
+        assert store.takeover("b", TTL, LONG, 5, 10).taken == []
+        assert store.takeover("b", TTL, -60.0, 5, 10).taken == [("x", 2)]
+        assert holder("x") == ("b", 2)
+
+    def test_takeover_gives_up_after_max_attempts(self, store):
+        running("x", recoveries=3)
+        store.acquire_many("a", [("x", 1)], -1.0)
+        result = store.takeover("b", TTL, LONG, 3, 10)
+        assert result.taken == [] and result.stuck == ["x"]
+        execution = Execution.objects.get(id="x")
+        assert execution.status == "stuck" and "3 attempts" in execution.error
+        assert holder("x") is None and journal_store_for().current_fence("x") == 2
+        assert store.takeover("b", TTL, -60.0, 3, 10).stuck == []  # no longer running
+
+    def test_takeover_only_touches_running_executions_of_the_given_flows(self, store):
+        running("x", flow="f.mine")
+        running("y", flow="f.other")
+        running("done", flow="f.mine")
+        Execution.objects.filter(id="done").update(status="completed")
+        result = store.takeover("b", TTL, -60.0, 5, 10, flows=["f.mine"])
+        assert result.taken == [("x", 2)]
+        assert holder("y") is None and holder("done") is None
+        assert store.takeover("b", TTL, -60.0, 5, 10, flows=[]).taken == []
+
+    def test_takeover_takes_at_most_limit(self, store):
+        for eid in ("x1", "x2", "x3"):
+            running(eid)
+        assert len(store.takeover("b", TTL, -60.0, 5, 2).taken) == 2
+        assert len(store.takeover("b", TTL, -60.0, 5, 2).taken) == 1
+
+    # -- workers --------------------------------------------------------------------------------
+    def test_a_worker_registers_heartbeats_and_stops(self, store):
+        store.touch_worker("w1", "host-a", 101, "worker")
+        store.touch_worker("w1", "host-b", 102, "worker")
+        worker = Worker.objects.get(id="w1")
+        assert (worker.host, worker.pid, worker.role, worker.stopped_at) == ("host-b", 102, "worker", None)
+        store.stop_worker("w1")
+        assert Worker.objects.get(id="w1").stopped_at is not None
+        store.touch_worker("w1", "host-b", 102)
+        assert Worker.objects.get(id="w1").stopped_at is None
+
+    def test_prune_deletes_workers_gone_quiet_that_hold_no_lease(self, store):
+        running("x")
+        for wid in ("idle", "holding"):
+            store.touch_worker(wid, "h", 1)
+        store.acquire_many("holding", [("x", 1)], TTL)
+        assert store.prune_workers(LONG) == 0
+        assert store.prune_workers(-60.0) == 1
+        assert list(Worker.objects.values_list("id", flat=True)) == ["holding"]
