@@ -269,6 +269,15 @@ def process_identity() -> str:
     return conf.get("LOOM_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
 
 
+def _retry_view(execution_id: str) -> tuple[int | None, tuple[str, str, Any, str]]:
+    """(fence token, header) as a retry sees them before deciding: the fence read first, so a header
+    read as failed was failed at that fence or later (a retry that committed since moved the fence)."""
+    from journal.models import Fence
+
+    fence = Fence.objects.current(execution_id)
+    return fence, header_of(execution_id)
+
+
 def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Outcome:
     """A new attempt of a FAILED execution, from its last completed step, recorded in its log.
 
@@ -281,7 +290,7 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     """
     from journal.models import Event, Execution, Snapshot
 
-    status, flow_name, _, _ = header_of(execution_id)
+    fence, (status, flow_name, _, _) = _retry_view(execution_id)
     if status != SETTLED_FAILED:
         raise NotResumable(f"execution {execution_id!r} is {status}; only a failed execution can be retried")
     definition = None if handoff else get_flow(flow_name)  # a worker needs the code; this process may not
@@ -289,23 +298,28 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
         from journal.flows.handover import check_queue
 
         check_queue()  # before anything is written: a retry nobody will run is worse than none
-    token, _ = _take_over(execution_id)
-    # The whole log, not a snapshot: a settled checkpoint keeps no step records, a retry needs them.
-    events = Event.objects.read(execution_id)
-    state = ExecutionState(execution_id)
-    for event in events:
-        state.apply(event.seq, event.type, event.payload)
-    if state.status != SETTLED_FAILED:
-        raise NotResumable(f"execution {execution_id!r} is {state.status}; only a failed execution can be retried")
-    snapshot = Snapshot.objects.latest(execution_id)
-    state.snapshot_seq = -1 if snapshot is None else snapshot.seq
-    steps = state.steps
-    from_pos = len(steps) - 1 if steps and steps[-1][1] == FAILED_STEP else len(steps)
-    attempt = 2 + sum(1 for event in events if event.type == ev.EXECUTION_RETRIED)
-    payload = {"attempt": attempt, "actor": actor if _jsonable(actor) is None else str(actor),
-               "error": state.error, "from_pos": from_pos, "steps": steps[:from_pos]}
     try:
+        # One transaction from the fence advance to the header update, the advance guarded by the fence
+        # read with the header: a retry that lost the race (another took the fence since it read the
+        # header as failed) is refused by the advance itself, or rolled back with it: a refusal changes
+        # nothing, so the winner's handed-over resume (expected_fence=its token) still runs.
         with transaction.atomic(using=Event.objects.db):
+            token, _ = _take_over(execution_id, fence)
+            # The whole log, not a snapshot: a settled checkpoint keeps no step records, a retry needs them.
+            events = Event.objects.read(execution_id)
+            state = ExecutionState(execution_id)
+            for event in events:
+                state.apply(event.seq, event.type, event.payload)
+            if state.status != SETTLED_FAILED:
+                raise NotResumable(f"execution {execution_id!r} is {state.status}; "
+                                   f"only a failed execution can be retried")
+            snapshot = Snapshot.objects.latest(execution_id)
+            state.snapshot_seq = -1 if snapshot is None else snapshot.seq
+            steps = state.steps
+            from_pos = len(steps) - 1 if steps and steps[-1][1] == FAILED_STEP else len(steps)
+            attempt = 2 + sum(1 for event in events if event.type == ev.EXECUTION_RETRIED)
+            payload = {"attempt": attempt, "actor": actor if _jsonable(actor) is None else str(actor),
+                       "error": state.error, "from_pos": from_pos, "steps": steps[:from_pos]}
             appended = Event.objects.append(execution_id, Envelope(ev.EXECUTION_RETRIED, payload), fence_token=token,
                                             expected_seq=state.seq)
             # The header goes back to running in the same transaction as its event (a rare operator
