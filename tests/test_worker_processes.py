@@ -31,8 +31,10 @@ CLUSTER = Q_WORKERS + 3  # django-q2's sentinel, its workers, monitor and pusher
 
 
 @pytest.fixture
-def env(child_env):
+def env(child_env, settings):
     child_env.update({
+        # The workers verify the tasks this process queues: they must share its signing key.
+        "SECRET_KEY": settings.SECRET_KEY,
         "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
         "LOOM_RECOVERY_EVERY": "0.2", "LOOM_FLOW_MODULES": "tests.lease_flows", "LOOM_LEASE_MODE": "lazy",
         "LOOM_Q_WORKERS": str(Q_WORKERS), "PYTHONFAULTHANDLER": "1",
