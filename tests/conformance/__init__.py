@@ -13,14 +13,15 @@ method, whether a contract exercises it (tests/test_conformance_docs.py keeps th
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import pytest
 from django.db import connection, connections
 
 
-class StoreContract(ABC):
-    """What every contract shares: the backend under test and its store, made fresh for each test."""
+class StoreContract:
+    """What every contract shares: the backend under test and its store, made fresh for each test.
+
+    Not an ABC on purpose: pytest silently skips abstract classes, so a backend subclass missing a
+    method would vanish from the run instead of failing it."""
 
     #: the `connection.vendor` this backend serves; the subclass's module skips on any other.
     vendor: str = ""
@@ -28,9 +29,14 @@ class StoreContract(ABC):
     #: (private abstract hooks are reached through a public method); read by test_conformance_docs.
     covers: dict[str, str] = {}
 
-    @abstractmethod
     def make_store(self, alias: str = "default"):
         """A store of this backend serving `alias` (a new instance: no cache shared with the app)."""
+        raise NotImplementedError(f"{type(self).__name__} must say how to make its backend's store")
+
+    @staticmethod
+    def app_store_for(alias: str = "default"):
+        """The app's own `store_for(alias)`: the store production code gets for that alias (each contract)."""
+        raise NotImplementedError("each contract names its app's store_for")
 
     @pytest.fixture
     def store(self):
@@ -41,6 +47,10 @@ class StoreContract(ABC):
         assert store.alias == "default"
         assert store.connection is connections["default"]
         assert store.vendor == connection.vendor == self.vendor
+
+    def test_the_apps_dispatcher_gives_this_backend_for_its_connection(self):
+        """What the suite proves is what production runs: `store_for` picks this class for the alias."""
+        assert type(self.app_store_for("default")) is type(self.make_store())
 
 
 def only_on(vendor: str) -> None:

@@ -30,6 +30,12 @@ class JournalStoreContract(StoreContract):
 
     pytestmark = pytest.mark.django_db
 
+    @staticmethod
+    def app_store_for(alias: str = "default"):
+        from journal.store import store_for
+
+        return store_for(alias)
+
     covers = {
         "_append": "append_batch", "_open": "open_stream", "advance_fence": "advance_fence",
         "save_snapshot": "save_snapshot", "lock_stream": "lock_stream", "append_batch": "append_batch",

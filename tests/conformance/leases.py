@@ -33,6 +33,12 @@ class LeaseStoreContract(StoreContract):
 
     pytestmark = pytest.mark.django_db(transaction=True)
 
+    @staticmethod
+    def app_store_for(alias: str = "default"):
+        from leases.store import store_for
+
+        return store_for(alias)
+
     covers = {
         "acquire_many": "acquire_many", "renew_many": "renew_many", "release_many": "release_many",
         "expire_many": "expire_many", "takeover": "takeover", "touch_worker": "touch_worker",

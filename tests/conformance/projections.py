@@ -31,6 +31,12 @@ class ProjectionStoreContract(StoreContract):
 
     pytestmark = pytest.mark.django_db
 
+    @staticmethod
+    def app_store_for(alias: str = "default"):
+        from projections.store import store_for
+
+        return store_for(alias)
+
     covers = {
         "try_correlate_lock": "try_correlate_lock", "checkpoints": "checkpoints",
         "save_checkpoints": "save_checkpoints", "scan": "scan", "bump": "bump", "sync_consumer": "sync_consumer",
