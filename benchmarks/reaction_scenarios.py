@@ -254,16 +254,10 @@ def watermark(ctx) -> None:
     reaction(name, on=["BenchWm"], atomic=False)(lambda e, t: handled.append(e.seq))
     start_at_tip([name])
     try:
-        with connection.cursor() as cursor:
-            rows = [(name, f"{pfx}{i}", "default", 0, -1, -1) for i in range(n)]  # caught up, no events yet
-            for start in range(0, n, 2000):
-                chunk = rows[start:start + 2000]
-                cursor.execute(
-                    "INSERT INTO projections_subscription (consumer, stream, source, lane, priority, at, tip, lease,"
-                    " retries, blocked, error, updated_at) VALUES "
-                    + ", ".join(["(%s, %s, '', %s, %s, %s, %s, 0, 0, false, '', CURRENT_TIMESTAMP)"] * len(chunk)),
-                    [v for r in chunk for v in r],
-                )
+        from projections.store import store_for
+
+        # caught up, no events yet
+        store_for().insert_caught_up([(name, f"{pfx}{i}", "default", 0, -1, -1) for i in range(n)])
         active = [f"{pfx}{i}" for i in range(0, n, max(1, n // 10))][:10]
         for sid in active:
             Event.objects.append(sid, Envelope("BenchWm"))

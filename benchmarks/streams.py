@@ -1,8 +1,12 @@
-"""Benchmark streams: named per run, counted for verification, removed afterwards unless --keep."""
+"""Benchmark streams: named per run, counted for verification, removed afterwards unless --keep.
+
+The counts and the clean-up are the journal store's (its statements for benchmarks and tests), on the
+default database, where the benches write.
+"""
 
 from __future__ import annotations
 
-from django.db import connection
+from journal.store import store_for
 
 
 def prefix(run_id: int, *parts) -> str:
@@ -10,26 +14,15 @@ def prefix(run_id: int, *parts) -> str:
 
 
 def count_events(stream_prefix: str) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM journal_event WHERE stream_id LIKE %s", [stream_prefix + "%"])
-        return cursor.fetchone()[0]
+    return store_for().count_events(stream_prefix)
 
 
 def check_contiguous(stream_prefix: str) -> int:
     """Streams under the prefix whose seqs are not exactly 0..n-1 (duplicates are impossible by index)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM (SELECT stream_id FROM journal_event WHERE stream_id LIKE %s"
-            " GROUP BY stream_id HAVING max(seq) + 1 <> count(*) OR min(seq) <> 0) bad",
-            [stream_prefix + "%"],
-        )
-        return cursor.fetchone()[0]
+    return store_for().count_gapped_streams(stream_prefix)
 
 
 def remove(stream_prefix: str) -> None:
     """Delete a benchmark's own streams. Maintenance of benchmark data only: the journal's write path
     never deletes; this exists so that the default SQLite file does not grow with every bench run."""
-    like = [stream_prefix + "%"]
-    with connection.cursor() as cursor:
-        for table in ("journal_event", "journal_fence", "journal_snapshot"):
-            cursor.execute(f"DELETE FROM {table} WHERE stream_id LIKE %s", like)
+    store_for().delete_streams(stream_prefix)

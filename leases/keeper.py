@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from django.db import DatabaseError, connections
 
 from journal import conf
+from journal.identity import node_identity as journal_node_identity
 from leases.store import store_for
 
 log = logging.getLogger("loom.leases")
@@ -106,7 +107,7 @@ def node_identity() -> str:
     is <main id>/<pid>, so that it has its own row even when LOOM_WORKER_ID names the main."""
     if _role == CHILD and _main_id:
         return f"{_main_id}/{os.getpid()}"
-    return conf.get("LOOM_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+    return journal_node_identity()
 
 
 def chunks(items: list, size: int) -> Iterable[list]:

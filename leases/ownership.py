@@ -17,22 +17,26 @@ from __future__ import annotations
 from django.db import connections
 
 from journal import conf
-from journal.flows.ownership import Claim, InlineLease, NoOwnership, set_ownership
+from journal.flows.ownership import Claim, Companion, InlineLease, NoOwnership, set_ownership
 from leases.keeper import LeaseKeeper, get_keeper
-from leases.store.postgres import COMPANION
+from leases.store import store_for
 
 _IN_TRANSACTION = NoOwnership()
 
 
 class LeaseOwnership:
-    # The lease CTEs the flows bootstrap and settle statements carry (PostgreSQL; see inline_lease).
-    companion = COMPANION
+    @property
+    def companion(self) -> Companion | None:
+        """The lease CTEs the flows bootstrap and settle statements carry: the lease store's (PostgreSQL;
+        None on SQLite, whose leases go through the keeper; see inline_lease)."""
+        return store_for(self.alias).companion
 
-    def __init__(self, mode: str, keeper: LeaseKeeper | None = None):
+    def __init__(self, mode: str, keeper: LeaseKeeper | None = None, alias: str = "default"):
         if mode not in ("eager", "lazy"):
             raise ValueError(f"LeaseOwnership mode must be eager or lazy, not {mode!r}")
         self.mode = mode
         self._keeper = keeper
+        self.alias = alias  # the database of the executions (and of the keeper's leases)
 
     @property
     def keeper(self) -> LeaseKeeper:
@@ -41,10 +45,11 @@ class LeaseOwnership:
     def inline_lease(self) -> InlineLease | None:
         """Eager fresh starts on PostgreSQL write their lease in the bootstrap statement itself (and
         delete it in the settle): a run that settles before the keeper's next tick costs no lease
-        statement and no hand-off to the keeper thread. SQLite keeps the keeper path (no round trip
-        to save there); a run inside the caller's transaction takes no lease at all (see begin)."""
-        connection = connections["default"]
-        if self.mode != "eager" or connection.vendor != "postgresql" or connection.in_atomic_block:
+        statement and no hand-off to the keeper thread. A store without a companion (SQLite) keeps
+        the keeper path (no round trip to save there); a run inside the caller's transaction takes no
+        lease at all (see begin)."""
+        if (self.mode != "eager" or store_for(self.alias).companion is None
+                or connections[self.alias].in_atomic_block):
             return None
         keeper = self.keeper
         return InlineLease(keeper.worker_id, keeper.ttl())
@@ -53,7 +58,7 @@ class LeaseOwnership:
               lease: InlineLease | None = None) -> Claim:
         if lease is not None:  # written by the bootstrap statement: just renew it from now on
             return self.keeper.begin_inline(execution_id, fence_token, lease.sent_at)
-        if connections["default"].in_atomic_block:
+        if connections[self.alias].in_atomic_block:
             # The run is inside the caller's transaction: nobody else can see the execution until
             # it commits (no sweeper can take it over), and if this process dies it rolls back
             # entirely. A lease written from the keeper's connection could not even see its fence.

@@ -216,9 +216,7 @@ def start_at_tip(names: Iterable[str], alias: str = "default") -> None:
 
     Their checkpoint starts at the current last id; events before it are never correlated for them.
     """
-    from django.db import connections
+    from journal.store import store_for as journal_store
 
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT COALESCE(MAX(id), 0) FROM journal_event")
-        top = cursor.fetchone()[0]
+    top = journal_store(alias).last_event_id()
     store_for(alias).save_checkpoints([CheckpointRow(n, top, top, None) for n in names])

@@ -12,14 +12,13 @@ memory. Stopping releases the leases of cycles in progress.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 from dataclasses import dataclass, field
 
 from django.db import connections
 
 from journal import conf
+from journal.identity import node_identity
 from projections.correlate import correlate
 from projections.declarations import Registry, registry
 from projections.drain import CycleResult, DrainController
@@ -30,7 +29,8 @@ log = logging.getLogger("loom.projections")
 
 
 def default_worker_id() -> str:
-    return conf.get("LOOM_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+    """This process's claims' holder: the journal's node identity (LOOM_WORKER_ID, or host:pid)."""
+    return node_identity()
 
 
 def sync_declarations(reg: Registry = registry, alias: str = "default") -> None:
@@ -108,7 +108,7 @@ class DrainService:
                                            name=f"loom-drain-{lane.name}")
             self.lanes[lane.name] = item
         self._spawn(self._correlate_loop, "loom-correlate")
-        if connections[self.alias].vendor == "postgresql" and conf.get("LOOM_DRAIN_LISTEN"):
+        if store_for(self.alias).notifications and conf.get("LOOM_DRAIN_LISTEN"):
             self.listener = Listener(self.registry, self.alias, self.wake_lanes, self.correlate_wake.set,
                                      self.stopping)
             self._spawn(self.listener.run, "loom-drain-listen")

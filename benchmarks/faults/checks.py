@@ -23,6 +23,7 @@ from django.utils import timezone
 from benchmarks.faults.fixtures import APPLIED, EFFECTS, TYPE
 from journal.flows import events as ev
 from journal.models import Event, Execution
+from leases.store import store_for as lease_store
 from projections.models import Subscription
 
 # -- applied_counts --
@@ -37,13 +38,9 @@ EFFECT_COUNTS = f"""
 SELECT execution_id, step, count(*) FROM {EFFECTS} WHERE execution_id LIKE %s GROUP BY execution_id, step
 """
 
-# -- leases_left --
-# Lease rows of the round's executions (a lease row may exist without its execution header, so no join).
-LEASES_LEFT = "SELECT count(*) FROM leases_lease WHERE execution_id LIKE %s"
-
-# -- remove_leases / remove_applied / remove_effects --
-# Clean-up of a round's rows in the suite's own tables (unless --keep).
-REMOVE_LEASES = "DELETE FROM leases_lease WHERE execution_id LIKE %s"
+# -- remove_applied / remove_effects --
+# Clean-up of a round's rows in the suite's own tables (unless --keep). Lease rows are counted and
+# removed by the leases store (count_leases, delete_leases).
 REMOVE_APPLIED = f"DELETE FROM {APPLIED} WHERE stream LIKE %s"
 REMOVE_EFFECTS = f"DELETE FROM {EFFECTS} WHERE execution_id LIKE %s"
 
@@ -142,9 +139,7 @@ class Verdict:
         self.add("duplicated", "duplicated:effect-of-unrecorded-step", len(set(effects) - completed_steps))
         expected = {(i, f"s{k:03d}") for i in ids if status.get(i) == "completed" for k in range(steps)}
         self.add("lost", "lost:step-of-completed-execution", len(expected - completed_steps))
-        with connection.cursor() as cursor:
-            cursor.execute(LEASES_LEFT, [prefix + "%"])
-            self.add("stuck", "stuck:leases-left", cursor.fetchone()[0])
+        self.add("stuck", "stuck:leases-left", lease_store().count_leases(prefix))
         self.note("executions", len(ids))
         self.note("completed", sum(1 for i in ids if status.get(i) == "completed"))
 
@@ -157,7 +152,7 @@ def remove(prefix: str) -> None:
     streams.remove(prefix)
     Execution.objects.filter(id__startswith=prefix).delete()
     Subscription.objects.filter(stream__startswith=prefix).delete()
+    lease_store().delete_leases(prefix)
     with connection.cursor() as cursor:
-        cursor.execute(REMOVE_LEASES, [prefix + "%"])
         cursor.execute(REMOVE_APPLIED, [prefix + "%"])
         cursor.execute(REMOVE_EFFECTS, [prefix + "%"])

@@ -15,7 +15,6 @@ statements per execution and requests per statement.
 
 from __future__ import annotations
 
-from django.db import connection
 from django.test import override_settings
 
 from benchmarks import streams
@@ -24,6 +23,7 @@ from benchmarks.harness import counting_statements, run_workers
 from journal import coalesce, conf
 from journal.flows import flow, start
 from journal.flows.ownership import get_ownership
+from journal.store import store_for
 
 DEFAULT_CONCURRENCY = "1,16,64"
 
@@ -68,15 +68,12 @@ def _counters() -> tuple[int, int]:
 
 
 def count_headers(pfx: str, status: str) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM journal_execution WHERE id LIKE %s AND status = %s", [pfx + "%", status])
-        return cursor.fetchone()[0]
+    return store_for().count_executions(pfx, status)
 
 
 def remove_headers(pfx: str) -> None:
     """Benchmark maintenance only (see streams.remove): the runtime never deletes headers."""
-    with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM journal_execution WHERE id LIKE %s", [pfx + "%"])
+    store_for().delete_executions(pfx)
 
 
 def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, coalesced: bool) -> None:

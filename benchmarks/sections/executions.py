@@ -21,7 +21,6 @@ import contextlib
 import threading
 import time
 
-from django.db import connection
 from django.test import override_settings
 
 from benchmarks import streams
@@ -29,6 +28,7 @@ from benchmarks.arguments import non_negative_float, positive_int, positive_int_
 from benchmarks.harness import counting_statements, run_workers
 from journal import coalesce
 from journal.flows import flow, start
+from journal.store import store_for
 
 DEFAULT = "32,128,512"
 FULL = "32,128,512,1024,2048"
@@ -111,10 +111,8 @@ def run_cell(ctx, label: str, conc: int, rounds: int, effect_ms: float, rep: int
     executions = conc * rounds
     events = streams.count_events(pfx)
     per_exec = events / executions
-    with connection.cursor() as cursor:  # every execution: one stream, the same number of events
-        cursor.execute("SELECT count(DISTINCT stream_id), min(n), max(n) FROM (SELECT stream_id, count(*) AS n"
-                       " FROM journal_event WHERE stream_id LIKE %s GROUP BY stream_id) s", [pfx + "%"])
-        streams_written, least, most = cursor.fetchone()
+    # every execution: one stream, the same number of events
+    streams_written, least, most = store_for().events_per_stream(pfx)
     ctx.verify(f"{label} c={conc} completed executions", executions, outcome.units)
     ctx.verify(f"{label} c={conc} execution streams", executions, streams_written)
     ctx.verify(f"{label} c={conc} events per execution (least vs most)", most, least)
@@ -137,8 +135,8 @@ def _remove_headers(pfx: str) -> None:
     """The flows' execution header rows of this benchmark (table of the flows app, if present)."""
     from django.db import DatabaseError, transaction
 
-    with contextlib.suppress(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("DELETE FROM journal_execution WHERE id LIKE %s", [pfx + "%"])
+    with contextlib.suppress(DatabaseError), transaction.atomic():
+        store_for().delete_executions(pfx)
 
 
 def run(ctx) -> None:

@@ -30,6 +30,7 @@ from benchmarks.harness import run_workers
 from journal.flows import flow, start
 from journal.flows.ownership import set_ownership
 from journal.models import Execution
+from journal.store import store_for as journal_store
 from leases.keeper import LeaseKeeper
 from leases.models import Lease
 from leases.ownership import LeaseOwnership
@@ -252,9 +253,7 @@ def _remove(pfx: str, ids: list[str] | None) -> None:
         streams.remove(pfx)
         Execution.objects.filter(id__startswith=pfx).delete()
         return
-    with connection.cursor() as cursor:
-        for part in _chunks(ids):
-            marks = ", ".join(["%s"] * len(part))
-            for table, column in (("journal_event", "stream_id"), ("journal_fence", "stream_id"),
-                                  ("journal_snapshot", "stream_id"), ("journal_execution", "id")):
-                cursor.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", part)
+    journal = journal_store()
+    for part in _chunks(ids):
+        journal.delete_streams(ids=part)
+        journal.delete_executions(ids=part)

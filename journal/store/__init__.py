@@ -1,39 +1,20 @@
 """The journal store: one implementation per database backend, chosen by the connection's vendor.
 
-`store_for(alias)` returns the store of a database alias. Each backend module keeps all of its SQL
-at its top, named, with the reason for each lock, check and ordering rule next to it.
+`store_for(alias)` returns the store of a database alias (journal.backends, the dispatcher every
+app shares). Each backend module keeps all of its SQL at its top, named, with the reason for each
+lock, check and ordering rule next to it.
 """
 
 from __future__ import annotations
 
-from functools import cache
+from collections.abc import Callable
 
-from django.db import connections
-
+from journal import backends
 from journal.store.base import JournalStore
 
+backends.register("journal", "postgresql", "journal.store.postgres.PostgresStore")
+backends.register("journal", "sqlite", "journal.store.sqlite.SqliteStore")
 
-@cache
-def _store_class(vendor: str) -> type[JournalStore]:
-    if vendor == "postgresql":
-        from journal.store.postgres import PostgresStore
-
-        return PostgresStore
-    if vendor == "sqlite":
-        from journal.store.sqlite import SqliteStore
-
-        return SqliteStore
-    raise NotImplementedError(f"the journal supports PostgreSQL and SQLite, not {vendor} (system check loom.E002)")
-
-
-_stores: dict[str, JournalStore] = {}
-
-
-def store_for(alias: str = "default") -> JournalStore:
-    store = _stores.get(alias)
-    if store is None:
-        store = _stores[alias] = _store_class(connections[alias].vendor)(alias)
-    return store
-
+store_for: Callable[..., JournalStore] = backends.dispatcher("journal")
 
 __all__ = ["JournalStore", "store_for"]

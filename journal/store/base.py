@@ -257,6 +257,134 @@ class JournalStore(DatabaseBound, ABC):
             return next(iter(errors.values()))
         return BatchRefused(errors)
 
+    # == for other apps: fences, executions recovery, event reads ====================================
+    # The statements other apps' stores need on the journal's tables (leases' takeover, projections'
+    # correlation and reads) and the benchmarks' counts and clean-up. They run on the caller's
+    # connection and inside the caller's transaction (no savepoint of their own): a takeover's fence
+    # advance commits with its lease claim. Fragments that must ride inside another app's statement
+    # (one round trip) are module constants of each backend: CURRENT_FENCE_JOIN, STREAM_TIP_SQL,
+    # RECOVERY_CANDIDATES (docs/architecture.md, "How the parts fit").
+
+    def advance_fences(self, stream_ids: Sequence[str]) -> list[tuple[str, int]]:
+        """Bump the fence of every stream that has one, in the caller's transaction; (stream, new token)
+        of each, in stream order. The one fence-advance statement, shared with advance_fence."""
+        if not stream_ids:
+            return []
+        return sorted(self._advance_fences(stream_ids, None))
+
+    @abstractmethod
+    def _advance_fences(self, stream_ids: Sequence[str], expected_token: int | None) -> list[tuple[str, int]]:
+        """Run ADVANCE_FENCES on the current connection (no transaction of its own)."""
+
+    def mark_recovered(self, execution_ids: Sequence[str]) -> int:
+        """Count one more recovery on each execution header (the leases sweep took it over)."""
+        return self._run_count(self.sql["mark_recovered"], execution_ids)
+
+    def mark_stuck(self, execution_ids: Sequence[str]) -> int:
+        """Mark the executions stuck: recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS."""
+        return self._run_count(self.sql["mark_stuck"], execution_ids)
+
+    def _run_count(self, sql: str, execution_ids: Sequence[str]) -> int:
+        if not execution_ids:
+            return 0
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, {"eids": self._id_list(execution_ids), "now": self.now()})
+            return cursor.rowcount
+
+    #: Named statements of this section whose text differs per backend (set by each backend).
+    sql: dict[str, str] = {}
+
+    def _id_list(self, ids: Sequence[str]):
+        """How this backend passes a list of ids as one parameter (an array; a JSON text on SQLite)."""
+        return list(ids)
+
+    def scan_events(self, after_id: int, limit: int) -> list[tuple[int, str, int, str]]:
+        """(id, stream_id, seq, type) of the events after global position `after_id`, in id order."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(SCAN_EVENTS, [after_id, limit])
+            return cursor.fetchall()
+
+    def last_event_id(self) -> int:
+        """The highest global position written so far (0 for an empty log)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(LAST_EVENT_ID)
+            return cursor.fetchone()[0]
+
+    @abstractmethod
+    def read_after(self, pairs: Sequence[tuple[str, int]], batch: int) -> dict[tuple[str, int], list[StoredEvent]]:
+        """For each distinct (stream, seq): up to `batch` events of the stream after that seq, in order."""
+
+    # -- benchmarks and tests only: counts and clean-up by id prefix (the write path never deletes) --
+    def count_events(self, prefix: str) -> int:
+        """Events of the streams whose id starts with `prefix`."""
+        return self._one(COUNT_EVENTS, [prefix + "%"])
+
+    def count_gapped_streams(self, prefix: str) -> int:
+        """Streams under `prefix` whose seqs are not exactly 0..n-1."""
+        return self._one(COUNT_GAPPED_STREAMS, [prefix + "%"])
+
+    def events_per_stream(self, prefix: str) -> tuple[int, int | None, int | None]:
+        """(streams, fewest events in one, most events in one) under `prefix`."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(EVENTS_PER_STREAM, [prefix + "%"])
+            return cursor.fetchone()
+
+    def count_executions(self, prefix: str, status: str) -> int:
+        """Execution headers under `prefix` with this status."""
+        return self._one(COUNT_EXECUTIONS, [prefix + "%", status])
+
+    def delete_streams(self, prefix: str | None = None, ids: Sequence[str] | None = None) -> None:
+        """Delete the events, fences and snapshots of the streams under `prefix` (or named in `ids`)."""
+        self._delete(DELETE_STREAMS, prefix, ids)
+
+    def delete_executions(self, prefix: str | None = None, ids: Sequence[str] | None = None) -> None:
+        """Delete the execution headers under `prefix` (or named in `ids`)."""
+        self._delete(DELETE_EXECUTIONS, prefix, ids)
+
+    def _one(self, sql: str, params) -> int:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()[0]
+
+    def _delete(self, statements: tuple[str, ...], prefix: str | None, ids: Sequence[str] | None) -> None:
+        with self.connection.cursor() as cursor:
+            if prefix is not None:
+                for sql in statements:
+                    cursor.execute(sql.format(where="LIKE %s"), [prefix + "%"])
+            for start in range(0, len(ids or ()), 500):
+                part = list(ids[start:start + 500])
+                for sql in statements:
+                    cursor.execute(sql.format(where=f"IN ({', '.join(['%s'] * len(part))})"), part)
+
+
+# -- scan_events --
+# A primary-key range: what correlation has not settled yet, in id order. Ids may be missing (rolled
+# back, or not committed yet on PostgreSQL): projections' horizon logic decides which gaps are final.
+SCAN_EVENTS = "SELECT id, stream_id, seq, type FROM journal_event WHERE id > %s ORDER BY id LIMIT %s"
+
+# -- last_event_id --
+LAST_EVENT_ID = "SELECT COALESCE(MAX(id), 0) FROM journal_event"
+
+# -- count_events / count_gapped_streams / events_per_stream / count_executions -- (benchmarks, tests)
+COUNT_EVENTS = "SELECT count(*) FROM journal_event WHERE stream_id LIKE %s"
+COUNT_GAPPED_STREAMS = """
+SELECT count(*) FROM (SELECT stream_id FROM journal_event WHERE stream_id LIKE %s
+GROUP BY stream_id HAVING max(seq) + 1 <> count(*) OR min(seq) <> 0) bad
+"""
+EVENTS_PER_STREAM = """
+SELECT count(DISTINCT stream_id), min(n), max(n) FROM (SELECT stream_id, count(*) AS n
+FROM journal_event WHERE stream_id LIKE %s GROUP BY stream_id) s
+"""
+COUNT_EXECUTIONS = "SELECT count(*) FROM journal_execution WHERE id LIKE %s AND status = %s"
+
+# -- delete_streams / delete_executions -- (benchmarks, tests: maintenance of their own rows only)
+DELETE_STREAMS = (
+    "DELETE FROM journal_event WHERE stream_id {where}",
+    "DELETE FROM journal_fence WHERE stream_id {where}",
+    "DELETE FROM journal_snapshot WHERE stream_id {where}",
+)
+DELETE_EXECUTIONS = ("DELETE FROM journal_execution WHERE id {where}",)
+
 
 def _detail(exc: BaseException) -> str:
     cause = exc.__cause__

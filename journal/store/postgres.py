@@ -14,7 +14,7 @@ import psycopg
 from django.db.backends.utils import CursorDebugWrapper
 
 from journal import conf, jsonvalues
-from journal.envelopes import AppendItem, SnapshotRecord
+from journal.envelopes import AppendItem, SnapshotRecord, StoredEvent
 from journal.store.base import JournalStore, Verdict
 
 # -- notify --
@@ -99,17 +99,20 @@ WITH fence AS (
 SELECT (SELECT count(*) FROM ins)%(notified)s
 """
 
-# -- advance_fence --
-# Takeover: lock the fence row FOR UPDATE (waits for in-flight fenced appends, which hold KEY
-# SHARE), then bump it. From this commit on, appends with an older token are refused.
-ADVANCE_FENCE = """
-WITH cur AS (
-    SELECT stream_id FROM journal_fence WHERE stream_id = %(sid)s
+# -- advance_fences --
+# THE fence advance, of one stream (Fence.objects.advance, resume; an expected token optional) or of
+# many (the leases sweep: takeover and give-up, expected NULL). Lock the fence rows FOR UPDATE (waits
+# for in-flight fenced appends, which hold KEY SHARE; a concurrent advance that committed first makes
+# the expected-token test re-check the new token), in stream order so that two advancers of
+# overlapping sets queue instead of deadlocking, then bump. From this commit on, appends with an
+# older token are refused.
+ADVANCE_FENCES = """
+UPDATE journal_fence f SET token = f.token + 1 FROM (
+    SELECT stream_id FROM journal_fence WHERE stream_id = ANY(%(sids)s::text[])
         AND (%(expected)s::bigint IS NULL OR token = %(expected)s::bigint)
-    FOR UPDATE
-)
-UPDATE journal_fence f SET token = f.token + 1 FROM cur WHERE f.stream_id = cur.stream_id
-RETURNING f.token
+    ORDER BY stream_id FOR UPDATE
+) c WHERE f.stream_id = c.stream_id
+RETURNING f.stream_id, f.token
 """
 
 # -- lock_stream --
@@ -145,6 +148,67 @@ def render(template: str, notify: bool, ctes: str = "") -> str:
 
 APPEND_NOTIFY, APPEND_SILENT = render(APPEND, True), render(APPEND, False)
 OPEN_NOTIFY, OPEN_SILENT = render(OPEN, True), render(OPEN, False)
+
+# == for other apps: fences, executions recovery, event reads ==========================================
+# (journal/store/base.py has the statements both backends share, and the methods.)
+
+# -- hook: CURRENT_FENCE_JOIN --
+# For a statement of another app that must only act on an execution at its CURRENT fence token, in
+# the same statement (leases' ACQUIRE: a run whose fence was already advanced never gets a lease).
+# A JOIN clause; format {eid} and {token} with the caller's column expressions. It takes no lock: the
+# caller's row lock (ON CONFLICT) and the fence advance's FOR UPDATE order the two.
+CURRENT_FENCE_JOIN = "JOIN journal_fence f ON f.stream_id = {eid} AND f.token = {token}"
+
+# -- hook: STREAM_TIP_SQL --
+# The last seq of one stream (NULL if it has none) as a subquery yielding one column `tip`: one
+# backward probe of the (stream_id, seq) unique index. Format {stream} with the caller's column
+# expression (projections' BUMP_HINTED clamps a notified tip to it in its own upsert).
+STREAM_TIP_SQL = "SELECT max(j.seq) AS tip FROM journal_event j WHERE j.stream_id = {stream}"
+
+# -- hook: RECOVERY_CANDIDATES --
+# The running executions a recovery sweep may take over, in id order, of the flows asked for
+# (%(any_flow)s, %(flows)s text[]), at most %(limit)s. The leases store fills in {lease_join} (its
+# lease row of `e`, LEFT JOINed) and {lapsed} (when that lease, or its absence, means the run is
+# orphaned). FOR UPDATE OF e SKIP LOCKED: two sweepers never take the same execution, and neither
+# waits for the other.
+RECOVERY_CANDIDATES = """
+SELECT e.id, e.recoveries, e.flow FROM journal_execution e
+{lease_join}
+WHERE e.status = 'running'
+  -- Only flows this worker has code for: another worker may run the rest; taking them here would
+  -- burn their recovery attempts on UnknownFlow.
+  AND (%(any_flow)s OR e.flow = ANY(%(flows)s::text[]))
+  AND ({lapsed})
+ORDER BY e.id
+LIMIT %(limit)s
+FOR UPDATE OF e SKIP LOCKED
+"""
+
+# -- mark_recovered --
+MARK_RECOVERED = """
+UPDATE journal_execution SET recoveries = recoveries + 1, updated_at = now() WHERE id = ANY(%(eids)s::text[])
+"""
+
+# -- mark_stuck --
+# Too many recoveries: visible in the admin; the leases sweep fences it off and drops its lease.
+MARK_STUCK = """
+UPDATE journal_execution SET status = 'stuck', updated_at = now(),
+    error = 'recovery gave up after ' || recoveries || ' attempts (LOOM_RECOVERY_MAX_ATTEMPTS)'
+WHERE id = ANY(%(eids)s::text[])
+"""
+
+# -- read_after --
+# Each (stream, seq) pair from ITS OWN watermark: one LATERAL probe of the (stream_id, seq) unique index
+# per pair, all in one round trip; each probe stops after `batch` rows (projections' READ, issue 11).
+READ_AFTER = """
+SELECT c.at, e.id, e.stream_id, e.seq, e.type, e.payload, e.recorded_at
+FROM unnest(%(streams)s::text[], %(ats)s::bigint[]) AS c(stream_id, at)
+CROSS JOIN LATERAL (
+    SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event j
+    WHERE j.stream_id = c.stream_id AND j.seq > c.at ORDER BY j.seq LIMIT %(batch)s
+) e
+ORDER BY e.stream_id, c.at, e.seq
+"""
 
 
 class PostgresStore(JournalStore):
@@ -197,12 +261,11 @@ class PostgresStore(JournalStore):
             return cursor.fetchone()[0] > 0
 
     def advance_fence(self, stream_id: str, expected_token: int | None = None) -> int:
-        with self.guarded(), self.connection.cursor() as cursor:
-            cursor.execute(ADVANCE_FENCE, {"sid": stream_id, "expected": expected_token})
-            row = cursor.fetchone()
-        if row is None:
+        with self.guarded():
+            rows = self._advance_fences([stream_id], expected_token)
+        if not rows:
             raise self.fence_refusal(stream_id, expected_token)
-        return row[0]
+        return rows[0][1]
 
     def execute_guarded(self, sql: str, params) -> list[tuple]:
         """One fixed statement, prepared server-side (see execute_prepared), under `guarded()`."""
@@ -218,6 +281,25 @@ class PostgresStore(JournalStore):
         state = jsonvalues.dumps(snapshot.state, f"snapshot state of {snapshot.stream_id}")
         with self.guarded(), self.connection.cursor() as cursor:
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state])
+
+    # == for other apps: fences, executions recovery, event reads ==
+    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK}
+
+    def _advance_fences(self, stream_ids, expected_token):
+        with self.connection.cursor() as cursor:
+            cursor.execute(ADVANCE_FENCES, {"sids": list(stream_ids), "expected": expected_token})
+            return cursor.fetchall()
+
+    def read_after(self, pairs, batch):
+        pairs = sorted(set(pairs))
+        found: dict[tuple[str, int], list[StoredEvent]] = {p: [] for p in pairs}
+        if pairs:
+            with self.connection.cursor() as cursor:
+                cursor.execute(READ_AFTER, {"streams": [p[0] for p in pairs], "ats": [p[1] for p in pairs],
+                                            "batch": batch})
+                for row in cursor.fetchall():
+                    found[(row[2], row[0])].append(StoredEvent.from_row(row[1:]))
+        return found
 
 
 _ONLY_WHEN_ASKED = 2**31

@@ -9,6 +9,7 @@ There is no NOTIFY: readers poll.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -35,14 +36,59 @@ INSERT = "INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at)
 # refuses a stream that already has events (an aggregate).
 OPEN_FENCE = "INSERT INTO journal_fence (stream_id, token, created_at) VALUES (%s, 1, %s)"
 
-# -- advance_fence --
-ADVANCE_FENCE = "UPDATE journal_fence SET token = token + 1 WHERE stream_id = %s AND (%s IS NULL OR token = %s)" \
-    " RETURNING token"
+# -- advance_fences --
+# THE fence advance, of one stream (Fence.objects.advance, resume; an expected token optional) or of
+# many (the leases sweep: takeover and give-up). No row lock: the caller's transaction holds the
+# write lock (BEGIN IMMEDIATE), so no fenced append can run between an advance and its commit.
+ADVANCE_FENCES = """
+UPDATE journal_fence SET token = token + 1
+WHERE stream_id IN (SELECT value FROM json_each(%(sids)s)) AND (%(expected)s IS NULL OR token = %(expected)s)
+RETURNING stream_id, token
+"""
 
 SAVE_SNAPSHOT = "INSERT OR IGNORE INTO journal_snapshot (stream_id, seq, state, created_at) VALUES (%s, %s, %s, %s)"
 
 # SQLite allows 32766 host parameters per statement; 5 per row.
 MAX_ROWS_PER_INSERT = 6000
+
+# == for other apps: fences, executions recovery, event reads ==========================================
+# (journal/store/base.py has the statements both backends share, and the methods. Lists of ids travel
+# as one JSON array through json_each, so a statement's text is the same for any number of ids.)
+
+# -- hook: CURRENT_FENCE_JOIN -- (see postgres.CURRENT_FENCE_JOIN; no row locks: one writer at a time)
+CURRENT_FENCE_JOIN = "JOIN journal_fence f ON f.stream_id = {eid} AND f.token = {token}"
+
+# -- hook: STREAM_TIP_SQL -- (see postgres.STREAM_TIP_SQL) the last seq of {stream}, NULL if none.
+STREAM_TIP_SQL = "SELECT MAX(j.seq) AS tip FROM journal_event j WHERE j.stream_id = {stream}"
+
+# -- hook: RECOVERY_CANDIDATES -- (see postgres.RECOVERY_CANDIDATES) no SKIP LOCKED: the sweep's
+# transaction holds the write lock (BEGIN IMMEDIATE), so two sweepers run one after the other.
+RECOVERY_CANDIDATES = """
+SELECT e.id, e.recoveries, e.flow FROM journal_execution e
+{lease_join}
+WHERE e.status = 'running'
+  AND (%(any_flow)s OR e.flow IN (SELECT value FROM json_each(%(flows)s)))
+  AND ({lapsed})
+ORDER BY e.id
+LIMIT %(limit)s
+"""
+
+# -- mark_recovered --
+MARK_RECOVERED = """
+UPDATE journal_execution SET recoveries = recoveries + 1, updated_at = %(now)s
+WHERE id IN (SELECT value FROM json_each(%(eids)s))
+"""
+
+# -- mark_stuck --
+MARK_STUCK = """
+UPDATE journal_execution SET status = 'stuck', updated_at = %(now)s,
+    error = 'recovery gave up after ' || recoveries || ' attempts (LOOM_RECOVERY_MAX_ATTEMPTS)'
+WHERE id IN (SELECT value FROM json_each(%(eids)s))
+"""
+
+# -- read_after -- one query per distinct (stream, seq) pair (see postgres.READ_AFTER).
+READ_AFTER = ("SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event"
+              " WHERE stream_id = %s AND seq > %s ORDER BY seq LIMIT %s")
 
 
 class SqliteStore(JournalStore):
@@ -101,12 +147,11 @@ class SqliteStore(JournalStore):
         return True
 
     def advance_fence(self, stream_id: str, expected_token: int | None = None) -> int:
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
-            cursor.execute(ADVANCE_FENCE, [stream_id, expected_token, expected_token])
-            row = cursor.fetchone()
-        if row is None:
+        with transaction.atomic(using=self.alias):
+            rows = self._advance_fences([stream_id], expected_token)
+        if not rows:
             raise self.fence_refusal(stream_id, expected_token)
-        return row[0]
+        return rows[0][1]
 
     def lock_stream(self, stream_id: str) -> None:
         """Nothing to run: the caller's transaction began IMMEDIATE, so it already holds the database's
@@ -116,6 +161,25 @@ class SqliteStore(JournalStore):
         state = jsonvalues.dumps(snapshot.state, f"snapshot state of {snapshot.stream_id}")
         with self.connection.cursor() as cursor:
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state, self.now()])
+
+    # == for other apps: fences, executions recovery, event reads ==
+    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK}
+
+    def _id_list(self, ids):
+        return json.dumps(list(ids))
+
+    def _advance_fences(self, stream_ids, expected_token):
+        with self.connection.cursor() as cursor:
+            cursor.execute(ADVANCE_FENCES, {"sids": self._id_list(stream_ids), "expected": expected_token})
+            return cursor.fetchall()
+
+    def read_after(self, pairs, batch):
+        found: dict[tuple[str, int], list] = {}
+        with self.connection.cursor() as cursor:
+            for pair in sorted(set(pairs)):
+                cursor.execute(READ_AFTER, [*pair, batch])
+                found[pair] = [self._event(row) for row in cursor.fetchall()]
+        return found
 
     def _event(self, row: tuple):
         from journal.envelopes import StoredEvent

@@ -2,29 +2,19 @@
 
 Each backend module keeps its SQL at the top, named (acquire, renew_many, release, expire,
 takeover steps, worker heartbeat), with the reason for each lock and ordering rule next to it.
+`store_for(alias)` is the shared dispatcher (journal.backends) bound to the leases stores.
 """
 
 from __future__ import annotations
 
-from django.db import connections
+from collections.abc import Callable
 
+from journal import backends
 from leases.store.base import LeaseStore, Takeover
 
-_stores: dict[str, LeaseStore] = {}
+backends.register("leases", "postgresql", "leases.store.postgres.PostgresLeaseStore")
+backends.register("leases", "sqlite", "leases.store.sqlite.SqliteLeaseStore")
 
-
-def store_for(alias: str = "default") -> LeaseStore:
-    store = _stores.get(alias)
-    if store is None:
-        vendor = connections[alias].vendor
-        if vendor == "postgresql":
-            from leases.store.postgres import PostgresLeaseStore as cls
-        elif vendor == "sqlite":
-            from leases.store.sqlite import SqliteLeaseStore as cls
-        else:
-            raise NotImplementedError(f"leases support PostgreSQL and SQLite, not {vendor}")
-        store = _stores[alias] = cls(alias)
-    return store
-
+store_for: Callable[..., LeaseStore] = backends.dispatcher("leases")
 
 __all__ = ["LeaseStore", "Takeover", "store_for"]

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from journal.flows.ownership import Companion
 from journal.store.base import DatabaseBound
 
 Item = tuple[str, int]
@@ -23,6 +24,10 @@ class Takeover:
 
 
 class LeaseStore(DatabaseBound, ABC):
+    #: The lease CTEs this backend adds to the flows' bootstrap and settle statements (inline leases,
+    #: journal/flows/ownership.py), or None: its leases are written by the keeper only.
+    companion: Companion | None = None
+
     def _rows(self, sql: str, params) -> list[tuple]:
         """Run one statement; its rows, or [] for a statement that returns none."""
         with self.connection.cursor() as cursor:
@@ -80,3 +85,20 @@ class LeaseStore(DatabaseBound, ABC):
     @abstractmethod
     def stop_worker(self, worker_id: str) -> None:
         """Mark the node stopped (clean shutdown)."""
+
+    # -- benchmarks and tests only: counts and clean-up by execution id prefix --------------------------
+    def count_leases(self, prefix: str) -> int:
+        """Lease rows of the executions whose id starts with `prefix` (no join: a lease row may outlive
+        its execution header)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(COUNT_LEASES, [prefix + "%"])
+            return cursor.fetchone()[0]
+
+    def delete_leases(self, prefix: str) -> int:
+        """Delete the lease rows of the executions under `prefix` (maintenance of bench/test rows)."""
+        return self._count(DELETE_LEASES, [prefix + "%"])
+
+
+# -- count_leases / delete_leases -- (benchmarks, tests)
+COUNT_LEASES = "SELECT count(*) FROM leases_lease WHERE execution_id LIKE %s"
+DELETE_LEASES = "DELETE FROM leases_lease WHERE execution_id LIKE %s"

@@ -18,20 +18,23 @@ from collections.abc import Sequence
 from django.db import transaction
 
 from journal.flows.ownership import Companion
+from journal.store import postgres as journal_sql
+from journal.store import store_for as journal_store
 from leases.store.base import Item, LeaseStore, Takeover
 
 # -- acquire --
 # Group-committed acquire of many leases. A row is written only when the token is the execution's
-# current fence (a run whose fence was already advanced never gets a lease). On conflict the lease
+# current fence (a run whose fence was already advanced never gets a lease: the journal's
+# CURRENT_FENCE_JOIN hook, in this very statement). On conflict the lease
 # moves only to a HIGHER token (a resume or takeover supersedes the old owner, whose renewal then
 # fails) or is refreshed by the same owner at the same token; a lower token is refused. ON CONFLICT
 # waits for a racing takeover's uncommitted row and re-checks the WHERE against its committed
 # token, so a late lazy acquire of a taken-over run is refused.
-ACQUIRE = """
+ACQUIRE = f"""
 INSERT INTO leases_lease AS l (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
 SELECT t.eid, %(owner)s, t.tok, now(), now(), now() + %(ttl)s::float8 * interval '1 second'
 FROM unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok)
-JOIN journal_fence f ON f.stream_id = t.eid AND f.token = t.tok
+{journal_sql.CURRENT_FENCE_JOIN.format(eid="t.eid", token="t.tok")}
 ORDER BY t.eid
 ON CONFLICT (execution_id) DO UPDATE SET owner = EXCLUDED.owner, fence_token = EXCLUDED.fence_token,
     acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
@@ -107,21 +110,14 @@ UPDATE leases_lease l SET expires_at = now() FROM (
 # -- takeover: candidates --
 # Running executions whose lease expired, or that have none although they were last updated more
 # than `orphan_after` ago (a lazy run takes its lease after the grace, so an older one without a
-# lease is orphaned: its process died within the grace). FOR UPDATE OF e SKIP LOCKED: two sweepers
-# never take the same execution, and neither waits for the other.
-TAKEOVER_CANDIDATES = """
-SELECT e.id, e.recoveries, e.flow FROM journal_execution e
-LEFT JOIN leases_lease l ON l.execution_id = e.id
-WHERE e.status = 'running'
-  -- Only flows this worker has code for: another worker may run the rest; taking them here would
-  -- burn their recovery attempts on UnknownFlow.
-  AND (%(any_flow)s OR e.flow = ANY(%(flows)s::text[]))
-  AND (l.expires_at < now()
-       OR (l.execution_id IS NULL AND e.updated_at < now() - %(orphan)s::float8 * interval '1 second'))
-ORDER BY e.id
-LIMIT %(limit)s
-FOR UPDATE OF e SKIP LOCKED
-"""
+# lease is orphaned: its process died within the grace). The journal's RECOVERY_CANDIDATES hook
+# (its executions, FOR UPDATE OF e SKIP LOCKED: two sweepers never take the same execution, and
+# neither waits for the other) with our lease join and lapse test, in one statement.
+TAKEOVER_CANDIDATES = journal_sql.RECOVERY_CANDIDATES.format(
+    lease_join="LEFT JOIN leases_lease l ON l.execution_id = e.id",
+    lapsed="l.expires_at < now()"
+           " OR (l.execution_id IS NULL AND e.updated_at < now() - %(orphan)s::float8 * interval '1 second')",
+)
 
 # -- takeover: claim --
 # Move the leases to the sweeper, but only if still expired (or still missing): the WHERE is
@@ -139,15 +135,9 @@ RETURNING l.execution_id
 """
 
 # -- takeover: fence --
-# Advance the fences of the claimed executions, locked in stream order. FOR UPDATE waits for the
-# former owner's in-flight fenced append (it holds FOR KEY SHARE); from this commit on its token
-# is refused.
-TAKEOVER_FENCE = """
-UPDATE journal_fence f SET token = f.token + 1 FROM (
-    SELECT stream_id FROM journal_fence WHERE stream_id = ANY(%(eids)s::text[]) ORDER BY stream_id FOR UPDATE
-) c WHERE f.stream_id = c.stream_id
-RETURNING f.stream_id, f.token
-"""
+# The claimed executions' fences advance in the same transaction (the journal's advance_fences: FOR
+# UPDATE in stream order waits for the former owner's in-flight fenced append; from this commit on
+# its token is refused).
 
 # -- takeover: token --
 TAKEOVER_TOKEN = """
@@ -155,24 +145,10 @@ UPDATE leases_lease l SET fence_token = t.tok
 FROM unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok) WHERE l.execution_id = t.eid
 """
 
-# -- takeover: count --
-TAKEOVER_COUNT = """
-UPDATE journal_execution SET recoveries = recoveries + 1, updated_at = now() WHERE id = ANY(%(eids)s::text[])
-"""
-
-# -- takeover: give up --
-# Too many recoveries: mark stuck (visible in the admin), fence off whoever may still run it, and
+# -- takeover: count / give up --
+# The journal counts the recovery on the header (mark_recovered). Too many recoveries: the journal
+# marks it stuck (visible in the admin), fences off whoever may still run it (advance_fences), and we
 # drop its lease so no sweeper retries it.
-GIVE_UP_STATUS = """
-UPDATE journal_execution SET status = 'stuck', updated_at = now(),
-    error = 'recovery gave up after ' || recoveries || ' attempts (LOOM_RECOVERY_MAX_ATTEMPTS)'
-WHERE id = ANY(%(eids)s::text[])
-"""
-GIVE_UP_FENCE = """
-UPDATE journal_fence f SET token = f.token + 1 FROM (
-    SELECT stream_id FROM journal_fence WHERE stream_id = ANY(%(eids)s::text[]) ORDER BY stream_id FOR UPDATE
-) c WHERE f.stream_id = c.stream_id
-"""
 GIVE_UP_LEASE = "DELETE FROM leases_lease WHERE execution_id = ANY(%(eids)s::text[])"
 
 # -- inline leases: the companion CTEs of the flows bootstrap and settle statements --
@@ -264,6 +240,7 @@ def _split(items: Sequence[Item]) -> tuple[list[str], list[int]]:
 
 class PostgresLeaseStore(LeaseStore):
     vendor = "postgresql"
+    companion = COMPANION
 
     def prepare_keeper_session(self) -> None:
         self.connection.ensure_connection()
@@ -312,18 +289,19 @@ class PostgresLeaseStore(LeaseStore):
                 return Takeover()
             stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]
             retry = [eid for eid, recoveries, _ in candidates if recoveries < max_attempts]
+            journal = journal_store(self.alias)
             if stuck:
-                self._count(GIVE_UP_STATUS, {"eids": stuck})
-                self._count(GIVE_UP_FENCE, {"eids": stuck})
+                journal.mark_stuck(stuck)
+                journal.advance_fences(stuck)
                 self._count(GIVE_UP_LEASE, {"eids": stuck})
             taken: list[Item] = []
             if retry:
                 claimed = [r[0] for r in self._rows(TAKEOVER_CLAIM, {"owner": owner, "ttl": ttl, "eids": retry})]
                 if claimed:
-                    taken = [(r[0], r[1]) for r in self._rows(TAKEOVER_FENCE, {"eids": claimed})]
+                    taken = journal.advance_fences(claimed)
                     eids, tokens = _split(taken)
                     self._count(TAKEOVER_TOKEN, {"eids": eids, "tokens": tokens})
-                    self._count(TAKEOVER_COUNT, {"eids": eids})
+                    journal.mark_recovered(eids)
                     unfenced = set(claimed) - set(eids)
                     if unfenced:  # no fence row: not a durable execution stream; leave it alone
                         self._count(GIVE_UP_LEASE, {"eids": sorted(unfenced)})

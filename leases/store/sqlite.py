@@ -16,6 +16,8 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
 
+from journal.store import sqlite as journal_sql
+from journal.store import store_for as journal_store
 from leases.store.base import Item, LeaseStore, Takeover
 
 PAIRS = "SELECT json_extract(value, '$[0]') AS eid, json_extract(value, '$[1]') AS tok FROM json_each(%(items)s)"
@@ -28,7 +30,7 @@ IDS = "SELECT value FROM json_each(%(eids)s)"
 ACQUIRE = f"""
 INSERT INTO leases_lease (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
 SELECT t.eid, %(owner)s, t.tok, %(now)s, %(now)s, %(expires)s FROM ({PAIRS}) t
-JOIN journal_fence f ON f.stream_id = t.eid AND f.token = t.tok
+{journal_sql.CURRENT_FENCE_JOIN.format(eid="t.eid", token="t.tok")}
 WHERE true
 ON CONFLICT (execution_id) DO UPDATE SET owner = excluded.owner, fence_token = excluded.fence_token,
     acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at
@@ -54,16 +56,12 @@ UPDATE leases_lease SET expires_at = %(now)s WHERE owner = %(owner)s AND (execut
 """
 
 # -- takeover: candidates --
-# See leases/store/postgres.py: expired lease, or none for longer than `orphan_after`.
-TAKEOVER_CANDIDATES = """
-SELECT e.id, e.recoveries, e.flow FROM journal_execution e
-LEFT JOIN leases_lease l ON l.execution_id = e.id
-WHERE e.status = 'running'
-  AND (%(any_flow)s OR e.flow IN (SELECT value FROM json_each(%(flows)s)))
-  AND (l.expires_at < %(now)s OR (l.execution_id IS NULL AND e.updated_at < %(orphan)s))
-ORDER BY e.id
-LIMIT %(limit)s
-"""
+# See leases/store/postgres.py: expired lease, or none for longer than `orphan_after` (the journal's
+# RECOVERY_CANDIDATES hook with our lease join and lapse test, in one statement).
+TAKEOVER_CANDIDATES = journal_sql.RECOVERY_CANDIDATES.format(
+    lease_join="LEFT JOIN leases_lease l ON l.execution_id = e.id",
+    lapsed="l.expires_at < %(now)s OR (l.execution_id IS NULL AND e.updated_at < %(orphan)s)",
+)
 
 # -- takeover: claim --
 TAKEOVER_CLAIM = f"""
@@ -76,8 +74,7 @@ WHERE leases_lease.expires_at < %(now)s
 RETURNING execution_id
 """
 
-# -- takeover: fence --
-TAKEOVER_FENCE = f"UPDATE journal_fence SET token = token + 1 WHERE stream_id IN ({IDS}) RETURNING stream_id, token"
+# -- takeover: fence -- the journal's advance_fences, in the same transaction (see postgres.py).
 
 # -- takeover: token --
 TAKEOVER_TOKEN = f"""
@@ -85,16 +82,7 @@ UPDATE leases_lease SET fence_token = (SELECT t.tok FROM ({PAIRS}) t WHERE t.eid
 WHERE execution_id IN (SELECT json_extract(value, '$[0]') FROM json_each(%(items)s))
 """
 
-# -- takeover: count --
-TAKEOVER_COUNT = f"UPDATE journal_execution SET recoveries = recoveries + 1, updated_at = %(now)s WHERE id IN ({IDS})"
-
-# -- takeover: give up --
-GIVE_UP_STATUS = f"""
-UPDATE journal_execution SET status = 'stuck', updated_at = %(now)s,
-    error = 'recovery gave up after ' || recoveries || ' attempts (LOOM_RECOVERY_MAX_ATTEMPTS)'
-WHERE id IN ({IDS})
-"""
-GIVE_UP_FENCE = f"UPDATE journal_fence SET token = token + 1 WHERE stream_id IN ({IDS})"
+# -- takeover: count / give up -- the journal's mark_recovered and mark_stuck, advance_fences (see postgres.py).
 GIVE_UP_LEASE = f"DELETE FROM leases_lease WHERE execution_id IN ({IDS})"
 
 # -- worker --
@@ -176,19 +164,19 @@ class SqliteLeaseStore(LeaseStore):
                 return Takeover()
             stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]
             retry = [eid for eid, recoveries, _ in candidates if recoveries < max_attempts]
+            journal = journal_store(self.alias)
             if stuck:
-                ids = json.dumps(stuck)
-                self._count(GIVE_UP_STATUS, {"eids": ids, "now": times["now"]})
-                self._count(GIVE_UP_FENCE, {"eids": ids})
-                self._count(GIVE_UP_LEASE, {"eids": ids})
+                journal.mark_stuck(stuck)
+                journal.advance_fences(stuck)
+                self._count(GIVE_UP_LEASE, {"eids": json.dumps(stuck)})
             taken: list[Item] = []
             if retry:
                 claimed = [r[0] for r in self._rows(TAKEOVER_CLAIM, {"owner": owner, "eids": json.dumps(retry),
                                                                        **times})]
                 if claimed:
-                    taken = [(r[0], r[1]) for r in self._rows(TAKEOVER_FENCE, {"eids": json.dumps(claimed)})]
+                    taken = journal.advance_fences(claimed)
                     self._count(TAKEOVER_TOKEN, {"items": _pairs(taken)})
-                    self._count(TAKEOVER_COUNT, {"eids": json.dumps([t[0] for t in taken]), "now": times["now"]})
+                    journal.mark_recovered([t[0] for t in taken])
                     unfenced = set(claimed) - {t[0] for t in taken}
                     if unfenced:
                         self._count(GIVE_UP_LEASE, {"eids": json.dumps(sorted(unfenced))})

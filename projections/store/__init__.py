@@ -1,23 +1,18 @@
-"""The SQL of reactions and projections: one module per backend, chosen by the connection's vendor."""
+"""The SQL of reactions and projections: one module per backend, chosen by the connection's vendor.
+
+`store_for(alias)` is the shared dispatcher (journal.backends) bound to the projections stores.
+"""
 
 from __future__ import annotations
 
-from django.db import connections
+from collections.abc import Callable
 
+from journal import backends
 from projections.store.base import Claim, ProjectionStore, ScannedEvent
 
+backends.register("projections", "postgresql", "projections.store.postgres.PostgresProjectionStore")
+backends.register("projections", "sqlite", "projections.store.sqlite.SqliteProjectionStore")
 
-def store_for(alias: str = "default") -> ProjectionStore:
-    vendor = connections[alias].vendor
-    if vendor == "postgresql":
-        from projections.store.postgres import PostgresProjectionStore
-
-        return PostgresProjectionStore(alias)
-    if vendor == "sqlite":
-        from projections.store.sqlite import SqliteProjectionStore
-
-        return SqliteProjectionStore(alias)
-    raise NotImplementedError(f"projections support PostgreSQL and SQLite, not {vendor}")
-
+store_for: Callable[..., ProjectionStore] = backends.dispatcher("projections")
 
 __all__ = ["Claim", "ProjectionStore", "ScannedEvent", "store_for"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from journal.envelopes import StoredEvent
+from journal.store import store_for as journal_store
 from journal.store.base import DatabaseBound
 
 
@@ -66,6 +67,9 @@ Bump = tuple[str, str, str, str, int, int]
 
 
 class ProjectionStore(DatabaseBound, ABC):
+    #: Whether this backend's journal notifies commits (PostgreSQL NOTIFY), so a listener can wake the
+    #: lanes (projections/listener.py); without it the lanes poll.
+    notifications = False
 
     # -- correlate --------------------------------------------------------------------------------
     @abstractmethod
@@ -80,9 +84,10 @@ class ProjectionStore(DatabaseBound, ABC):
     @abstractmethod
     def save_checkpoints(self, rows: Sequence[CheckpointRow]) -> None: ...
 
-    @abstractmethod
     def scan(self, after_id: int, limit: int) -> list[ScannedEvent]:
-        """Events with id > after_id, in id order (committed ones only: what this snapshot sees)."""
+        """Events with id > after_id, in id order (committed ones only: what this snapshot sees).
+        The journal's statement (scan_events), on this store's connection and transaction."""
+        return [ScannedEvent(*row) for row in journal_store(self.alias).scan_events(after_id, limit)]
 
     @abstractmethod
     def bump(self, bumps: Sequence[Bump], hinted: bool = False) -> int:
@@ -100,11 +105,14 @@ class ProjectionStore(DatabaseBound, ABC):
     def claim(self, lane: str, consumers: Sequence[str], by: str, limit: int, lease_seconds: float) -> list[Claim]:
         """Lease up to `limit` subscriptions of the lane that have work and no live lease."""
 
-    @abstractmethod
     def read(self, claims: Sequence[Claim], batch: int) -> dict[int, list[StoredEvent]]:
         """For each claim (by id), up to `batch` events of its stream after ITS OWN watermark.
 
-        Never from another claim's watermark: what a claim is acked for must be what it read."""
+        Never from another claim's watermark: what a claim is acked for must be what it read. Per
+        distinct (stream, watermark) pair: consumers at the same watermark share one read (the
+        journal's read_after, one round trip on PostgreSQL)."""
+        found = journal_store(self.alias).read_after([(c.stream, c.at) for c in claims], batch)
+        return {c.id: found[(c.stream, c.at)] for c in claims}
 
     @abstractmethod
     def ack(self, acks: Sequence[tuple[Claim, int]], by: str, ended: Collection[int] = frozenset()) -> set[int]:
@@ -128,3 +136,21 @@ class ProjectionStore(DatabaseBound, ABC):
     @abstractmethod
     def reset(self, consumer: str) -> int:
         """Replay from the start: every watermark of the consumer back to -1."""
+
+    # -- benchmarks and tests only -----------------------------------------------------------------
+    def insert_caught_up(self, rows: Sequence[tuple[str, str, str, int, int, int]]) -> None:
+        """Insert subscriptions as they are (consumer, stream, lane, priority, at, tip), no source, no
+        lease: a benchmark's many caught-up rows without writing their events. Rows must be new."""
+        with self.connection.cursor() as cursor:
+            for start in range(0, len(rows), 2000):
+                chunk = rows[start:start + 2000]
+                cursor.execute(INSERT_SUBSCRIPTIONS.format(rows=", ".join([INSERT_SUBSCRIPTION_ROW] * len(chunk))),
+                               [v for r in chunk for v in r])
+
+
+# -- insert_caught_up -- (benchmarks, tests)
+INSERT_SUBSCRIPTIONS = """
+INSERT INTO projections_subscription (consumer, stream, source, lane, priority, at, tip, lease, retries, blocked,
+    error, updated_at) VALUES {rows}
+"""
+INSERT_SUBSCRIPTION_ROW = "(%s, %s, '', %s, %s, %s, %s, 0, 0, false, '', CURRENT_TIMESTAMP)"

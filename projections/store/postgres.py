@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from journal.envelopes import StoredEvent
-from projections.store.base import Bump, CheckpointRow, Claim, Clock, ProjectionStore, ScannedEvent
+from journal.store.postgres import STREAM_TIP_SQL
+from projections.store.base import Bump, CheckpointRow, Claim, Clock, ProjectionStore
 
 # -- try_correlate_lock --
 # A transaction-scoped advisory lock: only one worker scans the log at a time; the others skip
@@ -53,11 +53,6 @@ ON CONFLICT (consumer) DO UPDATE SET position = EXCLUDED.position, horizon_id = 
     horizon_at = EXCLUDED.horizon_at, horizon_xmax = EXCLUDED.horizon_xmax, updated_at = now()
 """
 
-# -- scan --
-# A primary-key range: what correlation has not settled yet, in id order. Ids may be missing
-# (rolled back, or not committed yet): the caller's horizon logic decides which gaps are final.
-SCAN = "SELECT id, stream_id, seq, type FROM journal_event WHERE id > %s ORDER BY id LIMIT %s"
-
 # -- bump --
 # Subscribe and raise tips in one upsert. Rows go in (consumer, stream) order so two bumpers
 # (listeners of several workers) lock the same rows in the same order and cannot deadlock.
@@ -76,14 +71,15 @@ WHERE projections_subscription.tip < EXCLUDED.tip
 # -- bump_hinted --
 # The same upsert for tips that come from a notification. Any role that can connect may NOTIFY the
 # channel, so a tip there is a hint: each is clamped to the stream's real last seq (one backward
-# probe of the (stream_id, seq) unique index; the notification is delivered after its commit, so
-# this statement sees the events it announces), and a stream with no events subscribes nobody.
-BUMP_HINTED = """
+# probe of the (stream_id, seq) unique index: the journal's STREAM_TIP_SQL hook; the notification is
+# delivered after its commit, so this statement sees the events it announces), and a stream with no
+# events subscribes nobody.
+BUMP_HINTED = f"""
 INSERT INTO projections_subscription
     (consumer, stream, source, lane, priority, at, tip, lease, retries, blocked, error, updated_at)
 SELECT c, s, src, l, p, -1, LEAST(t, r.tip), 0, 0, false, '', now()
 FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[]) AS b(c, s, src, l, p, t)
-CROSS JOIN LATERAL (SELECT max(j.seq) AS tip FROM journal_event j WHERE j.stream_id = b.s) r
+CROSS JOIN LATERAL ({STREAM_TIP_SQL.format(stream='b.s')}) r
 WHERE r.tip IS NOT NULL
 ORDER BY c, s
 ON CONFLICT (consumer, stream) DO UPDATE SET tip = EXCLUDED.tip, updated_at = now()
@@ -117,25 +113,6 @@ SET lease = s.lease + 1, leased_by = %(by)s,
     leased_until = clock_timestamp() + %(secs)s * interval '1 second'
 FROM picked WHERE s.id = picked.id
 RETURNING s.id, s.consumer, s.stream, s.at, s.tip, s.lease, s.retries
-"""
-
-# -- read --
-# Each claim reads from ITS OWN watermark: one LATERAL probe of the (stream_id, seq) unique index
-# per distinct (stream, watermark) pair, all in one round trip. Reading a stream once from the lowest
-# watermark of the claims on it, LIMIT batch, starved the consumer ahead: its events were past the
-# page, its read came back empty, and an empty read must never be mistaken for "caught up" (issue 11).
-# Per pair, not per claim: consumers at the same watermark (the usual case when they keep up) share
-# one probe, and each probe stops after `batch` rows, so a cycle reads at most batch rows per pair,
-# the ones that claim will be acked for. Per-stream seqs have no gaps and a seq can only commit
-# after the one before it (its insert reads that tip), so "seq > at" never skips a late commit.
-READ = """
-SELECT c.at, e.id, e.stream_id, e.seq, e.type, e.payload, e.recorded_at
-FROM unnest(%(streams)s::text[], %(ats)s::bigint[]) AS c(stream_id, at)
-CROSS JOIN LATERAL (
-    SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event j
-    WHERE j.stream_id = c.stream_id AND j.seq > c.at ORDER BY j.seq LIMIT %(batch)s
-) e
-ORDER BY e.stream_id, c.at, e.seq
 """
 
 # -- ack --
@@ -207,6 +184,7 @@ WHERE consumer = %s
 
 class PostgresProjectionStore(ProjectionStore):
     vendor = "postgresql"
+    notifications = True
 
     def _cursor(self):
         return self.connection.cursor()
@@ -231,11 +209,6 @@ class PostgresProjectionStore(ProjectionStore):
                                               [r.horizon_id for r in rows], [r.horizon_at for r in rows],
                                               [r.horizon_xmax for r in rows]])
 
-    def scan(self, after_id, limit):
-        with self._cursor() as cursor:
-            cursor.execute(SCAN, [after_id, limit])
-            return [ScannedEvent(*row) for row in cursor.fetchall()]
-
     def bump(self, bumps: Sequence[Bump], hinted: bool = False) -> int:
         if not bumps:
             return 0
@@ -253,17 +226,6 @@ class PostgresProjectionStore(ProjectionStore):
             cursor.execute(CLAIM, {"lane": lane, "consumers": list(consumers), "by": by, "limit": limit,
                                    "secs": lease_seconds})
             return [Claim.from_row(row) for row in cursor.fetchall()]
-
-    def read(self, claims, batch):
-        pairs = sorted({(c.stream, c.at) for c in claims})
-        found: dict[tuple[str, int], list[StoredEvent]] = {p: [] for p in pairs}
-        if pairs:
-            with self._cursor() as cursor:
-                cursor.execute(READ, {"streams": [p[0] for p in pairs], "ats": [p[1] for p in pairs],
-                                      "batch": batch})
-                for row in cursor.fetchall():
-                    found[(row[2], row[0])].append(StoredEvent.from_row(row[1:]))
-        return {c.id: found[(c.stream, c.at)] for c in claims}
 
     def ack(self, acks, by, ended=frozenset()):
         if not acks:

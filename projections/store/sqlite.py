@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
 
-from journal.envelopes import StoredEvent
-from projections.store.base import Bump, CheckpointRow, Claim, Clock, ProjectionStore, ScannedEvent
+from journal.store.sqlite import STREAM_TIP_SQL
+from projections.store.base import Bump, CheckpointRow, Claim, Clock, ProjectionStore
 
 CHECKPOINTS = ("SELECT consumer, position, horizon_id, horizon_at FROM projections_checkpoint"
                " WHERE consumer IN ({marks})")
@@ -26,9 +26,6 @@ ON CONFLICT (consumer) DO UPDATE SET position = excluded.position, horizon_id = 
     horizon_at = excluded.horizon_at, horizon_xmax = NULL, updated_at = excluded.updated_at
 """
 
-# -- scan -- (ids are assigned and committed under the single write lock: no in-flight gaps here)
-SCAN = "SELECT id, stream_id, seq, type FROM journal_event WHERE id > %s ORDER BY id LIMIT %s"
-
 # -- bump -- (see postgres.BUMP: a bump that does not raise the tip changes nothing)
 BUMP = """
 INSERT INTO projections_subscription
@@ -38,14 +35,15 @@ ON CONFLICT (consumer, stream) DO UPDATE SET tip = excluded.tip, updated_at = ex
 WHERE projections_subscription.tip < excluded.tip
 """
 
-# -- bump_hinted -- tips from a notification, clamped to the stream's real last seq (see postgres.BUMP_HINTED).
+# -- bump_hinted -- tips from a notification, clamped to the stream's real last seq (the journal's
+# STREAM_TIP_SQL hook; see postgres.BUMP_HINTED).
 # MIN(t, NULL) is NULL in SQLite: a stream with no events subscribes nobody. The WHERE also lets
 # SQLite parse the upsert clause after a SELECT.
-BUMP_HINTED = """
-WITH b(c, s, src, l, p, t, u) AS (VALUES {rows})
+BUMP_HINTED = f"""
+WITH b(c, s, src, l, p, t, u) AS (VALUES {{rows}})
 INSERT INTO projections_subscription
     (consumer, stream, source, lane, priority, at, tip, lease, retries, blocked, error, updated_at)
-SELECT c, s, src, l, p, -1, MIN(t, (SELECT MAX(j.seq) FROM journal_event j WHERE j.stream_id = b.s)) AS real_tip,
+SELECT c, s, src, l, p, -1, MIN(t, ({STREAM_TIP_SQL.format(stream='b.s')})) AS real_tip,
     0, 0, 0, '', u
 FROM b WHERE real_tip IS NOT NULL
 ON CONFLICT (consumer, stream) DO UPDATE SET tip = excluded.tip, updated_at = excluded.updated_at
@@ -72,10 +70,6 @@ WHERE id IN (
 )
 RETURNING id, consumer, stream, at, tip, lease, retries
 """
-
-# -- read -- each claim from its own watermark, one query per distinct (stream, watermark): see postgres.READ.
-READ = ("SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event"
-        " WHERE stream_id = %s AND seq > %s ORDER BY seq LIMIT %s")
 
 # -- ack -- the lease is the fence: holder, token and an unexpired window; `at` is the last seq read,
 # and a tip no event backs comes down when the read reached the end of the stream (see postgres.ACK).
@@ -147,11 +141,6 @@ class SqliteProjectionStore(ProjectionStore):
                 cursor.execute(SAVE_CHECKPOINT, [r.consumer, r.position, r.horizon_id,
                                                  None if r.horizon_at is None else _text(r.horizon_at), now])
 
-    def scan(self, after_id, limit):
-        with self.connection.cursor() as cursor:
-            cursor.execute(SCAN, [after_id, limit])
-            return [ScannedEvent(*row) for row in cursor.fetchall()]
-
     def bump(self, bumps: Sequence[Bump], hinted: bool = False) -> int:
         if not bumps:
             return 0
@@ -180,17 +169,6 @@ class SqliteProjectionStore(ProjectionStore):
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             cursor.execute(sql, [by, until, lane, *names, _text(now), limit])
             return [Claim.from_row(row) for row in cursor.fetchall()]
-
-    def read(self, claims, batch):
-        from journal.store import store_for
-
-        journal = store_for(self.alias)
-        found: dict[tuple[str, int], list[StoredEvent]] = {}
-        with self.connection.cursor() as cursor:
-            for pair in sorted({(c.stream, c.at) for c in claims}):
-                cursor.execute(READ, [*pair, batch])
-                found[pair] = [journal._event(row) for row in cursor.fetchall()]
-        return {c.id: found[(c.stream, c.at)] for c in claims}
 
     def ack(self, acks, by, ended=frozenset()):
         done: set[int] = set()
