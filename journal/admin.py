@@ -27,7 +27,7 @@ from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ERROR_FLAG
 from django.db import DatabaseError
 from django.db.models import Count, OuterRef, Subquery
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -35,6 +35,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from journal.aggregates.admin import AggregateAdmin
+from journal.ids import stored_id_problem
 from journal.models import AggregateStream, Event, Execution, Fence, Snapshot
 from journal.timestamps import stamp
 
@@ -260,6 +261,8 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
     def _one(self, verb: str):
         def view(request, object_id):
+            if stored_id_problem(unquote(object_id)) is not None:  # NUL, lone surrogate: no such execution
+                raise Http404("no such execution")
             execution = get_object_or_404(Execution, pk=unquote(object_id))
             url = reverse("admin:journal_execution_change", args=[quote(execution.pk)])
             if not self.has_view_permission(request, execution) or not self.may(request, verb):
@@ -281,7 +284,14 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
         return view
 
+    def get_object(self, request, object_id, from_field=None):
+        """None (the admin's "does not exist") for an id the database cannot hold (NUL, lone surrogate)."""
+        if stored_id_problem(object_id) is not None:
+            return None
+        return super().get_object(request, object_id, from_field)
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
+        from journal.exceptions import InvalidStream
         from journal.flows import describe, ownership  # (the function; journal.flows loads it lazily)
         from journal.flows.errors import UnknownExecution
 
@@ -289,7 +299,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
         extra_context = dict(extra_context or {})
         try:
             view = describe(execution_id)
-        except UnknownExecution:
+        except (UnknownExecution, InvalidStream):  # an id the database cannot hold is no execution either
             view = None
         if view is not None:
             for event in view["events"]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from journal import conf, jsonvalues
 from journal.exceptions import InvalidGuard, InvalidPayload
-from journal.ids import check_id
+from journal.ids import check_id, check_stored_id
 
 TYPE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:\-]{0,99}\Z")
 """An event type: a letter, then up to 99 letters, digits, `_ . : -`. `\\Z`, not `$`, which would let a
@@ -24,7 +24,13 @@ MAX_BIGINT = 2**63 - 1
 
 
 def check_stream_id(stream_id: str) -> str:
-    """The stream id if it is in the id alphabet (journal/ids.py); InvalidStream otherwise."""
+    """The stream id if the database can hold it (reads, operations on existing streams: an id stored
+    before the alphabet stays usable); InvalidStream otherwise. journal/ids.py says where each rule applies."""
+    return check_stored_id(stream_id, "stream id")
+
+
+def check_new_stream_id(stream_id: str) -> str:
+    """The stream id if it is in the id alphabet (journal/ids.py): the check where a stream is created."""
     return check_id(stream_id, "stream id")
 
 
@@ -82,7 +88,13 @@ class AppendItem:
 
     def __post_init__(self) -> None:
         # Checked here, not only in build(): append_batch() takes AppendItem(...) made directly too.
-        check_stream_id(self.stream_id)
+        # An append that may create its stream (no fence token, no expected_seq >= 0: nothing refuses it on
+        # a stream that does not exist) checks the id alphabet; a guarded one only needs a storable id, so
+        # streams stored before the alphabet existed can still be written by their owners.
+        if self.fence_token is None and (self.expected_seq is None or self.expected_seq == -1):
+            check_new_stream_id(self.stream_id)
+        else:
+            check_stream_id(self.stream_id)
         envelopes = self.envelopes
         if type(envelopes) is not tuple or not all(type(e) is Envelope for e in envelopes):
             if isinstance(envelopes, (str, bytes)) or not hasattr(envelopes, "__iter__"):

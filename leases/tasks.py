@@ -79,7 +79,7 @@ def enqueue_start(flow: str, input: Any, execution_id: str | None = None, meta: 
     from django_q.tasks import async_task
     from ulid import ULID
 
-    from journal.envelopes import check_stream_id
+    from journal.envelopes import check_new_stream_id
     from journal.exceptions import InvalidStream
     from journal.flows import InvalidInput
     from journal.flows.registry import get_flow
@@ -90,7 +90,7 @@ def enqueue_start(flow: str, input: Any, execution_id: str | None = None, meta: 
         execution_id = str(ULID())
     else:
         try:
-            check_stream_id(execution_id)
+            check_new_stream_id(execution_id)
         except InvalidStream as exc:
             raise InvalidInput(str(exc)) from None
     async_task("leases.tasks.run_start", definition.name, stored, execution_id, meta,

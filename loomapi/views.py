@@ -34,7 +34,7 @@ from journal.flows import InvalidInput as FlowInvalidInput
 from journal.flows import NotResumable, UnknownExecution, UnknownFlow, describe, get_flow
 from journal.flows.state import TERMINAL
 from journal.flows.writer import header_status
-from journal.ids import id_problem
+from journal.ids import stored_id_problem
 from loomapi import errors, trace
 from loomapi.auth import Principal, authenticate, require_flow
 from loomapi.bodies import body_consumed, call_body, has_body, read_json, start_body, wait_seconds
@@ -288,7 +288,7 @@ def _readable_header(principal: Principal, execution_id: str) -> tuple:
     """The execution's header if it exists and this token may read it; 404 otherwise (the same answer
     for a stream that is not an execution, an id outside the alphabet and another token's execution,
     so that a scoped token learns nothing of what it may not read)."""
-    problem = id_problem(execution_id)
+    problem = stored_id_problem(execution_id)  # an id stored before the alphabet stays readable
     if problem is not None:
         raise errors.UnknownExecutionError(f"execution {ascii(execution_id)[:80]} does not exist: {problem}")
     header = header_status(execution_id)

@@ -13,7 +13,7 @@ from journal.aggregates import State, do, do_with_retry, load
 from journal.envelopes import AppendItem, Envelope
 from journal.exceptions import InvalidGuard, InvalidPayload, InvalidStream, JournalError
 from journal.flows import flow, outcome_of, start
-from journal.flows.errors import ExecutionExists, InvalidInput
+from journal.flows.errors import ExecutionExists, InvalidInput, UnknownExecution
 from journal.ids import MAX_ID_LENGTH, check_id
 from journal.models import Event, Execution, Fence, Snapshot
 
@@ -75,14 +75,32 @@ GOOD_IDS = ["order-42", "Ticket:42", "a/b", "a.b", "..a", "a..", "x%41", "ü-1",
             "x" * MAX_ID_LENGTH]
 
 
+UNSTORABLE_IDS = ["", "x" * (MAX_ID_LENGTH + 1), "nul\x00", "lone\ud800surrogate", None, 7, b"bytes"]
+"""Ids the database cannot hold: refused by every call, reads included (journal/ids.py check_stored_id)."""
+
+
 @pytest.mark.parametrize("bad", BAD_IDS, ids=ascii)
-def test_a_stream_id_outside_the_alphabet_is_refused_everywhere(bad, unchanged):
-    """Append, open, batch, read, tip, fence and snapshot calls all refuse it with InvalidStream."""
+def test_a_stream_id_outside_the_alphabet_is_refused_where_a_stream_is_created(bad, unchanged):
+    """Append and batch without a guard (they may create the stream), append at expected_seq -1, and
+    open_stream all refuse it with InvalidStream."""
     calls = [
         lambda: Event.objects.append(bad, Envelope("E")),
+        lambda: Event.objects.append(bad, Envelope("E"), expected_seq=-1),
         lambda: Event.objects.append_batch([(bad, [Envelope("E")])]),
         lambda: Event.objects.append_batch([AppendItem(bad, (Envelope("E"),))]),
         lambda: Event.objects.open_stream(bad, Envelope("E")),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidStream):
+            call()
+
+
+@pytest.mark.parametrize("bad", UNSTORABLE_IDS, ids=ascii)
+def test_an_id_the_database_cannot_hold_is_refused_everywhere(bad, unchanged):
+    """Guarded appends, read, tip, fence and snapshot calls refuse it with InvalidStream too."""
+    calls = [
+        lambda: Event.objects.append(bad, Envelope("E"), expected_seq=0),
+        lambda: Event.objects.append(bad, Envelope("E"), fence_token=1),
         lambda: Event.objects.read(bad),
         lambda: Event.objects.tip(bad),
         lambda: Fence.objects.advance(bad),
@@ -102,8 +120,8 @@ def test_an_execution_id_outside_the_alphabet_is_refused_before_anything_is_writ
 
 
 @pytest.mark.parametrize("name", ["resume", "cancel", "outcome_of", "describe", "hand_over", "retry_execution"])
-@pytest.mark.parametrize("bad", ["nul\x00", "lone\ud800", "../x"], ids=ascii)
-def test_operating_on_an_execution_id_outside_the_alphabet_is_invalid_stream(name, bad, unchanged):
+@pytest.mark.parametrize("bad", ["nul\x00", "lone\ud800", "", "x" * (MAX_ID_LENGTH + 1)], ids=ascii)
+def test_operating_on_an_execution_id_the_database_cannot_hold_is_invalid_stream(name, bad, unchanged):
     """Every public operation on an execution checks its id before reading anything (a NUL was a
     DataError and a lone surrogate a UnicodeEncodeError on PostgreSQL)."""
     from journal import flows
@@ -112,13 +130,29 @@ def test_operating_on_an_execution_id_outside_the_alphabet_is_invalid_stream(nam
         getattr(flows, name)(bad)
 
 
+@pytest.mark.parametrize("name", ["resume", "cancel", "describe", "hand_over", "retry_execution"])
+def test_operating_on_an_unknown_id_outside_the_alphabet_is_unknown_execution(name, unchanged):
+    """A storable id outside the alphabet may name an execution stored before it: looked up, not refused."""
+    from journal import flows
+
+    with pytest.raises(UnknownExecution):
+        getattr(flows, name)("../x")
+
+
 @pytest.mark.parametrize("bad", ["nul\x00", "lone\ud800", "../../admin", "bidi\u202e", "abc\n", "y" * 200],
                          ids=ascii)
-def test_an_aggregate_id_outside_the_alphabet_is_refused_by_do_retry_and_load(bad, unchanged):
-    """The stream of an aggregate (prefix + id) is checked, so the prefix counts toward the length."""
-    for call in (lambda: do(bump, bad, {}), lambda: do_with_retry(bump, bad, {}), lambda: load(tally, bad)):
+def test_an_aggregate_id_outside_the_alphabet_is_refused_by_do_and_retry(bad, unchanged):
+    """The stream of an aggregate (prefix + id) is checked when its first event is appended, so the
+    prefix counts toward the length; load refuses only what the database cannot hold (an aggregate
+    stored before the alphabet still loads)."""
+    for call in (lambda: do(bump, bad, {}), lambda: do_with_retry(bump, bad, {})):
         with pytest.raises(InvalidStream):
             call()
+    if "\x00" in bad or "\ud800" in bad or len(bad) > 150:
+        with pytest.raises(InvalidStream):
+            load(tally, bad)
+    else:
+        assert load(tally, bad).version == -1
 
 
 @pytest.mark.parametrize("good", GOOD_IDS, ids=ascii)

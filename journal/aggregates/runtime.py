@@ -37,7 +37,7 @@ from journal.aggregates.errors import (
     UnknownEvent,
 )
 from journal.envelopes import Envelope, StoredEvent
-from journal.ids import check_id
+from journal.ids import check_stored_id
 from journal.models import Event, Snapshot
 from journal.store import store_for
 
@@ -117,10 +117,11 @@ def _fold(st: State, current: BaseModel, stream: str, events: Iterable[StoredEve
 
 # -- loading ------------------------------------------------------------------------------------------
 def _stream_of(st: State, id: str) -> tuple[str, str]:
-    """(id as text, its stream id), the stream checked against the id alphabet (journal/ids.py) before any
-    SQL: a NUL or a control character in an aggregate id is InvalidStream, not a database error."""
+    """(id as text, its stream id), checked before any SQL: a NUL in an aggregate id is InvalidStream, not a
+    database error. A storable id is enough here (an aggregate stored before the id alphabet still loads);
+    its first event (expected_seq -1) checks the alphabet (journal/ids.py)."""
     id = str(id)
-    return id, check_id(st.stream(id), f"stream id of {st.name}")
+    return id, check_stored_id(st.stream(id), f"stream id of {st.name}")
 
 
 def _in_transaction() -> bool:

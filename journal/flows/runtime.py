@@ -9,6 +9,8 @@ header. No read happens on that path. Every write goes through journal/flows/wri
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any
 
@@ -16,7 +18,8 @@ from django.db import transaction
 from django.db.models.functions import Now
 from ulid import ULID
 
-from journal.envelopes import Envelope, check_stream_id
+from journal import conf
+from journal.envelopes import Envelope, check_new_stream_id
 from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
 from journal.flows import ownership, writer
@@ -44,7 +47,6 @@ from journal.flows.state import (
     snapshot_every,
 )
 from journal.flows.state import FAILED as FAILED_STEP
-from journal.identity import node_identity
 
 
 class Runner:
@@ -187,7 +189,7 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
         execution_id = str(ULID())
     else:
         try:
-            check_stream_id(execution_id)
+            check_new_stream_id(execution_id)
         except InvalidStream as exc:
             raise InvalidInput(str(exc)) from None
     state = ExecutionState(execution_id)
@@ -264,7 +266,7 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
 
 def process_identity() -> str:
     """Who this process is in the log: LOOM_WORKER_ID, or host:pid (the lease keeper's default too)."""
-    return node_identity()
+    return conf.get("LOOM_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _retry_view(execution_id: str) -> tuple[int | None, tuple[str, str, Any, str]]:

@@ -28,7 +28,7 @@ from journal.envelopes import Appended, AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused, StreamExists
 from journal.flows import sql
 from journal.flows.ownership import Companion, InlineLease
-from journal.ids import check_id
+from journal.ids import check_stored_id
 from journal.models import Event
 from journal.store import store_for
 from journal.store.base import Verdict
@@ -257,9 +257,9 @@ coalesce.register_kind(SETTLE, _settle_many)
 
 
 def header_status(execution_id: str) -> tuple[str, str, Any, str] | None:
-    """(status, flow, result, error) of the header row, or None; InvalidStream for an id outside the id
-    alphabet (journal/ids.py), checked before the query like every read of the journal."""
-    check_id(execution_id, "execution id")
+    """(status, flow, result, error) of the header row, or None; InvalidStream for an id the database cannot
+    hold (journal/ids.py: reads accept ids stored before the alphabet), checked before the query."""
+    check_stored_id(execution_id, "execution id")
     with connection.cursor() as cursor:
         cursor.execute(sql.HEADER_STATUS, [execution_id])
         row = cursor.fetchone()
