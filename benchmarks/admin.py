@@ -1,6 +1,8 @@
 """Admin of recorded runs: browsable, filterable, read-only (a recorded measurement is not edited).
 
-Deleting a run (with its results) stays possible for housekeeping; adding or changing one is not.
+The pages use the shared read-only base (journal/admin_base.py). One exception, on purpose: deleting a
+run (with its results) stays possible for housekeeping, under Django's delete permissions of BenchRun
+and BenchResult (the admin asks for both before it deletes a run); adding or changing one is not.
 """
 
 from __future__ import annotations
@@ -10,28 +12,26 @@ from django.db.models import Count
 from django.urls import reverse
 
 from benchmarks.models import BenchResult, BenchRun
+from journal.admin_base import ReadOnlyAdmin, ReadOnlyInline
 
 
-class ReadOnlyMixin:
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
+class DeletableForHousekeeping(ReadOnlyAdmin):
+    """Read-only, except that deleting follows Django's delete permission (old runs are cleared by hand)."""
 
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return admin.ModelAdmin.has_delete_permission(self, request, obj)
 
 
-class BenchResultInline(ReadOnlyMixin, admin.TabularInline):
+class BenchResultInline(ReadOnlyInline):
     model = BenchResult
     fields = ("section", "scenario", "params", "throughput", "unit", "p50_ms", "p95_ms", "p99_ms", "max_ms",
               "count", "metrics")
     readonly_fields = fields
-    extra = 0
-    can_delete = False
     show_change_link = True
 
 
 @admin.register(BenchRun)
-class BenchRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class BenchRunAdmin(DeletableForHousekeeping):
     list_display = ("id", "started_at", "command", "status", "cells", "short_commit", "git_dirty", "db_vendor",
                     "db_version", "machine", "cpu_count")
     list_display_links = ("id", "started_at")
@@ -57,7 +57,7 @@ class BenchRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
 
 @admin.register(BenchResult)
-class BenchResultAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class BenchResultAdmin(DeletableForHousekeeping):
     list_display = ("id", "run", "section", "scenario", "params", "throughput", "unit", "p50_ms", "p99_ms", "count")
     list_filter = ("section", "scenario", "run__command", "run__db_vendor")
     search_fields = ("section", "scenario")

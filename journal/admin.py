@@ -24,61 +24,20 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.admin.utils import quote, unquote
-from django.contrib.admin.views.main import ERROR_FLAG
-from django.db import DatabaseError
 from django.db.models import Count, OuterRef, Subquery
-from django.http import Http404, HttpRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from journal.admin_base import ReadOnlyAdmin, SafeChangeList, panel_fields
 from journal.aggregates.admin import AggregateAdmin
-from journal.ids import stored_id_problem
 from journal.models import AggregateStream, Event, Execution, Fence, Snapshot
 from journal.timestamps import stamp
 
 VERBS = ("resume", "retry", "cancel")
-
-
-class SafeChangeList:
-    """A list page answers bad filter values (NUL, a lone surrogate, a year out of range) like any
-    other invalid lookup, with the admin's "?e=1" redirect, never a 500."""
-
-    def changelist_view(self, request, extra_context=None):
-        if any(_unstorable(value) for values in request.GET.lists() for value in values[1]):
-            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
-        try:
-            return super().changelist_view(request, extra_context)
-        except (ValueError, OverflowError, DatabaseError):
-            if ERROR_FLAG in request.GET:
-                raise
-            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
-
-
-def _unstorable(value: str) -> bool:
-    """NUL and lone surrogates cannot be sent to the database as text."""
-    if "\x00" in value:
-        return True
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-class ReadOnlyAdmin(SafeChangeList, admin.ModelAdmin):
-    """Views only: no add, change or delete. Viewing follows Django's model permissions."""
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 def plan(execution: Execution, verb: str, force: bool = False) -> tuple[bool, str]:
@@ -142,13 +101,13 @@ class StatusFilter(admin.ChoicesFieldListFilter):
 
 
 @admin.register(Execution)
-class ExecutionAdmin(ReadOnlyAdmin):
+class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("id", "flow", "status", "progress", "duration", "created", "finished", "recoveries")
     list_filter = (("status", StatusFilter), "flow")
     search_fields = ("id", "flow")
     readonly_fields = ("id", "flow", "status", "input_json", "result_json", "error", "recoveries", "created",
-                       "updated", "finished", "lease_panel")
-    fields = readonly_fields
+                       "updated", "finished")
+    fields = readonly_fields  # and the panels other apps add (journal.admin_base.add_execution_panel)
     actions = ("resume_executions", "retry_executions", "cancel_executions")
     change_form_template = "journal/execution_change_form.html"
     list_per_page = 50
@@ -205,15 +164,11 @@ class ExecutionAdmin(ReadOnlyAdmin):
     def result_json(self, execution) -> str:
         return format_html("<pre>{}</pre>", _json(execution.result))
 
-    @admin.display(description="lease")
-    def lease_panel(self, execution) -> str:
-        from django.apps import apps
+    def get_fields(self, request, obj=None):
+        return (*super().get_fields(request, obj), *panel_fields())
 
-        if not apps.is_installed("leases"):
-            return "no leases app"
-        from leases.admin import lease_summary  # the leases app's read-only panel
-
-        return lease_summary(execution.pk)
+    def get_readonly_fields(self, request, obj=None):
+        return (*super().get_readonly_fields(request, obj), *panel_fields())
 
     # -- bulk actions: a page lists what will happen, then "Yes" does it ------------------------------
     @admin.action(description="Resume selected executions (handed to a worker)", permissions=["resume"])
@@ -261,8 +216,6 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
     def _one(self, verb: str):
         def view(request, object_id):
-            if stored_id_problem(unquote(object_id)) is not None:  # NUL, lone surrogate: no such execution
-                raise Http404("no such execution")
             execution = get_object_or_404(Execution, pk=unquote(object_id))
             url = reverse("admin:journal_execution_change", args=[quote(execution.pk)])
             if not self.has_view_permission(request, execution) or not self.may(request, verb):
@@ -284,14 +237,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
         return view
 
-    def get_object(self, request, object_id, from_field=None):
-        """None (the admin's "does not exist") for an id the database cannot hold (NUL, lone surrogate)."""
-        if stored_id_problem(object_id) is not None:
-            return None
-        return super().get_object(request, object_id, from_field)
-
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        from journal.exceptions import InvalidStream
         from journal.flows import describe, ownership  # (the function; journal.flows loads it lazily)
         from journal.flows.errors import UnknownExecution
 
@@ -299,7 +245,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
         extra_context = dict(extra_context or {})
         try:
             view = describe(execution_id)
-        except (UnknownExecution, InvalidStream):  # an id the database cannot hold is no execution either
+        except UnknownExecution:
             view = None
         if view is not None:
             for event in view["events"]:
@@ -320,7 +266,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyAdmin):
+class EventAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("stream_id", "seq", "type", "recorded")
     list_filter = ("type",)
     search_fields = ("stream_id",)
@@ -338,14 +284,14 @@ class EventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Fence)
-class FenceAdmin(ReadOnlyAdmin):
+class FenceAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("stream_id", "token", "created_at")
     search_fields = ("stream_id",)
     readonly_fields = ("stream_id", "token", "created_at")
 
 
 @admin.register(Snapshot)
-class SnapshotAdmin(ReadOnlyAdmin):
+class SnapshotAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("stream_id", "seq", "created_at")
     search_fields = ("stream_id",)
     readonly_fields = ("stream_id", "seq", "state", "created_at")

@@ -1,15 +1,23 @@
-"""Every LOOM_* setting, its type, default and meaning: the one place they are declared.
+"""The registry of LOOM_* settings, and the journal's own.
+
+Each app declares the settings it owns in its own `conf` module (this one for the journal, its flows
+and aggregates; `leases/conf.py`, `projections/conf.py`, `loomapi/conf.py`, `benchmarks/conf.py`),
+which calls `register()` when imported; the app's `ready()` imports it. So the journal, the bottom
+layer, knows no name above it, and a project without an app has none of its settings. Any module
+reads any registered setting through `get()`, by name.
 
 Settings are read when used (not cached at import), so tests can override them. A value may
 come from Django settings as a Python object or, through the project's environment loader, as a
 string; either way it is coerced to the declared type here. A value that cannot be coerced is
-reported by the system check `loom.E001` (see journal/checks.py), not deep inside a worker.
+reported by the system check `loom.E001` (see journal/checks.py), not deep inside a worker; so is
+a broken rule between settings that an app registers with `rule()`. docs/configuration.md is
+generated from this registry (`manage.py loom_settings --markdown`, every app installed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -25,6 +33,45 @@ class Setting:
     choices: tuple[str, ...] | None = None
     optional: bool = False  # None is a legal value ("unset")
     check: Callable[[Any], str | None] | None = None  # why a coerced value is unusable, or None
+    app: str = ""  # the app label that registered it (set by register())
+
+
+SETTINGS: dict[str, Setting] = {}
+"""Every registered setting by name, in registration order (the order of docs/configuration.md)."""
+
+RULES: list[Callable[[], list[str]]] = []
+"""Checks across settings (renewal shorter than the TTL...), each returning what is wrong."""
+
+
+class UnknownSetting(KeyError):
+    """No installed app registers a LOOM_* setting of this name (is its app in INSTALLED_APPS?)."""
+
+
+def register(app: str, *items: Setting) -> None:
+    """Declare the settings `app` owns; its conf module calls this when imported.
+
+    Registering a name again for the same app is harmless (a module imported twice); a name that two
+    apps claim is a programming error, raised at start-up."""
+    for item in items:
+        known = SETTINGS.get(item.name)
+        if known is not None and known.app != app:
+            raise ValueError(f"{item.name} is declared by both {known.app!r} and {app!r}")
+        SETTINGS[item.name] = replace(item, app=app)
+
+
+def rule(check: Callable[[], list[str]]) -> Callable[[], list[str]]:
+    """Register a check across settings, reported as loom.E001 (usable as a decorator)."""
+    if check not in RULES:
+        RULES.append(check)
+    return check
+
+
+def by_app() -> dict[str, list[Setting]]:
+    """The registered settings grouped by the app that owns them, in registration order."""
+    grouped: dict[str, list[Setting]] = {}
+    for item in SETTINGS.values():
+        grouped.setdefault(item.app, []).append(item)
+    return grouped
 
 
 def _channel_problem(value: str) -> str | None:
@@ -36,16 +83,8 @@ def _channel_problem(value: str) -> str | None:
     return None
 
 
-SETTINGS: dict[str, Setting] = {}
-
-
-def _declare(*items: Setting) -> None:
-    for item in items:
-        SETTINGS[item.name] = item
-
-
-_declare(
-    # journal
+register(
+    "journal",
     Setting("LOOM_MAX_PAYLOAD_BYTES", int, 1_048_576, "Largest JSON payload (bytes) an append accepts.", 1),
     Setting("LOOM_NOTIFY", bool, True, "On PostgreSQL, NOTIFY listeners of new stream tips after each append."),
     Setting("LOOM_NOTIFY_CHANNEL", str, "loom_journal",
@@ -58,49 +97,10 @@ _declare(
     Setting("LOOM_COALESCE_FLUSHERS", int, 2, "Flush threads (each with its own connection) per coalescer.", 1),
     # flows
     Setting("LOOM_FLOW_MODULES", list, [], "Modules imported at start-up so that their flows are registered."),
-    # leases
-    Setting("LOOM_LEASE_MODE", str, "lazy", "When a run takes its heartbeat lease: off, eager or lazy.",
-            choices=("off", "eager", "lazy")),
-    Setting("LOOM_LEASE_TTL", float, 30.0, "Seconds a lease lasts without renewal.", 0.05),
-    Setting("LOOM_LEASE_RENEW_EVERY", float, 10.0, "Seconds between renewal ticks of a worker.", 0.01),
-    Setting("LOOM_LEASE_LAZY_GRACE", float, None, "Seconds a fresh run goes unleased in lazy mode (unset: TTL/3).",
-            0.0, optional=True),
-    Setting("LOOM_LEASE_CHUNK", int, 500, "Leases renewed per renew_many statement.", 1),
-    Setting("LOOM_RECOVERY_EVERY", float, 5.0, "Seconds between recovery sweeps of a worker.", 0.01),
-    Setting("LOOM_RECOVERY_MAX_ATTEMPTS", int, 5, "Recoveries of one execution before it is marked stuck.", 1),
-    Setting("LOOM_RECOVERY_BATCH", int, 16, "Executions one sweep takes over at most (resumed in parallel).", 1),
     Setting("LOOM_WORKER_ID", str, "", "Name of this worker (default: host:pid)."),
-    Setting("LOOM_WORKER_RETENTION", float, 86400.0,
-            "Seconds the workers page keeps a worker that stopped or vanished (pruned by loom_worker).", 0),
     # aggregates
     Setting("LOOM_AGGREGATE_CACHE_SIZE", int, 1000, "Aggregate states kept in each process's LRU cache.", 0),
     Setting("LOOM_AGGREGATE_MODULES", list, [], "Modules declaring aggregate states, imported for the admin."),
-    # projections
-    Setting("LOOM_DRAIN_LEASE_SECONDS", float, 10.0, "How long a drain holds the streams it claimed.", 0.01),
-    Setting("LOOM_DRAIN_BATCH", int, 100, "Events fetched per claimed stream per drain cycle.", 1),
-    Setting("LOOM_DRAIN_STREAMS", int, 10, "Streams one drain cycle claims at most.", 1),
-    Setting("LOOM_DRAIN_RETRIES", int, 3, "Failures of a handler on one stream before it is blocked.", 1),
-    Setting("LOOM_DRAIN_POLL_MS", int, 500, "Polling interval of a drain when no notification arrives.", 1),
-    Setting("LOOM_DRAIN_LISTEN", bool, True,
-            "On PostgreSQL, wake drains with LISTEN (turn off behind poolers that lack it)."),
-    Setting("LOOM_DRAIN_RETRY_DELAY", float, 0.5, "Seconds a failed stream waits before its next attempt.", 0.0),
-    Setting("LOOM_CORRELATE_HORIZON_SECONDS", float, 2.0,
-            "Seconds after which a missing event id counts as rolled back (correlation checkpoint).", 0.0),
-    Setting("LOOM_CORRELATE_BATCH", int, 5000, "Events one correlation scan reads per page.", 1),
-    Setting("LOOM_PROJECTION_MODULES", list, [], "Modules imported at start-up that declare reactions/projections."),
-    # HTTP API
-    Setting("LOOM_API_TOKENS", list, [],
-            "Bearer tokens accepted by the HTTP API: plain (full access) or scoped entries (docs/http-api.md)."),
-    Setting("LOOM_API_AUTH", bool, True, "Require a token on the HTTP API (disable only for local benchmarks)."),
-    Setting("LOOM_API_MAX_BODY_BYTES", int, 1_048_576, "Largest request body the HTTP API accepts.", 1),
-    Setting("LOOM_API_EXAMPLES", bool, True, "Register loomapi's example flows (calc.add, calc.accumulate)."),
-    Setting("LOOM_API_CALL_TIMEOUT", float, 30.0,
-            "Seconds a transient API call may run before a 504 (its worker retires); unset: no bound.", 0.001,
-            optional=True),
-    Setting("LOOM_API_MAX_WAIT", float, 30.0, "Longest `wait=` (seconds) a durable start may ask for.", 0.0),
-    # benchmarks
-    Setting("LOOM_RESULTS_PUBLIC", bool, False,
-            "Benchmark result pages need no login (default: staff only; runs name machines and commits)."),
 )
 
 
@@ -147,32 +147,42 @@ def _coerce(item: Setting, value: Any) -> Any:
 
 
 def get(name: str) -> Any:
-    """The current value of a LOOM_* setting, typed; raises ConfigError on a bad value."""
-    item = SETTINGS[name]
+    """The current value of a LOOM_* setting, typed; raises ConfigError on a bad value (UnknownSetting
+    when no installed app registers the name)."""
+    item = SETTINGS.get(name)
+    if item is None:
+        raise UnknownSetting(name)
     return _coerce(item, getattr(settings, name, item.default))
 
 
-def lease_grace() -> float:
-    """Lazy-mode grace: LOOM_LEASE_LAZY_GRACE, or a third of the TTL when unset."""
-    grace = get("LOOM_LEASE_LAZY_GRACE")
-    return get("LOOM_LEASE_TTL") / 3 if grace is None else grace
-
-
 def problems() -> list[str]:
-    """Every LOOM_* setting that does not coerce, for the system check."""
+    """Every registered setting that does not coerce, and every broken rule, for the system check."""
     found = []
     for item in SETTINGS.values():
         try:
             _coerce(item, getattr(settings, item.name, item.default))
         except ConfigError as exc:
             found.append(str(exc))
-    if get_safe("LOOM_LEASE_RENEW_EVERY", 0) >= get_safe("LOOM_LEASE_TTL", 1e9):
-        found.append("LOOM_LEASE_RENEW_EVERY must be shorter than LOOM_LEASE_TTL, or leases expire between renewals")
+    for check in RULES:
+        found.extend(check())
     return found
 
 
 def get_safe(name: str, fallback: Any) -> Any:
+    """The value, or `fallback` when it is bad or its app is not installed (for checks and start-up)."""
     try:
         return get(name)
-    except ConfigError:
+    except (ConfigError, UnknownSetting):
         return fallback
+
+
+def __getattr__(name: str) -> Any:
+    """`conf.lease_grace` and other helpers an app's conf module defines, reached through this module for
+    callers written before settings moved to their apps (prefer importing the app's conf module)."""
+    from django.apps import apps
+
+    for app_config in apps.get_app_configs():
+        module = getattr(app_config.module, "conf", None)
+        if module is not None and module.__name__ != __name__ and name in getattr(module, "__all__", ()):
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

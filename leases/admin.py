@@ -1,7 +1,9 @@
 """Admin: leases (who drives which execution, until when), workers and what they hold, and the
-executions under recovery. Read-only, for everyone (superusers too): leases, worker rows and
-execution headers are written by the keeper, the sweep and the runtime only; deleting one by hand
-would hide a running execution from recovery or break its fence bookkeeping."""
+executions under recovery. Read-only, for everyone (superusers too), on the shared base
+(journal/admin_base.py): leases, worker rows and execution headers are written by the keeper, the
+sweep and the runtime only; deleting one by hand would hide a running execution from recovery or
+break its fence bookkeeping. The lease line of the execution page is added here, through the journal's
+panel hook (the journal's admin does not import this module)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from journal import conf
-from journal.ids import stored_id_problem
+from journal.admin_base import ReadOnlyAdmin, ReadOnlyInline, add_execution_panel
+from leases import conf
 from leases.models import Lease, RecoveryView, Worker
 
 
@@ -33,21 +35,11 @@ def lease_summary(execution_id: str) -> str:
             f"renewed at {lease.renewed_at:%Y-%m-%d %H:%M:%S}")
 
 
-class ReadOnly(admin.ModelAdmin):
-    """No add, change or delete (nor the "delete selected" action, which needs the delete permission)."""
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
+add_execution_panel("lease", "lease", lease_summary)
 
 
 @admin.register(Lease)
-class LeaseAdmin(ReadOnly):
+class LeaseAdmin(ReadOnlyAdmin):
     list_display = ("execution_link", "owner_id", "fence_token", "acquired_at", "renewed_at", "expires_in")
     list_filter = ("owner",)
     search_fields = ("execution__id", "owner__id")
@@ -66,23 +58,12 @@ class LeaseAdmin(ReadOnly):
         return expires_in(lease)
 
 
-class HeldLeases(admin.TabularInline):
+class HeldLeases(ReadOnlyInline):
     model = Lease
     fk_name = "owner"
     fields = ("execution", "fence_token", "renewed_at", "expires_at")
     readonly_fields = fields
-    extra = 0
-    can_delete = False
     show_change_link = True
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 def worker_state(worker: Worker) -> str:
@@ -95,7 +76,7 @@ def worker_state(worker: Worker) -> str:
 
 
 @admin.register(Worker)
-class WorkerAdmin(ReadOnly):
+class WorkerAdmin(ReadOnlyAdmin):
     """One row per process: a loom_worker's main process, each of its django-q2 children (id
     <main id>/<pid>), and any other process whose runs took leases. Rows unseen for
     LOOM_WORKER_RETENTION seconds are pruned by the workers' recovery loop."""
@@ -115,7 +96,7 @@ class WorkerAdmin(ReadOnly):
 
 
 @admin.register(RecoveryView)
-class RecoveryAdmin(ReadOnly):
+class RecoveryAdmin(ReadOnlyAdmin):
     """Executions recovery is concerned with, not healthy ones: running with an expired lease, or
     with none past the lazy grace + TTL (orphans the next sweep takes), recovered at least once
     (any status), or stuck. Stuck ones (recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS) need a
@@ -127,12 +108,6 @@ class RecoveryAdmin(ReadOnly):
     fields = ("id", "flow", "status", "recoveries", "error", "lease_owner", "lease_token", "lease_renewed_at",
               "lease_expires_in", "created_at", "updated_at")
     readonly_fields = fields
-
-    def get_object(self, request, object_id, from_field=None):
-        """None (the admin's "does not exist") for an id the database cannot hold (NUL, lone surrogate)."""
-        if stored_id_problem(object_id) is not None:
-            return None
-        return super().get_object(request, object_id, from_field)
 
     def get_queryset(self, request):
         orphaned_before = timezone.now() - timedelta(seconds=conf.lease_grace() + conf.get("LOOM_LEASE_TTL"))

@@ -7,7 +7,7 @@ class LeasesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from leases import checks  # noqa: F401  (registers the system checks)
+        from leases import checks, conf  # noqa: F401  (registers the system checks and the LOOM_LEASE_* settings)
         from leases.ownership import install
         from leases.recovery import RecoveryService
         from leases.worker import HeartbeatService, register_service

@@ -7,8 +7,7 @@ class LoomApiConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from journal import conf
-        from loomapi import checks  # noqa: F401  (registers the system checks)
+        from loomapi import checks, conf  # noqa: F401  (registers the system checks and the LOOM_API_* settings)
 
         if conf.get_safe("LOOM_API_EXAMPLES", False):
             # Registering flows is what importing their module does (like admin.autodiscover).

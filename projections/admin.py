@@ -2,9 +2,10 @@
 
 Each action declares the permission it needs (custom permissions of Subscription: `unblock_subscription`,
 `replay_subscription`), so view-only staff can look but not act. Reset wipes read models: it shows a
-confirmation page saying what will happen before anything changes. Rows cannot be added or deleted
-here: a deleted subscription would come back at watermark -1 and replay its stream into a read model
-that already holds it.
+confirmation page saying what will happen before anything changes. Both pages are read-only for
+everyone (journal/admin_base.py): rows cannot be added, changed or deleted here, since a deleted
+subscription would come back at watermark -1 and replay its stream into a read model that already
+holds it, and a checkpoint is the correlation scan's own bookkeeping.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from django.db import transaction
 from django.db.models import Count, F
 from django.template.response import TemplateResponse
 
+from journal.admin_base import ReadOnlyAdmin
 from projections.declarations import registry
 from projections.models import Checkpoint, Subscription
 from projections.store import store_for
@@ -51,19 +53,13 @@ def reset_consumers(names: set[str], alias: str = "default") -> int:
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(admin.ModelAdmin):
+class SubscriptionAdmin(ReadOnlyAdmin):
     list_display = ("consumer", "stream", "lane", "priority", "at", "tip", "lag", "blocked", "retries",
                     "leased_by", "leased_until", "short_error")
     list_filter = (BlockedFilter, "lane", "consumer")
     search_fields = ("consumer", "stream", "error")
     readonly_fields = [f.name for f in Subscription._meta.fields]
     actions = ("unblock", "reset_replay")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def has_unblock_permission(self, request) -> bool:
         return request.user.has_perm("projections.unblock_subscription")
@@ -107,13 +103,10 @@ class SubscriptionAdmin(admin.ModelAdmin):
                    "opts": self.model._meta, "consumers": consumers,
                    "selected": list(queryset.values_list("pk", flat=True)),
                    "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME}
-        return TemplateResponse(request, "admin/projections/subscription/reset_replay_confirmation.html", context)
+        return TemplateResponse(request, "projections/reset_replay_confirmation.html", context)
 
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(admin.ModelAdmin):
+class CheckpointAdmin(ReadOnlyAdmin):
     list_display = ("consumer", "position", "horizon_id", "horizon_at", "horizon_xmax", "updated_at")
     readonly_fields = ("consumer", "position", "horizon_id", "horizon_at", "horizon_xmax", "updated_at")
-
-    def has_add_permission(self, request):
-        return False

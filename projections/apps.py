@@ -10,8 +10,7 @@ class ProjectionsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from journal import conf
-        from projections import checks  # noqa: F401  (registers the system checks)
+        from projections import checks, conf  # noqa: F401  (registers the system checks and the settings)
 
         for module in conf.get_safe("LOOM_PROJECTION_MODULES", []):
             with suppress(ImportError):  # reported by the system check projections.E001

@@ -112,3 +112,50 @@ def test_a_typo_in_flow_modules_does_not_crash_start_up(child_env):
     proc = subprocess.run([sys.executable, "manage.py", "check"], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode != 0 and "loom.E003" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+OWNERS = {
+    "journal": ("LOOM_MAX_PAYLOAD_BYTES", "LOOM_NOTIFY_CHANNEL", "LOOM_FLOW_MODULES", "LOOM_WORKER_ID",
+                "LOOM_AGGREGATE_MODULES"),
+    "leases": ("LOOM_LEASE_MODE", "LOOM_LEASE_TTL", "LOOM_RECOVERY_BATCH", "LOOM_WORKER_RETENTION"),
+    "projections": ("LOOM_DRAIN_BATCH", "LOOM_CORRELATE_BATCH", "LOOM_PROJECTION_MODULES"),
+    "loomapi": ("LOOM_API_TOKENS", "LOOM_API_MAX_WAIT"),
+    "benchmarks": ("LOOM_RESULTS_PUBLIC",),
+}
+
+
+@pytest.mark.parametrize("app", sorted(OWNERS))
+def test_each_setting_is_declared_by_the_app_that_owns_it(app):
+    """The registry records who declared a setting; the journal's module names none of the apps above it."""
+    assert all(conf.SETTINGS[name].app == app for name in OWNERS[app])
+    if app != "journal":
+        journal_source = (Path(conf.__file__)).read_text()
+        assert not any(name in journal_source for name in OWNERS[app])
+        assert f"### {app} (`{app}/conf.py`)" in markdown_table()
+
+
+def test_a_name_two_apps_declare_is_refused(monkeypatch):
+    monkeypatch.setattr(conf, "SETTINGS", dict(conf.SETTINGS))
+    with pytest.raises(ValueError, match="LOOM_LEASE_TTL is declared by both 'leases' and 'projections'"):
+        conf.register("projections", conf.Setting("LOOM_LEASE_TTL", float, 1.0, "again"))
+    conf.register("leases", conf.Setting("LOOM_LEASE_TTL", float, 30.0, "again, same owner"))
+
+
+def test_a_setting_no_installed_app_declares_is_a_named_error():
+    with pytest.raises(conf.UnknownSetting, match="LOOM_NO_SUCH_SETTING"):
+        conf.get("LOOM_NO_SUCH_SETTING")
+    assert conf.get_safe("LOOM_NO_SUCH_SETTING", "fallback") == "fallback"
+
+
+def test_settings_listing_redacts_secrets_of_every_app(settings):
+    """`loom_settings` lists what every installed app registered, secrets (LOOM_API_TOKENS) redacted."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.LOOM_API_TOKENS = ["very-secret-token"]
+    out = StringIO()
+    call_command("loom_settings", stdout=out)
+    text = out.getvalue()
+    assert "very-secret-token" not in text and "LOOM_API_TOKENS = '<redacted>'" in text
+    assert all(f"{name} = " in text for names in OWNERS.values() for name in names)

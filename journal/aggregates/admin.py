@@ -22,6 +22,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
+from journal.admin_base import ReadOnlyAdmin
 from journal.aggregates.declarations import State, states
 from journal.aggregates.errors import AggregateError
 from journal.aggregates.runtime import META, replay
@@ -118,17 +119,8 @@ def stream_detail(request: HttpRequest, state: str, id: str) -> HttpResponse:
     })
 
 
-class AggregateAdmin(admin.ModelAdmin):
+class AggregateAdmin(ReadOnlyAdmin):
     """The pages above as the admin of the AggregateStream proxy: its list is the index of states."""
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     def changelist_view(self, request, extra_context=None):
         return index(request)

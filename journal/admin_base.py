@@ -1,0 +1,112 @@
+"""The admin base every Loom app uses for its read-only pages, and the hook by which an app above the
+journal adds a panel to the execution page.
+
+Read-only means the same everywhere, for everyone (superusers too): no add, no change, no delete (so
+no "delete selected" action either). The log, fences, execution headers, leases, workers and
+subscriptions are written by the runtime only; a row deleted by hand would hide a running execution
+from recovery, break fence bookkeeping or replay a stream into a read model that holds it. What an
+operator may do is an admin action declared with its own permission (`@admin.action(permissions=[...])`
+and a `has_<name>_permission` method), so view-only staff can look and not act.
+
+The journal does not import the apps above it: the leases app contributes its lease line to the
+execution page with `add_execution_panel()` from its own admin module, so the journal's admin stands
+alone when leases is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ERROR_FLAG
+from django.db import DatabaseError
+from django.http import HttpResponseRedirect
+
+
+class RefuseUnstorableFilters:
+    """A list page answers a filter value the database cannot hold as text (NUL, a lone surrogate) like any
+    other invalid lookup, with the admin's "?e=1" redirect: PostgreSQL would refuse it with a 500, and a host
+    project has no loomsite middleware to catch it first."""
+
+    def changelist_view(self, request, extra_context=None):
+        if any(_unstorable(value) for values in request.GET.lists() for value in values[1]):
+            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
+        return super().changelist_view(request, extra_context)
+
+
+class SafeChangeList(RefuseUnstorableFilters):
+    """The journal's list pages also answer a value out of range (a year past 9999) with "?e=1", never a 500."""
+
+    def changelist_view(self, request, extra_context=None):
+        try:
+            return super().changelist_view(request, extra_context)
+        except (ValueError, OverflowError, DatabaseError):
+            if ERROR_FLAG in request.GET:
+                raise
+            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
+
+
+def _unstorable(value: str) -> bool:
+    """NUL and lone surrogates cannot be sent to the database as text."""
+    if "\x00" in value:
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class ReadOnlyPermissions:
+    """No add, change or delete, for anyone; viewing follows Django's model permissions."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class ReadOnlyAdmin(ReadOnlyPermissions, RefuseUnstorableFilters, admin.ModelAdmin):
+    """A read-only model page: views only, unstorable filters redirect, actions need their own permission.
+    The journal's pages put SafeChangeList first, so out-of-range values redirect too."""
+
+
+class ReadOnlyInline(ReadOnlyPermissions, admin.TabularInline):
+    """A read-only table of related rows on a read-only page."""
+
+    extra = 0
+    can_delete = False
+
+
+@dataclass(frozen=True)
+class ExecutionPanel:
+    """One line an installed app adds to the execution page: its label and how to render it."""
+
+    name: str
+    label: str
+    field: Callable  # a read-only field of the execution form (the admin accepts callables)
+
+
+EXECUTION_PANELS: dict[str, ExecutionPanel] = {}
+"""Panels of the execution page, by name, in the order the apps' admin modules registered them."""
+
+
+def add_execution_panel(name: str, label: str, render: Callable[[str], str]) -> None:
+    """Show `render(execution_id)` under `label` on every execution page (an app's admin module calls this)."""
+
+    def field(execution) -> str:
+        return render(execution.pk)
+
+    field.short_description = label  # type: ignore[attr-defined]
+    field.__name__ = f"{name}_panel"
+    EXECUTION_PANELS[name] = ExecutionPanel(name, label, field)
+
+
+def panel_fields() -> tuple[Callable, ...]:
+    """The registered panels as read-only fields, the same objects on every call (the admin matches them)."""
+    return tuple(panel.field for panel in EXECUTION_PANELS.values())

@@ -1,0 +1,40 @@
+"""The settings the leases app owns, registered with the journal's registry (journal/conf.py).
+
+Imported by `LeasesConfig.ready()`; read them with `conf.get(name)` from either module.
+"""
+
+from __future__ import annotations
+
+from journal.conf import Setting, get, get_safe, register, rule
+
+__all__ = ["get", "get_safe", "lease_grace"]
+
+register(
+    "leases",
+    Setting("LOOM_LEASE_MODE", str, "lazy", "When a run takes its heartbeat lease: off, eager or lazy.",
+            choices=("off", "eager", "lazy")),
+    Setting("LOOM_LEASE_TTL", float, 30.0, "Seconds a lease lasts without renewal.", 0.05),
+    Setting("LOOM_LEASE_RENEW_EVERY", float, 10.0, "Seconds between renewal ticks of a worker.", 0.01),
+    Setting("LOOM_LEASE_LAZY_GRACE", float, None, "Seconds a fresh run goes unleased in lazy mode (unset: TTL/3).",
+            0.0, optional=True),
+    Setting("LOOM_LEASE_CHUNK", int, 500, "Leases renewed per renew_many statement.", 1),
+    Setting("LOOM_RECOVERY_EVERY", float, 5.0, "Seconds between recovery sweeps of a worker.", 0.01),
+    Setting("LOOM_RECOVERY_MAX_ATTEMPTS", int, 5, "Recoveries of one execution before it is marked stuck.", 1),
+    Setting("LOOM_RECOVERY_BATCH", int, 16, "Executions one sweep takes over at most (resumed in parallel).", 1),
+    Setting("LOOM_WORKER_RETENTION", float, 86400.0,
+            "Seconds the workers page keeps a worker that stopped or vanished (pruned by loom_worker).", 0),
+)
+
+
+@rule
+def renewal_within_ttl() -> list[str]:
+    """A worker renews its leases more often than they expire (loom.E001 otherwise)."""
+    if get_safe("LOOM_LEASE_RENEW_EVERY", 0) >= get_safe("LOOM_LEASE_TTL", 1e9):
+        return ["LOOM_LEASE_RENEW_EVERY must be shorter than LOOM_LEASE_TTL, or leases expire between renewals"]
+    return []
+
+
+def lease_grace() -> float:
+    """Lazy-mode grace: LOOM_LEASE_LAZY_GRACE, or a third of the TTL when unset."""
+    grace = get("LOOM_LEASE_LAZY_GRACE")
+    return get("LOOM_LEASE_TTL") / 3 if grace is None else grace
