@@ -3,6 +3,10 @@
 VENV ?= .venv
 DJANGO ?=
 PY := $(VENV)/bin/python
+# Without SECRET_KEY in the environment, the processes started here (tests, bench, worker, server) use the
+# key generated into var/secret_key; this opt-in lets loom_worker and serve_api accept it with DEBUG off
+# (loomsite.E003). Anywhere else, set SECRET_KEY, the same in every process (docs/security.md).
+export ALLOW_DEV_SECRET_KEY ?= true
 
 .PHONY: venv bench test lint serve worker migrate
 

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+from django.conf import settings
 from django.urls import reverse
 
 from benchmarks.arguments import non_negative_int, positive_int
@@ -150,6 +151,7 @@ def run(ctx) -> None:
     token = secrets.token_urlsafe(24)
     port = free_port()
     env = {**os.environ, "LOOM_API_AUTH": "true", "LOOM_API_TOKENS": token, "LOOM_API_EXAMPLES": "true",
+           "SECRET_KEY": settings.SECRET_KEY,  # this process's key, given explicitly (loomsite.E003)
            "PYTHONPATH": os.pathsep.join(p for p in [sys.path[0], os.environ.get("PYTHONPATH", "")] if p)}
     paths = {"fresh": reverse("loomapi:call", kwargs={"name": "calc.add"}),
              "state": reverse("loomapi:call", kwargs={"name": "calc.accumulate"})}

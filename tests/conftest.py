@@ -41,6 +41,9 @@ def child_env(settings) -> dict[str, str]:
     env["DATABASE_URL"] = database_url()
     env["DJANGO_SETTINGS_MODULE"] = "loomsite.settings"
     env["PYTHONPATH"] = str(ROOT)
+    # The test's own key, given explicitly: workers spawned by a test verify the tasks it signs (loomsite.E003
+    # refuses a key a worker would generate for itself).
+    env["SECRET_KEY"] = settings.SECRET_KEY
     for name in dir(settings):
         if name.startswith("LOOM_"):
             value = getattr(settings, name)

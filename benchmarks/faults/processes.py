@@ -56,6 +56,7 @@ def child_env(**extra: str) -> dict[str, str]:
     env["DATABASE_URL"] = database_url()
     env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE or os.environ["DJANGO_SETTINGS_MODULE"]
     env["PYTHONPATH"] = str(ROOT)
+    env["SECRET_KEY"] = settings.SECRET_KEY  # the children verify the tasks this process signs (loomsite.E003)
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
