@@ -30,8 +30,8 @@ from collections.abc import Iterable
 
 from django.db import DatabaseError, connections
 
-from journal import conf
 from journal.identity import node_identity as journal_node_identity
+from leases import conf
 from leases.store import store_for
 
 log = logging.getLogger("loom.leases")

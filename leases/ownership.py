@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from django.db import connections
 
-from journal import conf
 from journal.flows.ownership import Claim, Companion, InlineLease, NoOwnership, set_ownership
+from leases import conf
 from leases.keeper import LeaseKeeper, get_keeper
 from leases.store import store_for
 
