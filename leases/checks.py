@@ -66,4 +66,18 @@ def check_broker(app_configs=None, **kwargs) -> list:
             "a task still running after retry, so a task may run twice",
             hint="Set timeout below retry (Loom's own tasks set no timeout and are safe to re-deliver).",
             id="loom.W113"))
+    if cluster.get("redis") or cluster.get("django_redis"):
+        found.append(Warning(
+            "Q_CLUSTER uses Redis: django-q2 takes a task from Redis with BLPOP and never acknowledges it, so a "
+            "queued start taken by a worker that dies before it begins is lost (at-most-once delivery; 'retry' "
+            "does not apply)",
+            hint="Use the ORM broker (Q_CLUSTER['orm']) for at-least-once queued starts; see docs/workers.md.",
+            id="loom.W114"))
+    attempts = cluster.get("max_attempts", 0)
+    if isinstance(attempts, int) and attempts > 0:
+        found.append(Warning(
+            f"Q_CLUSTER['max_attempts'] is {attempts}: django-q2 acknowledges a task once it failed that often, so "
+            "a queued start that failed before it began (a database restart, a worker without the flow) is lost",
+            hint="Set max_attempts to 0 (no limit): a start that raised is delivered again after 'retry'.",
+            id="loom.W115"))
     return found

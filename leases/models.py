@@ -69,3 +69,27 @@ class RecoveryView(Execution):
         proxy = True
         verbose_name = "execution under recovery"
         verbose_name_plural = "executions under recovery"
+
+
+class StartReservation(models.Model):
+    """An execution id claimed by a queued start (leases.tasks.enqueue_start) that has not begun yet.
+
+    Written in the same transaction as the queued task (with the ORM broker), so the id is taken at
+    enqueue, not when a worker first writes the execution: a second start of the id, by another
+    token or with another input, is refused then (409), and the worker runs only the start the
+    reservation describes. Deleted once the execution exists (its EXECUTION_STARTED keeps who
+    started it). Not an execution header: recovery never sees it.
+    """
+
+    execution_id = models.CharField(max_length=200, primary_key=True)
+    flow = models.CharField(max_length=200)
+    input_hash = models.CharField(max_length=64, help_text="SHA-256 of the stored input as canonical JSON.")
+    started_by = models.CharField(max_length=200, blank=True, default="",
+                                  help_text="The API token's name (empty for a start queued from code).")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.execution_id} ({self.flow}) reserved"

@@ -7,8 +7,11 @@ Tasks run in django-q2's worker processes (forked by the cluster of `manage.py l
 `qcluster`); each gets its own lease keeper under its own worker id.
 
 Why a queued start survives a killed worker within about a lease TTL (docs/workers.md):
-- the execution id is fixed when the start is queued, so the task is idempotent: a second
-  delivery of it finds the execution (ExecutionExists) and does nothing;
+- the execution id is fixed and reserved (leases.StartReservation) when the start is queued, so
+  the task is idempotent: a second delivery of it finds the execution (ExecutionExists) and does
+  nothing, and a task that is not the reserved start does nothing either;
+- a task that raised is not acknowledged (Q_CLUSTER max_attempts 0, check loom.W115): the broker
+  delivers it again after `retry`, maybe to a worker that has the flow;
 - so the broker may re-deliver early: Q_CLUSTER `retry` (the seconds a taken, unacknowledged task
   stays invisible) is set to about LOOM_LEASE_TTL (system check loom.W112). A start taken by a
   worker that died before it began is re-delivered after `retry`;
@@ -20,9 +23,15 @@ Why a queued start survives a killed worker within about a lease TTL (docs/worke
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
+
+from django.db import router, transaction
+from django.db.models import Exists, OuterRef
 
 from leases.keeper import get_keeper
 from leases.recovery import log_takeover, prune_workers, resume_one, sweep
@@ -44,6 +53,10 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     recovery sweep finishes it."""
     from journal.flows import ExecutionExists, OwnershipLost, start
 
+    refused = _foreign_start(flow, input, execution_id, meta)
+    if refused is not None:
+        log.warning("refused execution=%s flow=%s: %s", execution_id, flow, refused)
+        return {"execution_id": execution_id, "status": "refused", "duplicate": True, "error": refused}
     began = time.monotonic()
     # A fresh start bootstraps at fence token 1 (journal/flows/runtime.py).
     log.info("start execution=%s flow=%s fence=1 (queued)", execution_id, flow)
@@ -52,6 +65,7 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     except ExecutionExists as exists:
         log.info("duplicate execution=%s flow=%s: already %s, nothing to do", exists.execution_id, flow,
                  exists.status)
+        release_reservation(execution_id)
         return {"execution_id": exists.execution_id, "status": exists.status, "duplicate": True}
     except OwnershipLost as lost:
         log.warning("halted execution=%s flow=%s fence=1 duration=%.3fs: %s", execution_id, flow,
@@ -62,6 +76,7 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
                       time.monotonic() - began)
         raise
     duration = time.monotonic() - began
+    release_reservation(outcome.execution_id)
     if outcome.status == "failed":
         log.warning("failed execution=%s flow=%s fence=1 duration=%.3fs error=%s", outcome.execution_id, flow,
                     duration, outcome.error)
@@ -75,13 +90,14 @@ def enqueue_start(flow: str, input: Any, execution_id: str | None = None, meta: 
     """Queue a start for the worker cluster; returns the execution id (minted here when not given).
 
     The flow, the input and the id are checked now (UnknownFlow, InvalidInput), so a bad start is
-    refused to the caller instead of failing later in a worker."""
-    from django_q.tasks import async_task
+    refused to the caller instead of failing later in a worker. The id is reserved with the task
+    (reserve_and_enqueue): a repeat of the same start queues nothing more; the id already reserved
+    by a start with another flow, input or starter is ExecutionExists."""
     from ulid import ULID
 
     from journal.envelopes import check_new_stream_id
     from journal.exceptions import InvalidStream
-    from journal.flows import InvalidInput
+    from journal.flows import ExecutionExists, InvalidInput
     from journal.flows.registry import get_flow
 
     definition = get_flow(flow)
@@ -93,9 +109,120 @@ def enqueue_start(flow: str, input: Any, execution_id: str | None = None, meta: 
             check_new_stream_id(execution_id)
         except InvalidStream as exc:
             raise InvalidInput(str(exc)) from None
-    async_task("leases.tasks.run_start", definition.name, stored, execution_id, meta,
-               task_name=f"start {definition.name} {execution_id}"[:100], q_options={"timeout": -1})
-    return execution_id
+    existing = reserve_and_enqueue(definition.name, stored, execution_id, meta)
+    if existing is not None and not existing.begun and not existing.same_request:
+        raise ExecutionExists(execution_id, "queued", existing.flow)
+    return execution_id  # a repeat of a queued or begun start queues nothing more
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """The reservation (or execution) an enqueue found instead of making its own (nothing was queued)."""
+
+    flow: str
+    started_by: str
+    same_request: bool  # same flow, input and starter: a repeat of the start that reserved the id
+    begun: bool = False  # the execution exists (its header): ask it, not the reservation
+
+
+class _Begun(Exception):
+    """Rolls back a reservation made for an id whose execution began meanwhile."""
+
+
+def input_hash(stored: Any) -> str:
+    """SHA-256 of the stored input as canonical JSON: what a repeat of a start must match."""
+    text = json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _starter(meta: dict | None) -> str:
+    value = (meta or {}).get("started_by") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def reserve_and_enqueue(flow: str, stored: Any, execution_id: str, meta: dict | None = None) -> Reserved | None:
+    """Reserve `execution_id` and queue its start in one transaction; None when queued, else the
+    reservation (or execution) that already holds the id, and nothing is queued.
+
+    The reservation row and django-q2's ORM-queue row commit together (same database alias), so a
+    start is never queued without its reservation nor reserved without its task. The insert is the
+    ORM's get_or_create (INSERT, and on a primary-key conflict a read of the row that won): two
+    concurrent starts of one id cannot both be queued."""
+    from django.db import IntegrityError
+    from django_q.conf import Conf
+    from django_q.tasks import async_task
+
+    from journal.flows import ExecutionExists
+    from journal.flows.writer import header_status
+    from leases.models import StartReservation
+
+    alias = router.db_for_write(StartReservation)
+    digest, starter = input_hash(stored), _starter(meta)
+    task = ("leases.tasks.run_start", flow, stored, execution_id, meta)
+    options = {"task_name": f"start {flow} {execution_id}"[:100], "q_options": {"timeout": -1}}
+    try:
+        with transaction.atomic(using=alias):
+            row, created = StartReservation.objects.using(alias).get_or_create(
+                execution_id=execution_id, defaults={"flow": flow, "input_hash": digest, "started_by": starter})
+            if not created:
+                return Reserved(row.flow, row.started_by,
+                                (row.flow, row.input_hash, row.started_by) == (flow, digest, starter))
+            # A worker deletes a reservation only after the execution's header committed: an insert
+            # that won a free id re-reads the header so that it does not reserve a begun execution.
+            if header_status(execution_id) is not None:
+                raise _Begun
+            if not Conf.SYNC:
+                async_task(*task, **options)
+    except _Begun:
+        return Reserved(flow, "", False, begun=True)
+    except IntegrityError:  # pragma: no cover - get_or_create re-reads a row another insert won
+        raise ExecutionExists(execution_id, "queued", flow) from None
+    if Conf.SYNC:  # django-q2's sync mode runs the task inside async_task: after the reservation committed
+        async_task(*task, **options)
+    return None
+
+
+def _foreign_start(flow: str, stored: Any, execution_id: str | None, meta: dict | None) -> str | None:
+    """Why this delivered start is not the one its id was reserved for, or None (run it).
+
+    A task queued before reservations existed, or whose execution already began (the reservation
+    is gone), has none: it runs, and start() finds an existing execution (ExecutionExists)."""
+    from leases.models import StartReservation
+
+    if execution_id is None:
+        return None
+    row = StartReservation.objects.filter(execution_id=execution_id).first()
+    if row is None:
+        return None
+    if (row.flow, row.input_hash, row.started_by) != (flow, input_hash(stored), _starter(meta)):
+        return (f"the id is reserved by another start (flow {row.flow}, started by {row.started_by or 'code'}); "
+                "this delivery is not that start and does nothing")
+    return None
+
+
+def reservation(execution_id: str):
+    """The reservation of a queued start that has not begun (flow, started_by, created_at), or None."""
+    from leases.models import StartReservation
+
+    return StartReservation.objects.filter(execution_id=execution_id).first()
+
+
+def release_reservation(execution_id: str | None) -> None:
+    """Delete the reservation of an execution that now exists (its header holds the id from now on)."""
+    from leases.models import StartReservation
+
+    if execution_id is not None:
+        StartReservation.objects.filter(execution_id=execution_id).delete()
+
+
+def prune_reservations() -> int:
+    """Delete the reservations whose execution exists (a worker died between the execution's first
+    write and its release_reservation); the number deleted. Run by the minute backstop."""
+    from journal.models import Execution
+    from leases.models import StartReservation
+
+    begun = Execution.objects.filter(pk=OuterRef("execution_id"))
+    return StartReservation.objects.filter(Exists(begun)).delete()[0]
 
 
 def recovery_sweep() -> int:
@@ -105,6 +232,7 @@ def recovery_sweep() -> int:
     for execution_id, _token in taken.taken:
         resume_one(execution_id, taken.flow_of.get(execution_id, "?"))
     prune_workers()
+    prune_reservations()
     return len(taken.taken)
 
 

@@ -49,8 +49,10 @@ class Principal:
     def may_use(self, flow: str) -> bool:
         return any(fnmatch.fnmatchcase(flow, pattern) for pattern in self.flows)
 
-    def may_read(self, started_by: str | None) -> bool:
-        return self.read_all or started_by == self.name
+    def may_read(self, started_by: str | None, flow: str) -> bool:
+        """Read (and retry) an execution: only of a flow this token may use, and, with "read": "own",
+        only one it started."""
+        return self.may_use(flow) and (self.read_all or started_by == self.name)
 
 
 ANONYMOUS = Principal("anonymous")
@@ -104,7 +106,12 @@ def token_entries() -> list[TokenEntry]:
             raw = conf.get("LOOM_API_TOKENS")  # comma-separated plain tokens
     if isinstance(raw, dict) or not isinstance(raw, (list, tuple)):
         raise TokenConfigError("LOOM_API_TOKENS is a list of tokens (strings or objects)")
-    return [_entry(item) for item in raw]
+    entries = [_entry(item) for item in raw]
+    names = [entry.principal.name for entry in entries]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:  # "read": "own" matches executions by the starter's name: two tokens would share them
+        raise TokenConfigError(f"LOOM_API_TOKENS names {twice} more than once; each token needs its own name")
+    return entries
 
 
 def authenticate(request) -> Principal:

@@ -41,3 +41,27 @@ def check_api_auth(app_configs=None, **kwargs) -> list:
                         "shorter than 16 characters", hint="Use long random tokens (secrets.token_urlsafe()).",
                         id="loomapi.W003")]
     return []
+
+
+@register(deploy=True)
+def check_aggregate_namespaces(app_configs=None, **kwargs) -> list:
+    """The API refuses a start whose id is in a declared aggregate state's stream namespace
+    (views.refuse_aggregate_namespace), which it can do only for states with a prefix that it imports.
+    (Any stream that exists and is not an execution is refused as well, whatever declared it.)"""
+    from journal.aggregates.declarations import states
+
+    modules = tuple(conf.get_safe("LOOM_AGGREGATE_MODULES", []) or ())
+    found = []
+    for state in states().values():
+        if not state.prefix:
+            found.append(Warning(
+                f"aggregate state {state.name} has an empty stream prefix: every execution id is also one of its "
+                "stream ids, and the HTTP API cannot refuse a start that would take an aggregate's stream",
+                hint="Give the state a prefix (the default is '<name>-').", id="loomapi.W004"))
+        module = getattr(state.schema, "__module__", "")
+        if not any(module == m or module.startswith(m + ".") for m in modules):
+            found.append(Warning(
+                f"aggregate state {state.name} (schema in {module}) is not under LOOM_AGGREGATE_MODULES: a serve_api "
+                "process that does not import it cannot refuse execution ids in its stream namespace",
+                hint="List the module that declares it in LOOM_AGGREGATE_MODULES.", id="loomapi.W005"))
+    return found

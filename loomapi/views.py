@@ -14,10 +14,12 @@ LOOM_API_CALL_TIMEOUT (loomapi/calls.py).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -139,7 +141,7 @@ def start_execution(request, name: str):
     `?wait=<seconds>` (at most LOOM_API_MAX_WAIT) waits for the outcome: 201 with it when the
     execution settled in time, else the same 202.
     """
-    from leases.tasks import enqueue_start
+    from leases.tasks import reserve_and_enqueue
 
     body = start_body(read_json(request))
     wait = wait_seconds(request)
@@ -158,13 +160,20 @@ def start_execution(request, name: str):
                                        "choose another execution_id")
     current = trace.current()
     meta = {"started_by": principal.name, "trace_id": current.trace_id, "span_id": current.span_id}
-    enqueue_start(flow.name, value, execution_id=execution_id, meta=meta)
+    # The id is reserved with the queued task, in one transaction (leases.tasks): a second start of
+    # it, before or after a worker began the first, is answered from the reservation or the execution.
+    found = reserve_and_enqueue(flow.name, stored, execution_id, meta)
+    if found is not None and found.begun:
+        return _existing(principal, flow.name, execution_id, header_status(execution_id), stored, wait)
+    if found is not None:
+        return _reserved(principal, flow.name, execution_id, found, wait)
     logger.info("queued start of flow %s as execution %s by %s (trace %s)", flow.name, execution_id,
                 principal.name, current.trace_id)
     location = {"Location": _location(execution_id)}
     status = "queued"
-    if wait:
-        header = _wait_settled(execution_id, wait)
+    if wait and (waiting := waiter()):
+        with waiting:
+            header = _wait_settled(execution_id, wait)
         if header is not None:
             status, _, result, error = header
             return json_response({"execution_id": execution_id, "flow": flow.name, "status": status,
@@ -182,7 +191,7 @@ def _existing(principal: Principal, flow: str, execution_id: str, header: tuple,
     `wait` seconds for it to settle), else 409."""
     existing_flow = header[1]
     started = _started_payload(execution_id)
-    if not principal.may_read(_started_by(started)):
+    if not principal.may_read(_started_by(started), existing_flow):
         raise errors.ExecutionConflict(f"execution {execution_id!r} already exists; choose a new execution_id")
     if existing_flow != flow:
         raise errors.ExecutionConflict(
@@ -192,12 +201,68 @@ def _existing(principal: Principal, flow: str, execution_id: str, header: tuple,
         raise errors.ExecutionConflict(
             f"execution {execution_id!r} already exists with a different input; "
             "choose a new execution_id for a new execution")
-    if wait and header[0] not in TERMINAL:
-        header = _wait_settled(execution_id, wait) or header_status(execution_id) or header
+    if wait and header[0] not in TERMINAL and (waiting := waiter()):
+        with waiting:
+            header = _wait_settled(execution_id, wait) or header_status(execution_id) or header
     status, _, result, error = header
     existing = {"execution_id": execution_id, "flow": existing_flow, "status": status, "result": result,
                 "error": error or None, "created": False}
     return json_response(existing, status=200, headers={"Location": _location(execution_id)})
+
+
+def _reserved(principal: Principal, flow: str, execution_id: str, found, wait: float) -> HttpResponse:
+    """A start of an id reserved by a queued start that has not begun: 200 `queued` (created false)
+    if it is the same request again, else 409, as for an existing execution."""
+    if not principal.may_read(found.started_by or None, found.flow):
+        raise errors.ExecutionConflict(f"execution {execution_id!r} already exists; choose a new execution_id")
+    if found.flow != flow:
+        raise errors.ExecutionConflict(
+            f"execution {execution_id!r} already exists for flow {found.flow!r}, not {flow!r}")
+    if not found.same_request:
+        raise errors.ExecutionConflict(
+            f"execution {execution_id!r} is already queued with a different input; "
+            "choose a new execution_id for a new execution")
+    header = header_status(execution_id)
+    if header is not None:  # a worker began it meanwhile
+        return _existing(principal, flow, execution_id, header, _started_payload(execution_id).get("input"), wait)
+    return json_response({"execution_id": execution_id, "flow": flow, "status": "queued", "result": None,
+                          "error": None, "created": False}, status=200, headers={"Location": _location(execution_id)})
+
+
+_waiters: threading.BoundedSemaphore | None = None
+_waiters_made = False
+
+
+def waiter() -> threading.BoundedSemaphore | contextlib.nullcontext | None:
+    """A slot to wait in (`?wait=`), or None: wait no longer than it takes to answer.
+
+    In a serve_api worker, at most `--threads` - 1 requests of a process wait at once, so one
+    thread is always free for health, status and other requests (a worker accepts connections
+    for all its threads, so a busy process still takes new requests and would queue them behind
+    the waiters); with one thread, nobody waits. Elsewhere (the test client, runserver): no cap."""
+    global _waiters, _waiters_made
+    from loomapi import worker
+
+    if worker._current is None:
+        return contextlib.nullcontext()
+    if not _waiters_made:
+        _waiters_made = True
+        slots = int(worker._current.cfg.threads) - 1
+        _waiters = threading.BoundedSemaphore(slots) if slots > 0 else None
+    if _waiters is None or not _waiters.acquire(blocking=False):
+        return None
+    return _Slot(_waiters)
+
+
+class _Slot:
+    def __init__(self, semaphore: threading.BoundedSemaphore):
+        self.semaphore = semaphore
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        self.semaphore.release()
 
 
 def _wait_settled(execution_id: str, seconds: float) -> tuple | None:
@@ -222,8 +287,26 @@ def execution(request, execution_id: str):
 
 
 def _describe(request, execution_id: str) -> HttpResponse:
+    queued = _queued(request.loom_principal, execution_id)
+    if queued is not None:
+        return queued
     _readable_header(request.loom_principal, execution_id)
     return json_response(describe(execution_id))
+
+
+def _queued(principal: Principal, execution_id: str) -> HttpResponse | None:
+    """202 `queued` for an id a start reserved that no worker began yet (it has no events); None
+    when there is no such reservation or this token may not read it (then the usual 404)."""
+    from leases.tasks import reservation
+
+    if stored_id_problem(execution_id) is not None or header_status(execution_id) is not None:
+        return None
+    row = reservation(execution_id)
+    if row is None or not principal.may_read(row.started_by or None, row.flow):
+        return None
+    return json_response({"execution_id": execution_id, "flow": row.flow, "status": "queued", "input": None,
+                          "result": None, "error": None, "created_at": row.created_at, "events": []},
+                         status=202, headers={"Location": _location(execution_id)})
 
 
 @api_view("POST", "GET")
@@ -292,7 +375,7 @@ def _readable_header(principal: Principal, execution_id: str) -> tuple:
     if problem is not None:
         raise errors.UnknownExecutionError(f"execution {ascii(execution_id)[:80]} does not exist: {problem}")
     header = header_status(execution_id)
-    if header is None or not principal.may_read(_started_by(_started_payload(execution_id))):
+    if header is None or not principal.may_read(_started_by(_started_payload(execution_id)), header[1]):
         raise errors.UnknownExecutionError(f"execution {execution_id!r} does not exist")
     return header
 

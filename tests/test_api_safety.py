@@ -327,3 +327,24 @@ def test_chunk_data_that_looks_like_the_last_chunk_is_not_taken_for_it():
     body = b"7\r\n\r\n0\r\n\r\n\r\n"  # a 7-byte chunk whose data is "\r\n0\r\n\r\n"
     assert complete(HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + body, limit=1000) is False
     assert complete(HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n", limit=1000) is True
+
+
+def test_aggregate_states_the_api_cannot_guard_are_deploy_check_warnings(settings, monkeypatch):
+    """refuse_aggregate_namespace skips a state with prefix '' and cannot see a state that the API process
+    does not import (not under LOOM_AGGREGATE_MODULES): both were silent before."""
+    from django.core.checks import run_checks
+
+    from journal.aggregates import declarations
+
+    monkeypatch.setattr(declarations, "_states", {})
+
+    class Bare(BaseModel):
+        n: int = 0
+
+    State("tests.api_safety.Bare", Bare, prefix="")
+    settings.LOOM_AGGREGATE_MODULES = []
+    found = {m.id for m in run_checks(include_deployment_checks=True) if (m.id or "").startswith("loomapi.W00")}
+    assert {"loomapi.W004", "loomapi.W005"} <= found, found
+    settings.LOOM_AGGREGATE_MODULES = ["tests.test_api_safety"]
+    found = {m.id for m in run_checks(include_deployment_checks=True) if (m.id or "").startswith("loomapi.W00")}
+    assert "loomapi.W005" not in found and "loomapi.W004" in found

@@ -249,7 +249,7 @@ def test_a_durable_start_runs_on_a_worker_while_the_api_stays_responsive(child_e
     """A long flow: its POST is answered 202 at once, health and status answer while it runs, and
     the execution completes on the loom_worker, with the caller's trace id recorded."""
     env = server_env(child_env, LOOM_Q_WORKERS="1")
-    server = servers(env)
+    server = servers(env, 1, "--threads", "2")  # a thread to wait in (?wait=) and one always free
     worker = subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--id", "api-test"], env=env, cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     gate = tmp_path / "gate"
@@ -294,3 +294,45 @@ def test_a_durable_start_runs_on_a_worker_while_the_api_stays_responsive(child_e
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
+
+
+def test_waiting_starts_never_take_the_last_request_thread(child_env, servers):
+    """Reported: two POST ...?wait=10 with no worker running held both threads and /api/health waited
+    for them. At most threads - 1 requests of a process wait; a start beyond that is answered 202 at once."""
+    import threading
+
+    server = servers(server_env(child_env), 1, "--threads", "2")
+    first: dict = {}
+
+    def wait_long() -> None:
+        conn = server.connection(timeout=120)
+        first["answer"] = request(conn, "POST", "/api/flows/calc.add/executions?wait=30",
+                                  {"input": {"a": 1, "b": 2}, "execution_id": "waits-1"})
+        conn.close()
+
+    waiting = threading.Thread(target=wait_long)
+    waiting.start()
+    try:
+        conn = server.connection(timeout=120)
+        while request(conn, "GET", "/api/executions/waits-1")[0] != 202:  # queued: its request is waiting now
+            assert waiting.is_alive(), first
+            time.sleep(0.05)
+        status, body, _ = request(conn, "POST", "/api/flows/calc.add/executions?wait=30",
+                                  {"input": {"a": 1, "b": 2}, "execution_id": "waits-2"})
+        assert (status, body["status"], body["created"]) == (202, "queued", True)
+        assert request(conn, "GET", "/api/health")[0] == 200
+        assert waiting.is_alive(), "the first start should still be waiting (no worker runs it)"
+        conn.close()
+    finally:
+        waiting.join(timeout=60)
+    assert first["answer"][0] == 202  # nothing ran it: the same 202 after its wait
+
+
+def test_with_one_request_thread_a_start_does_not_wait(child_env, servers):
+    server = servers(server_env(child_env))
+    conn = server.connection(timeout=120)
+    status, body, _ = request(conn, "POST", "/api/flows/calc.add/executions?wait=30",
+                              {"input": {"a": 1, "b": 2}, "execution_id": "nowait"})
+    assert (status, body["status"]) == (202, "queued")
+    assert request(conn, "GET", "/api/health")[0] == 200
+    conn.close()

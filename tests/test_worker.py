@@ -224,3 +224,21 @@ def test_a_django_q2_child_of_a_loom_worker_has_its_own_id_and_role(monkeypatch,
     assert child_id.startswith("named-main/")
     LeaseKeeper(child_id, autostart=False).register()
     assert Worker.objects.get(id=child_id).role == "django-q2 child"
+
+
+def test_the_broker_checks_warn_of_redis_at_most_once_delivery_and_of_max_attempts(settings):
+    """A start that raised (a database restart, a worker without the flow) was acknowledged after one failure
+    with max_attempts 1 and lost; Redis never acknowledges, so a start taken by a dying worker is lost."""
+    settings.LOOM_LEASE_TTL = 30.0
+    settings.Q_CLUSTER = {"name": "x", "orm": "default", "timeout": 30, "retry": 40, "max_attempts": 0}
+    assert not {"loom.W114", "loom.W115"} & set(loom_checks())
+    settings.Q_CLUSTER = {"name": "x", "orm": "default", "timeout": 30, "retry": 40, "max_attempts": 1}
+    assert "loom.W115" in loom_checks()
+    settings.Q_CLUSTER = {"name": "x", "redis": "redis://127.0.0.1:6379/0", "timeout": 30, "retry": 40}
+    assert "loom.W114" in loom_checks()
+
+
+def test_the_demo_site_never_acknowledges_a_failed_queued_start():
+    from loomsite import settings as site
+
+    assert site.Q_CLUSTER["max_attempts"] == 0

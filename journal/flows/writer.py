@@ -62,6 +62,11 @@ class RunHandle:
     lease: InlineLease | None = None
 
 
+def _input_json(value: Any) -> str:
+    """The header's input: JSON null is 'null' (the column is NOT NULL; a flow without input_model takes null)."""
+    return jsonvalues.dumps(value, "execution input")
+
+
 def _json(value: Any) -> str | None:
     """The header's JSON text, by the same boundary as payloads (a float reads back as a float on jsonb)."""
     return None if value is None else jsonvalues.dumps(value, "execution header value")
@@ -94,11 +99,11 @@ def _bootstrap(run: RunHandle, envelopes: list[Envelope], settle: Settle | None)
         with transaction.atomic(using=store.alias):
             token, _ = store.open_stream(item)
             with store.connection.cursor() as cursor:
-                cursor.execute(sql.SQLITE_HEADER_INSERT, [run.execution_id, run.flow, status, _json(run.input), result,
+                cursor.execute(sql.SQLITE_HEADER_INSERT, [run.execution_id, run.flow, status, _input_json(run.input), result,
                                                           error, now, now, now if settle else None])
         return token
     lease = run.lease if run.companion is not None else None
-    boot = _Boot(item, store.encode([item])[0], run.flow, status, _json(run.input), result, error, settle is not None,
+    boot = _Boot(item, store.encode([item])[0], run.flow, status, _input_json(run.input), result, error, settle is not None,
                  run.companion if lease else None, lease.owner if lease else None, lease.ttl if lease else None)
     if coalesce.enabled():  # merged with other executions' bootstraps (BOOTSTRAP below)
         return coalesce.submit(BOOTSTRAP, run.execution_id, boot, store.alias)
