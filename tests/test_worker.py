@@ -242,3 +242,39 @@ def test_the_demo_site_never_acknowledges_a_failed_queued_start():
     from loomsite import settings as site
 
     assert site.Q_CLUSTER["max_attempts"] == 0
+
+
+@pytest.mark.parametrize("max_attempts, kept", [(None, True), (1, False)], ids=["as-configured", "one-attempt"])
+def test_a_queued_start_that_raised_stays_in_the_orm_queue_for_another_worker(monkeypatch, max_attempts, kept):
+    """django-q2's monitor, on a real ORM-broker task whose run raised UnknownFlow (a worker deployed
+    without the flow): with the site's max_attempts (0) the task is not acknowledged, so the broker
+    delivers it again after `retry`; with max_attempts 1 (the old setting) it was acknowledged and lost."""
+    import queue
+
+    from django.utils import timezone
+    from django_q.brokers import get_broker
+    from django_q.conf import Conf
+    from django_q.models import OrmQ
+    from django_q.monitor import monitor
+    from django_q.signing import SignedPackage
+
+    from journal.flows import UnknownFlow
+    from leases.tasks import enqueue_start, run_start
+
+    if max_attempts is not None:
+        monkeypatch.setattr(Conf, "MAX_ATTEMPTS", max_attempts)
+    assert (0 if max_attempts is None else max_attempts) == Conf.MAX_ATTEMPTS
+    enqueue_start("calc.add", {"a": 1, "b": 2}, execution_id="raised-1")
+    broker = get_broker()
+    [(ack_id, payload)] = broker.dequeue()
+    task = SignedPackage.loads(payload)
+    monkeypatch.setattr("journal.flows.registry._REGISTRY", {})  # this worker lacks the flow
+    task["started"] = timezone.now()
+    with pytest.raises(UnknownFlow) as raised:
+        run_start(*task["args"], **task["kwargs"])
+    task.update(result=str(raised.value), success=False, stopped=timezone.now(), ack_id=ack_id)
+    results: queue.Queue = queue.Queue()
+    results.put(task)
+    results.put("STOP")
+    monitor(results, broker)
+    assert OrmQ.objects.filter(pk=ack_id).exists() is kept
