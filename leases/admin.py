@@ -16,6 +16,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+import leases.admin_q  # noqa: F401  (django-q2's task pages, their resubmit action behind a permission)
 from journal.admin_base import ReadOnlyAdmin, ReadOnlyInline, add_execution_panel
 from leases import conf
 from leases.models import Lease, RecoveryView, Worker
