@@ -61,3 +61,15 @@ def test_resubmitting_needs_change_and_for_a_failure_delete(client):
     staff(client, "django_q", "view_failure", "change_failure", "delete_failure")
     resubmit(client, Failure, failed)
     assert OrmQ.objects.count() == queued + 2 and not Task.objects.filter(pk=failed.pk).exists()
+
+
+@pytest.mark.parametrize("model", [Success, Failure])
+@pytest.mark.parametrize("query", ["group=%00", "q=a%00b", "started__year=99999999999"])
+def test_a_hostile_filter_on_the_task_pages_is_refused_without_the_sites_middleware(admin_client, settings, model,
+                                                                                    query):
+    """Like every Loom list page: "?e=1", not a 500 (PostgreSQL refuses NUL in text), in a host project too."""
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != "loomsite.middleware.HostileQueryMiddleware"]
+    finished_task(success=model is Success)
+    url = reverse(f"admin:django_q_{model._meta.model_name}_changelist")
+    response = admin_client.get(f"{url}?{query}")
+    assert response.status_code == 302 and response["Location"] == f"{url}?e=1"
