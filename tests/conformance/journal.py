@@ -18,6 +18,7 @@ from journal.exceptions import (
     StreamExists,
     UnknownStream,
 )
+from journal.models import Execution
 from tests.conformance import StoreContract
 
 
@@ -25,8 +26,8 @@ def item(stream_id: str, *types: str, fence_token: int | None = None, expected_s
     return AppendItem(stream_id, tuple(Envelope(t, {"t": t}) for t in types), fence_token, expected_seq)
 
 
-class JournalStoreContract(StoreContract):
-    """What every journal backend does (journal.store.base.JournalStore)."""
+class AppendsContract(StoreContract):
+    """The log itself (journal.store.base.JournalStore): opens, guarded appends, fences, reads, snapshots."""
 
     pytestmark = pytest.mark.django_db
 
@@ -225,3 +226,81 @@ class JournalStoreContract(StoreContract):
         store = self.make_store()
         seqs = [e.seq for e in store.read("hot")]
         assert seqs == list(range(len(written))) and sorted(r.first_seq for r in written) == seqs
+
+
+def execution(store, eid: str, *types: str) -> None:
+    """A running execution as the flows leave it: its stream opened (fence 1) and its header row."""
+    store.open_stream(item(eid, *types))
+    Execution.objects.create(id=eid, flow="conformance.flow")
+
+
+class ForOtherAppsContract:
+    """The journal's statements other apps' stores call (fences, recovery counts, event reads) and the
+    benchmarks' counts and clean-up; mixed into JournalStoreContract."""
+
+    covers = {
+        "_advance_fences": "advance_fences", "advance_fences": "advance_fences", "read_after": "read_after",
+        "mark_recovered": "mark_recovered", "mark_stuck": "mark_stuck", "scan_events": "scan_events",
+        "last_event_id": "last_event_id", "count_events": "count_events",
+        "count_gapped_streams": "count_gapped_streams", "events_per_stream": "events_per_stream",
+        "count_executions": "count_executions", "delete_streams": "delete_streams",
+        "delete_executions": "delete_executions",
+    }
+
+    def test_advance_fences_bumps_every_fenced_stream_and_skips_the_others(self, store):
+        for eid in ("b", "a"):
+            store.open_stream(item(eid, "Started"))
+        store.append_batch([item("plain", "E")])
+        with transaction.atomic():
+            assert store.advance_fences(["b", "a", "plain", "nowhere"]) == [("a", 2), ("b", 2)]
+        assert store.advance_fences([]) == []
+        with pytest.raises(StaleFence):
+            store.append_batch([item("a", "Late", fence_token=1)])
+
+    def test_recoveries_are_counted_and_a_given_up_execution_is_stuck(self, store):
+        for eid in ("a", "b"):
+            execution(store, eid, "EXECUTION_STARTED")
+        assert store.mark_recovered(["a", "b", "nowhere"]) == 2
+        assert store.mark_recovered(["a"]) == 1
+        assert store.mark_stuck(["a"]) == 1
+        a = Execution.objects.get(id="a")
+        assert (a.status, a.recoveries) == ("stuck", 2) and "2 attempts" in a.error
+        assert Execution.objects.get(id="b").status == "running"
+        assert store.mark_recovered([]) == store.mark_stuck([]) == 0
+
+    def test_scan_events_pages_the_global_order_and_last_event_id_is_its_end(self, store):
+        assert store.last_event_id() == 0 or store.scan_events(store.last_event_id(), 10) == []
+        before = store.last_event_id()
+        store.append_batch([item("a", "A0", "A1")])
+        store.append_batch([item("b", "B0")])
+        scanned = store.scan_events(before, 10)
+        assert [tuple(r[1:]) for r in scanned] == [("a", 0, "A0"), ("a", 1, "A1"), ("b", 0, "B0")]
+        assert store.last_event_id() == scanned[-1][0]
+        assert [r[0] for r in store.scan_events(scanned[0][0], 1)] == [scanned[1][0]]
+
+    def test_read_after_reads_each_pair_from_its_own_seq(self, store):
+        store.append_batch([item("a", "A0", "A1", "A2", "A3")])
+        store.append_batch([item("b", "B0")])
+        found = store.read_after([("a", -1), ("a", 1), ("b", 0), ("a", 1)], 2)
+        assert [e.seq for e in found[("a", -1)]] == [0, 1]
+        assert [e.seq for e in found[("a", 1)]] == [2, 3]
+        assert found[("b", 0)] == [] and found[("a", 1)][0].payload == {"t": "A2"}
+        assert store.read_after([], 5) == {}
+
+    def test_the_benchmarks_counts_and_clean_up_see_only_their_prefix(self, store):
+        execution(store, "bench-1", "S", "T")
+        execution(store, "bench-2", "S")
+        store.append_batch([item("keep", "E")])
+        assert store.count_events("bench-") == 3 and store.count_gapped_streams("bench-") == 0
+        assert tuple(store.events_per_stream("bench-")) == (2, 1, 2)
+        assert store.count_executions("bench-", "running") == 2
+        store.delete_streams(prefix="bench-")
+        store.delete_executions(ids=["bench-1"])
+        assert store.count_events("bench-") == 0 and store.current_fence("bench-1") is None
+        assert store.count_executions("bench-", "running") == 1 and store.tip("keep") == 0
+
+
+class JournalStoreContract(AppendsContract, ForOtherAppsContract):
+    """What every journal backend does (journal.store.base.JournalStore): the parts above."""
+
+    covers = {**AppendsContract.covers, **ForOtherAppsContract.covers}

@@ -43,6 +43,7 @@ class LeaseStoreContract(StoreContract):
         "acquire_many": "acquire_many", "renew_many": "renew_many", "release_many": "release_many",
         "expire_many": "expire_many", "takeover": "takeover", "touch_worker": "touch_worker",
         "prune_workers": "prune_workers", "stop_worker": "stop_worker",
+        "count_leases": "count_leases", "delete_leases": "delete_leases",
     }
 
     # -- acquire --------------------------------------------------------------------------------
@@ -187,3 +188,12 @@ class LeaseStoreContract(StoreContract):
         assert store.prune_workers(LONG) == 0
         assert store.prune_workers(-60.0) == 1
         assert list(Worker.objects.values_list("id", flat=True)) == ["holding"]
+
+    # -- benchmarks and tests -------------------------------------------------------------------
+    def test_the_benchmarks_count_and_delete_only_the_leases_under_their_prefix(self, store):
+        for eid in ("bench-1", "bench-2", "keep"):
+            running(eid)
+        store.acquire_many("a", [("bench-1", 1), ("bench-2", 1), ("keep", 1)], TTL)
+        assert store.count_leases("bench-") == 2
+        assert store.delete_leases("bench-") == 2
+        assert store.count_leases("bench-") == 0 and holder("keep") == ("a", 1)

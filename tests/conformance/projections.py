@@ -41,7 +41,7 @@ class ProjectionStoreContract(StoreContract):
         "try_correlate_lock": "try_correlate_lock", "checkpoints": "checkpoints",
         "save_checkpoints": "save_checkpoints", "scan": "scan", "bump": "bump", "sync_consumer": "sync_consumer",
         "claim": "claim", "read": "read", "ack": "ack", "fail": "fail", "release": "release",
-        "unblock": "unblock", "reset": "reset",
+        "unblock": "unblock", "reset": "reset", "insert_caught_up": "insert_caught_up",
     }
 
     def subscribe(self, store, consumer: str, stream: str, tip: int, lane: str = "default", priority: int = 0):
@@ -249,3 +249,12 @@ class ProjectionStoreContract(StoreContract):
         assert store.ack([(in_flight, 3)], "w") == set()
         assert sub("c", "s").at == -1 and sub("other", "s").at == -1
         assert [c.at for c in store.claim("default", ["c"], "w", 10, LEASE)] == [-1]
+
+    # -- benchmarks and tests -------------------------------------------------------------------
+    def test_insert_caught_up_writes_rows_as_given_and_only_those_behind_are_claimed(self, store):
+        events("behind", 3)
+        store.insert_caught_up([("c", "done", "default", 0, 4, 4), ("c", "behind", "default", 2, 0, 2)])
+        assert (sub("c", "done").at, sub("c", "done").tip, sub("c", "done").lease) == (4, 4, 0)
+        claims = store.claim("default", ["c"], "w", 10, LEASE)
+        assert [(c.stream, c.at, c.tip) for c in claims] == [("behind", 0, 2)]
+        assert [e.seq for e in store.read(claims, 10)[claims[0].id]] == [1, 2]
