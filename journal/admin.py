@@ -25,7 +25,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.admin.utils import quote, unquote
 from django.db.models import Count, OuterRef, Subquery
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -34,6 +34,7 @@ from django.utils.html import format_html
 
 from journal.admin_base import ReadOnlyAdmin, SafeChangeList, panel_fields
 from journal.aggregates.admin import AggregateAdmin
+from journal.ids import stored_id_problem
 from journal.models import AggregateStream, Event, Execution, Fence, Snapshot
 from journal.timestamps import stamp
 
@@ -216,6 +217,8 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
 
     def _one(self, verb: str):
         def view(request, object_id):
+            if stored_id_problem(unquote(object_id)) is not None:  # NUL, lone surrogate: no such execution
+                raise Http404("no such execution")
             execution = get_object_or_404(Execution, pk=unquote(object_id))
             url = reverse("admin:journal_execution_change", args=[quote(execution.pk)])
             if not self.has_view_permission(request, execution) or not self.may(request, verb):
@@ -237,7 +240,14 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
 
         return view
 
+    def get_object(self, request, object_id, from_field=None):
+        """None (the admin's "does not exist") for an id the database cannot hold (NUL, lone surrogate)."""
+        if stored_id_problem(object_id) is not None:
+            return None
+        return super().get_object(request, object_id, from_field)
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
+        from journal.exceptions import InvalidStream
         from journal.flows import describe, ownership  # (the function; journal.flows loads it lazily)
         from journal.flows.errors import UnknownExecution
 
@@ -245,7 +255,7 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         extra_context = dict(extra_context or {})
         try:
             view = describe(execution_id)
-        except UnknownExecution:
+        except (UnknownExecution, InvalidStream):  # an id the database cannot hold is no execution either
             view = None
         if view is not None:
             for event in view["events"]:

@@ -18,6 +18,7 @@ from django.utils.html import format_html
 
 import leases.admin_q  # noqa: F401  (django-q2's task pages, their resubmit action behind a permission)
 from journal.admin_base import ReadOnlyAdmin, ReadOnlyInline, add_execution_panel
+from journal.ids import stored_id_problem
 from leases import conf
 from leases.models import Lease, RecoveryView, Worker
 
@@ -109,6 +110,12 @@ class RecoveryAdmin(ReadOnlyAdmin):
     fields = ("id", "flow", "status", "recoveries", "error", "lease_owner", "lease_token", "lease_renewed_at",
               "lease_expires_in", "created_at", "updated_at")
     readonly_fields = fields
+
+    def get_object(self, request, object_id, from_field=None):
+        """None (the admin's "does not exist") for an id the database cannot hold (NUL, lone surrogate)."""
+        if stored_id_problem(object_id) is not None:
+            return None
+        return super().get_object(request, object_id, from_field)
 
     def get_queryset(self, request):
         orphaned_before = timezone.now() - timedelta(seconds=conf.lease_grace() + conf.get("LOOM_LEASE_TTL"))
