@@ -4,8 +4,9 @@ finish them here.
 Every LOOM_RECOVERY_EVERY seconds a worker runs one takeover transaction (leases/store): the
 expired leases move to this worker and the fences advance atomically, so the former owners are
 refused from then on; executions recovered LOOM_RECOVERY_MAX_ATTEMPTS times already are marked
-stuck instead. Each taken execution is then resumed in a small thread pool (resume advances the
-fence once more and leases eagerly under this worker's id).
+stuck instead. Each taken execution is then resumed in a small thread pool, under the fence token
+the takeover obtained (resume(..., token=...): the fence advances once per recovery), leasing
+eagerly under this worker's id.
 
 The loop is a thread of the worker, not a django-q2 schedule: django-q2 schedules are
 minute-grained, and recovery must react within seconds of a TTL. leases.tasks.recovery_sweep is
@@ -62,15 +63,16 @@ def log_takeover(result: Takeover) -> None:
                  token)
 
 
-def resume_one(execution_id: str, flow: str = "?") -> None:
-    """Resume a taken-over execution in this process; failures are logged (the lease then
-    expires and the next sweep counts another attempt)."""
+def resume_one(execution_id: str, flow: str = "?", token: int | None = None) -> None:
+    """Resume a taken-over execution in this process, under the fence `token` its takeover advanced
+    to (None: resume advances it itself); failures are logged (the lease then expires and the next
+    sweep counts another attempt)."""
     from journal.flows import resume
 
     began = time.monotonic()
     log.info("recovering execution=%s flow=%s", execution_id, flow)
     try:
-        outcome = resume(execution_id)
+        outcome = resume(execution_id, token=token)
     except Exception as exc:
         log.warning("recovery halted execution=%s flow=%s duration=%.3fs: %s: %s", execution_id, flow,
                     time.monotonic() - began, type(exc).__name__, exc,
@@ -130,10 +132,10 @@ class RecoveryService:
                     connections.close_all()
                     continue
                 log_takeover(result)
-                for execution_id, _token in result.taken:
+                for execution_id, token in result.taken:
                     with self.lock:
                         self.inflight.add(execution_id)
-                    self.pool.submit(self._resume, execution_id, result.flow_of.get(execution_id, "?"))
+                    self.pool.submit(self._resume, execution_id, result.flow_of.get(execution_id, "?"), token)
                 if time.monotonic() >= self.prune_at:
                     self.prune_at = time.monotonic() + PRUNE_EVERY
                     try:
@@ -144,9 +146,9 @@ class RecoveryService:
         finally:
             connections.close_all()
 
-    def _resume(self, execution_id: str, flow: str) -> None:
+    def _resume(self, execution_id: str, flow: str, token: int) -> None:
         try:
-            resume_one(execution_id, flow)
+            resume_one(execution_id, flow, token)
         finally:
             with self.lock:
                 self.inflight.discard(execution_id)

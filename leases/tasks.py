@@ -229,8 +229,8 @@ def recovery_sweep() -> int:
     """One takeover sweep and the resumes, in this process (django-q2 schedule: every minute)."""
     taken = sweep(get_keeper().worker_id)
     log_takeover(taken)
-    for execution_id, _token in taken.taken:
-        resume_one(execution_id, taken.flow_of.get(execution_id, "?"))
+    for execution_id, token in taken.taken:
+        resume_one(execution_id, taken.flow_of.get(execution_id, "?"), token)
     prune_workers()
     prune_reservations()
     return len(taken.taken)

@@ -264,20 +264,22 @@ def no_ownership():
 
 def boot_request(execution_id: str) -> _Request:
     from journal.flows import writer
+    from journal.store.base import ExecutionBoot
 
     item = AppendItem.build(execution_id, [Envelope("EXECUTION_STARTED", {"input": {}}),
                                            Envelope("STEP_STARTED", {"step": "only", "pos": 0})])
-    boot = writer._Boot(item, store_for().encode([item])[0], "test.coalesce.one_step", "running", "{}", None, "",
-                        False)
+    boot = ExecutionBoot(item, store_for().encode([item])[0], "test.coalesce.one_step", "running", "{}", None, "",
+                         False)
     return _Request(writer.BOOTSTRAP, execution_id, boot)
 
 
 def settle_request(execution_id: str, token: int, tip: int) -> _Request:
     from journal.flows import writer
+    from journal.store.base import ExecutionSettle
 
     item = AppendItem.build(execution_id, [Envelope("EXECUTION_COMPLETED", {"result": 1})], token, tip)
     return _Request(writer.SETTLE, execution_id,
-                    writer._SettleRequest(item, store_for().encode([item])[0], "completed", "1", ""))
+                    ExecutionSettle(item, store_for().encode([item])[0], "completed", "1", ""))
 
 
 def headers(prefix: str) -> dict[str, str]:

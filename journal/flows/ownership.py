@@ -10,8 +10,8 @@ with `set_ownership(...)`; the default owns nothing and never loses.
 Inline leases (the bootstrap/settle companion, PostgreSQL; docs/flows.md "Extension point"): an
 ownership may also write its lease row INSIDE the run's bootstrap statement and delete it INSIDE
 its settle statement, so a short run pays no statement of its own for its lease. It does so by
-having an attribute `companion` (a `Companion`: the CTE texts, which journal/flows splices into
-its statements without knowing what they write) and a method `inline_lease()` (called right before
+having an attribute `companion` (a `Companion`: the CTE texts, which the journal store splices into
+the execution statements without knowing what they write) and a method `inline_lease()` (called right before
 a fresh start's bootstrap: an `InlineLease` to write with it, or None). begin() then receives that
 lease (`lease=`), and a claim whose lease row may be deleted by the settle says so with
 `settle_owner` (the owner id, or None); `end(released=True)` tells it the settle did.

@@ -218,6 +218,20 @@ def _take_over(execution_id: str, expected_fence: int | None = None) -> tuple[in
     return token, load_state(execution_id)
 
 
+def _adopt(execution_id: str, token: int) -> ExecutionState:
+    """The state under a fence token a takeover already obtained (the recovery sweep's): no second
+    advance. NotResumable if the fence moved on since (someone took the execution over after it)."""
+    from journal.models import Fence
+
+    current = Fence.objects.current(execution_id)
+    if current is None:
+        raise UnknownExecution(execution_id)
+    if current != token:
+        raise NotResumable(f"execution {execution_id!r} was taken over since fence {token} (now {current}); "
+                           f"nothing done")
+    return load_state(execution_id)
+
+
 def header_of(execution_id: str) -> tuple[str, str, Any, str]:
     """(status, flow, result, error) of an execution's header; UnknownExecution if it has none (a
     stream without a header, such as an aggregate's, is not an execution and is never fenced)."""
@@ -234,7 +248,8 @@ def check_not_live(execution_id: str) -> None:
         raise ExecutionBusy(execution_id, holder)
 
 
-def resume(execution_id: str, *, force: bool = False, expected_fence: int | None = None) -> Outcome:
+def resume(execution_id: str, *, force: bool = False, expected_fence: int | None = None,
+           token: int | None = None) -> Outcome:
     """Continue an execution whose owner died: take a new fence, replay the log, run the rest, in
     this thread (an operator hands it to a worker instead: journal.flows.hand_over).
 
@@ -244,7 +259,13 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
     anyway, and the run it fences off stops at its next step boundary, its in-flight step may run
     twice). A settled execution is not run again: its outcome is returned. NonDeterminism if the
     code asks for a different step than the log recorded (nothing is written then).
+
+    token (internal: the leases recovery sweep): the fence token its takeover already advanced to;
+    the run goes on under it instead of advancing the fence again, and NotResumable if the fence has
+    moved on since. The checks above run all the same.
     """
+    if token is not None and expected_fence is not None:
+        raise ValueError("resume() takes expected_fence (advance from it) or token (already advanced), not both")
     status, flow_name, _, _ = header_of(execution_id)
     if status in TERMINAL:
         state = load_state(execution_id)
@@ -253,7 +274,10 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
     definition = get_flow(flow_name)
     if not force:
         check_not_live(execution_id)
-    token, state = _take_over(execution_id, expected_fence)
+    if token is None:
+        token, state = _take_over(execution_id, expected_fence)
+    else:
+        state = _adopt(execution_id, token)
     if state.settled:
         return Outcome(execution_id, state.status, state.result, state.error or None)
     value, _ = definition.prepare(state.input, check_json=False)

@@ -12,6 +12,8 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
@@ -27,6 +29,9 @@ from journal.exceptions import (
     StreamExists,
     UnknownStream,
 )
+
+if TYPE_CHECKING:
+    from journal.flows.ownership import Companion
 
 # "Key (stream_id, seq)=(abc, 4) already exists." in both PostgreSQL's detail and our SQLite re-raise; the
 # message may carry it twice (psycopg puts DETAIL in str(exc) too), so the stream is matched lazily.
@@ -44,6 +49,56 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return self.fence_ok and (self.expected is None or self.expected == self.tip)
+
+
+# == executions (flows): the header row written WITH the log ========================================
+# The values the execution methods of JournalStore take (journal/flows/writer.py builds them in the
+# caller's thread: validated and encoded before any SQL, also when a coalescer's flush thread writes).
+
+
+@dataclass(slots=True)
+class ExecutionBoot:
+    """A fresh execution's bootstrap: its first events (sequence 0.., fence token 1) and its header."""
+
+    item: AppendItem
+    encoded: list[str]
+    flow: str
+    status: str
+    input: str | None  # JSON text (journal.jsonvalues), like result
+    result: str | None
+    error: str
+    finished: bool
+    # An ownership's companion CTEs (journal/flows/ownership.py) writing an inline lease in the same
+    # statement; only for a store with `one_statement_executions` (None: no lease written).
+    companion: Companion | None = None
+    lease_owner: str | None = None
+    lease_ttl: float | None = None
+
+
+@dataclass(slots=True)
+class ExecutionSettle:
+    """A run's settling append (fenced, at its expected tip) and its header's terminal state."""
+
+    item: AppendItem
+    encoded: list[str]
+    status: str
+    result: str | None  # JSON text
+    error: str
+    # The settle also deletes this owner's lease row at the item's fence token (companion CTEs; only
+    # for a store with `one_statement_executions`).
+    companion: Companion | None = None
+    lease_owner: str | None = None
+
+
+# -- execution_status --
+# The header of one execution, for the error path of a refused start and the status reads of
+# resume, cancel and the HTTP API. The same text on every backend.
+EXECUTION_STATUS = "SELECT status, flow, result, error FROM journal_execution WHERE id = %s"
+
+
+def stream_exists(stream_id: str) -> StreamExists:
+    """The refusal of a second bootstrap (or an open) of a stream that exists."""
+    return StreamExists(f"stream {stream_id} already exists (its sequence 0 is written)", [stream_id])
 
 
 class DatabaseBound:
@@ -89,6 +144,11 @@ class JournalStore(DatabaseBound, ABC):
             verdicts = self._append(items, encoded)
         except IntegrityError as exc:
             raise self.sequence_conflict(items, exc) from None
+        return self.appended(items, verdicts)
+
+    def appended(self, items: Sequence[AppendItem], verdicts: list[Verdict]) -> list[Appended]:
+        """THE verdict -> outcome translation of every guarded append (plain, or settling executions):
+        what each item was given, or the journal's exception if any guard failed (nothing written)."""
         if all(v.ok for v in verdicts):
             return [
                 Appended(item.stream_id, v.tip + 1, v.tip + len(item.envelopes))
@@ -136,6 +196,84 @@ class JournalStore(DatabaseBound, ABC):
         if current is None:
             return UnknownStream(f"stream {stream_id} has no fence to advance", [stream_id])
         return StaleFence(f"fence of {stream_id} is {current}, not the expected {expected_token}", [stream_id])
+
+    # == executions (flows): the header row written WITH the log ====================================
+    # A durable run's bootstrap and settle write the Execution header together with the log, in the
+    # same statement (PostgreSQL) or transaction (SQLite), so a reader never sees a settled log with
+    # a running header, or a header without its log. journal/flows/writer.py decides what to write
+    # when; these methods are the only code that writes it. Refusals are the journal's own errors.
+
+    #: True: a bootstrap and a settle are each ONE statement, which may carry an ownership's companion
+    #: CTEs (the inline lease), and many executions' merge into one (the coalescer's flows kinds).
+    #: False: each is a short transaction of plain statements; no companion, nothing worth merging.
+    one_statement_executions = False
+
+    def bootstrap_execution(self, boot: ExecutionBoot) -> int:
+        """Sequence 0.. with fence token 1 and the header row; returns the token (1). StreamExists if
+        the id exists (a fence, or the events of an aggregate stream); nothing is written then."""
+        try:
+            opened = self._bootstrap(boot)
+        except IntegrityError:
+            opened = False
+        if not opened:
+            raise stream_exists(boot.item.stream_id)
+        return 1
+
+    def bootstrap_many(self, boots: Sequence[ExecutionBoot]) -> list[int | StreamExists]:
+        """Many bootstraps at once (distinct ids): per execution its token 1, or StreamExists (nothing
+        written for it; the others start all the same). Raises when the statement wrote nothing at
+        all: an id with events but no fence (an aggregate stream) fails the whole statement; the
+        error names it (BatchRefused of StreamExists; a batch of one: its StreamExists)."""
+        items = [boot.item for boot in boots]
+        try:
+            won = self._bootstrap_many(boots)
+        except IntegrityError as exc:
+            refused = self.sequence_conflict(items, exc)
+            named = refused.errors if isinstance(refused, BatchRefused) else {items[0].stream_id: refused}
+            if len(items) == 1:
+                raise stream_exists(items[0].stream_id) from None
+            raise BatchRefused({sid: stream_exists(sid) for sid in named}) from None
+        return [1 if item.stream_id in won else stream_exists(item.stream_id) for item in items]
+
+    def settle_execution(self, settle: ExecutionSettle) -> Appended:
+        """The run's settling events (fenced, at the expected tip) and its header's terminal state,
+        together; refused exactly like append_encoded (StaleFence after a takeover...), and then
+        nothing is written: no event, no header change, no lease deleted."""
+        return self.settle_many([settle])[0]
+
+    def settle_many(self, settles: Sequence[ExecutionSettle]) -> list[Appended]:
+        """Many settles at once (distinct ids), all or nothing like append_encoded: BatchRefused
+        names the refused (the caller writes the others again without them)."""
+        items = [settle.item for settle in settles]
+        try:
+            verdicts = self._settle(settles)
+        except IntegrityError as exc:
+            raise self.sequence_conflict(items, exc) from None
+        return self.appended(items, verdicts)
+
+    def execution_status(self, execution_id: str) -> tuple[str, str, Any, str] | None:
+        """(status, flow, result, error) of the execution's header row, or None if it has none."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(EXECUTION_STATUS, [execution_id])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        result = json.loads(row[2]) if isinstance(row[2], str) else row[2]
+        return row[0], row[1], result, row[3]
+
+    @abstractmethod
+    def _bootstrap(self, boot: ExecutionBoot) -> bool:
+        """Fence token 1, the events from seq 0 and the header, together; False (or IntegrityError)
+        if the fence already existed, and then nothing is written."""
+
+    @abstractmethod
+    def _bootstrap_many(self, boots: Sequence[ExecutionBoot]) -> set[str]:
+        """`_bootstrap` of each execution; the ids that started. IntegrityError: nothing written."""
+
+    @abstractmethod
+    def _settle(self, settles: Sequence[ExecutionSettle]) -> list[Verdict]:
+        """The guarded append of the settling events and, only if every guard passed, the headers
+        (and the companion's lease deletes); one verdict per settle, in order."""
 
     # -- reads ----------------------------------------------------------------------------------
     def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None) -> list[StoredEvent]:

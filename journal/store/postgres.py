@@ -9,13 +9,14 @@ size and psycopg prepares it once per connection.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import psycopg
 from django.db.backends.utils import CursorDebugWrapper
 
 from journal import conf, jsonvalues
 from journal.envelopes import AppendItem, SnapshotRecord, StoredEvent
-from journal.store.base import JournalStore, Verdict
+from journal.store.base import ExecutionBoot, ExecutionSettle, JournalStore, Verdict
 
 # -- notify --
 # One notification per statement, carrying the new tip of every stream it wrote and the distinct
@@ -131,6 +132,97 @@ INSERT INTO journal_snapshot (stream_id, seq, state, created_at) VALUES (%s, %s,
 ON CONFLICT (stream_id, seq) DO NOTHING
 """
 
+# == executions (flows): the header row written WITH the log ==========================================
+# Each statement below is the journal's own guarded statement (OPEN or APPEND above, so the fence and
+# sequence guards are exactly the journal's) plus a CTE that writes the Execution header. Data-
+# modifying CTEs always run to completion, so the header is written in the same statement and the
+# same commit as the events. `%(ctes)s` stays open for an ownership's companion (journal/flows/
+# ownership.py Companion: the leases app writes and deletes its lease row there, see
+# leases/store/postgres.py LEASE_*_CTE); `executions_sql` fills it in. The *_MANY statements are the
+# coalesced forms (the flows kinds of journal/coalesce.py): many executions in ONE statement and one
+# notifying commit.
+
+# -- boot --
+# OPEN plus the header row, inserted FROM the fence CTE: it exists iff this start won the sequence-0
+# bootstrap. A refused start (the fence row already existed) inserts no header, and two racing
+# starts cannot both insert one.
+BOOT = OPEN.replace("%(ctes)s", """
+, hdr AS (
+    INSERT INTO journal_execution (id, flow, status, input, result, error, recoveries,
+                                   created_at, updated_at, finished_at)
+    SELECT f.stream_id, %(flow)s, %(status)s, %(input)s::jsonb, %(result)s::jsonb, %(error)s, 0,
+           now(), now(), CASE WHEN %(finished)s THEN now() END
+    FROM fence f
+    ON CONFLICT (id) DO NOTHING
+)%(ctes)s""")
+
+# -- settle --
+# APPEND plus the header update, only if the settling events were inserted: an append refused by the
+# fence (a resume or cancel took over) must not touch the header the new owner keeps.
+SETTLE = APPEND.replace("%(ctes)s", """
+, hdr AS (
+    UPDATE journal_execution SET status = %(status)s, result = %(result)s::jsonb, error = %(error)s,
+        updated_at = now(), finished_at = now()
+    WHERE id = %(hid)s AND EXISTS (SELECT 1 FROM ins)
+)%(ctes)s""")
+
+# -- boot_many --
+# Per execution the same rule as OPEN: the fence row (token 1) decides who starts. The fences go
+# in with ON CONFLICT DO NOTHING RETURNING, so an id that already has a fence (or a racing start
+# that commits first: the insert waits for it, then skips) simply does not come back; the events
+# and the header rows are inserted FROM that RETURNING, i.e. for exactly the executions that won.
+# A loser therefore writes nothing and the winners start in the same statement: there is nothing
+# to retry. The fences are inserted in stream_id order, so two batches racing on overlapping ids
+# wait on each other's index entries in the same order and cannot deadlock. An id with events but
+# no fence (an aggregate stream) fails the unique (stream_id, seq) index for the whole statement;
+# the store names that stream from the error and the coalescer writes the others again without it.
+# One notification for every stream the statement wrote. Returns the ids that started.
+BOOT_MANY = """
+WITH req AS (
+    SELECT * FROM unnest(%(sids)s::text[], %(flows)s::text[], %(statuses)s::text[], %(inputs)s::jsonb[],
+                         %(results)s::jsonb[], %(errors)s::text[], %(finished)s::boolean[])
+        AS q(stream_id, flow, status, input, result, error, finished)
+), fence AS (
+    INSERT INTO journal_fence (stream_id, token, created_at)
+    SELECT q.stream_id, 1, now() FROM req q ORDER BY q.stream_id
+    ON CONFLICT (stream_id) DO NOTHING
+    RETURNING stream_id
+), ins AS (
+    INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at)
+    SELECT r.stream_id, r.ord, r.type, r.payload, now()
+    FROM unnest(%(rsids)s::text[], %(ords)s::int[], %(types)s::text[], %(payloads)s::jsonb[])
+        AS r(stream_id, ord, type, payload)
+    JOIN fence f ON f.stream_id = r.stream_id
+    ORDER BY r.stream_id, r.ord
+    RETURNING stream_id, seq, type
+), hdr AS (
+    -- The header exists iff its execution won the fence (as in BOOT).
+    INSERT INTO journal_execution (id, flow, status, input, result, error, recoveries,
+                                   created_at, updated_at, finished_at)
+    SELECT q.stream_id, q.flow, q.status, q.input, q.result, q.error, 0,
+           now(), now(), CASE WHEN q.finished THEN now() END
+    FROM req q JOIN fence f ON f.stream_id = q.stream_id
+    ON CONFLICT (id) DO NOTHING
+)%(ctes)s%(notify)s
+SELECT f.stream_id%(notified)s FROM fence f
+"""
+
+# -- settle_many --
+# APPEND (all or nothing across its streams: if any stream fails its fence or sequence guard, `ins`
+# is empty) plus the headers, updated only for streams whose rows `ins` inserted, so a refused batch
+# touches no header (a new owner after a takeover keeps its own) and the coalescer retries the others
+# without the refused stream. Two settles never hold the same execution (one fence holder at a time;
+# a stale one inserts nothing, so updates nothing), so the row locks of concurrent batches do not
+# overlap and their order does not matter.
+SETTLE_MANY = APPEND.replace("%(ctes)s", """
+, hdr AS (
+    UPDATE journal_execution h SET status = u.status, result = u.result, error = u.error,
+        updated_at = now(), finished_at = now()
+    FROM unnest(%(hids)s::text[], %(hstatuses)s::text[], %(hresults)s::jsonb[], %(herrors)s::text[])
+        AS u(id, status, result, error)
+    WHERE h.id = u.id AND u.id IN (SELECT stream_id FROM ins)
+)%(ctes)s""")
+
 
 def render(template: str, notify: bool, ctes: str = "") -> str:
     """The executable text of a statement template: with or without the notification, plus `ctes`.
@@ -148,6 +240,13 @@ def render(template: str, notify: bool, ctes: str = "") -> str:
 
 APPEND_NOTIFY, APPEND_SILENT = render(APPEND, True), render(APPEND, False)
 OPEN_NOTIFY, OPEN_SILENT = render(OPEN, True), render(OPEN, False)
+
+
+@lru_cache(maxsize=64)
+def executions_sql(template: str, companion_ctes: str, notify: bool) -> str:
+    """The executable text of BOOT, BOOT_MANY, SETTLE or SETTLE_MANY with a companion's CTEs (or "").
+    Built once per combination, so the text is constant and psycopg prepares it once per connection."""
+    return render(template, notify, companion_ctes)
 
 # == for other apps: fences, executions recovery, event reads ==========================================
 # (journal/store/base.py has the statements both backends share, and the methods.)
@@ -276,6 +375,59 @@ class PostgresStore(JournalStore):
     def lock_stream(self, stream_id: str) -> None:
         with self.connection.cursor() as cursor:
             cursor.execute(LOCK_STREAM, [LOCK_STREAM_CLASS, stream_id])
+
+    # == executions (flows) ==
+    one_statement_executions = True
+
+    def _bootstrap(self, boot: ExecutionBoot) -> bool:
+        sql = executions_sql(BOOT, boot.companion.boot if boot.companion else "", conf.get("LOOM_NOTIFY"))
+        params = {
+            "sid": boot.item.stream_id,
+            "ords": list(range(len(boot.encoded))),
+            "types": [env.type for env in boot.item.envelopes],
+            "payloads": boot.encoded,
+            "channel": conf.get("LOOM_NOTIFY_CHANNEL"),
+            "flow": boot.flow, "status": boot.status, "input": boot.input, "result": boot.result,
+            "error": boot.error, "finished": boot.finished, "lease_owner": boot.lease_owner,
+            "lease_ttl": boot.lease_ttl,
+        }
+        return self.execute_guarded(sql, params)[0][0] > 0
+
+    def _bootstrap_many(self, boots: Sequence[ExecutionBoot]) -> set[str]:
+        params = self.append_params([b.item for b in boots], [b.encoded for b in boots])
+        params.update(flows=[b.flow for b in boots], statuses=[b.status for b in boots],
+                      inputs=[b.input for b in boots], results=[b.result for b in boots],
+                      errors=[b.error for b in boots], finished=[b.finished for b in boots])
+        # One companion per statement: the batch's leases ride in the first leased boot's CTEs.
+        companion = next((b.companion for b in boots if b.companion is not None), None)
+        if companion is not None:
+            params.update(lease_owners=[b.lease_owner if b.companion else None for b in boots],
+                          lease_ttls=[b.lease_ttl for b in boots])
+        sql = executions_sql(BOOT_MANY, companion.boot_many if companion else "", conf.get("LOOM_NOTIFY"))
+        return {row[0] for row in self.execute_guarded(sql, params)}
+
+    def _settle(self, settles: Sequence[ExecutionSettle]) -> list[Verdict]:
+        items = [s.item for s in settles]
+        params = self.append_params(items, [s.encoded for s in settles])
+        notify = conf.get("LOOM_NOTIFY")
+        if len(settles) == 1:  # the direct path: SETTLE, scalar header parameters
+            one = settles[0]
+            params.update(hid=one.item.stream_id, status=one.status, result=one.result, error=one.error,
+                          lease_owner=one.lease_owner, lease_token=one.item.fence_token)
+            row = self.execute_guarded(executions_sql(SETTLE, one.companion.settle if one.companion else "",
+                                                      notify), params)[0]
+            return [Verdict(row[0], row[1], row[2], row[3])]
+        params.update(hids=[i.stream_id for i in items], hstatuses=[s.status for s in settles],
+                      hresults=[s.result for s in settles], herrors=[s.error for s in settles])
+        leased = [s for s in settles if s.companion is not None]
+        companion = leased[0].companion if leased else None
+        if companion is not None:
+            params.update(lease_eids=[s.item.stream_id for s in leased], lease_owners=[s.lease_owner for s in leased],
+                          lease_tokens=[s.item.fence_token for s in leased])
+        rows = self.execute_guarded(executions_sql(SETTLE_MANY, companion.settle_many if companion else "", notify),
+                                    params)
+        by_stream = {row[0]: Verdict(row[0], row[1], row[2], row[3]) for row in rows}
+        return [by_stream[item.stream_id] for item in items]
 
     def save_snapshot(self, snapshot: SnapshotRecord) -> None:
         state = jsonvalues.dumps(snapshot.state, f"snapshot state of {snapshot.stream_id}")

@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 
 from journal import jsonvalues
 from journal.envelopes import AppendItem, SnapshotRecord
-from journal.store.base import JournalStore, Verdict
+from journal.store.base import ExecutionBoot, ExecutionSettle, JournalStore, Verdict
 
 # -- append: fences --
 # The current token of each fenced stream in the batch (read under the write lock).
@@ -44,6 +44,24 @@ ADVANCE_FENCES = """
 UPDATE journal_fence SET token = token + 1
 WHERE stream_id IN (SELECT value FROM json_each(%(sids)s)) AND (%(expected)s IS NULL OR token = %(expected)s)
 RETURNING stream_id, token
+"""
+
+# == executions (flows): the header row written WITH the log ==========================================
+# The bootstrap and the settle of a durable run are each one IMMEDIATE transaction of plain
+# statements (the fence and events as in open_stream and the guarded append, plus the header row):
+# under SQLite's single writer there is no round trip to save, so nothing is merged into one
+# statement and no ownership companion rides along (one_statement_executions is False).
+
+# -- header_insert -- (the bootstrap, after the fence and the events: refused with them)
+HEADER_INSERT = """
+INSERT INTO journal_execution (id, flow, status, input, result, error, recoveries, created_at, updated_at,
+                               finished_at)
+VALUES (%s, %s, %s, %s, %s, %s, 0, %s, %s, %s)
+"""
+
+# -- header_settle -- (the settle, only once the guarded append passed, in its transaction)
+HEADER_SETTLE = """
+UPDATE journal_execution SET status = %s, result = %s, error = %s, updated_at = %s, finished_at = %s WHERE id = %s
 """
 
 SAVE_SNAPSHOT = "INSERT OR IGNORE INTO journal_snapshot (stream_id, seq, state, created_at) VALUES (%s, %s, %s, %s)"
@@ -152,6 +170,47 @@ class SqliteStore(JournalStore):
         if not rows:
             raise self.fence_refusal(stream_id, expected_token)
         return rows[0][1]
+
+    # == executions (flows) ==
+    def _bootstrap(self, boot: ExecutionBoot) -> bool:
+        """One transaction (BEGIN IMMEDIATE, or a savepoint in the caller's): the fence row first (its
+        primary key refuses a second start: IntegrityError, all rolled back), the events, the header."""
+        sid, now = boot.item.stream_id, self.now()
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(OPEN_FENCE, [sid, now])
+            cursor.execute(
+                INSERT.format(rows=", ".join(["(%s, %s, %s, %s, %s)"] * len(boot.encoded))),
+                [v for ord_, (env, text) in enumerate(zip(boot.item.envelopes, boot.encoded, strict=True))
+                 for v in (sid, ord_, env.type, text, now)],
+            )
+            cursor.execute(HEADER_INSERT, [sid, boot.flow, boot.status, boot.input, boot.result, boot.error, now, now,
+                                           now if boot.finished else None])
+        return True
+
+    def _bootstrap_many(self, boots: Sequence[ExecutionBoot]) -> set[str]:
+        """Each bootstrap in its own savepoint of one transaction: a loser (or an aggregate stream's
+        id) writes nothing and the others start all the same."""
+        won: set[str] = set()
+        with transaction.atomic(using=self.alias):
+            for boot in boots:
+                try:
+                    self._bootstrap(boot)
+                except IntegrityError:
+                    continue
+                won.add(boot.item.stream_id)
+        return won
+
+    def _settle(self, settles: Sequence[ExecutionSettle]) -> list[Verdict]:
+        """The guarded append and, only if every guard passed, the headers, in one transaction."""
+        items = [s.item for s in settles]
+        with transaction.atomic(using=self.alias):
+            verdicts = self._append(items, [s.encoded for s in settles])
+            if all(v.ok for v in verdicts):
+                now = self.now()
+                with self.connection.cursor() as cursor:
+                    for s in settles:
+                        cursor.execute(HEADER_SETTLE, [s.status, s.result, s.error, now, now, s.item.stream_id])
+        return verdicts
 
     def lock_stream(self, stream_id: str) -> None:
         """Nothing to run: the caller's transaction began IMMEDIATE, so it already holds the database's
