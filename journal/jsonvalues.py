@@ -38,6 +38,8 @@ MAX_DEPTH = 100
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _PLAIN = frozenset({str, int, float, bool, type(None)})
+_STR = frozenset({str})
+_SMALL = 32  # a container this small is looped; a larger one is first checked by C-level passes
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # A JSON escape of NUL: "\u0000" preceded by an even number of backslashes (an odd number means
 # the backslash before "u0000" is itself escaped: the text holds a backslash, not a NUL).
@@ -54,7 +56,7 @@ def dumps(value: Any, what: str = "payload") -> str:
         raise InvalidPayload(f"{what} is nested deeper than {MAX_DEPTH} levels") from None
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
-    if "{" in text or "[" in text:
+    if ("{" in text or "[" in text) and (len(text) < 4096 or _needs_walk(value, text)):
         problem = _structure_problem(value)
         if problem is not None:
             raise InvalidPayload(f"{what} {problem}")
@@ -77,25 +79,56 @@ def problem(value: Any, what: str = "value") -> str | None:
 
 
 def _structure_problem(node: Any, depth: int = 1) -> str | None:
-    """A key that is not a string, or nesting deeper than MAX_DEPTH. Only containers are visited (a
-    scalar child costs one type lookup); the recursion is bounded by MAX_DEPTH."""
+    """A key that is not a string, or nesting deeper than MAX_DEPTH. Only containers are visited: in a
+    large one, C-level passes (`set(map(type, ...))`) decide whether every key is a str and every child
+    a scalar before any Python loop; a small one is looped (cheaper than building the sets). The
+    recursion is bounded by MAX_DEPTH."""
     if depth > MAX_DEPTH:
         return f"is nested deeper than {MAX_DEPTH} levels"
     if isinstance(node, dict):
-        for key, child in node.items():
-            if type(key) is not str and not isinstance(key, str):
-                return f"has a key that is not a string: {key!r} (JSON keys are strings; convert it yourself)"
-            if type(child) not in _PLAIN:
-                problem = _structure_problem(child, depth + 1)
-                if problem is not None:
-                    return problem
-    elif isinstance(node, (list, tuple)):
-        for child in node:
-            if type(child) not in _PLAIN:
-                problem = _structure_problem(child, depth + 1)
-                if problem is not None:
-                    return problem
+        if len(node) > _SMALL:
+            if not set(map(type, node)) <= _STR:
+                return _key_problem(node)
+            node = node.values()
+            if set(map(type, node)) <= _PLAIN:
+                return None
+        else:
+            for key, child in node.items():
+                if type(key) is not str and not isinstance(key, str):
+                    return _key_problem(node)
+                if type(child) not in _PLAIN:
+                    problem = _structure_problem(child, depth + 1)
+                    if problem is not None:
+                        return problem
+            return None
+    elif not isinstance(node, (list, tuple)) or (len(node) > _SMALL and set(map(type, node)) <= _PLAIN):
+        return None
+    for child in node:
+        if type(child) not in _PLAIN:
+            problem = _structure_problem(child, depth + 1)
+            if problem is not None:
+                return problem
     return None
+
+
+def _key_problem(node: dict) -> str | None:
+    for key in node:
+        if not isinstance(key, str):
+            return f"has a key that is not a string: {key!r} (JSON keys are strings; convert it yourself)"
+    return None
+
+
+def _needs_walk(value: Any, text: str) -> bool:
+    """Whether the value's containers must be walked, decided from its JSON text where it can be (C-level
+    counts): every dict writes one `{` and every list one `[` (strings may add more, never fewer), so
+    with no `{` there is no key to check, with one `{` and a dict at the top only its own keys are left,
+    and with at most MAX_DEPTH brackets in all the nesting cannot be too deep."""
+    objects = text.count("{")
+    if objects > 1 or objects + text.count("[") > MAX_DEPTH:
+        return True
+    if objects == 0:
+        return False
+    return not isinstance(value, dict) or not set(map(type, value)) <= _STR
 
 
 def _fix_number(match: re.Match) -> str:

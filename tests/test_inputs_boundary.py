@@ -6,9 +6,12 @@ RecursionError) or was stored although the rules refuse it. The same cases run o
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import BaseModel
 
+from journal import jsonvalues
 from journal.aggregates import State, do, do_with_retry, load
 from journal.envelopes import AppendItem, Envelope
 from journal.exceptions import InvalidGuard, InvalidPayload, InvalidStream, JournalError
@@ -292,3 +295,31 @@ def test_every_refusal_here_is_a_journal_error():
     """The named errors of this module share the journal's base class (one `except` catches them)."""
     assert issubclass(InvalidGuard, InvalidPayload) and issubclass(InvalidPayload, JournalError)
     assert issubclass(InvalidStream, JournalError) and issubclass(InvalidInput, JournalError)
+
+
+# -- the JSON boundary's quick paths (large values skip the walk when their text proves it needless) ------
+PAD = "p" * 5000  # past the size at which the text's bracket counts decide whether to walk
+
+
+def _deep(levels: int, inner: object) -> object:
+    for _ in range(levels):
+        inner = [inner]
+    return inner
+
+
+@pytest.mark.parametrize("value", [
+    {1: PAD}, {"a": PAD, None: 1}, [{"a": PAD, 2: 1}], {"a": [{3: PAD}]}, [PAD, {(1, 2): 3}],
+    {**{f"k{i}": i for i in range(40)}, 7: PAD}, [*range(40), {"a": {8: PAD}}], _deep(101, PAD),
+    {"a": _deep(100, PAD)}, {"{{{": _deep(101, 1), "x": PAD},
+], ids=lambda v: ascii(v)[:40])
+def test_large_values_get_the_same_refusals_as_small_ones(value):
+    with pytest.raises(InvalidPayload):
+        jsonvalues.dumps(value)
+
+
+@pytest.mark.parametrize("value", [
+    list(range(5000)), {f"k{i}": i for i in range(5000)}, {"a": PAD, "b": _deep(99, PAD)}, _deep(100, PAD),
+    [{"id": i, "tags": ["a"], "m": {"x": 1.5}} for i in range(500)], {"{": PAD, "[[[": [1, [2]]},
+], ids=lambda v: ascii(v)[:40])
+def test_large_values_inside_the_rules_are_stored_as_json_writes_them(value):
+    assert json.loads(jsonvalues.dumps(value)) == json.loads(json.dumps(value))
