@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.apps import apps
 from django.contrib import admin
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -16,7 +17,6 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-import leases.admin_q  # noqa: F401  (django-q2's task pages, their resubmit action behind a permission)
 from journal.admin_base import ReadOnlyAdmin, ReadOnlyInline, add_execution_panel
 from journal.ids import stored_id_problem
 from leases import conf
@@ -38,6 +38,9 @@ def lease_summary(execution_id: str) -> str:
 
 
 add_execution_panel("lease", "lease", lease_summary)
+
+if apps.is_installed("django_q"):  # leases runs without django-q2 (no queued starts): then no task pages either
+    import leases.admin_q  # noqa: F401  (django-q2's task pages, their resubmit action behind a permission)
 
 
 @admin.register(Lease)
