@@ -19,6 +19,7 @@ from journal.exceptions import (
     UnknownStream,
 )
 from journal.models import Execution
+from journal.store.base import ExecutionBoot, ExecutionSettle
 from tests.conformance import StoreContract
 
 
@@ -234,6 +235,91 @@ def execution(store, eid: str, *types: str) -> None:
     Execution.objects.create(id=eid, flow="conformance.flow")
 
 
+def boot(eid: str, *types: str, flow: str = "conformance.flow", status: str = "running", result: str | None = None,
+         finished: bool = False) -> ExecutionBoot:
+    """A fresh execution's bootstrap as journal/flows/writer.py builds it (validated, encoded)."""
+    first = item(eid, *types)
+    return ExecutionBoot(first, [env.encode() for env in first.envelopes], flow, status, '{"x": 1}', result, "",
+                         finished)
+
+
+def settle(eid: str, token: int, tip: int, *types: str, status: str = "completed",
+           result: str | None = '"done"', error: str = "") -> ExecutionSettle:
+    last = item(eid, *types, fence_token=token, expected_seq=tip)
+    return ExecutionSettle(last, [env.encode() for env in last.envelopes], status, result, error)
+
+
+class ExecutionsContract:
+    """The flows' writes on the journal (journal.store.base.JournalStore, executions section): a run's
+    first events with its header, its settling events with its terminal state; mixed into
+    JournalStoreContract."""
+
+    covers = {
+        "_bootstrap": "bootstrap_execution", "_bootstrap_many": "bootstrap_many", "_settle": "settle_many",
+        "bootstrap_execution": "bootstrap_execution", "bootstrap_many": "bootstrap_many",
+        "settle_execution": "settle_execution", "settle_many": "settle_many",
+        "execution_status": "execution_status",
+    }
+
+    def test_a_bootstrap_writes_seq_zero_fence_one_and_the_header_together(self, store):
+        assert store.bootstrap_execution(boot("e", "EXECUTION_STARTED", "STEP")) == 1
+        assert store.current_fence("e") == 1 and store.tip("e") == 1
+        assert store.execution_status("e") == ("running", "conformance.flow", None, "")
+        assert Execution.objects.get(id="e").input == {"x": 1}
+        assert store.execution_status("nowhere") is None
+
+    def test_a_second_bootstrap_is_refused_and_writes_nothing(self, store):
+        store.bootstrap_execution(boot("e", "EXECUTION_STARTED"))
+        with pytest.raises(StreamExists):
+            store.bootstrap_execution(boot("e", "EXECUTION_STARTED", "Again", flow="other"))
+        assert store.tip("e") == 0 and store.execution_status("e")[1] == "conformance.flow"
+
+    def test_a_bootstrap_of_an_aggregate_stream_is_refused_and_writes_nothing(self, store):
+        store.append_batch([item("agg", "Created")])
+        with pytest.raises(StreamExists):
+            store.bootstrap_execution(boot("agg", "EXECUTION_STARTED"))
+        assert store.current_fence("agg") is None and store.execution_status("agg") is None
+
+    def test_bootstrap_many_starts_the_new_and_refuses_only_the_existing(self, store):
+        store.bootstrap_execution(boot("old", "EXECUTION_STARTED"))
+        outcome = store.bootstrap_many([boot("n1", "S"), boot("old", "S", "T"), boot("n2", "S")])
+        assert outcome[0] == 1 and outcome[2] == 1 and isinstance(outcome[1], StreamExists)
+        assert (store.tip("n1"), store.tip("old"), store.tip("n2")) == (0, 0, 0)
+        assert store.execution_status("n2")[0] == "running"
+
+    def test_a_finished_bootstrap_records_its_outcome(self, store):
+        store.bootstrap_execution(boot("e", "EXECUTION_STARTED", "EXECUTION_COMPLETED", status="completed",
+                                       result='{"ok": true}', finished=True))
+        assert store.execution_status("e") == ("completed", "conformance.flow", {"ok": True}, "")
+        assert Execution.objects.get(id="e").finished_at is not None
+
+    def test_a_settle_appends_at_the_tip_under_the_fence_and_ends_the_header(self, store):
+        store.bootstrap_execution(boot("e", "EXECUTION_STARTED"))
+        appended = store.settle_execution(settle("e", 1, 0, "EXECUTION_COMPLETED"))
+        assert (appended.first_seq, appended.last_seq) == (1, 1)
+        assert store.execution_status("e") == ("completed", "conformance.flow", "done", "")
+
+    def test_a_settle_after_a_takeover_is_refused_and_changes_nothing(self, store):
+        store.bootstrap_execution(boot("e", "EXECUTION_STARTED"))
+        store.advance_fence("e")
+        with pytest.raises(StaleFence):
+            store.settle_execution(settle("e", 1, 0, "EXECUTION_FAILED", status="failed", error="boom"))
+        with pytest.raises(SequenceConflict):
+            store.settle_execution(settle("e", 2, 5, "EXECUTION_COMPLETED"))
+        assert store.tip("e") == 0 and store.execution_status("e")[0] == "running"
+
+    def test_settle_many_is_all_or_nothing_and_names_the_refused(self, store):
+        for eid in ("a", "b"):
+            store.bootstrap_execution(boot(eid, "EXECUTION_STARTED"))
+        store.advance_fence("b")
+        with pytest.raises(BatchRefused) as refused:
+            store.settle_many([settle("a", 1, 0, "EXECUTION_COMPLETED"), settle("b", 1, 0, "EXECUTION_COMPLETED")])
+        assert set(refused.value.errors) == {"b"}
+        assert store.tip("a") == 0 and store.execution_status("a")[0] == "running"
+        store.settle_many([settle("a", 1, 0, "EXECUTION_COMPLETED"), settle("b", 2, 0, "EXECUTION_COMPLETED")])
+        assert store.execution_status("a")[0] == store.execution_status("b")[0] == "completed"
+
+
 class ForOtherAppsContract:
     """The journal's statements other apps' stores call (fences, recovery counts, event reads) and the
     benchmarks' counts and clean-up; mixed into JournalStoreContract."""
@@ -300,7 +386,7 @@ class ForOtherAppsContract:
         assert store.count_executions("bench-", "running") == 1 and store.tip("keep") == 0
 
 
-class JournalStoreContract(AppendsContract, ForOtherAppsContract):
-    """What every journal backend does (journal.store.base.JournalStore): the parts above."""
+class JournalStoreContract(AppendsContract, ExecutionsContract, ForOtherAppsContract):
+    """What every journal backend does (journal.store.base.JournalStore): the three parts above."""
 
-    covers = {**AppendsContract.covers, **ForOtherAppsContract.covers}
+    covers = {**AppendsContract.covers, **ExecutionsContract.covers, **ForOtherAppsContract.covers}
