@@ -220,7 +220,7 @@ def _reserved(principal: Principal, flow: str, execution_id: str, found, wait: f
             f"execution {execution_id!r} already exists for flow {found.flow!r}, not {flow!r}")
     if not found.same_request:
         raise errors.ExecutionConflict(
-            f"execution {execution_id!r} is already queued with a different input; "
+            f"execution {execution_id!r} is already queued by another start (another input or token); "
             "choose a new execution_id for a new execution")
     header = header_status(execution_id)
     if header is not None:  # a worker began it meanwhile
