@@ -137,3 +137,13 @@ def test_the_admin_page_of_an_execution_stored_before_the_alphabet_shows_it(admi
     before_the_alphabet.undo()
     page = admin_client.get(execution_url(old))
     assert page.status_code == 200 and page.context["execution_view"]["status"] == "running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrate_on_an_empty_database_runs_the_database_check_without_tables(child_env, tmp_path):
+    """`migrate` runs the `database` checks before it creates the tables: the id check skips them."""
+    from tests.conftest import run_child
+
+    env = {**child_env, "DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}"}
+    run_child("from django.core.management import call_command; call_command('migrate', verbosity=0)", env,
+              timeout=300)
