@@ -174,15 +174,3 @@ def get_safe(name: str, fallback: Any) -> Any:
         return get(name)
     except (ConfigError, UnknownSetting):
         return fallback
-
-
-def __getattr__(name: str) -> Any:
-    """`conf.lease_grace` and other helpers an app's conf module defines, reached through this module for
-    callers written before settings moved to their apps (prefer importing the app's conf module)."""
-    from django.apps import apps
-
-    for app_config in apps.get_app_configs():
-        module = getattr(app_config.module, "conf", None)
-        if module is not None and module.__name__ != __name__ and name in getattr(module, "__all__", ()):
-            return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

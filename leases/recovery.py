@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, connections
 
-from journal import conf
+from leases import conf
 from leases.store import Takeover, store_for
 
 log = logging.getLogger("loom.recovery")

@@ -9,8 +9,6 @@ header. No read happens on that path. Every write goes through journal/flows/wri
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from typing import Any
 
@@ -18,7 +16,6 @@ from django.db import transaction
 from django.db.models.functions import Now
 from ulid import ULID
 
-from journal import conf
 from journal.envelopes import Envelope, check_new_stream_id
 from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
@@ -47,6 +44,7 @@ from journal.flows.state import (
     snapshot_every,
 )
 from journal.flows.state import FAILED as FAILED_STEP
+from journal.identity import node_identity
 
 
 class Runner:
@@ -290,7 +288,7 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
 
 def process_identity() -> str:
     """Who this process is in the log: LOOM_WORKER_ID, or host:pid (the lease keeper's default too)."""
-    return conf.get("LOOM_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+    return node_identity()
 
 
 def _retry_view(execution_id: str) -> tuple[int | None, tuple[str, str, Any, str]]:
