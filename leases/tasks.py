@@ -93,22 +93,10 @@ def enqueue_start(flow: str, input: Any, execution_id: str | None = None, meta: 
     refused to the caller instead of failing later in a worker. The id is reserved with the task
     (reserve_and_enqueue): a repeat of the same start queues nothing more; the id already reserved
     by a start with another flow, input or starter is ExecutionExists."""
-    from ulid import ULID
+    from journal.flows import ExecutionExists
+    from journal.flows.runtime import prepare_start
 
-    from journal.envelopes import check_new_stream_id
-    from journal.exceptions import InvalidStream
-    from journal.flows import ExecutionExists, InvalidInput
-    from journal.flows.registry import get_flow
-
-    definition = get_flow(flow)
-    _, stored = definition.prepare(input)
-    if execution_id is None:
-        execution_id = str(ULID())
-    else:
-        try:
-            check_new_stream_id(execution_id)
-        except InvalidStream as exc:
-            raise InvalidInput(str(exc)) from None
+    definition, _, stored, execution_id = prepare_start(flow, input, execution_id)
     existing = reserve_and_enqueue(definition.name, stored, execution_id, meta)
     if existing is not None and not existing.begun and not existing.same_request:
         raise ExecutionExists(execution_id, "queued", existing.flow)

@@ -175,21 +175,28 @@ def _is_stale(error: Exception) -> bool:
     return isinstance(error, StaleFence)
 
 
+def prepare_start(flow: str | Flow, input: Any, execution_id: str | None) -> tuple[Flow, Any, Any, str]:
+    """What every start checks before anything is written or queued: the flow is known, its input is
+    valid and storable, the id is a new stream id in the alphabet (a ULID is minted when none is given).
+    Returns (flow, input as the flow sees it, input as it is stored, execution id)."""
+    definition = get_flow(flow)
+    value, stored = definition.prepare(input)
+    if execution_id is None:
+        return definition, value, stored, str(ULID())
+    try:
+        check_new_stream_id(execution_id)
+    except InvalidStream as exc:
+        raise InvalidInput(str(exc)) from None
+    return definition, value, stored, execution_id
+
+
 def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: dict | None = None) -> Outcome:
     """Start a durable execution and run it to completion in this thread.
 
     With no id a ULID is minted; a caller-chosen id makes the start idempotent: a second start of
     the same id (even racing from another process) raises ExecutionExists before any step runs.
     """
-    definition = get_flow(flow)
-    value, stored = definition.prepare(input)
-    if execution_id is None:
-        execution_id = str(ULID())
-    else:
-        try:
-            check_new_stream_id(execution_id)
-        except InvalidStream as exc:
-            raise InvalidInput(str(exc)) from None
+    definition, value, stored, execution_id = prepare_start(flow, input, execution_id)
     state = ExecutionState(execution_id)
     runner = Runner(writer.RunHandle(execution_id, definition.name, stored), state, None)
     started = {"flow": definition.name, "input": stored}
