@@ -161,7 +161,11 @@ def test_queued_starts_of_a_killed_worker_finish_on_a_fresh_worker_within_about_
         rescuer.send_signal(signal.SIGTERM)
         assert rescuer.wait(60) == 0, output(rescuer)
         rows = Worker.objects.filter(id__startswith=f"rescuer-{tag}")
-        assert {(w.role, w.stopped_at is not None) for w in rows} == {("main", True), ("django-q2 child", True)}
+        assert {w.role for w in rows} == {"main", "django-q2 child"}
+        # The main row is marked stopped on SIGTERM. A django-q2 child marks its row only when it leaves by
+        # itself; one the cluster terminates on shutdown does not (its row then reads "gone"). That no
+        # process is left is asserted below.
+        assert rows.get(role="main").stopped_at is not None
         assert rows.count() >= 1 + Q_WORKERS
         logged = output(victim) + output(rescuer)  # the worker's own log lines (docs/workers.md "Logs")
         for line in (f"start execution=q-{tag}-", f"completed execution=q-{tag}-", f"takeover execution=q-{tag}-",

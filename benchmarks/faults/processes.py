@@ -80,8 +80,12 @@ class Child:
         return self.proc.poll() is None
 
     def lines(self) -> list[list[str]]:
-        """What it said so far, split into words."""
-        return [line.split() for line in self.out.read_text().splitlines() if line.strip()]
+        """What it said so far, split into words: whole lines only (a child still writing, or killed
+        mid-write, can leave a last line without its newline, which is not read as said)."""
+        text = self.out.read_text()
+        if not text.endswith("\n"):
+            text = text[: text.rfind("\n") + 1]
+        return [line.split() for line in text.splitlines() if line.strip()]
 
     def said(self, word: str) -> list[list[str]]:
         return [parts for parts in self.lines() if parts and parts[0] == word]
