@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from benchmarks.faults.processes import database_url
 from tests.flows_fixtures import EFFECTS_TABLE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,16 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("postgres") and connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL (run with DATABASE_URL=postgres://...)")
-
-
-def database_url() -> str:
-    """A DATABASE_URL naming the test database, for child processes."""
-    s = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{s['NAME']}"
-    user = s.get("USER") or "postgres"
-    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
-    return f"postgres://{user}{password}@{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
 
 
 @pytest.fixture
