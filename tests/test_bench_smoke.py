@@ -80,7 +80,10 @@ def test_bench_throughput_runs_every_section():
     run, output = run_command("bench_throughput", *TINY_THROUGHPUT)
     found = assert_every_section(run, set(THROUGHPUT_SECTIONS))
     append = {(r.scenario, r.params["concurrency"]) for r in found["append"]}
-    assert append == {(v, c) for v in ("per-event", "batch", "ceiling") for c in (1, 2)}
+    assert append == {(v, c) for v in ("per-event", "batch", "ceiling", "minimal") for c in (1, 2)}
+    coalesced = {r.scenario for r in found["coalesced"] if r.params["writers"] == 3}
+    assert "raw-coalescer" in coalesced and all(
+        r.metrics["vs_raw_coalescer"] for r in found["coalesced"] if r.params["writers"] == 3)
     assert all(r.metrics["verified_rows"] == r.count for r in found["append"])
     assert all(len(r.metrics["runs"]) == 2 for r in found["append"])  # the spread of the repeats
     # Every statement is counted on both backends (the coalescer's alone showed 0.00 on SQLite):

@@ -1,11 +1,16 @@
 """Section `append`: N concurrent writers, each on its own fenced stream.
 
-Three variants in the same run, so that our overhead is a ratio and not a guess:
+Four variants in the same run, so that our overhead is a ratio and not a guess:
 - per-event: `Event.objects.append` of one event per call;
 - batch: `append_batch` with 16 events of the writer's stream per call;
 - ceiling: the very statement of the per-event append, issued with the raw driver (psycopg or
   sqlite3), no Django, parameters prepared once. On PostgreSQL that is the fenced INSERT with its
   pg_notify; on SQLite the same BEGIN IMMEDIATE / guard reads / INSERT / COMMIT sequence.
+- minimal: the least a fenced, notified append can be (`MINIMAL_APPEND` of the journal store):
+  the fence check, one INSERT at a seq the writer tracks itself, one pg_notify, in one statement,
+  through the raw driver; the floor under `ceiling` (which is our own, verdict-returning statement).
+Recorded beside each cell: `vs_minimal` and `vs_ceiling` (this cell's throughput over theirs: ours
+÷ ceiling), so every run shows our overhead as ratios.
 
 Concurrency: default 1,8,32,64 (the main job's default run stays short on SQLite); `--full`
 sweeps 1,8,32,64,128,256, or pass `--concurrency`. PostgreSQL allows only so many connections
@@ -68,7 +73,7 @@ def payload(size: int) -> dict:
     return {"data": "x" * max(0, size - base)}
 
 
-VARIANTS = ("per-event", "batch", "ceiling")
+VARIANTS = ("per-event", "batch", "ceiling", "minimal")
 
 
 def run(ctx) -> None:
@@ -82,14 +87,19 @@ def run(ctx) -> None:
     for conc in concurrencies(opts):
         outcomes: dict[str, list] = {v: [] for v in VARIANTS}
         for rep in range(repeats):
-            for variant in VARIANTS[rep % 3:] + VARIANTS[:rep % 3]:
+            turn = rep % len(VARIANTS)
+            for variant in VARIANTS[turn:] + VARIANTS[:turn]:
                 outcomes[variant].append(_cell(ctx, variant, conc, ops, body, rep))
         ceiling = statistics.median(o.throughput for o in outcomes["ceiling"])
+        minimal = statistics.median(o.throughput for o in outcomes["minimal"])
         for variant in VARIANTS:
             runs = outcomes[variant]
             throughput = statistics.median(o.throughput for o in runs)
             units = sum(o.units for o in runs)
-            extra = {} if variant == "ceiling" else {"ceiling_over_this": round(ceiling / throughput, 3)}
+            extra = {"vs_minimal": round(throughput / minimal, 3) if minimal else None,
+                     "vs_ceiling": round(throughput / ceiling, 3) if ceiling else None}
+            if variant not in ("ceiling", "minimal"):
+                extra["ceiling_over_this"] = round(ceiling / throughput, 3)
             ctx.record(variant, {"concurrency": conc, "payload_bytes": opts["payload_bytes"],
                                  "events_per_call": BATCH if variant == "batch" else 1,
                                  "connections": connection_cap(ctx, conc) or conc},
@@ -125,7 +135,7 @@ def _cell(ctx, variant: str, conc: int, ops: int, body: dict, rep: int = 0):
             return BATCH
         op, setup, teardown = pooled(op, pool)
     else:
-        op, setup, teardown = _ceiling(ctx, ids, body, pool)
+        op, setup, teardown = _ceiling(ctx, ids, body, pool, minimal=variant == "minimal")
 
     outcome = run_workers(conc, calls, op, setup=setup, teardown=teardown,
                           progress=lambda n: bar.update(n * per_call))
@@ -188,8 +198,11 @@ def pooled(op, pool: int | None):
     return borrowed, setup, teardown
 
 
-def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
-    """The per-event statement through the raw driver: one connection per writer (or a shared pool)."""
+def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None, minimal: bool = False):
+    """The per-event statement through the raw driver: one connection per writer (or a shared pool).
+
+    minimal: the store's MINIMAL_APPEND instead of our APPEND (each writer counts its own seq: the
+    stream was opened at seq 0 and only this writer appends to it)."""
     text = json.dumps(body, separators=(",", ":"))
     conns: dict[int, object] = {}
     settings = connection.settings_dict
@@ -207,6 +220,17 @@ def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
              "types": ["BenchEvent"], "payloads": [text], "channel": channel}
             for sid in ids
         ]
+        if minimal:
+            from journal.store.postgres import MINIMAL_APPEND
+
+            sql = MINIMAL_APPEND
+            params = [{"sid": sid, "token": 1, "seq": 0, "type": "BenchEvent", "payload": text, "channel": channel}
+                      for sid in ids]
+
+        def execute(conn, w: int, i: int) -> None:
+            if minimal:
+                params[w]["seq"] = i + 1
+            conn.execute(sql, params[w], prepare=True).fetchall()
 
         def connect():
             return psycopg.connect(
@@ -225,7 +249,7 @@ def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
             def op(w: int, i: int) -> int:
                 conn = free.get()
                 try:
-                    conn.execute(sql, params[w]).fetchall()
+                    execute(conn, w, i)
                 finally:
                     free.put(conn)
                 return 1
@@ -242,7 +266,7 @@ def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
             conns[w] = connect()
 
         def op(w: int, i: int) -> int:
-            conns[w].execute(sql, params[w]).fetchall()
+            execute(conns[w], w, i)
             return 1
     else:
         from journal.store import sqlite as q
@@ -260,6 +284,11 @@ def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
         def op(w: int, i: int) -> int:
             conn = conns[w]
             sid = ids[w]
+            if minimal:
+                if conn.execute(q.MINIMAL_APPEND, [i + 1, "BenchEvent", text, "2026-01-01 00:00:00", sid, 1]
+                                ).rowcount != 1:
+                    raise RuntimeError("minimal: fence refused")
+                return 1
             conn.execute("BEGIN IMMEDIATE")
             try:
                 token = conn.execute(fences, [sid]).fetchone()

@@ -6,6 +6,11 @@
   ceiling with notification);
 - coalesced-16 / coalesced-64: `CoalescingAppender.append` with max_batch 16 and 64; its flush
   threads (LOOM_COALESCE_FLUSHERS, or `--coalesce-flushers`) own the only connections.
+- raw-coalescer: the ceiling of coalescing, a minimal coalescer in the raw driver (no Django, no
+  validation, no envelopes): the same writers queue (stream, payload text) pairs, the same number of
+  flush threads each with its own connection take up to 64 of them and run the SAME guarded
+  multi-row APPEND statement (one pg_notify per statement) with its array parameters, prepared.
+  Every coalesced cell records `vs_raw_coalescer` (its throughput over this one's: ours ÷ ceiling).
 Also a single writer, per-event vs coalesced-16: with nobody to merge with, the coalescer can
 only add a thread hand-off, which is its cost.
 
@@ -15,7 +20,13 @@ records its median; every round is verified against the rows it wrote.
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import statistics
+import threading
+from collections import deque
+
+from django.db import connection
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int
@@ -26,7 +37,7 @@ from journal.coalesce import CoalescingAppender
 from journal.envelopes import Envelope
 from journal.models import Event
 
-VARIANTS = ("per-event", "ceiling", "coalesced-16", "coalesced-64")
+VARIANTS = ("per-event", "ceiling", "raw-coalescer", "coalesced-16", "coalesced-64")
 SINGLE = ("per-event", "coalesced-16")
 
 
@@ -52,6 +63,8 @@ def run(ctx) -> None:
             for variant in order:
                 samples[variant].append(_round(ctx, variant, conc, ops, body, rep))
         base = statistics.median(s["throughput"] for s in samples["per-event"])
+        raw = statistics.median(s["throughput"] for s in samples["raw-coalescer"]) if "raw-coalescer" in samples \
+            else None
         for variant in variants:
             cells = samples[variant]
             tput = statistics.median(c["throughput"] for c in cells)
@@ -61,6 +74,7 @@ def run(ctx) -> None:
                        throughput=tput, unit="events/s", latencies_ms=mid["latencies"],
                        count=sum(c["units"] for c in cells), verified_rows=sum(c["units"] for c in cells),
                        vs_per_event=round(tput / base, 3) if base else None,
+                       vs_raw_coalescer=round(tput / raw, 3) if raw else None,
                        rows_per_statement=mid.get("rows_per_statement"),
                        runs=[round(c["throughput"], 1) for c in cells])
 
@@ -80,6 +94,15 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
         op, setup, teardown = pooled(op, connection_cap(ctx, conc))
     elif variant == "ceiling":
         op, setup, teardown = _ceiling(ctx, ids, body, connection_cap(ctx, conc))
+    elif variant == "raw-coalescer":
+        flushers = ctx.options.get("coalesce_flushers") or conf.get("LOOM_COALESCE_FLUSHERS")
+        appender = RawCoalescer(ctx.vendor, json.dumps(body, separators=(",", ":")), flushers)
+        extra["flushers"] = flushers
+
+        def op(w: int, i: int) -> int:
+            appender.append(ids[w])
+            return 1
+        setup = teardown = None
     else:
         flushers = ctx.options.get("coalesce_flushers") or conf.get("LOOM_COALESCE_FLUSHERS")
         appender = CoalescingAppender(max_batch=int(variant.rsplit("-", 1)[1]), flushers=flushers)
@@ -101,7 +124,10 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
     written = streams.count_events(pfx) - conc
     ctx.verify(f"{variant} c={conc} round {rep + 1} events", outcome.units, written)
     ctx.verify(f"{variant} c={conc} round {rep + 1} streams with gaps", 0, streams.check_contiguous(pfx))
-    if appender is not None:  # no guard can fail here, so every request went through exactly once
+    if isinstance(appender, RawCoalescer):
+        ctx.verify(f"{variant} c={conc} round {rep + 1} coalesced requests", outcome.units, appender.requests)
+        extra["rows_per_statement"] = round(appender.requests / max(1, appender.statements), 2)
+    elif appender is not None:  # no guard can fail here, so every request went through exactly once
         ctx.verify(f"{variant} c={conc} round {rep + 1} refused statements", 0, appender.retries)
         ctx.verify(f"{variant} c={conc} round {rep + 1} coalesced requests", outcome.units, appender.batched_requests)
         extra["rows_per_statement"] = round(appender.batched_requests / max(1, appender.statements), 2)
@@ -109,3 +135,109 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
         streams.remove(pfx)
     return {"throughput": outcome.throughput, "latencies": outcome.latencies_ms, "units": outcome.units, **extra}
 
+
+
+class RawCoalescer:
+    """The ceiling row: a minimal coalescer in the raw driver, doing what ours does minus our code.
+
+    Callers queue (stream, waiter); `flushers` threads, each with its own connection, take up to
+    `max_batch` waiting requests and run the journal's guarded multi-stream APPEND (PostgreSQL: the
+    one statement with its arrays and one pg_notify, prepared; SQLite: the same BEGIN IMMEDIATE,
+    guard reads, one multi-row INSERT, COMMIT), then wake their callers. Every writer has its own
+    stream and one request in flight, so a batch never holds a stream twice.
+    """
+
+    def __init__(self, vendor: str, text: str, flushers: int, max_batch: int = 64):
+        self.vendor, self.text, self.max_batch = vendor, text, max_batch
+        self.pending: deque = deque()
+        self.cond = threading.Condition()
+        self.closed = False
+        self.statements = self.requests = 0
+        self.settings = connection.settings_dict
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(flushers)]
+        for thread in self.threads:
+            thread.start()
+
+    def append(self, sid: str) -> None:
+        waiter = [sid, threading.Event(), None]
+        with self.cond:
+            self.pending.append(waiter)
+            self.cond.notify()
+        waiter[1].wait()
+        if waiter[2] is not None:
+            raise waiter[2]
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        for thread in self.threads:
+            thread.join(10)
+
+    def _run(self) -> None:
+        write, conn = self._writer()
+        try:
+            while True:
+                with self.cond:
+                    while not self.pending:
+                        if self.closed:
+                            return
+                        self.cond.wait()
+                    batch = [self.pending.popleft() for _ in range(min(self.max_batch, len(self.pending)))]
+                    self.statements += 1
+                    self.requests += len(batch)
+                try:
+                    write([w[0] for w in batch])
+                except Exception as exc:  # the cell fails loudly
+                    for waiter in batch:
+                        waiter[2] = exc
+                for waiter in batch:
+                    waiter[1].set()
+        finally:
+            conn.close()
+
+    def _writer(self):
+        """(write(sids), connection) for this vendor: the journal's own statement, raw."""
+        settings, text = self.settings, self.text
+        if self.vendor == "postgresql":
+            import psycopg
+
+            from journal.store.postgres import PostgresStore
+
+            conn = psycopg.connect(host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432,
+                                   dbname=settings["NAME"], user=settings["USER"] or None,
+                                   password=settings["PASSWORD"] or None, autocommit=True)
+            sql = PostgresStore("default").append_sql()
+            channel = conf.get("LOOM_NOTIFY_CHANNEL")
+
+            def write(sids: list[str]) -> None:
+                n = len(sids)
+                rows = conn.execute(sql, {"sids": sids, "tokens": [1] * n, "expected": [None] * n, "rsids": sids,
+                                          "ords": [0] * n, "types": ["BenchEvent"] * n, "payloads": [text] * n,
+                                          "channel": channel}, prepare=True).fetchall()
+                if not all(row[2] for row in rows):
+                    raise RuntimeError("raw-coalescer: fence refused")
+            return write, conn
+
+        from journal.store import sqlite as q
+
+        conn = sqlite3.connect(settings["NAME"], timeout=30, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+
+        def write(sids: list[str]) -> None:
+            marks = ", ".join("?" * len(sids))
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                tokens = dict(conn.execute(q.FENCES.format(marks=marks), sids).fetchall())
+                tips = dict(conn.execute(q.TIPS.format(marks=marks), sids).fetchall())
+                if any(tokens.get(sid) != 1 for sid in sids):
+                    raise RuntimeError("raw-coalescer: fence refused")
+                values = [v for sid in sorted(sids)
+                          for v in (sid, tips[sid] + 1, "BenchEvent", text, "2026-01-01 00:00:00")]
+                conn.execute(q.INSERT.format(rows=", ".join(["(?, ?, ?, ?, ?)"] * len(sids))), values)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return write, conn

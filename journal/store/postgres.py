@@ -80,6 +80,23 @@ WITH streams AS (
 SELECT v.stream_id, v.tip, v.fence_ok, v.expected%(notified)s FROM verdict v
 """
 
+# -- bench: MINIMAL_APPEND --
+# Benchmarks only (the `append` section's `minimal` row, the floor our APPEND is measured against):
+# the least a fenced, notified one-event append can be, in ONE statement. The fence row read FOR KEY
+# SHARE (the same lock as APPEND, for the same reason: a takeover's FOR UPDATE waits for it), one
+# INSERT at a seq the writer tracks itself (the unique (stream_id, seq) index is its sequence
+# guard), one pg_notify. No verdicts, no tip probe: a refused row simply inserts nothing.
+MINIMAL_APPEND = """
+WITH f AS (
+    SELECT stream_id FROM journal_fence WHERE stream_id = %(sid)s AND token = %(token)s FOR KEY SHARE
+), ins AS (
+    INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at)
+    SELECT f.stream_id, %(seq)s, %(type)s, %(payload)s::jsonb, now() FROM f
+    RETURNING seq
+)
+SELECT pg_notify(%(channel)s, %(sid)s || ':' || seq) FROM ins
+"""
+
 # -- open_stream --
 # Sequence-0 bootstrap of a single-writer stream: the fence row (token 1) and the first events
 # in one statement. ON CONFLICT DO NOTHING on the fence waits for a racing opener's commit and
