@@ -23,10 +23,13 @@ Per-caller outcomes: a caller never sees another caller's failure. Requests the 
 RETRY are written again without the failed ones, in a new statement; when an executor cannot say
 who failed (every request RETRY), each request is written alone.
 
-Inert unless used: nothing starts until the first request; `shared_coalescer()` is what durable
-flows use when LOOM_COALESCE is on. A caller inside a transaction (atomic block) is not
-coalesced: its rows must commit or roll back with its transaction, so its request runs through
-the same executor, alone, on its own connection.
+Adaptive: a caller that finds the coalescer idle (nothing queued, no statement in flight) writes
+its own request at once on its own connection, so a lone caller pays no hand-off; only callers
+that arrive while a statement is in flight queue for the flush threads. Nothing starts until a
+request has to queue. `shared_coalescer()` is what `Event.objects.append`, aggregates' do() and
+durable flows use while LOOM_COALESCE is on (the default). A caller inside a transaction (atomic
+block) is not coalesced: its rows must commit or roll back with its transaction, so its request
+runs through the same executor, alone, on its own connection.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from django.core.signals import setting_changed
 from django.db import connections
+from django.dispatch import receiver
 
 from journal import conf
 from journal.envelopes import Appended, AppendItem, Envelope
@@ -145,8 +150,8 @@ class Coalescer:
     """Merge requests from many threads into one statement per batch and kind (see the module doc).
 
     max_batch: most requests (streams) per statement; default LOOM_COALESCE_MAX_BATCH.
-    flushers: most statements in flight at once, each on one of the coalescer's own connections
-    (a flush thread's, or one a lone caller borrows); default LOOM_COALESCE_FLUSHERS.
+    flushers: flush threads, each with its own connection, and the most statements the coalescer
+    has in flight at once (a lone caller's own included); default LOOM_COALESCE_FLUSHERS.
     """
 
     def __init__(self, using: str = "default", max_batch: int | None = None, flushers: int | None = None):
@@ -160,8 +165,6 @@ class Coalescer:
         self._active = 0  # statements in flight (flush threads' and lone callers'): at most `flushers`
         self._cond = threading.Condition()
         self._threads: list[threading.Thread] = []
-        self._free: list[Any] = []  # the coalescer's idle connections (Django wrappers shared across threads)
-        self._opened: list[Any] = []
         self._closed = False
         self._pid = os.getpid()
         # Counters for benchmarks and tests: statements run, requests in them, retry rounds after a
@@ -180,10 +183,11 @@ class Coalescer:
         """Write one request of `kind` for stream `key` through a shared statement; block until it
         committed or failed; return its value or raise the caller's own exception.
 
-        Adaptive: a caller that finds nothing queued, its stream not being written and a statement
-        slot free writes its request itself, at once, on one of the coalescer's connections (no
-        hand-off to a flush thread: a lone caller pays nothing for coalescing). Otherwise it queues
-        and a flush thread merges it with whatever else is waiting.
+        Adaptive: a caller that finds the coalescer idle (nothing queued, no statement in flight)
+        writes its request itself, at once, on its own connection, exactly as without coalescing:
+        a lone caller pays no hand-off. Otherwise it queues and a flush thread merges it with
+        whatever else is waiting. Only one caller at a time writes alone, so under load the
+        writes go to the flush threads' connections.
         """
         executor = _executor(kind)
         if connections[self.using].in_atomic_block:
@@ -193,41 +197,32 @@ class Coalescer:
                 raise CoalescerClosed("the coalescer is closed")
             if self._pid != os.getpid():
                 self._forked_locked()
-            alone = not self._pending and self._active < self.flushers and key not in self._inflight
+            alone = self._active == 0 and not self._pending
             if alone:
                 self._active += 1
                 self._inflight.add(key)
                 self._count_locked(kind, 1)
                 self.direct += 1
-                wrapper = self._borrow_locked()
             else:
                 request = _Request(kind, key, payload)
                 self._start_locked()
                 self._pending.append(request)
                 self._cond.notify()
         if alone:
-            return self._write_alone(executor, kind, key, payload, wrapper)
+            return self._write_alone(executor, kind, key, payload)
         request.done.wait()
         if request.error is not None:
             raise request.error
         return request.result
 
-    def _write_alone(self, executor: Executor, kind: str, key: str, payload: Any, wrapper: Any) -> Any:
-        """The lone caller's own statement, on a borrowed coalescer connection installed as this
-        thread's `connections[using]` for the call (the executor looks its connection up there)."""
-        own = connections[self.using]
-        connections[self.using] = wrapper
+    def _write_alone(self, executor: Executor, kind: str, key: str, payload: Any) -> Any:
+        """The lone caller's request, through its kind's executor on the caller's own connection."""
         began = time.perf_counter()
         try:
             outcome = executor(self.using, [payload])[0]
-        except BaseException:
-            wrapper.close_if_unusable_or_obsolete()
-            raise
         finally:
-            connections[self.using] = own
             with self._cond:
                 self.busy_s += time.perf_counter() - began
-                self._free.append(wrapper)
                 self._active -= 1
                 self._inflight.discard(key)
                 if self._pending:
@@ -255,20 +250,13 @@ class Coalescer:
         return self.submit(APPEND, item.stream_id, (item, encoded))
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Write what is queued, stop the flush threads and close the coalescer's connections."""
+        """Write what is queued, stop the flush threads and close their connections."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
             threads, self._threads = self._threads, []
         for thread in threads:
             thread.join(timeout)
-        with self._cond:
-            opened, self._opened, self._free = self._opened, [], []
-        for wrapper in opened:
-            try:
-                wrapper.close()
-            finally:
-                wrapper.dec_thread_sharing()
 
     def __enter__(self) -> Coalescer:
         return self
@@ -276,21 +264,10 @@ class Coalescer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- connections and flush threads ----------------------------------------------------------
-    def _borrow_locked(self) -> Any:
-        """An idle coalescer connection (one is created when none is idle: never more than
-        `flushers`, since each statement in flight holds one)."""
-        if self._free:
-            return self._free.pop()
-        wrapper = connections.create_connection(self.using)
-        wrapper.inc_thread_sharing()  # used by whichever thread runs the next statement
-        self._opened.append(wrapper)
-        return wrapper
-
+    # -- the flush threads ----------------------------------------------------------------------
     def _forked_locked(self) -> None:
-        """After a fork the parent's threads and connections do not exist here: start afresh."""
+        """After a fork the parent's threads do not exist here: start afresh."""
         self._pid, self._threads, self._inflight, self._active = os.getpid(), [], set(), 0
-        self._free, self._opened = [], []
 
     def _count_locked(self, kind: str, requests: int) -> None:
         self.statements += 1
@@ -353,30 +330,25 @@ class Coalescer:
 
     def _run(self) -> None:
         batch: list[_Request] = []
-        wrapper = None
-        while True:
-            with self._cond:
-                if batch:  # the previous batch is written: its streams and its slot are free
-                    for request in batch:
-                        self._inflight.discard(request.key)
-                    self._active -= 1
-                    self._free.append(wrapper)
-                batch = self._take_locked() if self._active < self.flushers else []
-                while not batch:
-                    if self._closed and not self._pending:
-                        return
-                    self._cond.wait()
+        try:
+            while True:
+                with self._cond:
+                    if batch:  # the previous batch is written: its streams and its slot are free
+                        for request in batch:
+                            self._inflight.discard(request.key)
+                        self._active -= 1
                     batch = self._take_locked() if self._active < self.flushers else []
-                self._active += 1
-                wrapper = self._borrow_locked()
-                if self._pending:  # more than this batch waits: another flush thread may take it
-                    self._cond.notify()
-            own = connections[self.using]
-            connections[self.using] = wrapper
-            try:
+                    while not batch:
+                        if self._closed and not self._pending:
+                            return
+                        self._cond.wait()
+                        batch = self._take_locked() if self._active < self.flushers else []
+                    self._active += 1
+                    if self._pending:  # more than this batch waits: another flush thread may take it
+                        self._cond.notify()
                 self._flush(batch)
-            finally:
-                connections[self.using] = own
+        finally:
+            connections[self.using].close()
 
     def _flush(self, batch: list[_Request]) -> None:
         """Write the batch (one kind); requests marked RETRY are written again without the others."""
@@ -461,7 +433,7 @@ _shared_lock = threading.Lock()
 
 
 def enabled() -> bool:
-    """Whether durable flows route their writes through the coalescer (LOOM_COALESCE)."""
+    """Whether appends and durable flows route their writes through the coalescer (LOOM_COALESCE)."""
     return conf.get("LOOM_COALESCE")
 
 
@@ -477,6 +449,14 @@ def shared_coalescer(using: str = "default") -> Coalescer:
 
 
 shared_appender = shared_coalescer
+
+
+@receiver(setting_changed)
+def _follow_settings(setting: str, **kwargs: Any) -> None:
+    """The shared coalescers follow LOOM_COALESCE_* (tests and benchmarks change them at run time):
+    a change closes them, and the next request creates one with the new values."""
+    if setting.startswith("LOOM_COALESCE_"):
+        close_shared()
 
 
 def running(using: str = "default") -> Coalescer | None:
@@ -495,7 +475,7 @@ def close_shared() -> None:
 
 
 def submit(kind: str, key: str, payload: Any, using: str = "default") -> Any:
-    """One request of `kind`: coalesced when LOOM_COALESCE is on, else alone on this connection."""
+    """One request of `kind`: coalesced when LOOM_COALESCE is on (adaptive), else alone on this connection."""
     if enabled():
         return shared_coalescer(using).submit(kind, key, payload)
     return run_alone(kind, payload, using)

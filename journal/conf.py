@@ -92,7 +92,9 @@ register(
             check=_channel_problem),
     Setting("LOOM_SNAPSHOT_EVERY", int, None, "Checkpoint an execution's state every N events (unset: never).", 1,
             optional=True),
-    Setting("LOOM_COALESCE", bool, False, "Route appends of durable flows through the cross-stream coalescer."),
+    Setting("LOOM_COALESCE", bool, True,
+            "Merge concurrent writes (Event.objects.append, aggregates' do(), durable flows) into shared"
+            " statements through the cross-stream coalescer; adaptive: a caller alone writes directly."),
     Setting("LOOM_COALESCE_MAX_BATCH", int, 16, "Most rows the coalescer merges into one statement.", 1),
     Setting("LOOM_COALESCE_FLUSHERS", int, 2, "Flush threads (each with its own connection) per coalescer.", 1),
     # flows

@@ -1,7 +1,10 @@
 """The only write path of the log: `Event.objects.append()` and `append_batch()`.
 
 The managers are thin: they validate and hand over to the store of the database they are bound
-to (journal/store), where the SQL of each backend lives.
+to (journal/store), where the SQL of each backend lives. `append` goes through the process's
+cross-stream coalescer (journal/coalesce.py, LOOM_COALESCE, on by default): a caller alone, or
+inside a transaction, appends directly on its own connection; appends of many threads at once
+share statements.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ class EventManager(models.Manager):
                expected_seq: int | None = None) -> Appended:
         """Append events to one stream at its next seqs, guarded by fence token and/or expected tip."""
         item = AppendItem.build(stream_id, envelopes, fence_token, expected_seq)
+        from journal import coalesce
+
+        if coalesce.enabled():  # adaptive: alone (or in a transaction) it is the direct append below
+            return coalesce.shared_coalescer(self.db).append_item(item)
         return self._store().append_batch([item])[0]
 
     def append_batch(self, items: Sequence[AppendItem | tuple]) -> list[Appended]:
