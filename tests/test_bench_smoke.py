@@ -32,6 +32,7 @@ TINY_THROUGHPUT = [
     "--flow-concurrency", "1,2", "--flow-executions", "6", "--transient-calls", "50", "--transient-repeats", "2",
     "--read-concurrency", "2", "--read-ops", "5", "--lease-concurrency", "2", "--lease-repeats", "2",
     "--lease-execs", "4", "--peer-concurrency", "1,2", "--peer-ops", "3", "--peer-repeats", "2",
+    "--growth-sizes", "2000,4000", "--growth-ops", "20",
 ]
 
 

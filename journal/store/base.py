@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -113,6 +113,28 @@ class DatabaseBound:
     def connection(self):
         return connections[self.alias]
 
+    def bulk_load(self, table: str, columns: Sequence[str], rows: Iterable[tuple]) -> None:
+        """Benchmarks only (the `growth` section's pre-filled tables): load `rows` into a table of the
+        calling store's own app in one transaction, as fast as the backend allows: COPY on PostgreSQL,
+        one executemany on SQLite. The caller names its own table (each app's store passes its own),
+        so the rule of one owner per table holds."""
+        cols = ", ".join(columns)
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            if self.connection.vendor == "postgresql":
+                with cursor.cursor.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+            else:
+                cursor.executemany(f"INSERT INTO {table} ({cols}) VALUES ({', '.join(['%s'] * len(columns))})",
+                                   rows)
+
+
+    def analyze(self, *tables: str) -> None:
+        """Benchmarks only: refresh the planner's statistics of the caller's own tables after a
+        bulk load (autovacuum would, later), so the plans measured are the ones a live system has."""
+        with self.connection.cursor() as cursor:
+            for table in tables:
+                cursor.execute(f"ANALYZE {table}")
 
 class JournalStore(DatabaseBound, ABC):
 
@@ -479,6 +501,18 @@ class JournalStore(DatabaseBound, ABC):
         """Delete the execution headers under `prefix` (or named in `ids`)."""
         self._delete(DELETE_EXECUTIONS, prefix, ids)
 
+    def fill_growth(self, prefix: str, first: int, count: int, per_stream: int, payload: str) -> None:
+        """Benchmarks only: streams `prefix{n}` for n in first..first+count-1, each with `per_stream`
+        events (seq 0..), fence token 1 and a running execution header, bulk loaded (bulk_load)."""
+        now = self.now()
+        ids = [f"{prefix}{n}" for n in range(first, first + count)]
+        self.bulk_load(*FILL_EVENTS, ((sid, seq, "BenchFilled", payload, now) for sid in ids
+                                      for seq in range(per_stream)))
+        self.bulk_load(*FILL_FENCES, ((sid, 1, now) for sid in ids))
+        self.bulk_load(*FILL_EXECUTIONS, ((sid, "bench.growth", "running", "{}", None, "", 0, now, now, None)
+                                          for sid in ids))
+        self.analyze(FILL_EVENTS[0], FILL_FENCES[0], FILL_EXECUTIONS[0])
+
     def _one(self, sql: str, params) -> int:
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -514,6 +548,12 @@ SELECT count(DISTINCT stream_id), min(n), max(n) FROM (SELECT stream_id, count(*
 FROM journal_event WHERE stream_id LIKE %s GROUP BY stream_id) s
 """
 COUNT_EXECUTIONS = "SELECT count(*) FROM journal_execution WHERE id LIKE %s AND status = %s"
+
+# -- fill_growth -- (benchmarks: the growth section's pre-filled journal, through bulk_load)
+FILL_EVENTS = ("journal_event", ("stream_id", "seq", "type", "payload", "recorded_at"))
+FILL_FENCES = ("journal_fence", ("stream_id", "token", "created_at"))
+FILL_EXECUTIONS = ("journal_execution", ("id", "flow", "status", "input", "result", "error", "recoveries",
+                                         "created_at", "updated_at", "finished_at"))
 
 # -- delete_streams / delete_executions -- (benchmarks, tests: maintenance of their own rows only)
 DELETE_STREAMS = (
