@@ -1,7 +1,8 @@
 """Section `append`: N concurrent writers, each on its own fenced stream.
 
 Four variants in the same run, so that our overhead is a ratio and not a guess:
-- per-event: `Event.objects.append` of one event per call;
+- per-event: `Event.objects.append` of one event per call, direct (LOOM_COALESCE off: one statement
+  per event; the coalescer, on by default, is measured by the `coalesced` section);
 - batch: `append_batch` with 16 events of the writer's stream per call;
 - ceiling: the very statement of the per-event append, issued with the raw driver (psycopg or
   sqlite3), no Django, parameters prepared once. On PostgreSQL that is the fenced INSERT with its
@@ -26,6 +27,7 @@ import queue
 import sqlite3
 import statistics
 import threading
+from contextlib import nullcontext
 
 from django.db import connection, connections
 
@@ -137,8 +139,9 @@ def _cell(ctx, variant: str, conc: int, ops: int, body: dict, rep: int = 0):
     else:
         op, setup, teardown = _ceiling(ctx, ids, body, pool, minimal=variant == "minimal")
 
-    outcome = run_workers(conc, calls, op, setup=setup, teardown=teardown,
-                          progress=lambda n: bar.update(n * per_call))
+    with direct() if variant == "per-event" else nullcontext():
+        outcome = run_workers(conc, calls, op, setup=setup, teardown=teardown,
+                              progress=lambda n: bar.update(n * per_call))
     bar.close()
     if outcome.errors:
         raise RuntimeError(f"append {variant} c={conc}: {outcome.errors[:3]}")
@@ -148,6 +151,14 @@ def _cell(ctx, variant: str, conc: int, ops: int, body: dict, rep: int = 0):
     if not ctx.options.get("keep"):
         streams.remove(pfx)
     return outcome
+
+
+def direct():
+    """LOOM_COALESCE off for the block: `Event.objects.append` writes its own statement, whatever the
+    default (per-event rows measure one statement per event; the coalescer has its own rows)."""
+    from django.test.utils import override_settings
+
+    return override_settings(LOOM_COALESCE=False)
 
 
 def connection_cap(ctx, writers: int) -> int | None:

@@ -1,7 +1,8 @@
 """Section `coalesced`: the cross-stream coalescer against per-event appends, in the same run.
 
 64 writers (`--coalesce-writers`), each on its own fenced stream, append one event per call:
-- per-event: `Event.objects.append`, one statement (and one notifying commit) per event;
+- per-event: `Event.objects.append` with LOOM_COALESCE off, one statement (and one notifying
+  commit) per event;
 - ceiling: the same one-row statement through the raw driver (the one-row-per-transaction
   ceiling with notification);
 - coalesced-16 / coalesced-64: `CoalescingAppender.append` with max_batch 16 and 64; its flush
@@ -25,13 +26,14 @@ import sqlite3
 import statistics
 import threading
 from collections import deque
+from contextlib import nullcontext
 
 from django.db import connection
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int
 from benchmarks.harness import run_workers
-from benchmarks.sections.append import _ceiling, connection_cap, payload, pooled
+from benchmarks.sections.append import _ceiling, connection_cap, direct, payload, pooled
 from journal import conf
 from journal.coalesce import CoalescingAppender
 from journal.envelopes import Envelope
@@ -114,7 +116,8 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
         setup = teardown = None
     bar = ctx.progress(conc * ops, f"{variant} c={conc} #{rep + 1}")
     try:
-        outcome = run_workers(conc, ops, op, setup=setup, teardown=teardown, progress=bar.update)
+        with direct() if variant == "per-event" else nullcontext():
+            outcome = run_workers(conc, ops, op, setup=setup, teardown=teardown, progress=bar.update)
     finally:
         bar.close()
         if appender is not None:

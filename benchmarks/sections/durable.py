@@ -54,14 +54,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--flow-coalesce", type=choice_list("default", "off", "on"), default="default,off,on",
                         help="LOOM_COALESCE variants of each durable cell, in order, out of default (the settings as"
                              " they are), off, on (default: default,off,on).")
+    parser.add_argument("--flow-repeats", type=positive_int, default=1,
+                        help="Rounds of the durable variants, rotating their order (each round recorded; default 1).")
 
 
 def run(ctx) -> None:
     variants = ctx.options.get("flow_coalesce") or ("default", "off", "on")
     for conc in ctx.options["flow_concurrency"]:
         for steps, name in ((1, "bench.noop1"), (3, "bench.noop3")):
-            for config in variants:  # interleaved: the variants of one cell back to back
-                _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc), config)
+            for rep in range(ctx.options.get("flow_repeats") or 1):  # rotating: none always first
+                turn = rep % len(variants)
+                for config in variants[turn:] + variants[:turn]:  # the variants of one cell back to back
+                    _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc), config, rep)
 
 
 def _counters() -> tuple[int, int]:
@@ -79,9 +83,9 @@ def remove_headers(pfx: str) -> None:
     store_for().delete_executions(pfx)
 
 
-def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, config: str) -> None:
+def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, config: str, rep: int = 0) -> None:
     coalesced = conf.get("LOOM_COALESCE") if config == "default" else config == "on"
-    pfx = streams.prefix(ctx.run_id, "durable", steps, conc, config)
+    pfx = streams.prefix(ctx.run_id, "durable", steps, conc, config, rep)
     bar = ctx.progress(conc * per_worker, f"{steps}-step c={conc} coalesce={config}")
 
     def op(w: int, i: int) -> int:
@@ -115,7 +119,7 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, config: str) -
     all_statements = counted_after[0] - counted_before[0]
     control = counted_after[1] - counted_before[1]
     ctx.record(f"{steps}-step", {"concurrency": conc, "steps": steps, "events_per_execution": per_exec,
-                                 "coalesce": coalesced, "config": config,
+                                 "coalesce": coalesced, "config": config, "round": rep + 1,
                                  "lease_mode": conf.get("LOOM_LEASE_MODE"),
                                  "ownership": type(get_ownership()).__name__,
                                  "snapshot_every": conf.get("LOOM_SNAPSHOT_EVERY")},

@@ -227,7 +227,8 @@ class JournalStore(DatabaseBound, ABC):
 
     #: True: a bootstrap and a settle are each ONE statement, which may carry an ownership's companion
     #: CTEs (the inline lease), and many executions' merge into one (the coalescer's flows kinds).
-    #: False: each is a short transaction of plain statements; no companion, nothing worth merging.
+    #: False: each is a short transaction of plain statements, no companion; many executions' merge
+    #: into ONE transaction (the coalescer's flows kinds: group commit under the write lock).
     one_statement_executions = False
 
     def bootstrap_execution(self, boot: ExecutionBoot) -> int:
