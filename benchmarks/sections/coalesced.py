@@ -11,9 +11,11 @@
   validation, no envelopes): the same writers queue (stream, payload text) pairs, the same number of
   flush threads each with its own connection take up to 64 of them and run the SAME guarded
   multi-row APPEND statement (one pg_notify per statement) with its array parameters, prepared.
-  Every coalesced cell records `vs_raw_coalescer` (its throughput over this one's: ours ÷ ceiling).
-Also a single writer, per-event vs coalesced-16: with nobody to merge with, the coalescer can
-only add a thread hand-off, which is its cost.
+  Every coalesced cell records `vs_raw_coalescer` (its throughput over this one's: ours ÷ ceiling)
+  and every cell `cpu_us_per_event`, this process's CPU time per event (steadier than throughput
+  on a loaded machine).
+Also a single writer, per-event vs coalesced-16: with nobody to merge with, the adaptive
+coalescer writes the caller's request itself, so the two should be equal (goal: >= 0.95).
 
 The variants are interleaved for `--repeats` rounds (rotating which goes first) and each cell
 records its median; every round is verified against the rows it wrote.
@@ -25,6 +27,7 @@ import json
 import sqlite3
 import statistics
 import threading
+import time
 from collections import deque
 from contextlib import nullcontext
 
@@ -78,6 +81,7 @@ def run(ctx) -> None:
                        vs_per_event=round(tput / base, 3) if base else None,
                        vs_raw_coalescer=round(tput / raw, 3) if raw else None,
                        rows_per_statement=mid.get("rows_per_statement"),
+                       cpu_us_per_event=statistics.median(c["cpu_us_per_event"] for c in cells),
                        runs=[round(c["throughput"], 1) for c in cells])
 
 
@@ -116,8 +120,10 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
         setup = teardown = None
     bar = ctx.progress(conc * ops, f"{variant} c={conc} #{rep + 1}")
     try:
+        cpu = time.process_time()
         with direct() if variant == "per-event" else nullcontext():
             outcome = run_workers(conc, ops, op, setup=setup, teardown=teardown, progress=bar.update)
+        cpu = time.process_time() - cpu
     finally:
         bar.close()
         if appender is not None:
@@ -136,6 +142,9 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
         extra["rows_per_statement"] = round(appender.batched_requests / max(1, appender.statements), 2)
     if not ctx.options.get("keep"):
         streams.remove(pfx)
+    # This process's CPU time per event (every thread: writers, flush threads, driver): what our code
+    # costs, steadier than throughput on a loaded machine (it does not count waiting for the server).
+    extra["cpu_us_per_event"] = round(cpu * 1e6 / max(1, outcome.units), 1)
     return {"throughput": outcome.throughput, "latencies": outcome.latencies_ms, "units": outcome.units, **extra}
 
 
