@@ -243,11 +243,15 @@ def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None, minimal: 
                 params[w]["seq"] = i + 1
             conn.execute(sql, params[w], prepare=True).fetchall()
 
+        from journal.store.postgres import PLAN_CACHE_MODE
+
         def connect():
-            return psycopg.connect(
+            conn = psycopg.connect(
                 host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432, dbname=settings["NAME"],
                 user=settings["USER"] or None, password=settings["PASSWORD"] or None, autocommit=True,
             )
+            conn.execute(PLAN_CACHE_MODE)  # as the journal's connections run their prepared statements
+            return conn
 
         if pool is not None:  # more writers than connections: borrow one per statement
             free: queue.SimpleQueue = queue.SimpleQueue()
