@@ -75,6 +75,18 @@ class Batches:
         return sum(self.latencies_ms) / 1000
 
 
+class Tally:
+    """A count the worker threads add to (conflicts retried, reservations refused); `add` fits on_conflict."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def add(self, *_) -> None:
+        with self._lock:
+            self.count += 1
+
+
 def run_rounds(threads: int, rounds: int, op: Callable[[int, int], int], bar) -> Batches:
     """Each round: all threads run `op(worker, round)` together; the batch time ends with the last one."""
     out = Batches()
@@ -251,15 +263,10 @@ def fanout(ctx, base: str) -> None:
 
 def contended(ctx, base: str) -> None:
     threads, rounds = ctx.options["contenders"], ctx.options["rounds"]
-    conflicts = [0]
-    lock = threading.Lock()
-
-    def counted(attempt, exc) -> None:
-        with lock:
-            conflicts[0] += 1
+    conflicts = Tally()
 
     def op(w: int, r: int) -> int:
-        do_with_retry(increment, f"{base}{r}", {"by": 1}, attempts=200, backoff_ms=0.5, on_conflict=counted)
+        do_with_retry(increment, f"{base}{r}", {"by": 1}, attempts=200, backoff_ms=0.5, on_conflict=conflicts.add)
         return 1
 
     batches = run_rounds(threads, rounds, op, ctx.progress(rounds, f"{threads} contended commits"))
@@ -269,7 +276,7 @@ def contended(ctx, base: str) -> None:
     for r in range(rounds):
         ctx.verify(f"contended-20: round {r} events", threads, Event.objects.tip(counter.stream(f"{base}{r}")) + 1)
     _batch(ctx, "contended-20", {"threads": threads, "rounds": rounds}, batches, threads,
-           verified_rows=batches.units, retries=conflicts[0], retries_per_commit=conflicts[0] / batches.units)
+           verified_rows=batches.units, retries=conflicts.count, retries_per_commit=conflicts.count / batches.units)
 
 
 def ticket_workflow(ctx, base: str) -> None:
@@ -295,28 +302,21 @@ def shared_inventory(ctx, base: str) -> None:
     threads, rounds, stock = ctx.options["reservations"], ctx.options["rounds"], ctx.options["stock"]
     for r in range(rounds):
         do(restock, f"{base}{r}", {"quantity": stock})
-    refused = [0]
-    conflicts = [0]
-    lock = threading.Lock()
-
-    def counted(attempt, exc) -> None:
-        with lock:
-            conflicts[0] += 1
+    refused, conflicts = Tally(), Tally()
 
     def op(w: int, r: int) -> int:
         try:
             do_with_retry(reserve, f"{base}{r}", {"request": f"{r}-{w}"}, attempts=200, backoff_ms=0.5,
-                          on_conflict=counted)
+                          on_conflict=conflicts.add)
         except InvariantViolated:
-            with lock:
-                refused[0] += 1
+            refused.add()
             return 0
         return 1
 
     batches = run_rounds(threads, rounds, op, ctx.progress(rounds, f"{threads} contending reservations"))
     granted = min(threads, stock)
     ctx.verify("shared-inventory: reservations committed", rounds * granted, batches.units)
-    ctx.verify("shared-inventory: refused by the invariant", rounds * max(0, threads - stock), refused[0])
+    ctx.verify("shared-inventory: refused by the invariant", rounds * max(0, threads - stock), refused.count)
     ctx.verify("shared-inventory: journal rows", rounds * (1 + granted), streams.count_events(f"bench:{base}"))
     ctx.verify("shared-inventory: streams with gaps", 0, streams.check_contiguous(f"bench:{base}"))
     cache.clear()
@@ -324,7 +324,7 @@ def shared_inventory(ctx, base: str) -> None:
     ctx.verify("shared-inventory: stock left per round", stock - granted, min(left))
     ctx.verify("shared-inventory: stock never below zero", 1, int(min(left) >= 0 and len(left) == 1))
     _batch(ctx, "shared-inventory", {"threads": threads, "rounds": rounds, "stock": stock}, batches, granted,
-           verified_rows=batches.units, refused=refused[0], retries=conflicts[0])
+           verified_rows=batches.units, refused=refused.count, retries=conflicts.count)
 
 
 def calculator_session(ctx, base: str) -> None:
