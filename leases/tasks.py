@@ -136,9 +136,8 @@ def reserve_and_enqueue(flow: str, stored: Any, execution_id: str, meta: dict | 
     from django_q.tasks import async_task
 
     from journal.flows.writer import header_status
-    from leases.models import StartReservation
 
-    alias = router.db_for_write(StartReservation)
+    alias = _alias()
     digest, starter = input_hash(stored), _starter(meta)
     task = ("leases.tasks.run_start", flow, stored, execution_id, meta)
     options = {"task_name": f"start {flow} {execution_id}"[:100], "q_options": {"timeout": -1}}
