@@ -115,3 +115,8 @@ def test_a_goal_verdict_follows_the_figures():
     assert goals.lease_overhead("lazy", 5.0)(lazy[:1]).verdict == goals.MET
     assert goals.lease_overhead("lazy", 5.0)(lazy).verdict == goals.NOT_MEASURED  # spread too wide
     assert goals.reaction_latency([cell("latency", "latency 1000", 990.0, 60.0, rate=1000)]).verdict == goals.NOT_MET
+    gate = [cell("gate", "eager lease cost", metrics={"ratio": 0.82, "limit": ">= 0.8", "passed": True,
+                                                      "verdict": "ok"})]
+    assert goals.gate_rule("eager lease cost")(gate).verdict == goals.MET
+    assert goals.gate_rule("eager lease cost", goal_at_least=0.85)(gate).verdict == goals.NOT_MET
+    assert goals.gate_rule("coalescing gain")(gate).verdict == goals.NOT_MEASURED

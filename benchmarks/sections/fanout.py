@@ -84,8 +84,10 @@ def run(ctx) -> None:
 def _round(ctx, nodes: int, writers: int, ops: int, body: dict, rep: int) -> dict:
     pfx = streams.prefix(ctx.run_id, "fanout", nodes, rep)
     ids = open_streams(pfx, writers)  # before the nodes start
-    children = [_spawn(pfx) for _ in range(nodes)]
-    try:
+    children: list[subprocess.Popen] = []
+    try:  # spawned inside: when one node fails to start, the ones already started are stopped below
+        for _ in range(nodes):
+            children.append(_spawn(pfx))
         env = Envelope("BenchEvent", body)
 
         def op(w: int, i: int) -> int:
