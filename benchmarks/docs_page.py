@@ -97,16 +97,17 @@ def plan(only: Iterable[str] | None = None) -> list[Entry]:
 
 
 def run_entry(entry: Entry, small: bool, log=lambda message: None) -> Recorded:
-    """Run one entry's command in this process (recorded as every bench run is); a failed verification
-    or gate is reported in the block, not raised, so the other entries still run."""
+    """Run one entry's command in this process (recorded as every bench run is); a failed verification,
+    gate or section is reported in the block (and the run is recorded as failed), not raised, so the
+    other entries still run and their blocks are written."""
     argv = entry.small if small else entry.argv
     before = BenchRun.objects.filter(command=entry.command).order_by("-pk").values_list("pk", flat=True).first() or 0
     log(f"bench_docs: {command_line(entry.command, argv)}")
     error = ""
     try:
         call_command(entry.command, *argv, "--quiet", stdout=io.StringIO(), stderr=io.StringIO())
-    except CommandError as exc:
-        error = str(exc)
+    except Exception as exc:  # a failed verification, gate or section: said in its block; the others still run
+        error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CommandError) else str(exc)
     run = BenchRun.objects.filter(command=entry.command, pk__gt=before).order_by("-pk").first()
     return Recorded(entry, argv, run, error)
 
