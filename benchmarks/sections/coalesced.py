@@ -35,6 +35,7 @@ from django.db import connection
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int
+from benchmarks.cells import raise_errors, tidy, verify_written
 from benchmarks.harness import run_workers
 from benchmarks.sections.append import _ceiling, connection_cap, direct, payload, pooled
 from journal import conf
@@ -128,11 +129,8 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
         bar.close()
         if appender is not None:
             appender.close()
-    if outcome.errors:
-        raise RuntimeError(f"coalesced {variant} c={conc}: {outcome.errors[:3]}")
-    written = streams.count_events(pfx) - conc
-    ctx.verify(f"{variant} c={conc} round {rep + 1} events", outcome.units, written)
-    ctx.verify(f"{variant} c={conc} round {rep + 1} streams with gaps", 0, streams.check_contiguous(pfx))
+    raise_errors(f"coalesced {variant} c={conc}", outcome.errors)
+    verify_written(ctx, f"{variant} c={conc} round {rep + 1}", pfx, outcome.units, opened=conc)
     if isinstance(appender, RawCoalescer):
         ctx.verify(f"{variant} c={conc} round {rep + 1} coalesced requests", outcome.units, appender.requests)
         extra["rows_per_statement"] = round(appender.requests / max(1, appender.statements), 2)
@@ -140,8 +138,7 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
         ctx.verify(f"{variant} c={conc} round {rep + 1} refused statements", 0, appender.retries)
         ctx.verify(f"{variant} c={conc} round {rep + 1} coalesced requests", outcome.units, appender.batched_requests)
         extra["rows_per_statement"] = round(appender.batched_requests / max(1, appender.statements), 2)
-    if not ctx.options.get("keep"):
-        streams.remove(pfx)
+    tidy(ctx, pfx)
     # This process's CPU time per event (every thread: writers, flush threads, driver): what our code
     # costs, steadier than throughput on a loaded machine (it does not count waiting for the server).
     extra["cpu_us_per_event"] = round(cpu * 1e6 / max(1, outcome.units), 1)
