@@ -151,7 +151,9 @@ def _sweep(ctx, leases, owner: str, size: int, expired: int):
     taken: list = []
 
     def op(w: int, i: int) -> int:
-        result = leases.takeover(f"{owner}-sweeper", 30.0, orphan_after=86400.0, max_attempts=10,
+        # The sweeper's leases last an hour: a later size's sweep must not find them expired again
+        # (the fill of 10^7 events takes longer than a short TTL).
+        result = leases.takeover(f"{owner}-sweeper", 3600.0, orphan_after=86400.0, max_attempts=10,
                                  limit=expired + 10, flows=["bench.growth"])
         taken.extend(result.taken)
         return 1
