@@ -13,12 +13,11 @@ from __future__ import annotations
 import io
 
 import pytest
-from benchmarks.reaction_scenarios import SECTIONS as REACTION_SECTIONS
 from django.core.management import call_command
 from django.db import connection
 
 from benchmarks.models import BenchRun
-from benchmarks.sections import THROUGHPUT_SECTIONS
+from benchmarks.sections import REACTION_SECTIONS, THROUGHPUT_SECTIONS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
