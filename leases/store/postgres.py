@@ -12,6 +12,7 @@ touching the same rows wait for each other instead of deadlocking.
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Sequence
 
@@ -292,7 +293,10 @@ class PostgresSchedules:
         rows = self._rows(CLAIM_DUE_SCHEDULES, {"limit": limit, "any_flow": flows is None, "flows": list(flows or [])})
         if not rows:
             return self._rows(DATABASE_NOW, [])[0][0], []
-        return rows[0][7], [DueSchedule(*row[:7]) for row in rows]
+        # Django's psycopg loaders hand jsonb back as its text (the JSONField decodes it): decode here too.
+        return rows[0][7], [DueSchedule(name, cron, flow, json.loads(data) if isinstance(data, str) else data,
+                                        catch_up, queue, due)
+                            for name, cron, flow, data, catch_up, queue, due, _ in rows]
 
     def advance_schedule(self, name, next_tick_at, last_tick_at, last_execution_id):
         self._count(ADVANCE_SCHEDULE, {"name": name, "next": next_tick_at, "last": last_tick_at,
