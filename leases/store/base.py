@@ -55,7 +55,7 @@ class ScheduleWrite:
     next_tick_at: datetime
 
 
-class ScheduleStatements:
+class ScheduleStatements(ABC):
     """The schedule part of every lease store (mixed into LeaseStore). The claim and the advance run
     in the CALLER's transaction (leases.schedules.tick): the starts of a tick, its advance and the
     release of the claim's lock commit together."""
