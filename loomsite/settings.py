@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "django_q",
     "journal",
     "leases",
+    "queues",
     "projections",
     "benchmarks",
     "loomapi",
@@ -156,6 +157,10 @@ LOGGING = {
 
 # django-q2: the ORM broker on the same database by default; Redis when LOOM_Q_REDIS_URL is set.
 _redis_url = env.str("LOOM_Q_REDIS_URL", default="")
+# Django's Tasks framework (django.tasks on Django 6, the django-tasks backport on 5.2): tasks are durable
+# executions on Loom's queues, run by loom_worker (journal/tasks.py, docs/queues.md).
+TASKS = {"default": {"BACKEND": "journal.tasks.LoomBackend", "QUEUES": ["default"]}}
+
 Q_CLUSTER = {
     "name": "loom",
     "workers": env.int("LOOM_Q_WORKERS", default=2),

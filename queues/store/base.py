@@ -1,0 +1,196 @@
+"""What every queue store does. One implementation per database backend (postgres.py, sqlite.py)
+holds all the SQL of the queue tables, named, with the reason beside every lock.
+
+The dequeue is one short transaction per queue that serialises the queue's claimers on its row, so
+that "count what runs, then claim up to the cap" is atomic across every worker process and host.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from journal.store.base import DatabaseBound
+
+# A started entry's execution whose header is in one of these states has finished: its slot is free.
+SETTLED = ("completed", "failed", "cancelled", "stuck")
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """A start to queue, validated and encoded before any SQL (queues/enqueue.py)."""
+
+    queue: str
+    execution_id: str
+    flow: str
+    input: str  # JSON text (journal/jsonvalues.py)
+    meta: str  # JSON text or ""
+    partition_key: str | None = None
+    priority: int = 0
+    dedup_id: str | None = None
+    run_after: datetime | None = None  # None: now
+
+
+@dataclass(frozen=True, slots=True)
+class Existing:
+    """The live entry (or the entry of the same execution id) an enqueue found instead of inserting."""
+
+    execution_id: str
+    flow: str
+    input: Any
+    by_dedup: bool  # matched by its dedup id (else by execution id)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """An entry a worker claimed: run `flow(input)` as execution `execution_id`."""
+
+    execution_id: str
+    flow: str
+    input: Any
+    meta: dict | None
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue as the admin and `manage.py loom queues` show it."""
+
+    name: str
+    concurrency: int
+    partition_concurrency: int | None
+    rate_limit: int | None
+    rate_period: float | None
+    pending: int  # waiting, including entries not due yet (run_after in the future)
+    ready: int  # waiting and due
+    running: int  # claimed, and their execution is running or has not begun yet
+
+
+@dataclass(slots=True)
+class Caps:
+    """A queue's row, read under its lock by a dequeue."""
+
+    concurrency: int
+    partition_concurrency: int | None
+    rate_limit: int | None
+    rate_period: float | None
+    running: dict[str | None, int] = field(default_factory=dict)  # per partition key (None: no key)
+
+    @property
+    def total(self) -> int:
+        return sum(self.running.values())
+
+
+def pick(caps: Caps, rows: Sequence[tuple[int, str | None]], want: int, taken: dict[str | None, int]) -> list[int]:
+    """The candidate ids (in start order) that fit the per-partition cap, up to `want`; `taken` counts
+    what this dequeue already picked per partition (updated)."""
+    chosen: list[int] = []
+    limit = caps.partition_concurrency
+    for entry_id, key in rows:
+        if len(chosen) >= want:
+            break
+        if limit is not None and key is not None and caps.running.get(key, 0) + taken.get(key, 0) >= limit:
+            continue
+        taken[key] = taken.get(key, 0) + 1
+        chosen.append(entry_id)
+    return chosen
+
+
+def decode(text: str | None) -> Any:
+    return None if not text else json.loads(text)
+
+
+class QueueStore(DatabaseBound, ABC):
+    # Candidates read per page when a per-partition cap may skip some (keyset pages until enough fit).
+    PAGE = 256
+
+    def _rows(self, sql: str, params) -> list[tuple]:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def _count(self, sql: str, params) -> int:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount
+
+    @abstractmethod
+    def has_queue(self, name: str) -> bool:
+        """Whether a row of that queue exists (declared by some process)."""
+
+    @abstractmethod
+    def upsert_queue(self, spec) -> None:
+        """Write the queue's row with these caps (queues.declarations.QueueSpec), creating it if needed."""
+
+    @abstractmethod
+    def insert_entry(self, entry: NewEntry) -> Existing | None:
+        """Queue a start; None when inserted. When a live entry (pending or started, whose execution has
+        not settled) of the queue holds the dedup id, or any entry holds the execution id, nothing is
+        written and that entry is returned. Racing inserts of one dedup id or execution id: one wins."""
+
+    @abstractmethod
+    def ready_queues(self, flows: Sequence[str], claim_timeout: float) -> list[str]:
+        """Queues with an entry a worker with these flows could claim now: pending and due, or claimed
+        longer than `claim_timeout` ago without its execution having begun (to be offered again)."""
+
+    @abstractmethod
+    def dequeue(self, queue: str, owner: str, limit: int, flows: Sequence[str], claim_timeout: float) -> list[Claimed]:
+        """Claim up to `limit` entries of `queue` for `owner`, in priority then FIFO order, within every
+        cap of the queue's row: running (claimed, execution not settled) below `concurrency`, per
+        partition below `partition_concurrency`, and starts in the last `rate_period` seconds below
+        `rate_limit`. In the same transaction, started entries whose execution settled become done, and
+        claimed entries whose execution never began within `claim_timeout` are offered again. Serialised
+        per queue across processes; [] when another worker is claiming from the queue right now."""
+
+    @abstractmethod
+    def queue_stats(self) -> list[QueueStats]:
+        """Every queue row with its depth and running count, by name."""
+
+    @abstractmethod
+    def cancel_pending(self, execution_id: str) -> bool:
+        """Cancel an entry that has not been claimed; False if it was claimed already or does not exist."""
+
+    CANDIDATES = ""  # the backend's candidates statement (a keyset page; see postgres.py)
+
+    def _candidates(self, caps: Caps, params: dict, want: int, start: tuple[int, int]) -> list[int]:
+        """Ids to claim, in start order, that fit the per-partition cap: one page when there is no
+        such cap (every candidate fits), else keyset pages until `want` fit or none is left."""
+        chosen: list[int] = []
+        taken: dict[str | None, int] = {}
+        after = start
+        page = want if caps.partition_concurrency is None else max(self.PAGE, want)
+        while len(chosen) < want:
+            rows = self._rows(self.CANDIDATES, {**params, "after_priority": after[0], "after_id": after[1],
+                                                "page": page})
+            if not rows:
+                break
+            chosen += pick(caps, [(r[0], r[1]) for r in rows], want - len(chosen), taken)
+            if len(rows) < page:
+                break
+            after = (rows[-1][2], rows[-1][0])
+        return chosen
+
+    # -- benchmarks and tests only: counts and clean-up by execution id prefix ----------------------
+    def count_entries(self, prefix: str, state: str) -> int:
+        """Entries under `prefix` in `state`."""
+        return self._rows(COUNT_ENTRIES, [prefix + "%", state])[0][0]
+
+    def delete_entries(self, prefix: str) -> int:
+        """Delete the entries under `prefix` (maintenance of bench/test rows)."""
+        return self._count(DELETE_ENTRIES, [prefix + "%"])
+
+    def delete_queue(self, name: str) -> int:
+        """Delete a queue row and its entries (tests, benchmarks: their own queues only)."""
+        self._count(DELETE_QUEUE_ENTRIES, [name])
+        return self._count(DELETE_QUEUE, [name])
+
+
+# -- count_entries / delete_entries / delete_queue -- (benchmarks, tests)
+COUNT_ENTRIES = "SELECT count(*) FROM queues_entry WHERE execution_id LIKE %s AND state = %s"
+DELETE_ENTRIES = "DELETE FROM queues_entry WHERE execution_id LIKE %s"
+DELETE_QUEUE_ENTRIES = "DELETE FROM queues_entry WHERE queue_id = %s"
+DELETE_QUEUE = "DELETE FROM queues_queue WHERE name = %s"
