@@ -135,10 +135,10 @@ def _check_queue(name: str, queue: str) -> None:
 
     if not apps.is_installed("queues"):
         raise InvalidSchedule(f"schedule {name}: queue {queue!r} needs the queues app in INSTALLED_APPS")
+    from queues.declarations import declared
     from queues.models import Queue
 
-    declared = set(conf.get_safe("LOOM_QUEUES", {}) or {})
-    if queue not in declared and not Queue.objects.filter(pk=queue).exists():
+    if queue not in declared() and not Queue.objects.filter(pk=queue).exists():
         raise InvalidSchedule(f"schedule {name}: no queue {queue!r} is declared (LOOM_QUEUES or declare_queue)")
 
 
