@@ -111,9 +111,11 @@ def ensure_queue(name: str, alias: str) -> None:
     declares no such queue and the database has no row of that name."""
     from queues.store import store_for
 
-    spec = declared().get(name)
+    spec = declared().get(name) if isinstance(name, str) else None
     if spec is None:
-        if isinstance(name, str) and store_for(alias).has_queue(name):
+        # Only a name a declaration could have (no NUL...) is looked up: any other is unknown as it is.
+        if isinstance(name, str) and id_problem(name) is None and len(name) <= MAX_NAME \
+                and store_for(alias).has_queue(name):
             return  # declared by another process (its row is the truth)
         raise UnknownQueue(f"no queue named {name!r} is declared (LOOM_QUEUES or queues.declare_queue)")
     if _written.get((alias, name)) == spec:

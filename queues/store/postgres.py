@@ -57,7 +57,7 @@ RETURNING id
 # -- enqueue: existing --
 # The entry that won: the live holder of the dedup id first, else the entry of the execution id.
 EXISTING_ENTRY = """
-SELECT execution_id, flow, input, (dedup_id IS NOT DISTINCT FROM %(dedup)s AND queue_id = %(queue)s
+SELECT execution_id, flow, input, (%(dedup)s::text IS NOT NULL AND dedup_id = %(dedup)s AND queue_id = %(queue)s
                                    AND state IN ('pending', 'started')) AS by_dedup
 FROM queues_entry
 WHERE execution_id = %(eid)s

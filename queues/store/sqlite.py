@@ -52,7 +52,7 @@ RETURNING id
 
 # -- enqueue: existing --
 EXISTING_ENTRY = """
-SELECT execution_id, flow, input, (dedup_id IS %(dedup)s AND queue_id = %(queue)s
+SELECT execution_id, flow, input, (%(dedup)s IS NOT NULL AND dedup_id = %(dedup)s AND queue_id = %(queue)s
                                    AND state IN ('pending', 'started')) AS by_dedup
 FROM queues_entry
 WHERE execution_id = %(eid)s

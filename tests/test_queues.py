@@ -1,0 +1,269 @@
+"""Queues on both backends, in one process: the dequeue's caps, order, not-before times, dedup ids,
+re-offered claims, and bad input refused with our named errors and nothing written.
+
+Workers as real processes (caps under 4 workers, one SIGKILLed; racing enqueues) are in
+tests/test_queues_processes.py.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from journal.flows import ExecutionExists, InvalidInput, UnknownFlow, registry, start
+from journal.models import Execution
+from queues import InvalidEnqueue, InvalidQueue, UnknownQueue, cancel_pending, declare_queue, enqueue
+from queues import stats as queue_stats
+from queues.declarations import declared, forget
+from queues.models import Queue, QueueEntry
+from queues.service import run_claimed
+from queues.store import store_for
+from tests import queue_flows  # noqa: F401  (registers the flows)
+
+pytestmark = pytest.mark.django_db
+LONG = 3600.0
+
+
+@pytest.fixture
+def queue(request):
+    """A fresh queue name for the test; its declaration is forgotten afterwards."""
+    name = "t-" + request.node.name[:60].replace("[", "-").replace("]", "")
+    yield name
+    forget(name)
+
+
+def flows() -> list[str]:
+    return sorted(registry.registered())
+
+
+def claim(queue: str, limit: int = 100, owner: str = "tester", timeout: float = LONG):
+    return store_for().dequeue(queue, owner, limit, flows(), timeout)
+
+
+def inputs(claimed) -> list:
+    return [c.input["n"] for c in claimed]
+
+
+def running(queue: str) -> int:
+    return next(s.running for s in queue_stats() if s.name == queue)
+
+
+def test_the_dequeue_takes_higher_priority_first_then_fifo(queue):
+    declare_queue(queue, concurrency=10)
+    for n, priority in [(0, 0), (1, 5), (2, 0), (3, 5), (4, -3)]:
+        enqueue("queues.test.double", {"n": n}, queue=queue, priority=priority)
+    assert inputs(claim(queue)) == [1, 3, 0, 2, 4]
+
+
+def test_the_global_cap_bounds_what_runs_and_a_settled_run_frees_its_slot(queue):
+    declare_queue(queue, concurrency=2)
+    for n in range(5):
+        enqueue("queues.test.double", {"n": n}, queue=queue)
+    first = claim(queue)
+    assert inputs(first) == [0, 1]
+    assert claim(queue) == []  # both slots taken, though nothing has begun yet
+    assert running(queue) == 2
+    run_claimed(first[0])  # completes: its slot frees at the next dequeue
+    assert inputs(claim(queue)) == [2]
+    assert claim(queue) == []
+
+
+def test_the_partition_cap_holds_per_key_and_other_keys_go_ahead(queue):
+    declare_queue(queue, concurrency=10, partition_concurrency=1)
+    for n, key in [(0, "a"), (1, "a"), (2, "b"), (3, None), (4, "a"), (5, "c")]:
+        enqueue("queues.test.double", {"n": n}, queue=queue, partition_key=key)
+    assert inputs(claim(queue)) == [0, 2, 3, 5]  # one per key; no key: only the global cap
+    assert claim(queue) == []
+
+
+def test_the_partition_cap_looks_past_a_page_of_full_partitions(queue, monkeypatch):
+    monkeypatch.setattr(type(store_for()), "PAGE", 4)
+    declare_queue(queue, concurrency=10, partition_concurrency=1)
+    for n in range(9):
+        enqueue("queues.test.double", {"n": n}, queue=queue, partition_key="busy" if n < 8 else "free")
+    assert inputs(claim(queue)) == [0, 8]
+
+
+def test_the_rate_limit_counts_starts_in_its_window(queue):
+    declare_queue(queue, concurrency=10, rate_limit=3, rate_period=LONG)
+    for n in range(5):
+        enqueue("queues.test.double", {"n": n}, queue=queue)
+    first = claim(queue, limit=2)
+    assert inputs(first) == [0, 1]
+    for entry in first:
+        run_claimed(entry)
+    assert inputs(claim(queue)) == [2]  # 2 started in the window (and finished): one start left
+    assert claim(queue) == []
+
+
+def test_run_after_in_the_future_is_not_claimed_and_a_past_one_is(queue):
+    declare_queue(queue, concurrency=10)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    enqueue("queues.test.double", {"n": 0}, queue=queue, run_after=later)
+    enqueue("queues.test.double", {"n": 1}, queue=queue, run_after=datetime.now(UTC) - timedelta(seconds=1))
+    assert inputs(claim(queue)) == [1]
+    stats = next(s for s in queue_stats() if s.name == queue)
+    assert (stats.pending, stats.ready, stats.running) == (1, 0, 1)
+
+
+def test_a_dedup_id_returns_the_live_execution_until_it_settles(queue):
+    declare_queue(queue, concurrency=10)
+    first = enqueue("queues.test.double", {"n": 1}, queue=queue, dedup_id="d")
+    again = enqueue("queues.test.double", {"n": 2}, queue=queue, dedup_id="d")
+    assert first.created and not again.created and again.execution_id == first.execution_id
+    (entry,) = claim(queue)
+    assert enqueue("queues.test.double", {"n": 3}, queue=queue, dedup_id="d").execution_id == first.execution_id
+    run_claimed(entry)  # settled: the id is free again
+    fresh = enqueue("queues.test.double", {"n": 4}, queue=queue, dedup_id="d")
+    assert fresh.created and fresh.execution_id != first.execution_id
+    assert QueueEntry.objects.filter(queue_id=queue).count() == 2
+
+
+def test_an_execution_id_is_idempotent_for_the_same_start_and_refused_for_another(queue):
+    declare_queue(queue, concurrency=10)
+    assert enqueue("queues.test.double", {"n": 1}, queue=queue, execution_id=f"{queue}-x").created
+    assert not enqueue("queues.test.double", {"n": 1}, queue=queue, execution_id=f"{queue}-x").created
+    with pytest.raises(ExecutionExists):
+        enqueue("queues.test.double", {"n": 2}, queue=queue, execution_id=f"{queue}-x")
+    start("queues.test.double", {"n": 1}, execution_id=f"{queue}-y")
+    with pytest.raises(ExecutionExists):  # already an execution
+        enqueue("queues.test.double", {"n": 1}, queue=queue, execution_id=f"{queue}-y")
+    assert QueueEntry.objects.filter(queue_id=queue).count() == 1
+
+
+def test_a_pending_entry_can_be_cancelled_and_a_claimed_one_cannot(queue):
+    declare_queue(queue, concurrency=1)
+    a = enqueue("queues.test.double", {"n": 0}, queue=queue)
+    b = enqueue("queues.test.double", {"n": 1}, queue=queue)
+    (claimed,) = claim(queue)
+    assert claimed.execution_id == a.execution_id
+    assert not cancel_pending(a.execution_id)
+    assert cancel_pending(b.execution_id)
+    run_claimed(claimed)
+    assert claim(queue) == []  # the cancelled one is never started
+    assert not Execution.objects.filter(pk=b.execution_id).exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the database clock moves only between transactions (PostgreSQL)
+def test_a_claim_whose_execution_never_began_is_offered_again(queue):
+    """A worker that died between its claim and the execution's first write: the entry holds its
+    slot until the claim timeout, then it is claimed again and runs once."""
+    declare_queue(queue, concurrency=1)
+    enqueue("queues.test.double", {"n": 7}, queue=queue)
+    (lost,) = claim(queue, owner="dead", timeout=0.05)
+    assert claim(queue, timeout=LONG) == []  # still counted: the claim is fresh
+    time.sleep(0.1)
+    (again,) = claim(queue, owner="alive", timeout=0.05)
+    assert again.execution_id == lost.execution_id and again.attempts == 2
+    assert run_claimed(again) == "completed"
+    assert run_claimed(lost) == "duplicate"  # the dead worker's late start would be refused
+    assert QueueEntry.objects.get(execution_id=lost.execution_id).worker == "alive"
+
+
+def test_a_running_execution_keeps_its_slot_until_it_settles(queue):
+    """The slot is the execution's, not the claimer's: the header decides when it is free."""
+    declare_queue(queue, concurrency=1)
+    enqueue("queues.test.double", {"n": 1}, queue=queue, execution_id=f"{queue}-run")
+    enqueue("queues.test.double", {"n": 2}, queue=queue)
+    (entry,) = claim(queue)
+    Execution.objects.create(id=entry.execution_id, flow=entry.flow)  # begun, then its worker died
+    assert claim(queue, timeout=0.0) == []  # not re-offered (it began) and still counted
+    Execution.objects.filter(pk=entry.execution_id).update(status="completed")  # e.g. recovered and finished
+    assert inputs(claim(queue)) == [2]
+
+
+def test_declarations_write_the_caps_to_the_queue_row(queue):
+    declare_queue(queue, concurrency=3, partition_concurrency=2, rate_limit=5, rate_period=10)
+    enqueue("queues.test.double", {"n": 1}, queue=queue)
+    row = Queue.objects.get(pk=queue)
+    assert (row.concurrency, row.partition_concurrency, row.rate_limit, row.rate_period) == (3, 2, 5, 10.0)
+
+
+def test_loom_queues_setting_declares_queues(settings):
+    settings.LOOM_QUEUES = {"t-settings": {"concurrency": 4, "partition_concurrency": 1}}
+    assert enqueue("queues.test.double", {"n": 1}, queue="t-settings").created
+    assert Queue.objects.get(pk="t-settings").concurrency == 4
+
+
+# -- bad input: our named error, nothing written ---------------------------------------------------------
+
+def _written() -> tuple[int, int]:
+    return Queue.objects.count(), QueueEntry.objects.count()
+
+
+@pytest.mark.parametrize("options", [
+    {"concurrency": 0}, {"concurrency": -1}, {"concurrency": 1.5}, {"concurrency": True}, {"concurrency": "8"},
+    {"concurrency": 1, "partition_concurrency": 0}, {"concurrency": 1, "rate_limit": 0, "rate_period": 1},
+    {"concurrency": 1, "rate_limit": 5}, {"concurrency": 1, "rate_limit": 5, "rate_period": float("nan")},
+    {"concurrency": 1, "rate_limit": 5, "rate_period": 0},
+])
+def test_a_cap_below_one_or_a_bad_rate_is_invalid_queue(options):
+    before = _written()
+    with pytest.raises(InvalidQueue):
+        declare_queue("t-bad", **options)
+    assert _written() == before
+
+
+def test_a_bad_loom_queues_setting_is_reported_by_the_system_check(settings):
+    from journal.conf import problems
+
+    settings.LOOM_QUEUES = {"t-bad": {"concurrency": 0}}
+    assert any("LOOM_QUEUES" in p for p in problems())
+    settings.LOOM_QUEUES = {"t-bad": {"concurency": 2}}
+    assert any("unknown option" in p for p in problems())
+
+
+settings_profile = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+junk = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
+                 st.lists(st.integers(), max_size=2))
+
+
+@settings_profile
+@given(name=st.one_of(st.text(max_size=120), junk))
+def test_an_unknown_queue_is_refused_and_nothing_is_written(name):
+    assume(not isinstance(name, str) or name not in declared())
+    before = _written()
+    with pytest.raises(UnknownQueue):
+        enqueue("queues.test.double", {"n": 1}, queue=name)
+    assert _written() == before
+
+
+@settings_profile
+@given(priority=junk, partition=junk, dedup=junk, run_after=st.one_of(junk, st.datetimes()))
+def test_bad_enqueue_options_are_invalid_enqueue_and_nothing_is_written(queue, priority, partition, dedup, run_after):
+    declare_queue(queue, concurrency=1)
+    good_priority = isinstance(priority, int) and not isinstance(priority, bool) and -100 <= priority <= 100
+    good_key = lambda v: v is None or (isinstance(v, str) and v != "" and v.isprintable() and " " not in v  # noqa: E731
+                                       and "." not in v and len(v) <= 200)
+    good_time = run_after is None or (isinstance(run_after, datetime) and run_after.tzinfo is not None)
+    if good_priority and good_key(partition) and good_key(dedup) and good_time:
+        return  # a valid combination: other tests cover what it does
+    before = _written()
+    with pytest.raises(InvalidEnqueue):
+        enqueue("queues.test.double", {"n": 1}, queue=queue, priority=priority, partition_key=partition,
+                dedup_id=dedup, run_after=run_after)
+    assert _written() == before
+
+
+@settings_profile
+@given(value=st.one_of(st.sets(st.integers(), min_size=1), st.just(float("nan")), st.just({1: "a"}),
+                       st.just({"a": object()}), st.just("\x00"), st.just(b"bytes")))
+def test_input_that_is_not_json_is_invalid_input_and_nothing_is_written(queue, value):
+    declare_queue(queue, concurrency=1)
+    before = _written()
+    with pytest.raises(InvalidInput):
+        enqueue("queues.test.double", {"n": value}, queue=queue)
+    assert _written() == before
+
+
+def test_an_unknown_flow_is_refused_and_nothing_is_written(queue):
+    declare_queue(queue, concurrency=1)
+    before = _written()
+    with pytest.raises(UnknownFlow):
+        enqueue("no.such.flow", {}, queue=queue)
+    assert _written() == before
