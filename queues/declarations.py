@@ -106,9 +106,10 @@ def forget(name: str) -> None:
             del _written[key]
 
 
-def ensure_queue(name: str, alias: str) -> None:
-    """Make sure the queue's row exists with this process's declaration; UnknownQueue if this process
-    declares no such queue and the database has no row of that name."""
+def ensure_queue(name: str, alias: str) -> QueueSpec | None:
+    """Make sure the queue's row exists with this process's declaration (returned: the enqueue creates
+    the row from it again if it went missing since); UnknownQueue if this process declares no such
+    queue and the database has no row of that name (None: declared by another process)."""
     from queues.store import store_for
 
     spec = declared().get(name) if isinstance(name, str) else None
@@ -116,13 +117,13 @@ def ensure_queue(name: str, alias: str) -> None:
         # Only a name a declaration could have (no NUL...) is looked up: any other is unknown as it is.
         if isinstance(name, str) and id_problem(name) is None and len(name) <= MAX_NAME \
                 and store_for(alias).has_queue(name):
-            return  # declared by another process (its row is the truth)
+            return None  # declared by another process (its row is the truth)
         raise UnknownQueue(f"no queue named {name!r} is declared (LOOM_QUEUES or queues.declare_queue)")
-    if _written.get((alias, name)) == spec:
-        return
-    store_for(alias).upsert_queue(spec)
-    with _lock:
-        _written[(alias, name)] = spec
+    if _written.get((alias, name)) != spec:
+        store_for(alias).upsert_queue(spec)
+        with _lock:
+            _written[(alias, name)] = spec
+    return spec
 
 
 def write_declared(alias: str) -> list[str]:

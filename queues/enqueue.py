@@ -83,12 +83,13 @@ def enqueue(flow: Any, input: Any, queue: str = "default", *, execution_id: str 
     meta_text = check_options(queue, partition_key, priority, dedup_id, run_after, meta)
     text = jsonvalues.dumps(stored, f"input of flow {definition.name!r}")
     alias = using or router.db_for_write(QueueEntry)
-    ensure_queue(queue, alias)
+    spec = ensure_queue(queue, alias)
     header = header_status(execution_id)
     if header is not None:
         raise ExecutionExists(execution_id, header[0], header[1])
     existing = store_for(alias).insert_entry(NewEntry(
-        queue, execution_id, definition.name, text, meta_text, partition_key, priority, dedup_id, run_after))
+        queue, execution_id, definition.name, text, meta_text, partition_key, priority, dedup_id, run_after,
+        None if spec is None else (spec.concurrency, spec.partition_concurrency, spec.rate_limit, spec.rate_period)))
     if existing is None:
         return Enqueued(execution_id, True, queue)
     if existing.by_dedup:

@@ -33,6 +33,9 @@ class NewEntry:
     priority: int = 0
     dedup_id: str | None = None
     run_after: datetime | None = None  # None: now
+    # The enqueuing process's declaration of the queue (concurrency, partition_concurrency, rate_limit,
+    # rate_period): the row is created with it if it is missing, in the same statement or transaction.
+    caps: tuple | None = None
 
 
 @dataclass(frozen=True, slots=True)

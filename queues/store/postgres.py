@@ -45,7 +45,16 @@ WHERE q.queue_id = %(queue)s AND q.dedup_id = %(dedup)s AND q.state = 'started' 
 # ON CONFLICT DO NOTHING (no target: every unique index arbitrates): the unique execution id and the
 # partial unique (queue, dedup_id) of live entries. Two racing enqueues of one dedup id or id: the
 # second waits for the first's row to commit, then inserts nothing and reads the winner below.
+# The queue row is created from the enqueuer's declaration if it is missing (DO NOTHING: an existing
+# row is neither changed nor locked, so an enqueue never waits for a dequeue holding it); the caps
+# of an existing row change only through upsert_queue.
 INSERT_ENTRY = """
+WITH queue_row AS (
+    INSERT INTO queues_queue (name, concurrency, partition_concurrency, rate_limit, rate_period, updated_at)
+    SELECT %(queue)s, %(concurrency)s, %(partition_cap)s, %(rate)s, %(period)s, now()
+    WHERE %(concurrency)s::int IS NOT NULL
+    ON CONFLICT (name) DO NOTHING
+)
 INSERT INTO queues_entry (queue_id, execution_id, flow, input, meta, partition_key, priority, dedup_id, state,
                           run_after, enqueued_at, worker, attempts)
 VALUES (%(queue)s, %(eid)s, %(flow)s, %(input)s, %(meta)s, %(partition)s, %(priority)s, %(dedup)s, 'pending',
@@ -181,7 +190,9 @@ class PostgresQueueStore(QueueStore):
     def insert_entry(self, entry):
         params = {"queue": entry.queue, "eid": entry.execution_id, "flow": entry.flow, "input": entry.input,
                   "meta": entry.meta, "partition": entry.partition_key, "priority": entry.priority,
-                  "dedup": entry.dedup_id, "run_after": entry.run_after}
+                  "dedup": entry.dedup_id, "run_after": entry.run_after,
+                  **dict(zip(("concurrency", "partition_cap", "rate", "period"), entry.caps or (None,) * 4,
+                             strict=True))}
         for _ in range(3):  # the entry that refused us may finish before we read it: insert again
             with transaction.atomic(using=self.alias):
                 if entry.dedup_id is not None:

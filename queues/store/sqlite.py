@@ -40,6 +40,13 @@ UPDATE queues_entry AS q SET state = 'done', finished_at = %(now)s
 WHERE q.queue_id = %(queue)s AND q.dedup_id = %(dedup)s AND q.state = 'started' AND {STATUS} IN {SETTLED_SQL}
 """
 
+# -- enqueue: queue row -- (see postgres.py: created from the enqueuer's declaration if missing)
+ENSURE_QUEUE = """
+INSERT INTO queues_queue (name, concurrency, partition_concurrency, rate_limit, rate_period, updated_at)
+VALUES (%(queue)s, %(concurrency)s, %(partition_cap)s, %(rate)s, %(period)s, %(now)s)
+ON CONFLICT (name) DO NOTHING
+"""
+
 # -- enqueue: insert -- (see postgres.py: every unique index arbitrates)
 INSERT_ENTRY = """
 INSERT INTO queues_entry (queue_id, execution_id, flow, input, meta, partition_key, priority, dedup_id, state,
@@ -151,6 +158,9 @@ class SqliteQueueStore(QueueStore):
                       "meta": entry.meta, "partition": entry.partition_key, "priority": entry.priority,
                       "dedup": entry.dedup_id, "now": stamp(now),
                       "run_after": stamp(entry.run_after if entry.run_after is not None else now)}
+            if entry.caps is not None:
+                self._count(ENSURE_QUEUE, {**params, **dict(zip(("concurrency", "partition_cap", "rate", "period"),
+                                                                 entry.caps, strict=True))})
             if entry.dedup_id is not None:
                 self._count(FREE_DEDUP, params)
             if self._rows(INSERT_ENTRY, params):

@@ -1,0 +1,165 @@
+"""Django's documented Task semantics on journal.tasks.LoomBackend, on Django 6 (django.tasks) and
+Django 5.2 (the django-tasks backport): enqueue, get_result, statuses, return values, errors,
+attempts, takes_context, run_after, priority, aenqueue; arguments that are not JSON are refused with
+our error and nothing queued.
+
+The tasks run here the way a loom_worker runs them (its dispatcher's dequeue and run_claimed), in this
+process; tests/test_queues_processes.py runs them in real worker processes.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from journal.flows import registry
+from journal.tasks import TASK_FLOW, InvalidTaskArguments, LoomBackend
+from queues.models import QueueEntry
+from queues.service import run_claimed
+from queues.store import store_for
+from tests import queue_flows
+
+try:
+    from django.tasks import TaskResultStatus, task_backends
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+except ImportError:  # Django 5.2
+    from django_tasks import TaskResultStatus, task_backends
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+
+pytestmark = pytest.mark.django_db
+
+
+def work(queue: str = "default", limit: int = 100) -> list[str]:
+    """What a worker does: claim the queue's due entries within its caps and run each; their statuses."""
+    claimed = store_for().dequeue(queue, "test-worker", limit, sorted(registry.registered()), 3600.0)
+    return [run_claimed(entry) for entry in claimed]
+
+
+def test_the_configured_backend_is_loom():
+    assert isinstance(task_backends["default"], LoomBackend)
+    backend = task_backends["default"]
+    assert backend.supports_defer and backend.supports_get_result and backend.supports_priority
+    assert backend.supports_async_task
+
+
+def test_enqueue_returns_a_ready_result_and_a_worker_makes_it_successful():
+    result = queue_flows.add.enqueue(2, 3)
+    assert result.status == TaskResultStatus.READY and not result.is_finished
+    assert result.args == [2, 3] and result.kwargs == {} and result.backend == "default"
+    with pytest.raises(ValueError):
+        result.return_value  # noqa: B018  (not finished: Django raises)
+    stored = queue_flows.add.get_result(result.id)
+    assert stored.status == TaskResultStatus.READY and stored.enqueued_at is not None and stored.started_at is None
+    assert work() == ["completed"]
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.is_finished
+    assert result.return_value == 5
+    assert result.started_at is not None and result.finished_at is not None and result.finished_at >= result.started_at
+    assert result.attempts == 1 and len(result.worker_ids) == 1 and result.errors == []
+
+
+def test_the_result_id_is_the_execution_id_and_the_execution_is_a_loom_task():
+    from journal.models import Execution
+
+    result = queue_flows.shout.enqueue("hi")
+    work()
+    execution = Execution.objects.get(pk=result.id)
+    assert (execution.flow, execution.status, execution.result) == (TASK_FLOW, "completed", "HI")
+
+
+def test_an_exception_fails_the_task_with_its_class_path_and_traceback():
+    result = queue_flows.explode.enqueue("boom")
+    assert work() == ["failed"]
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.is_finished
+    (error,) = result.errors
+    assert error.exception_class_path == "builtins.ValueError" and error.exception_class is ValueError
+    assert "ValueError: boom" in error.traceback and "explode" in error.traceback
+    with pytest.raises(ValueError):
+        result.return_value  # noqa: B018
+
+
+def test_a_return_value_that_is_not_json_fails_the_task():
+    result = queue_flows.unreturnable.enqueue()
+    work()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "builtins.TypeError"
+
+
+def test_attempts_retry_a_failed_call_and_the_context_counts_them():
+    backend = LoomBackend("default", {"QUEUES": ["default"], "OPTIONS": {"ATTEMPTS": 3}})
+    queue_flows.FLAKY_CALLS.clear()
+    result = backend.enqueue(queue_flows.flaky, ["k1"], {})
+    assert work() == ["completed"]
+    result = queue_flows.flaky.get_result(result.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 2  # context.attempt on the second call
+    assert result.attempts == 2 and [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"]
+    assert queue_flows.FLAKY_CALLS["k1"] == 2
+
+
+def test_run_after_defers_the_task():
+    later = datetime.now(UTC) + timedelta(hours=1)
+    deferred = queue_flows.add.using(run_after=later).enqueue(1, 1)
+    now = queue_flows.add.enqueue(2, 2)
+    assert work() == ["completed"]
+    assert queue_flows.add.get_result(deferred.id).status == TaskResultStatus.READY
+    assert queue_flows.add.get_result(now.id).status == TaskResultStatus.SUCCESSFUL
+    assert QueueEntry.objects.get(execution_id=deferred.id).run_after == later
+
+
+def test_priority_orders_the_queue():
+    low = queue_flows.add.using(priority=-10).enqueue(0, 1)
+    high = queue_flows.add.using(priority=50).enqueue(0, 2)
+    default = queue_flows.shout.enqueue("x")  # its decorator's priority 5
+    claimed = store_for().dequeue("default", "w", 10, sorted(registry.registered()), 3600.0)
+    assert [c.execution_id for c in claimed] == [high.id, default.id, low.id]
+
+
+def test_aenqueue_and_aget_result():
+    result = async_to_sync(queue_flows.add.aenqueue)(4, 5)
+    work()
+    fetched = async_to_sync(queue_flows.add.aget_result)(result.id)
+    assert fetched.status == TaskResultStatus.SUCCESSFUL and fetched.return_value == 9
+
+
+def test_an_async_task_runs():
+    result = queue_flows.asleep.enqueue(1)
+    work()
+    assert queue_flows.asleep.get_result(result.id).return_value == 2
+
+
+def test_get_result_of_an_unknown_id_or_of_another_task():
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result("no-such-result")
+    result = queue_flows.add.enqueue(1, 2)
+    with pytest.raises(TaskResultMismatch):
+        queue_flows.shout.get_result(result.id)
+
+
+def test_get_result_of_an_execution_that_is_not_a_task_does_not_exist():
+    from journal.flows import start
+
+    start("queues.test.double", {"n": 1}, execution_id="not-a-task")
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result("not-a-task")
+
+
+@pytest.mark.parametrize("args", [({1, 2},), (object(),), (float("nan"),), ("\x00",)])
+def test_arguments_that_are_not_json_are_refused_and_nothing_is_queued(args):
+    before = QueueEntry.objects.count()
+    with pytest.raises(InvalidTaskArguments) as raised:
+        queue_flows.add.enqueue(*args, 1)
+    assert isinstance(raised.value, InvalidTask)  # Django's error too
+    assert QueueEntry.objects.count() == before
+
+
+def test_a_queue_outside_the_backends_queues_is_djangos_invalid_task():
+    before = QueueEntry.objects.count()
+    with pytest.raises(InvalidTask):
+        queue_flows.add.using(queue_name="elsewhere").enqueue(1, 2)
+    assert QueueEntry.objects.count() == before
