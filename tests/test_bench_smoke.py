@@ -175,3 +175,18 @@ def test_bench_http_runs_against_a_real_server(monkeypatch):
     cells = sections_of(run)["http"]
     modes = {(r.scenario, r.params.get("concurrency")) for r in cells}
     assert {("fresh", 1), ("fresh", 2), ("state", 1), ("state", 2)} <= modes
+
+
+def test_bench_schedules_records_tick_lateness_of_every_schedule():
+    """bench_schedules: each schedule's tick started once (verified against its reservation), lateness
+    percentiles recorded; the section's schedules, reservations and queued tasks are cleaned up."""
+    from django_q.models import OrmQ
+
+    from leases.models import Schedule, StartReservation
+
+    run, _ = run_command("bench_schedules", "--schedule-count", "12", "--schedule-seconds", "3",
+                         "--schedule-tickers", "2", "--schedule-every", "0.1")
+    (cell,) = sections_of(run)["schedules"]
+    assert cell.count == 12 and cell.params["schedules"] == 12 and cell.unit == "ticks/s"
+    assert cell.p50_ms is not None and cell.p99_ms >= cell.p50_ms
+    assert not Schedule.objects.exists() and not StartReservation.objects.exists() and not OrmQ.objects.exists()

@@ -1,0 +1,8 @@
+"""`manage.py bench_schedules`: tick lateness of many cron schedules (docs/schedules.md, "Figures")."""
+
+from benchmarks.command import BenchCommand
+
+
+class Command(BenchCommand):
+    help = "Measure how late schedule ticks start with many schedules (p50/p99); every run is recorded."
+    sections = {"schedules": "benchmarks.sections.schedules"}
