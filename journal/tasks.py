@@ -65,7 +65,10 @@ def _task_of(path: str):
 
 def call_task(input: dict, attempt: int, execution_id: str) -> dict:
     """One attempt: call the task function; what happened, as a journaled step result."""
-    record: dict[str, Any] = {"worker": node_identity(), "at": timezone.now().isoformat(), "attempt": attempt}
+    from queues.service import worker_id
+
+    record: dict[str, Any] = {"worker": worker_id() or node_identity(), "at": timezone.now().isoformat(),
+                              "attempt": attempt}
     try:
         task = _task_of(input["task"])
         args, kwargs = input.get("args") or [], input.get("kwargs") or {}

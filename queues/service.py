@@ -30,6 +30,14 @@ log = logging.getLogger("loom.queues")
 TASKS_BACKEND = "journal.tasks.LoomBackend"
 
 
+_worker_id: str | None = None  # the worker id of this process's dispatcher (a label for results)
+
+
+def worker_id() -> str | None:
+    """The id of the loom_worker whose dispatcher runs in this process (None: none does)."""
+    return _worker_id
+
+
 def import_task_flows() -> None:
     """Register the Tasks backend's flow in this process when a TASKS backend is Loom's (a worker must
     know the flow of the entries it claims)."""
@@ -81,7 +89,8 @@ class QueueService:
         from queues.declarations import write_declared
         from queues.models import QueueEntry
 
-        self.owner = worker.worker_id
+        global _worker_id
+        self.owner = _worker_id = worker.worker_id
         self.alias = router.db_for_write(QueueEntry)
         threads = conf.get("LOOM_QUEUE_THREADS")
         if threads == 0:
