@@ -54,10 +54,13 @@ def run(ctx) -> None:
     count, window = ctx.options["schedule_count"], min(ctx.options["schedule_seconds"], 60)
     tickers, every = ctx.options["schedule_tickers"], ctx.options["schedule_every"]
     name_prefix = streams.prefix(ctx.run_id, "sched").replace(":", "-").replace("/", "-")
-    begin = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)  # after the definitions are written
+    # The first tick after the definitions are written (about 5 ms each); each schedule's first tick is
+    # computed from `begin`, so a slow definition makes its tick late (measured), never a minute later.
+    begin = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2 + count * 0.005)
     for i in range(count):
         second = (begin.second + i % window) % 60
-        sc.define(f"{name_prefix}{i}", f"{second} * * * * *", noop, {"i": i}, catch_up="once", source="bench")
+        sc.define(f"{name_prefix}{i}", f"{second} * * * * *", noop, {"i": i}, catch_up="once", source="bench",
+                  now=begin - timedelta(seconds=1))
     end = begin + timedelta(seconds=window + 2 * every + 1)
     lateness_ms: list[float] = []
     ids: list[str] = []
