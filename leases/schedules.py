@@ -124,6 +124,12 @@ def validate(name: object, cron: object, flow: str | Flow, input: Any = None, ca
         raise InvalidSchedule(f"schedule {name}: queue is a name of at most 100 characters, not {queue!r}")
     if queue:
         _check_queue(name, queue)
+    else:
+        from django.apps import apps
+
+        if not apps.is_installed("django_q"):
+            raise InvalidSchedule(f"schedule {name}: without a queue its ticks are queued starts, which need "
+                                  "django_q in INSTALLED_APPS (docs/workers.md); or give it a queue")
     definition = get_flow(flow)  # UnknownFlow
     value = {} if input is None else input
     _, stored = definition.prepare(value)  # InvalidInput (the flow's model, the journal's JSON rules)
@@ -322,6 +328,8 @@ class ScheduleService:
                 except DatabaseError:
                     log.exception("schedule tick failed; retrying")
                     connections.close_all()
+                except Exception:  # the service outlives any one tick (it rolled back: the rows say what is due)
+                    log.exception("schedule tick failed; retrying")
         finally:
             connections.close_all()
 
