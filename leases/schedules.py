@@ -261,6 +261,17 @@ def tick(using: str = "default", *, limit: int | None = None, flows: Sequence[st
     return started
 
 
+def _refusals() -> tuple[type[Exception], ...]:
+    """Our errors a start may raise: the journal's, and the queues app's when it is installed."""
+    from django.apps import apps
+
+    if apps.is_installed("queues"):
+        from queues.exceptions import QueueError
+
+        return (FlowError, InvalidPayload, QueueError)
+    return (FlowError, InvalidPayload)
+
+
 def _anything_due(using: str) -> bool:
     """A plain read before the claim's transaction: is any enabled schedule due by this host's clock
     (give or take a second: the claim itself compares with the database's clock)?"""
@@ -288,7 +299,7 @@ def _start(row, eid: str, moment: datetime, using: str) -> bool:
     except ExecutionExists as exists:  # the tick's id is taken already: that start is this tick's
         log.info("schedule %s: tick %s already started (%s)", row.name, moment.isoformat(), exists.status)
         return True
-    except (FlowError, InvalidPayload) as exc:  # the code changed under the row (input, queue): say so, go on
+    except _refusals() as exc:  # the code changed under the row (input, queue): say so, go on
         log.error("schedule %s: tick %s not started: %s: %s", row.name, moment.isoformat(), type(exc).__name__, exc)
         return False
     log.info("schedule %s: started execution=%s flow=%s", row.name, eid, row.flow)

@@ -126,6 +126,24 @@ class TestTicks:
         assert sc.tick(flows=["some.other.flow"]) == []
         assert len(sc.tick(flows=["sched.echo"])) == 1
 
+    def test_a_schedule_on_a_queue_enqueues_each_tick_there(self):
+        from queues import declare_queue
+        from queues.declarations import forget
+        from queues.models import QueueEntry
+
+        declare_queue("sched-q", concurrency=1)
+        try:
+            sc.define("on-queue", "* * * * * *", "sched.echo", {"q": True}, queue="sched-q")
+            set_back("on-queue", timezone.now().replace(microsecond=0) - timedelta(seconds=1))
+            (started,) = sc.tick()
+            entry = QueueEntry.objects.get(execution_id=started.execution_id)
+            assert (entry.queue_id, entry.flow, entry.state) == ("sched-q", "sched.echo", "pending")
+            assert queued_ids() == []  # not the worker cluster's plain queued start
+            with pytest.raises(sc.InvalidSchedule):
+                sc.define("bad-queue", "* * * * *", "sched.echo", queue="undeclared")
+        finally:
+            forget("sched-q")
+
     def test_code_schedules_are_written_by_sync(self):
         sc.schedule("*/10 * * * *", flow="sched.echo", name="from-code", input={"x": 1})
         try:
