@@ -258,6 +258,8 @@ def tick(using: str = "default", *, limit: int | None = None, flows: Sequence[st
                     last = moment
                     started.append(Started(row.name, moment, eid, datetime.now(UTC)))
             store.advance_schedule(row.name, upcoming, last, eid if last is not None else None)
+    for one in started:  # after the commit: a logged start is a committed one
+        log.info("schedule %s: started execution=%s tick=%s", one.schedule, one.execution_id, one.tick.isoformat())
     return started
 
 
@@ -302,7 +304,6 @@ def _start(row, eid: str, moment: datetime, using: str) -> bool:
     except _refusals() as exc:  # the code changed under the row (input, queue): say so, go on
         log.error("schedule %s: tick %s not started: %s: %s", row.name, moment.isoformat(), type(exc).__name__, exc)
         return False
-    log.info("schedule %s: started execution=%s flow=%s", row.name, eid, row.flow)
     return True
 
 
