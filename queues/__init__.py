@@ -5,7 +5,7 @@ deduplication ids and not-before times, enforced across every loom_worker (docs/
     declare_queue("emails", concurrency=8, partition_concurrency=1)      # or LOOM_QUEUES in settings
     enqueue("mail.send", {"to": "ann"}, queue="emails", partition_key="customer-7", dedup_id="welcome-7")
 
-Modules: declarations (queues and their caps), enqueue, service (the worker's dispatcher), store (all
+Modules: declarations (queues and their caps), enqueuing, service (the worker's dispatcher), store (all
 SQL, per backend), models, exceptions. Names that need the database load on first use.
 """
 
@@ -17,10 +17,10 @@ from queues.declarations import QueueSpec, declare_queue
 from queues.exceptions import InvalidEnqueue, InvalidQueue, QueueError, UnknownQueue
 
 if TYPE_CHECKING:
-    from queues.enqueue import Enqueued, enqueue
+    from queues.enqueuing import Enqueued, enqueue
     from queues.store.base import QueueStats
 
-_LAZY = {"enqueue": "queues.enqueue", "Enqueued": "queues.enqueue", "QueueStats": "queues.store.base"}
+_LAZY = {"enqueue": "queues.enqueuing", "Enqueued": "queues.enqueuing", "QueueStats": "queues.store.base"}
 
 
 def __getattr__(name: str) -> Any:

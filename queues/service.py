@@ -28,6 +28,7 @@ from queues import conf
 
 log = logging.getLogger("loom.queues")
 TASKS_BACKEND = "journal.tasks.LoomBackend"
+BUSY_RETRY = 0.005  # seconds before looking again at a queue another worker was claiming from
 
 
 _worker_id: str | None = None  # the worker id of this process's dispatcher (a label for results)
@@ -118,39 +119,46 @@ class QueueService:
         store = store_for(self.alias)
         try:
             while not self.stopping.is_set():
-                got_any = False
+                got_any = busy = False
                 if self.free > 0:
                     try:
-                        got_any = self._dispatch(store, sorted(registry.registered()))
+                        got_any, busy = self._dispatch(store, sorted(registry.registered()))
                     except DatabaseError:
                         log.exception("queue dispatcher of %s: database error; retrying", self.owner)
                         connections[self.alias].close()
                         self.stopping.wait(min(1.0, 10 * conf.get("LOOM_QUEUE_POLL")))
                         continue
                 if not got_any:
-                    self.wake.wait(conf.get("LOOM_QUEUE_POLL"))
+                    # A queue another worker was claiming from may have slots left once it is done:
+                    # look again soon rather than after a whole poll interval.
+                    poll = conf.get("LOOM_QUEUE_POLL")
+                    self.wake.wait(min(BUSY_RETRY, poll) if busy else poll)
                     self.wake.clear()
         finally:
             connections[self.alias].close()
 
-    def _dispatch(self, store, flows: list[str]) -> bool:
+    def _dispatch(self, store, flows: list[str]) -> tuple[bool, bool]:
+        """One pass over the queues with work: (claimed anything, found a queue another worker held)."""
         if not flows:
-            return False
+            return False, False
         timeout = conf.claim_timeout()
         names = store.ready_queues(flows, timeout)
         random.shuffle(names)  # no queue always first: each gets its turn at this worker's free threads
-        got_any = False
+        got_any = busy = False
         for name in names:
             if self.free <= 0 or self.stopping.is_set():
                 break
             claimed = store.dequeue(name, self.owner, self.free, flows, timeout)
+            if claimed is None:
+                busy = True
+                continue
             for entry in claimed:
                 with self.lock:
                     self.free -= 1
                     self.claimed += 1
                 self.pool.submit(self._run, entry)
             got_any = got_any or bool(claimed)
-        return got_any
+        return got_any, busy
 
     def _run(self, entry) -> None:
         try:

@@ -28,6 +28,17 @@ pytestmark = pytest.mark.django_db
 LONG = 3600.0
 
 
+@pytest.fixture(autouse=True, scope="module")
+def stop_the_process_lease_keeper():
+    """Runs here start the process's lease keeper thread; stop it at the end of the module, so that its
+    connection does not outlive the test database."""
+    yield
+    from leases.keeper import get_keeper, reset_keeper
+
+    get_keeper().shutdown()
+    reset_keeper(None)
+
+
 @pytest.fixture
 def queue(request):
     """A fresh queue name for the test; its declaration is forgotten afterwards."""

@@ -31,6 +31,17 @@ CAP = 3
 QUEUE = "t-procs"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def stop_the_process_lease_keeper():
+    """Runs here start the process's lease keeper thread; stop it at the end of the module, so that its
+    connection does not outlive the test database."""
+    yield
+    from leases.keeper import get_keeper, reset_keeper
+
+    get_keeper().shutdown()
+    reset_keeper(None)
+
+
 @pytest.fixture
 def env(child_env, tmp_path):
     child_env.update({

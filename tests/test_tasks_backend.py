@@ -32,6 +32,17 @@ except ImportError:  # Django 5.2
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True, scope="module")
+def stop_the_process_lease_keeper():
+    """Runs here start the process's lease keeper thread; stop it at the end of the module, so that its
+    connection does not outlive the test database."""
+    yield
+    from leases.keeper import get_keeper, reset_keeper
+
+    get_keeper().shutdown()
+    reset_keeper(None)
+
+
 def work(queue: str = "default", limit: int = 100) -> list[str]:
     """What a worker does: claim the queue's due entries within its caps and run each; their statuses."""
     claimed = store_for().dequeue(queue, "test-worker", limit, sorted(registry.registered()), 3600.0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from journal.store.base import DatabaseBound
+from journal.store.base import EXECUTION_STATUS_OF, DatabaseBound
 
 # A started entry's execution whose header is in one of these states has finished: its slot is free.
 SETTLED = ("completed", "failed", "cancelled", "stuck")
@@ -22,7 +22,7 @@ SETTLED = ("completed", "failed", "cancelled", "stuck")
 
 @dataclass(frozen=True, slots=True)
 class NewEntry:
-    """A start to queue, validated and encoded before any SQL (queues/enqueue.py)."""
+    """A start to queue, validated and encoded before any SQL (queues/enqueuing.py)."""
 
     queue: str
     execution_id: str
@@ -141,13 +141,15 @@ class QueueStore(DatabaseBound, ABC):
         longer than `claim_timeout` ago without its execution having begun (to be offered again)."""
 
     @abstractmethod
-    def dequeue(self, queue: str, owner: str, limit: int, flows: Sequence[str], claim_timeout: float) -> list[Claimed]:
+    def dequeue(self, queue: str, owner: str, limit: int, flows: Sequence[str],
+                claim_timeout: float) -> list[Claimed] | None:
         """Claim up to `limit` entries of `queue` for `owner`, in priority then FIFO order, within every
         cap of the queue's row: running (claimed, execution not settled) below `concurrency`, per
         partition below `partition_concurrency`, and starts in the last `rate_period` seconds below
         `rate_limit`. In the same transaction, started entries whose execution settled become done, and
         claimed entries whose execution never began within `claim_timeout` are offered again. Serialised
-        per queue across processes; [] when another worker is claiming from the queue right now."""
+        per queue across processes; None when another worker is claiming from the queue right now (try
+        again shortly: it may leave slots free), [] when nothing can be claimed."""
 
     @abstractmethod
     def queue_stats(self) -> list[QueueStats]:
@@ -186,11 +188,24 @@ class QueueStore(DatabaseBound, ABC):
         """Delete the entries under `prefix` (maintenance of bench/test rows)."""
         return self._count(DELETE_ENTRIES, [prefix + "%"])
 
+    def running_by_partition(self, queue: str) -> dict[str | None, int]:
+        """Executions of the queue's entries whose journal header says running, per partition key: what
+        the benchmarks and tests sample, read from the headers rather than from the entries' states."""
+        return dict(self._rows(RUNNING_BY_PARTITION, [queue]))
+
     def delete_queue(self, name: str) -> int:
         """Delete a queue row and its entries (tests, benchmarks: their own queues only)."""
         self._count(DELETE_QUEUE_ENTRIES, [name])
         return self._count(DELETE_QUEUE, [name])
 
+
+# -- running_by_partition -- (benchmarks, tests) every entry of the queue, whatever its state: a
+# bug that marked a running execution's entry done would still be counted here.
+RUNNING_BY_PARTITION = f"""
+SELECT q.partition_key, count(*) FROM queues_entry q
+WHERE q.queue_id = %s AND {EXECUTION_STATUS_OF.format(eid="q.execution_id")} = 'running'
+GROUP BY q.partition_key
+"""
 
 # -- count_entries / delete_entries / delete_queue -- (benchmarks, tests)
 COUNT_ENTRIES = "SELECT count(*) FROM queues_entry WHERE execution_id LIKE %s AND state = %s"

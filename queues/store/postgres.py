@@ -215,7 +215,7 @@ class PostgresQueueStore(QueueStore):
         with transaction.atomic(using=self.alias):
             row = self._rows(LOCK_QUEUE, params)
             if not row:
-                return []  # another worker is claiming from it (or the queue has no row)
+                return None  # another worker is claiming from it right now (or the queue has no row)
             caps = Caps(*row[0])
             self._count(SETTLE, params)
             self._count(REOFFER, params)

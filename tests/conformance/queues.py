@@ -35,7 +35,7 @@ class QueueStoreContract(StoreContract):
         "has_queue": "has_queue", "upsert_queue": "upsert_queue", "insert_entry": "insert_entry",
         "ready_queues": "ready_queues", "dequeue": "dequeue", "queue_stats": "queue_stats",
         "cancel_pending": "cancel_pending", "count_entries": "count_entries", "delete_entries": "delete_entries",
-        "delete_queue": "delete_queue",
+        "delete_queue": "delete_queue", "running_by_partition": "running_by_partition",
     }
 
     @pytest.fixture
@@ -80,6 +80,7 @@ class QueueStoreContract(StoreContract):
         Execution.objects.create(id=first[1].execution_id, flow="conformance.flow", status="running")
         assert [c.execution_id for c in store.dequeue(queue, "w", 10, FLOWS, 0.0)] == ["s-2"]
         assert QueueEntry.objects.get(execution_id="s-0").state == "done"
+        assert store.running_by_partition(queue) == {None: 1}
 
     def test_a_claim_that_never_began_is_offered_again(self, store, queue):
         store.insert_entry(entry(queue, "r-1"))
