@@ -18,6 +18,7 @@ the database alias given (--database), never a default assumed.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -57,7 +58,10 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     """`30s`, `15m`, `2h`, `7d` ago, or an ISO 8601 time (UTC unless it says otherwise); Refused (usage)."""
     match = SINCE.match(text.strip())
     if match:
-        return (now or timezone.now()) - timedelta(**{UNITS[match[2]]: int(match[1])})
+        try:
+            return (now or timezone.now()) - timedelta(**{UNITS[match[2]]: int(match[1])})
+        except OverflowError:
+            raise Refused(f"--since {text!r}: further back than a datetime goes", USAGE) from None
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -68,6 +72,7 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 def acting(fn):
     """Turn our errors into Refused (exit 1): the verbs let journal.flows decide what is allowed."""
 
+    @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from journal.flows.errors import UnknownExecution
 
@@ -80,7 +85,6 @@ def acting(fn):
         except _refusals() as exc:
             raise Refused(str(exc), REFUSED, type(exc).__name__) from None
 
-    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
     return wrapper
 
 

@@ -81,6 +81,8 @@ def test_list_filters_by_status_flow_schedule_since_and_limit():
     assert len(loom("executions", "list", "--limit", "2")[2]) == 2
     assert loom("executions", "list", "--status", "nonsense")[0] == 2
     assert loom("executions", "list", "--since", "yesterday")[0] == 2
+    assert loom("executions", "list", "--since", "99999999999999d")[0] == 2
+    assert loom("executions", "list", "--limit", "0")[0] == 2
 
 
 def test_list_stuck_shows_given_up_and_lease_expired_runs():
