@@ -88,10 +88,12 @@ def parse_cron(expr: object) -> str:
     if len(text.split()) not in (5, 6):
         raise InvalidSchedule(f"cron {expr!r}: 5 fields (minute hour day month weekday) or 6 with a leading "
                               f"seconds field, not {len(text.split())}")
+    if not text.isascii() or not text.isprintable():
+        raise InvalidSchedule(f"cron {expr!r}: ASCII fields only (digits, names, * / - , L W #)")
     try:
-        CronSim(text, datetime(2000, 1, 1, tzinfo=UTC))
-    except (CronSimError, ValueError, IndexError, KeyError) as exc:
-        raise InvalidSchedule(f"cron {expr!r} is malformed: {exc}") from None
+        next(CronSim(text, datetime(2000, 1, 1, tzinfo=UTC)))  # a cron that never fires is refused too
+    except (CronSimError, ValueError, IndexError, KeyError, StopIteration) as exc:
+        raise InvalidSchedule(f"cron {expr!r} is malformed: {exc or 'it never fires'}") from None
     return text
 
 
