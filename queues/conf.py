@@ -48,6 +48,8 @@ register(
     Setting("LOOM_QUEUE_CLAIM_TIMEOUT", float, None,
             "Seconds a claimed entry may go without its execution beginning before it is offered again "
             "(unset: LOOM_LEASE_TTL + the lazy grace).", 0.01, optional=True),
+    Setting("LOOM_QUEUE_RETENTION", float, 86400.0,
+            "Seconds a finished queue entry is kept (loom_worker prunes older ones; never inside a rate window).", 0),
     Setting("LOOM_QUEUE_DEFAULT_CONCURRENCY", int, 10,
             "Cap of a queue a Tasks backend names without declaring it in LOOM_QUEUES.", 1),
 )

@@ -29,6 +29,7 @@ from queues import conf
 log = logging.getLogger("loom.queues")
 TASKS_BACKEND = "journal.tasks.LoomBackend"
 BUSY_RETRY = 0.005  # seconds before looking again at a queue another worker was claiming from
+PRUNE_EVERY = 60.0  # seconds between two prunings of finished entries by one worker
 
 
 _worker_id: str | None = None  # the worker id of this process's dispatcher (a label for results)
@@ -85,6 +86,7 @@ class QueueService:
         self.pool: ThreadPoolExecutor | None = None
         self.free = 0
         self.claimed = 0  # entries this process claimed (tests, logs)
+        self.prune_at = 0.0  # monotonic time of the next pruning of finished entries
 
     def start(self, worker) -> None:
         from queues.declarations import write_declared
@@ -128,6 +130,16 @@ class QueueService:
                         connections[self.alias].close()
                         self.stopping.wait(min(1.0, 10 * conf.get("LOOM_QUEUE_POLL")))
                         continue
+                if time.monotonic() >= self.prune_at:
+                    self.prune_at = time.monotonic() + PRUNE_EVERY
+                    try:
+                        pruned = store.prune_entries(conf.get("LOOM_QUEUE_RETENTION"))
+                    except DatabaseError:
+                        log.exception("queue dispatcher of %s: pruning finished entries failed", self.owner)
+                        connections[self.alias].close()
+                    else:
+                        if pruned:
+                            log.info("pruned %d finished queue entr%s", pruned, "y" if pruned == 1 else "ies")
                 if not got_any:
                     # A queue another worker was claiming from may have slots left once it is done:
                     # look again soon rather than after a whole poll interval.

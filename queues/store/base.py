@@ -156,6 +156,11 @@ class QueueStore(DatabaseBound, ABC):
         """Every queue row with its depth and running count, by name."""
 
     @abstractmethod
+    def prune_entries(self, older_than: float) -> int:
+        """Delete done and cancelled entries that finished more than `older_than` seconds ago, and that
+        started before their queue's rate window (the window counts them); the number deleted."""
+
+    @abstractmethod
     def cancel_pending(self, execution_id: str) -> bool:
         """Cancel an entry that has not been claimed; False if it was claimed already or does not exist."""
 

@@ -165,6 +165,16 @@ SELECT qq.name, qq.concurrency, qq.partition_concurrency, qq.rate_limit, qq.rate
 FROM queues_queue qq ORDER BY qq.name
 """
 
+# -- prune_entries --
+# Finished entries past the retention; never one its queue's rate window still counts. No lock beyond
+# the delete's own: a finished entry is read by nobody who decides anything but the rate window.
+PRUNE_ENTRIES = """
+DELETE FROM queues_entry q USING queues_queue qq
+WHERE qq.name = q.queue_id AND q.state IN ('done', 'cancelled')
+  AND q.finished_at < now() - %(older)s::float8 * interval '1 second'
+  AND (q.started_at IS NULL OR q.started_at < now() - COALESCE(qq.rate_period, 0) * interval '1 second')
+"""
+
 # -- cancel_pending --
 # Waits for a dequeue that locked the row as a candidate; if that dequeue claimed it, the re-checked
 # WHERE (still pending) fails and nothing is cancelled.
@@ -236,6 +246,9 @@ class PostgresQueueStore(QueueStore):
 
     def queue_stats(self):
         return [QueueStats(*r) for r in self._rows(QUEUE_STATS, [])]
+
+    def prune_entries(self, older_than):
+        return self._count(PRUNE_ENTRIES, {"older": older_than})
 
     def cancel_pending(self, execution_id):
         return self._count(CANCEL_PENDING, [execution_id]) == 1

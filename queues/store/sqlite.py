@@ -126,6 +126,15 @@ SELECT qq.name, qq.concurrency, qq.partition_concurrency, qq.rate_limit, qq.rate
 FROM queues_queue qq ORDER BY qq.name
 """
 
+# -- prune_entries -- (see postgres.py; the rate window's cutoff per queue in Python: no interval type)
+PRUNE_ENTRIES = """
+DELETE FROM queues_entry
+WHERE state IN ('done', 'cancelled') AND finished_at < %(cutoff)s
+  AND (started_at IS NULL OR started_at < strftime('%%Y-%%m-%%d %%H:%%M:%%f', %(now)s,
+       '-' || COALESCE((SELECT qq.rate_period FROM queues_queue qq WHERE qq.name = queues_entry.queue_id), 0)
+       || ' seconds'))
+"""
+
 # -- cancel_pending --
 CANCEL_PENDING = """
 UPDATE queues_entry SET state = 'cancelled', finished_at = %s WHERE execution_id = %s AND state = 'pending'
@@ -205,6 +214,11 @@ class SqliteQueueStore(QueueStore):
 
     def queue_stats(self):
         return [QueueStats(*r) for r in self._rows(QUEUE_STATS, {"now": stamp(_now())})]
+
+    def prune_entries(self, older_than):
+        now = _now()
+        return self._count(PRUNE_ENTRIES, {"cutoff": stamp(now - timedelta(seconds=older_than)),
+                                           "now": now.replace(tzinfo=None).isoformat(sep=" ")})
 
     def cancel_pending(self, execution_id):
         return self._count(CANCEL_PENDING, [stamp(_now()), execution_id]) == 1

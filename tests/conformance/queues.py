@@ -36,6 +36,7 @@ class QueueStoreContract(StoreContract):
         "ready_queues": "ready_queues", "dequeue": "dequeue", "queue_stats": "queue_stats",
         "cancel_pending": "cancel_pending", "count_entries": "count_entries", "delete_entries": "delete_entries",
         "delete_queue": "delete_queue", "running_by_partition": "running_by_partition",
+        "prune_entries": "prune_entries",
     }
 
     @pytest.fixture
@@ -94,6 +95,23 @@ class QueueStoreContract(StoreContract):
             store.insert_entry(entry("rq", f"rq-{n}", n))
         assert len(store.dequeue("rq", "w", 10, FLOWS, LONG)) == 2
         assert store.dequeue("rq", "w", 10, FLOWS, LONG) == []
+
+    def test_pruning_deletes_finished_entries_outside_the_rate_window(self, store, queue):
+        store.upsert_queue(QueueSpec("windowed", 5, rate_limit=5, rate_period=LONG))
+        store.insert_entry(entry(queue, "p-1"))
+        store.insert_entry(entry(queue, "p-2"))
+        store.insert_entry(entry("windowed", "p-3"))
+        store.insert_entry(entry(queue, "p-4"))
+        store.dequeue(queue, "w", 1, FLOWS, LONG)
+        store.dequeue("windowed", "w", 1, FLOWS, LONG)
+        Execution.objects.create(id="p-1", flow="conformance.flow", status="completed")
+        Execution.objects.create(id="p-3", flow="conformance.flow", status="completed")
+        store.dequeue(queue, "w", 0 + 1, FLOWS, LONG)  # settles p-1 (and claims p-2)
+        store.dequeue("windowed", "w", 1, FLOWS, LONG)  # settles p-3
+        store.cancel_pending("p-4")
+        assert store.prune_entries(LONG) == 0  # all finished just now
+        assert store.prune_entries(0.0) == 2  # p-1 and p-4; p-3 is inside its queue's rate window
+        assert sorted(QueueEntry.objects.values_list("execution_id", flat=True)) == ["p-2", "p-3"]
 
     def test_cancel_pending_only_cancels_unclaimed_entries(self, store, queue):
         store.insert_entry(entry(queue, "x-1"))
