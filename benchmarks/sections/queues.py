@@ -182,6 +182,17 @@ def cleanup(name: str, prefix: str) -> None:
     forget(name)
 
 
+def guarded(ctx, name: str, prefix: str, *args, **caps) -> tuple[float, list]:
+    """run_queue, whose rows are deleted if it fails (unless --keep): a later run's workers would
+    otherwise find this queue's leftover entries and run them too."""
+    try:
+        return run_queue(ctx, name, prefix, *args, **caps)
+    except BaseException:
+        if not ctx.options.get("keep"):
+            cleanup(name, prefix)
+        raise
+
+
 def run(ctx) -> None:
     options = ctx.options
     ctx.log_dir = tempfile.mkdtemp(prefix="bench-queues-")  # the workers' output, if one fails
@@ -191,7 +202,7 @@ def run(ctx) -> None:
 
     # -- cap --
     name, prefix, total = f"{tag}-cap", f"{tag}c-", options["queue_execs"]
-    seconds, samples = run_queue(ctx, name, prefix, total, None, cap)
+    seconds, samples = guarded(ctx, name, prefix, total, None, cap)
     highest = max(samples, default=0)
     ctx.verify(f"{name}: executions running at once never above the cap (highest seen {highest})", 0,
                max(0, highest - cap))
@@ -203,7 +214,7 @@ def run(ctx) -> None:
     # -- partitions --
     name, prefix, total = f"{tag}-part", f"{tag}p-", options["queue_partition_execs"]
     keys = options["queue_partitions"]
-    seconds, samples = run_queue(ctx, name, prefix, total, keys, cap, partition_concurrency=1)
+    seconds, samples = guarded(ctx, name, prefix, total, keys, cap, partition_concurrency=1)
     highest = max(samples, default=0)
     ctx.verify(f"{name}: running per partition never above 1 (highest seen {highest})", 0, max(0, highest - 1))
     ctx.record("partitions", {"execs": total, "partitions": keys, "partition_cap": 1, "cap": cap, "workers": workers},
@@ -215,7 +226,7 @@ def run(ctx) -> None:
     # -- rate --
     limit, period = options["queue_rate"], options["queue_rate_period"]
     name, prefix, total = f"{tag}-rate", f"{tag}r-", 3 * limit
-    run_queue(ctx, name, prefix, total, None, cap, rate_limit=limit, rate_period=period)
+    guarded(ctx, name, prefix, total, None, cap, rate_limit=limit, rate_period=period)
     starts = sorted(QueueEntry.objects.filter(queue_id=name).values_list("started_at", flat=True))
     span = timedelta(seconds=period)
     most, low = 0, 0
@@ -257,34 +268,37 @@ def run_tasks(ctx, backend: str, tag: str):
         task_of = bench_task.using(queue_name=queue)
     else:
         task_of = bench_task.using(backend="dbpeer", queue_name=queue)
-    ids = [task_of.enqueue(n).id for n in range(total)]
-    if backend == "loom":
-        procs = loom_workers(ctx, workers, 1, queue)
-    else:
-        env = child_env(ALLOW_DEV_SECRET_KEY="true")
-        procs = [spawn(["db_worker", "--backend", "dbpeer", "--queue-name", queue, "--interval", str(poll),
-                        "--no-startup-delay", "--worker-id", f"{queue}-{n}"], env, ctx.log_dir, f"{queue}-{n}")
-                 for n in range(workers)]
+    ids: list[str] = []
+    late: list[str] = []
     try:
-        wait_for(lambda: finished(backend, ids) == total, f"{backend} tasks to finish", procs)
-        seconds = task_window(backend, ids)
-        late: list[str] = []
-        for n in range(trickle):
-            late.append(task_of.enqueue(n).id)
-            time.sleep(0.02)
-        wait_for(lambda: finished(backend, late) == trickle, f"{backend} trickle to finish", procs)
-    finally:
-        stop(procs)
+        ids.extend(task_of.enqueue(n).id for n in range(total))
+        if backend == "loom":
+            procs = loom_workers(ctx, workers, 1, queue)
+        else:
+            env = child_env(ALLOW_DEV_SECRET_KEY="true")
+            procs = [spawn(["db_worker", "--backend", "dbpeer", "--queue-name", queue, "--interval", str(poll),
+                            "--no-startup-delay", "--worker-id", f"{queue}-{n}"], env, ctx.log_dir, f"{queue}-{n}")
+                     for n in range(workers)]
+        try:
+            wait_for(lambda: finished(backend, ids) == total, f"{backend} tasks to finish", procs)
+            seconds = task_window(backend, ids)
+            for n in range(trickle):
+                late.append(task_of.enqueue(n).id)
+                time.sleep(0.02)
+            wait_for(lambda: finished(backend, late) == trickle, f"{backend} trickle to finish", procs)
+        finally:
+            stop(procs)
+    except BaseException:
+        if not options.get("keep"):
+            _delete_rows(backend, queue, ids + late)
+        raise
     latencies = start_latencies(backend, late)
     ctx.verify(f"{backend}: tasks finished", total + trickle, finished(backend, ids) + finished(backend, late))
     result = ctx.record(f"tasks {backend}", {"tasks": total, "trickle": trickle, "workers": workers,
                                              "tasks_per_worker": 1, "poll_s": poll},
                         throughput=total / seconds, unit="tasks/s", count=total, latencies_ms=latencies)
     if not options.get("keep"):
-        if backend == "loom":
-            _delete_task_rows(queue, ids + late)
-        else:
-            _peer_model().objects.filter(id__in=ids + late).delete()
+        _delete_rows(backend, queue, ids + late)
     return result
 
 
@@ -292,7 +306,10 @@ def _peer_model():
     return apps.get_model("django_tasks_database", "DBTaskResult")
 
 
-def _delete_task_rows(queue: str, ids: list[str]) -> None:
+def _delete_rows(backend: str, queue: str, ids: list[str]) -> None:
+    if backend != "loom":
+        _peer_model().objects.filter(queue_name=queue).delete()
+        return
     queue_store().delete_queue(queue)
     journal_store().delete_streams(ids=ids)
     journal_store().delete_executions(ids=ids)
