@@ -34,6 +34,7 @@ try:  # Django 6: the Tasks framework is part of Django
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
 except ImportError:  # Django 5.2: the django-tasks backport
     from django_tasks import TaskContext, TaskResult, TaskResultStatus
@@ -41,6 +42,7 @@ except ImportError:  # Django 5.2: the django-tasks backport
     from django_tasks.base import TaskError
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
     from django_tasks.utils import normalize_json
 
 TASK_FLOW = "loom.task"
@@ -64,19 +66,24 @@ def _task_of(path: str):
 
 
 def call_task(input: dict, attempt: int, execution_id: str) -> dict:
-    """One attempt: call the task function; what happened, as a journaled step result."""
+    """One attempt: call the task function; what happened, as a journaled step result. Sends Django's
+    task_started, and task_finished once the task has succeeded or its last attempt failed (again if a
+    crash makes the attempt run again: the signals are at least once)."""
     from queues.service import worker_id
 
     record: dict[str, Any] = {"worker": worker_id() or node_identity(), "at": timezone.now().isoformat(),
                               "attempt": attempt}
+    current = None
     try:
         task = _task_of(input["task"])
         args, kwargs = input.get("args") or [], input.get("kwargs") or {}
-        if input.get("takes_context"):
-            backend = task.get_backend()
-            current = backend.get_result(execution_id)
-            current = replace(current, status=TaskResultStatus.RUNNING,
+        backend = task.get_backend()
+        current = backend.get_result(execution_id) if isinstance(backend, LoomBackend) else None
+        if current is not None:
+            current = replace(current, status=TaskResultStatus.RUNNING, last_attempted_at=timezone.now(),
                               worker_ids=[*current.worker_ids, record["worker"]])
+            task_started.send(type(backend), task_result=current)
+        if input.get("takes_context"):
             value = task.call(TaskContext(task_result=current), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
@@ -88,10 +95,19 @@ def call_task(input: dict, attempt: int, execution_id: str) -> dict:
             raise TypeError(problem)
     except Exception as exc:
         kind = type(exc)
-        record.update(ok=False, error={"exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
-                                       "traceback": "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]})
+        error = {"exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+                 "traceback": "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]}
+        record.update(ok=False, error=error)
+        if current is not None and attempt >= int(input.get("attempts") or 1):
+            task_finished.send(type(current.task.get_backend()), task_result=replace(
+                current, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
+                errors=[*current.errors, TaskError(**error)]))
         return record
     record.update(ok=True, value=value)
+    if current is not None:
+        done = replace(current, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now())
+        object.__setattr__(done, "_return_value", value)
+        task_finished.send(type(current.task.get_backend()), task_result=done)
     return record
 
 
@@ -159,9 +175,12 @@ class LoomBackend(BaseTaskBackend):
                              run_after=task.run_after, using=self._alias())
         except InvalidInput as exc:
             raise InvalidTaskArguments(f"arguments of task {task.module_path}: {exc}") from None
-        return TaskResult(task=task, id=queued.execution_id, status=TaskResultStatus.READY,
-                          enqueued_at=timezone.now(), started_at=None, finished_at=None, last_attempted_at=None,
-                          args=list(args), kwargs=dict(kwargs), backend=self.alias, errors=[], worker_ids=[])
+        result = TaskResult(task=task, id=queued.execution_id, status=TaskResultStatus.READY,
+                            enqueued_at=timezone.now(), started_at=None, finished_at=None, last_attempted_at=None,
+                            args=list(args), kwargs=dict(kwargs), backend=self.alias, errors=[], worker_ids=[])
+        if queued.created:
+            task_enqueued.send(type(self), task_result=result)
+        return result
 
     def get_result(self, result_id):
         from journal.flows.state import load_state

@@ -24,10 +24,12 @@ from tests import queue_flows
 try:
     from django.tasks import TaskResultStatus, task_backends
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+    from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:  # Django 5.2
     from django_tasks import TaskResultStatus, task_backends
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+    from django_tasks.signals import task_enqueued, task_finished, task_started
 
 pytestmark = pytest.mark.django_db
 
@@ -111,6 +113,30 @@ def test_attempts_retry_a_failed_call_and_the_context_counts_them():
     assert result.return_value == 2  # context.attempt on the second call
     assert result.attempts == 2 and [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"]
     assert queue_flows.FLAKY_CALLS["k1"] == 2
+
+
+def test_djangos_task_signals_are_sent():
+    seen: list[tuple[str, str, str]] = []
+
+    def note(name):
+        def receiver(sender, task_result, **kwargs):
+            seen.append((name, task_result.id, str(task_result.status)))
+        return receiver
+
+    receivers = [(task_enqueued, note("enqueued")), (task_started, note("started")), (task_finished, note("finished"))]
+    for signal, receiver in receivers:
+        signal.connect(receiver)
+    try:
+        ok = queue_flows.add.enqueue(1, 2)
+        bad = queue_flows.explode.enqueue("x")
+        work()
+    finally:
+        for signal, receiver in receivers:
+            signal.disconnect(receiver)
+    assert [s for s in seen if s[1] == ok.id] == [
+        ("enqueued", ok.id, "READY"), ("started", ok.id, "RUNNING"), ("finished", ok.id, "SUCCESSFUL")]
+    assert [s for s in seen if s[1] == bad.id] == [
+        ("enqueued", bad.id, "READY"), ("started", bad.id, "RUNNING"), ("finished", bad.id, "FAILED")]
 
 
 def test_run_after_defers_the_task():
