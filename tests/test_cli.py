@@ -15,6 +15,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 from django_q.models import OrmQ
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from journal.flows import ownership as own
 from journal.flows import start
@@ -207,3 +209,18 @@ def test_the_command_line_exit_codes_and_json_in_a_real_process(child_env):
     assert run("executions", "frobnicate").returncode == 2
     missing = run("executions", "show", "nope", "--json")
     assert missing.returncode == 1 and json.loads(missing.stdout)["ok"] is False
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(execution_id=st.text(max_size=220), verb=st.sampled_from(["show", "steps", "cancel", "resume", "retry"]),
+       since=st.text(max_size=20))
+def test_any_id_or_since_is_answered_with_an_exit_code_and_nothing_written(execution_id, verb, since):
+    """Whatever a script passes, the answer is a refusal (1) or a usage error (2) with a JSON error, never a
+    traceback, and nothing is written (the database has no execution at all here)."""
+    if execution_id.startswith("-"):
+        execution_id = "x" + execution_id  # argparse would read it as an option: a different test
+    code, _, error = loom("executions", verb, execution_id)
+    assert code in (1, 2) and error["ok"] is False and error["error"]
+    code, _, listed = loom("executions", "list", f"--since={since}")
+    assert (code == 0 and listed == []) or (code == 2 and listed["ok"] is False)
+    assert not Event.objects.exists() and not OrmQ.objects.exists()
