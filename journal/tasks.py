@@ -17,6 +17,8 @@ the execution fails and the result is FAILED with every error. A completed attem
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import traceback
 from dataclasses import replace
 from datetime import datetime
@@ -46,6 +48,7 @@ except ImportError:  # Django 5.2: the django-tasks backport
     from django_tasks.utils import normalize_json
 
 TASK_FLOW = "loom.task"
+log = logging.getLogger("loom.tasks")
 MAX_TRACEBACK = 20_000  # characters of a traceback kept in the log
 
 
@@ -77,13 +80,10 @@ def call_task(input: dict, attempt: int, execution_id: str) -> dict:
     try:
         task = _task_of(input["task"])
         args, kwargs = input.get("args") or [], input.get("kwargs") or {}
-        backend = task.get_backend()
-        current = backend.get_result(execution_id) if isinstance(backend, LoomBackend) else None
-        if current is not None:
-            current = replace(current, status=TaskResultStatus.RUNNING, last_attempted_at=timezone.now(),
-                              worker_ids=[*current.worker_ids, record["worker"]])
-            task_started.send(type(backend), task_result=current)
+        current = _running(task, execution_id, record["worker"])
         if input.get("takes_context"):
+            if current is None:
+                raise RuntimeError(f"the context of task {execution_id} could not be read")
             value = task.call(TaskContext(task_result=current), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
@@ -109,6 +109,23 @@ def call_task(input: dict, attempt: int, execution_id: str) -> dict:
         object.__setattr__(done, "_return_value", value)
         task_finished.send(type(current.task.get_backend()), task_result=done)
     return record
+
+
+def _running(task, execution_id: str, worker: str):
+    """The task's result as it starts this attempt, after sending task_started; None if it cannot be
+    read (the signals and the context then go without it: they never fail the task)."""
+    backend = task.get_backend()
+    if not isinstance(backend, LoomBackend):
+        return None
+    try:
+        current = backend.get_result(execution_id)
+        current = replace(current, status=TaskResultStatus.RUNNING, last_attempted_at=timezone.now(),
+                          worker_ids=[*current.worker_ids, worker])
+    except Exception:
+        log.exception("task %s: its result could not be read for the task_started signal", execution_id)
+        return None
+    task_started.send(type(backend), task_result=current)
+    return current
 
 
 @flow(TASK_FLOW)
@@ -203,7 +220,9 @@ class LoomBackend(BaseTaskBackend):
         except (ImportError, AttributeError, TypeError, KeyError) as exc:
             raise TaskResultDoesNotExist(f"{result_id}: its task cannot be imported ({exc})") from None
         if entry is not None:
-            task = task.using(priority=entry.priority, queue_name=entry.queue_id)
+            # A queue this process's backend does not list keeps the task as declared.
+            with contextlib.suppress(InvalidTask):
+                task = task.using(priority=entry.priority, queue_name=entry.queue_id)
         records = []
         if header is not None:
             records = [step[2] for step in load_state(result_id).steps

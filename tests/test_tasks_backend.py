@@ -200,3 +200,22 @@ def test_a_queue_outside_the_backends_queues_is_djangos_invalid_task():
     with pytest.raises(InvalidTask):
         queue_flows.add.using(queue_name="elsewhere").enqueue(1, 2)
     assert QueueEntry.objects.count() == before
+
+
+def test_a_result_on_a_queue_this_processs_backend_does_not_list_is_still_readable_and_runs():
+    """A worker's backend may list other queues than the enqueuer's: running the task and reading its
+    result must not fail on Django's queue validation."""
+    from queues import enqueue
+    from queues.declarations import forget
+
+    wide = LoomBackend("default", {"QUEUES": ["default", "t-elsewhere"]})  # declares t-elsewhere
+    try:
+        queued = wide.enqueue(queue_flows.add.using(priority=0), [20, 22], {})  # on "default"
+        elsewhere = enqueue(TASK_FLOW, {"task": queue_flows.add.module_path, "args": [1, 2], "kwargs": {},
+                                        "takes_context": False, "attempts": 1}, queue="t-elsewhere")
+        assert work() == ["completed"] and work("t-elsewhere") == ["completed"]
+        assert queue_flows.add.get_result(queued.id).return_value == 42
+        fetched = queue_flows.add.get_result(elsewhere.execution_id)  # the default backend lists no t-elsewhere
+        assert fetched.status == TaskResultStatus.SUCCESSFUL and fetched.return_value == 3
+    finally:
+        forget("t-elsewhere")

@@ -293,7 +293,8 @@ def run_tasks(ctx, backend: str, tag: str):
             _delete_rows(backend, queue, ids + late)
         raise
     latencies = start_latencies(backend, late)
-    ctx.verify(f"{backend}: tasks finished", total + trickle, finished(backend, ids) + finished(backend, late))
+    ctx.verify(f"{backend}: tasks succeeded", total + trickle,
+               finished(backend, ids, ok=True) + finished(backend, late, ok=True))
     result = ctx.record(f"tasks {backend}", {"tasks": total, "trickle": trickle, "workers": workers,
                                              "tasks_per_worker": 1, "poll_s": poll},
                         throughput=total / seconds, unit="tasks/s", count=total, latencies_ms=latencies)
@@ -316,10 +317,13 @@ def _delete_rows(backend: str, queue: str, ids: list[str]) -> None:
     forget(queue)
 
 
-def finished(backend: str, ids: list[str]) -> int:
+def finished(backend: str, ids: list[str], ok: bool = False) -> int:
+    """Tasks of `ids` that finished (ok=True: that succeeded)."""
     if backend == "loom":
-        return Execution.objects.filter(pk__in=ids, status="completed").count()
-    return _peer_model().objects.filter(id__in=ids, status="SUCCESSFUL").count()
+        done = ["completed"] if ok else ["completed", "failed", "cancelled", "stuck"]
+        return Execution.objects.filter(pk__in=ids, status__in=done).count()
+    states = ["SUCCESSFUL"] if ok else ["SUCCESSFUL", "FAILED"]
+    return _peer_model().objects.filter(id__in=ids, status__in=states).count()
 
 
 def task_window(backend: str, ids: list[str]) -> float:
