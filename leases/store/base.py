@@ -79,7 +79,7 @@ class ScheduleStatements(ABC):
         """Move the schedule's next tick (and its last tick, when one was started) in the caller's transaction."""
 
     def delete_schedules(self, prefix: str) -> int:
-        """Delete the schedules whose name starts with `prefix` (benchmarks, tests, the admin's delete)."""
+        """Delete the schedules whose name starts with `prefix` (benchmarks and tests: their own prefix)."""
         with self.connection.cursor() as cursor:
             cursor.execute(DELETE_SCHEDULES, [prefix + "%"])
             return cursor.rowcount
