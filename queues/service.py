@@ -87,6 +87,7 @@ class QueueService:
         self.free = 0
         self.claimed = 0  # entries this process claimed (tests, logs)
         self.prune_at = 0.0  # monotonic time of the next pruning of finished entries
+        self.hot: list[str] = []  # the queues this dispatcher's last pass claimed from
 
     def start(self, worker) -> None:
         from queues.declarations import write_declared
@@ -150,13 +151,21 @@ class QueueService:
             connections[self.alias].close()
 
     def _dispatch(self, store, flows: list[str]) -> tuple[bool, bool]:
-        """One pass over the queues with work: (claimed anything, found a queue another worker held)."""
+        """One pass over the queues with work: (claimed anything, found a queue another worker held).
+        The queues that gave entries last time are tried first, without asking which have work."""
         if not flows:
             return False, False
         timeout = conf.claim_timeout()
+        got_any, busy = self._claim_from(store, self.hot, flows, timeout)
+        if got_any:
+            return True, busy
         names = store.ready_queues(flows, timeout)
         random.shuffle(names)  # no queue always first: each gets its turn at this worker's free threads
+        return self._claim_from(store, names, flows, timeout)
+
+    def _claim_from(self, store, names: list[str], flows: list[str], timeout: float) -> tuple[bool, bool]:
         got_any = busy = False
+        hot = []
         for name in names:
             if self.free <= 0 or self.stopping.is_set():
                 break
@@ -169,7 +178,10 @@ class QueueService:
                     self.free -= 1
                     self.claimed += 1
                 self.pool.submit(self._run, entry)
-            got_any = got_any or bool(claimed)
+            if claimed:
+                hot.append(name)
+                got_any = True
+        self.hot = hot
         return got_any, busy
 
     def _run(self, entry) -> None:

@@ -17,7 +17,7 @@ read from the journal's headers):
 - **tasks**: Django tasks through journal.tasks.LoomBackend, then the same through django-tasks-db
   (`DatabaseBackend`, its `db_worker`), each with `--queue-workers` processes running one task at a
   time and polling every `--queue-poll` s: tasks/s over a backlog of `--queue-task-execs`, and
-  enqueue->start latency of `--queue-latency-tasks` tasks enqueued one every 20 ms to idle workers
+  enqueue->start latency of `--queue-latency-tasks` tasks enqueued one every 100 ms to idle workers
   (p50/p99). django-tasks-db missing (an optional extra): one line says so and only ours runs.
 """
 
@@ -282,9 +282,9 @@ def run_tasks(ctx, backend: str, tag: str):
         try:
             wait_for(lambda: finished(backend, ids) == total, f"{backend} tasks to finish", procs)
             seconds = task_window(backend, ids)
-            for n in range(trickle):
+            for n in range(trickle):  # 10 a second: below either backend's rate, so no backlog builds up
                 late.append(task_of.enqueue(n).id)
-                time.sleep(0.02)
+                time.sleep(0.1)
             wait_for(lambda: finished(backend, late) == trickle, f"{backend} trickle to finish", procs)
         finally:
             stop(procs)

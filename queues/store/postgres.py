@@ -98,29 +98,29 @@ SELECT concurrency, partition_concurrency, rate_limit, rate_period FROM queues_q
 FOR UPDATE SKIP LOCKED
 """
 
-# -- dequeue: settle --
-# Started entries whose execution settled (completed, failed, cancelled, stuck) free their slot. A
-# running execution whose worker died keeps it until the recovery sweep's resume settles it.
-SETTLE = f"""
-UPDATE queues_entry q SET state = 'done', finished_at = now()
-WHERE q.queue_id = %(queue)s AND q.state = 'started' AND {STATUS} IN {SETTLED_SQL}
-"""
-
-# -- dequeue: re-offer --
-# A claimed entry whose execution has not begun after `timeout` (its worker died between the claim
-# and the execution's first write) is pending again; its fixed execution id makes a late start of
-# the first claimer and a second run the same execution (the second start is refused, ExecutionExists).
-REOFFER = f"""
-UPDATE queues_entry q SET state = 'pending'
-WHERE q.queue_id = %(queue)s AND q.state = 'started'
-  AND q.started_at < now() - %(timeout)s::float8 * interval '1 second' AND {STATUS} IS NULL
-"""
-
-# -- dequeue: adopt --
-# A re-offered entry whose first claimer began it late after all is running (or finished): count it.
-ADOPT = f"""
-UPDATE queues_entry q SET state = CASE WHEN {STATUS} IN {SETTLED_SQL} THEN 'done' ELSE 'started' END
-WHERE q.queue_id = %(queue)s AND q.state = 'pending' AND q.attempts > 0 AND {STATUS} IS NOT NULL
+# -- dequeue: sync --
+# One pass over the queue's started entries and its re-offered ones (normally none), each decided by
+# its execution's header, in one statement:
+# - settle: started, and the execution settled (completed, failed, cancelled, stuck): done, its slot
+#   is free. A running execution whose worker died keeps its slot until the recovery sweep's resume
+#   settles it;
+# - re-offer: started, and no execution `timeout` after the claim (its worker died between the claim
+#   and the execution's first write): pending again. The fixed execution id makes a late start of the
+#   first claimer and a second run one execution (the second start is refused, ExecutionExists);
+# - adopt: re-offered, and its first claimer began it late after all: started again (counted), or done.
+SYNC = f"""
+UPDATE queues_entry q SET state = y.next, finished_at = CASE WHEN y.next = 'done' THEN now() ELSE q.finished_at END
+FROM (
+    SELECT x.id, CASE
+        WHEN x.status IN {SETTLED_SQL} THEN 'done'
+        WHEN x.state = 'started' AND x.status IS NULL
+             AND x.started_at < now() - %(timeout)s::float8 * interval '1 second' THEN 'pending'
+        WHEN x.state = 'pending' AND x.status IS NOT NULL THEN 'started'
+    END AS next
+    FROM (SELECT q.id, q.state, q.started_at, {STATUS} AS status FROM queues_entry q
+          WHERE q.queue_id = %(queue)s AND (q.state = 'started' OR (q.state = 'pending' AND q.attempts > 0))) x
+) y
+WHERE q.id = y.id AND y.next IS NOT NULL AND y.next <> q.state
 """
 
 # -- dequeue: running --
@@ -227,9 +227,7 @@ class PostgresQueueStore(QueueStore):
             if not row:
                 return None  # another worker is claiming from it right now (or the queue has no row)
             caps = Caps(*row[0])
-            self._count(SETTLE, params)
-            self._count(REOFFER, params)
-            self._count(ADOPT, params)
+            self._count(SYNC, params)
             caps.running = {key: n for key, n in self._rows(RUNNING, params)}
             want = min(limit, caps.concurrency - caps.total)
             if caps.rate_limit is not None and want > 0:

@@ -82,18 +82,20 @@ LOCK_QUEUE = """
 SELECT concurrency, partition_concurrency, rate_limit, rate_period FROM queues_queue WHERE name = %(queue)s
 """
 
-# -- dequeue: settle / re-offer / adopt / running / rate window -- (see postgres.py)
-SETTLE = f"""
-UPDATE queues_entry AS q SET state = 'done', finished_at = %(now)s
-WHERE q.queue_id = %(queue)s AND q.state = 'started' AND {STATUS} IN {SETTLED_SQL}
-"""
-REOFFER = f"""
-UPDATE queues_entry AS q SET state = 'pending'
-WHERE q.queue_id = %(queue)s AND q.state = 'started' AND q.started_at < %(claim_cutoff)s AND {STATUS} IS NULL
-"""
-ADOPT = f"""
-UPDATE queues_entry AS q SET state = CASE WHEN {STATUS} IN {SETTLED_SQL} THEN 'done' ELSE 'started' END
-WHERE q.queue_id = %(queue)s AND q.state = 'pending' AND q.attempts > 0 AND {STATUS} IS NOT NULL
+# -- dequeue: sync / running / rate window -- (see postgres.py)
+SYNC = f"""
+UPDATE queues_entry SET state = y.next,
+    finished_at = CASE WHEN y.next = 'done' THEN %(now)s ELSE queues_entry.finished_at END
+FROM (
+    SELECT x.id, CASE
+        WHEN x.status IN {SETTLED_SQL} THEN 'done'
+        WHEN x.state = 'started' AND x.status IS NULL AND x.started_at < %(claim_cutoff)s THEN 'pending'
+        WHEN x.state = 'pending' AND x.status IS NOT NULL THEN 'started'
+    END AS next
+    FROM (SELECT q.id, q.state, q.started_at, {STATUS} AS status FROM queues_entry q
+          WHERE q.queue_id = %(queue)s AND (q.state = 'started' OR (q.state = 'pending' AND q.attempts > 0))) x
+) y
+WHERE queues_entry.id = y.id AND y.next IS NOT NULL AND y.next <> queues_entry.state
 """
 RUNNING = """
 SELECT partition_key, count(*) FROM queues_entry WHERE queue_id = %(queue)s AND state = 'started' GROUP BY partition_key
@@ -194,9 +196,7 @@ class SqliteQueueStore(QueueStore):
             if not row:
                 return []
             caps = Caps(*row[0])
-            self._count(SETTLE, params)
-            self._count(REOFFER, params)
-            self._count(ADOPT, params)
+            self._count(SYNC, params)
             caps.running = {key: n for key, n in self._rows(RUNNING, params)}
             want = min(limit, caps.concurrency - caps.total)
             if caps.rate_limit is not None and want > 0:

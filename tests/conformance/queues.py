@@ -89,6 +89,17 @@ class QueueStoreContract(StoreContract):
         (again,) = store.dequeue(queue, "alive", 10, FLOWS, 0.0)
         assert (again.execution_id, again.attempts) == ("r-1", 2)
 
+    def test_a_reoffered_entry_whose_late_start_began_is_counted_again(self, store):
+        store.upsert_queue(QueueSpec("one", 1))
+        store.insert_entry(entry("one", "l-1"))
+        store.insert_entry(entry("one", "l-2"))
+        store.dequeue("one", "slow", 1, FLOWS, LONG)
+        assert store.dequeue("one", "w", 1, FLOWS, 0.0)[0].execution_id == "l-1"  # offered again, claimed again
+        QueueEntry.objects.filter(execution_id="l-1").update(state="pending")  # as if offered again once more
+        Execution.objects.create(id="l-1", flow="conformance.flow", status="running")  # the slow one began
+        assert store.dequeue("one", "w", 1, FLOWS, 0.0) == []  # adopted: l-1 holds the only slot
+        assert QueueEntry.objects.get(execution_id="l-1").state == "started"
+
     def test_the_rate_limit_bounds_starts_per_window(self, store):
         store.upsert_queue(QueueSpec("rq", 10, rate_limit=2, rate_period=LONG))
         for n in range(4):
