@@ -30,6 +30,7 @@ from django.utils import timezone
 from journal.timestamps import stamp
 
 OK, REFUSED, USAGE, UNAVAILABLE = 0, 1, 2, 3
+MAX_LIMIT = 10_000
 SINCE = re.compile(r"(\d+)([smhd])\Z")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
@@ -112,12 +113,32 @@ def _flows_alias(using: str) -> None:
 
 
 def _check_id(execution_id: str) -> str:
+    return _check_text("execution id", execution_id)
+
+
+def _check_text(what: str, value: str) -> str:
+    """A name or id the database can hold as text (no NUL, no lone surrogate from a mangled argv, at
+    most 200 characters): anything else is a usage error, before any query."""
     from journal.ids import stored_id_problem
 
-    problem = stored_id_problem(execution_id)
+    problem = stored_id_problem(value)
     if problem is not None:
-        raise Refused(f"execution id {execution_id!r}: {problem}", USAGE)
-    return execution_id
+        raise Refused(f"{what} {ascii(value)[:80]}: {problem}", USAGE)
+    return value
+
+
+def _unstorable(text: str) -> bool:
+    """Free text the database cannot hold: a NUL, or a lone surrogate (argv bytes that are not UTF-8)."""
+    return "\x00" in text or any("\ud800" <= ch <= "\udfff" for ch in text)
+
+
+def check_alias(using: str) -> str:
+    """A database alias of the settings (an unknown one is a usage error, not a traceback)."""
+    from django.db import connections
+
+    if using not in connections.settings:
+        raise Refused(f"--database {using!r}: not in DATABASES ({', '.join(connections.settings)})", USAGE)
+    return using
 
 
 # -- executions list ------------------------------------------------------------------------------------
@@ -130,8 +151,11 @@ def list_executions(using: str, *, status: str | None = None, flow: str | None =
 
     from journal.models import Execution
 
-    if limit < 1:
-        raise Refused("--limit is at least 1", USAGE)
+    if not 1 <= limit <= MAX_LIMIT:
+        raise Refused(f"--limit is 1 to {MAX_LIMIT}", USAGE)
+    for option, value in (("--flow", flow), ("--queue", queue), ("--schedule", schedule)):
+        if value is not None:
+            _check_text(option, value)
     rows = Execution.objects.using(using).order_by("-created_at", "id")
     if status:
         if status not in Execution.Status.values:
@@ -279,6 +303,8 @@ def cancel(using: str, execution_id: str, reason: str = "") -> Reply:
 
     _flows_alias(using)
     _check_id(execution_id)
+    if _unstorable(reason):
+        raise Refused("--reason: text the database can hold (no NUL, no lone surrogate)", USAGE)
     if header_status(execution_id) is None and apps.is_installed("queues"):
         from queues.store import store_for
 
@@ -325,6 +351,8 @@ def fork(using: str, execution_id: str, from_step: int, new_id: str | None = Non
     if from_step < 0:
         raise Refused("--from-step is 0 or more", USAGE)
     _flows_alias(using)
+    if new_id is not None:
+        _check_text("--new-id", new_id)
     forked = fork_execution(_check_id(execution_id), from_step, new_id)
     return Reply({"execution_id": execution_id, "forked": forked, "from_step": from_step},
                  [f"{execution_id}: forked as {forked} from step {from_step}"])

@@ -211,16 +211,32 @@ def test_the_command_line_exit_codes_and_json_in_a_real_process(child_env):
     assert missing.returncode == 1 and json.loads(missing.stdout)["ok"] is False
 
 
+def test_unusable_filter_text_limits_and_aliases_are_usage_errors_with_a_json_document():
+    """Text a mangled argv gives (a lone surrogate), a NUL, a --limit beyond the bound, an unknown
+    --database: exit 2 and a JSON error, never a traceback."""
+    for option in ("--flow", "--queue", "--schedule"):
+        for bad in ("\udcff", "a\x00b", "x" * 201):
+            code, _, error = loom("executions", "list", option, bad)
+            assert code == 2 and error["ok"] is False, (option, bad)
+    assert loom("executions", "list", "--limit", "99999999999999999999")[0] == 2
+    for argv in (("queues",), ("schedules",), ("executions", "list"), ("executions", "show", "x")):
+        code, _, error = loom(*argv, "--database", "nope")
+        assert code == 2 and "nope" in error["error"]
+    crashed("cli-bad-reason")
+    assert loom("executions", "cancel", "cli-bad-reason", "--reason", "\udcff")[0] == 2
+    assert Execution.objects.get(pk="cli-bad-reason").status == "running"
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(execution_id=st.text(max_size=220), verb=st.sampled_from(["show", "steps", "cancel", "resume", "retry"]),
-       since=st.text(max_size=20))
-def test_any_id_or_since_is_answered_with_an_exit_code_and_nothing_written(execution_id, verb, since):
-    """Whatever a script passes, the answer is a refusal (1) or a usage error (2) with a JSON error, never a
-    traceback, and nothing is written (the database has no execution at all here)."""
+       option=st.sampled_from(["--since", "--flow", "--queue", "--schedule", "--status"]), text=st.text(max_size=210))
+def test_any_id_or_filter_text_is_answered_with_an_exit_code_and_nothing_written(execution_id, verb, option, text):
+    """Whatever a script passes (ids and every text option), the answer is a refusal (1), a usage error (2)
+    or a listing, with a JSON document, never a traceback, and nothing is written (no execution exists)."""
     if execution_id.startswith("-"):
         execution_id = "x" + execution_id  # argparse would read it as an option: a different test
     code, _, error = loom("executions", verb, execution_id)
     assert code in (1, 2) and error["ok"] is False and error["error"]
-    code, _, listed = loom("executions", "list", f"--since={since}")
+    code, _, listed = loom("executions", "list", f"{option}={text}")
     assert (code == 0 and listed == []) or (code == 2 and listed["ok"] is False)
     assert not Event.objects.exists() and not OrmQ.objects.exists()

@@ -70,7 +70,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         as_json, using = options["json"], options["database"]
         try:
-            reply = self.dispatch(options, using)
+            reply = self.dispatch(options, cli.check_alias(using))
         except cli.Refused as refused:
             if as_json:
                 self.stdout.write(json.dumps({"ok": False, "error": str(refused), "type": refused.kind or None,
