@@ -17,9 +17,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from benchmarks.models import BenchRun
-from benchmarks.reaction_scenarios import SECTIONS as REACTION_SECTIONS
-from benchmarks.sections import THROUGHPUT_SECTIONS
-from tests.conftest import database_url
+from benchmarks.sections import REACTION_SECTIONS, THROUGHPUT_SECTIONS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -159,7 +157,7 @@ def test_bench_reactions_runs_every_section():
 
 def test_bench_aggregates_runs_every_scenario():
     """Every aggregate scenario, verified, at a handful of operations."""
-    from benchmarks.aggregate_scenarios import SCENARIOS
+    from benchmarks.sections.aggregates import SCENARIOS
 
     run, _ = run_command("bench_aggregates", "--iterations", "5", "--rounds", "2", "--fanout", "3",
                          "--contenders", "3", "--reservations", "3", "--stock", "2")
@@ -168,8 +166,9 @@ def test_bench_aggregates_runs_every_scenario():
 
 
 def test_bench_http_runs_against_a_real_server(monkeypatch):
-    """bench_http starts serve_api on loopback (on the test database), validates every response."""
-    monkeypatch.setenv("DATABASE_URL", database_url())
+    """bench_http starts serve_api on loopback on the database the run writes to (the connection's settings:
+    the environment's DATABASE_URL names a database that does not exist), validates every response."""
+    monkeypatch.setenv("DATABASE_URL", "postgres://nobody@127.0.0.1:9/no_such_database")
     run, _ = run_command("bench_http", "--requests", "8", "--concurrency", "1", "2", "--workers", "1",
                          "--warmup", "2")
     cells = sections_of(run)["http"]

@@ -15,6 +15,21 @@ Item = tuple[str, int]
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """The reservation of a queued start that has not begun: who may begin the execution `execution_id`."""
+
+    execution_id: str
+    flow: str
+    input_hash: str
+    started_by: str
+    created_at: datetime
+
+    def matches(self, flow: str, input_hash: str, started_by: str) -> bool:
+        """Whether a start of (flow, input, starter) is the one this id was reserved for."""
+        return (self.flow, self.input_hash, self.started_by) == (flow, input_hash, started_by)
+
+
+@dataclass(frozen=True)
 class Takeover:
     """What one takeover transaction did: leases taken (with the advanced fence token) and
     executions given up on (marked stuck after LOOM_RECOVERY_MAX_ATTEMPTS recoveries)."""
@@ -148,6 +163,36 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
     def stop_worker(self, worker_id: str) -> None:
         """Mark the node stopped (clean shutdown)."""
 
+    # -- start reservations (leases.StartReservation: a queued start's id, before its header exists) ------
+    #: PRUNE_RESERVATIONS of the backend (it names the journal's EXECUTION_EXISTS hook of that backend).
+    prune_reservations_sql = ""
+
+    def reserve_start(self, execution_id: str, flow: str, input_hash: str,
+                      started_by: str) -> tuple[bool, Reservation | None]:
+        """Reserve `execution_id` for this start: (True, None) when reserved now; else (False, the
+        reservation that holds it), or (False, None) when the one that held it is gone (its execution
+        began: a worker releases a reservation only after the execution's header committed)."""
+        if self._rows(RESERVE_START, [execution_id, flow, input_hash, started_by]):
+            return True, None
+        return False, self.reservation(execution_id)
+
+    def reservation(self, execution_id: str) -> Reservation | None:
+        """The reservation of `execution_id`, or None (never reserved, or its execution began)."""
+        rows = self._rows(READ_RESERVATION, [execution_id])
+        return self._reservation(rows[0]) if rows else None
+
+    def release_reservation(self, execution_id: str) -> int:
+        """Delete the reservation of an execution that now exists (its header holds the id from now on)."""
+        return self._count(RELEASE_RESERVATION, [execution_id])
+
+    def prune_reservations(self) -> int:
+        """Delete the reservations whose execution exists (a worker died between the execution's first write
+        and its release); the number deleted."""
+        return self._count(self.prune_reservations_sql, [])
+
+    def _reservation(self, row: tuple) -> Reservation:
+        return Reservation(*row)
+
     # -- benchmarks and tests only: counts and clean-up by execution id prefix --------------------------
     def count_leases(self, prefix: str) -> int:
         """Lease rows of the executions whose id starts with `prefix` (no join: a lease row may outlive
@@ -168,4 +213,27 @@ DELETE_LEASES = "DELETE FROM leases_lease WHERE execution_id LIKE %s"
 
 # -- delete_schedules -- (benchmarks, tests: their own prefix)
 DELETE_SCHEDULES = "DELETE FROM leases_schedule WHERE name LIKE %s"
+
+# -- reserve_start --
+# One insert that either reserves the id or does nothing: two concurrent starts of one id cannot both
+# win. The loser's insert waits on the winner's uncommitted row (PostgreSQL: the primary key's unique
+# check; SQLite: the write lock, BEGIN IMMEDIATE), then does nothing and returns no row; the caller's
+# next statement (READ_RESERVATION, a new snapshot under READ COMMITTED) reads the row that won.
+# created_at takes the column's database default (now).
+RESERVE_START = """
+INSERT INTO leases_startreservation (execution_id, flow, input_hash, started_by) VALUES (%s, %s, %s, %s)
+ON CONFLICT (execution_id) DO NOTHING
+RETURNING execution_id
+"""
+
+# -- read_reservation --
+READ_RESERVATION = """
+SELECT execution_id, flow, input_hash, started_by, created_at FROM leases_startreservation WHERE execution_id = %s
+"""
+
+# -- release_reservation --
+RELEASE_RESERVATION = "DELETE FROM leases_startreservation WHERE execution_id = %s"
+
+# -- prune_reservations -- (each backend formats it with its journal store's EXECUTION_EXISTS hook)
+PRUNE_RESERVATIONS = "DELETE FROM leases_startreservation WHERE {begun}"
 

@@ -21,6 +21,7 @@ from django.db import transaction
 from journal.flows.ownership import Companion
 from journal.store import postgres as journal_sql
 from journal.store import store_for as journal_store
+from leases.store import base
 from leases.store.base import DueSchedule, Item, LeaseStore, Takeover
 
 # -- acquire --
@@ -310,7 +311,16 @@ def _split(items: Sequence[Item]) -> tuple[list[str], list[int]]:
     return [i[0] for i in items], [i[1] for i in items]
 
 
+# -- prune_reservations --
+# The reservations whose execution began (leases/store/base.py PRUNE_RESERVATIONS), with this backend's
+# journal hook for "the execution has a header": one statement, no lock (a header is never deleted).
+PRUNE_RESERVATIONS = base.PRUNE_RESERVATIONS.format(
+    begun=journal_sql.EXECUTION_EXISTS.format(eid="leases_startreservation.execution_id"))
+
+
 class PostgresLeaseStore(PostgresSchedules, LeaseStore):
+    prune_reservations_sql = PRUNE_RESERVATIONS
+
     vendor = "postgresql"
     companion = COMPANION
 

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
+from django.utils.dateparse import parse_datetime
 
 from journal.store import sqlite as journal_sql
 from journal.store import store_for as journal_store
-from leases.store.base import DueSchedule, Item, LeaseStore, Takeover
+from leases.store import base
+from leases.store.base import DueSchedule, Item, LeaseStore, Reservation, Takeover
 
 PAIRS = "SELECT json_extract(value, '$[0]') AS eid, json_extract(value, '$[1]') AS tok FROM json_each(%(items)s)"
 IDS = "SELECT value FROM json_each(%(eids)s)"
@@ -176,7 +178,23 @@ class SqliteSchedules:
                                        "eid": last_execution_id})
 
 
+# -- prune_reservations --
+# The reservations whose execution began (leases/store/base.py PRUNE_RESERVATIONS), with this backend's
+# journal hook for "the execution has a header": one statement, no lock (a header is never deleted).
+PRUNE_RESERVATIONS = base.PRUNE_RESERVATIONS.format(
+    begun=journal_sql.EXECUTION_EXISTS.format(eid="leases_startreservation.execution_id"))
+
+
 class SqliteLeaseStore(SqliteSchedules, LeaseStore):
+    prune_reservations_sql = PRUNE_RESERVATIONS
+
+    def _reservation(self, row: tuple) -> Reservation:
+        # created_at is the column default's text (UTC): the same aware datetime the ORM reads.
+        created = parse_datetime(row[4]) if isinstance(row[4], str) else row[4]
+        if created is not None and created.tzinfo is None:
+            created = created.replace(tzinfo=UTC)
+        return Reservation(*row[:4], created)
+
     vendor = "sqlite"
 
     @staticmethod
