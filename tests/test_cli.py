@@ -191,6 +191,12 @@ def test_queues_lists_caps_depth_and_running_and_filters_executions_by_queue():
         assert [r["id"] for r in loom("executions", "list", "--queue", "cli-mail")[2]] == ["cli-q1"]
         code, _, out = loom("executions", "cancel", "cli-q2")  # pending, not started: its entry is cancelled
         assert code == 0 and out["queued"] is True
+        from queues.models import QueueEntry
+
+        enqueue("sched.echo", {"n": 3}, queue="cli-mail", execution_id="cli-q3")
+        QueueEntry.objects.filter(execution_id="cli-q3").update(state="started", worker="w")  # as a claim does
+        code, _, error = loom("executions", "cancel", "cli-q3")  # claimed, not begun: said so, not "unknown"
+        assert code == 1 and error["type"] == "NotBegun" and "has not begun" in error["error"]
     finally:
         forget("cli-mail")
 
