@@ -86,7 +86,7 @@ def completed(prefix: str) -> int:
 
 def test_four_workers_never_run_more_than_the_cap_even_while_one_is_killed(env, queue):
     total = 24
-    ids = [enqueue("queues.test.nap", {"seconds": 0.25}, queue=queue, execution_id=f"qp-{n:03}").execution_id
+    ids = [enqueue("queues.test.nap", {"seconds": 0.5}, queue=queue, execution_id=f"qp-{n:03}").execution_id
            for n in range(total)]
     sampler = Sampler("qp-")
     sampler.start()
