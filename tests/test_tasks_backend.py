@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from journal.flows import registry
 from journal.tasks import TASK_FLOW, InvalidTaskArguments, LoomBackend
@@ -219,3 +221,22 @@ def test_a_result_on_a_queue_this_processs_backend_does_not_list_is_still_readab
         assert fetched.status == TaskResultStatus.SUCCESSFUL and fetched.return_value == 3
     finally:
         forget("t-elsewhere")
+
+
+not_json = st.one_of(st.sets(st.integers(), min_size=1), st.binary(min_size=1), st.complex_numbers(),
+                     st.just(float("nan")), st.just(float("inf")), st.builds(object),
+                     st.dictionaries(st.integers(), st.integers(), min_size=1), st.just("\x00"))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bad=st.recursive(not_json, lambda inner: st.lists(inner, min_size=1, max_size=2)
+                        | st.dictionaries(st.text(max_size=3), inner, min_size=1, max_size=2), max_leaves=4),
+       as_kwarg=st.booleans())
+def test_any_argument_outside_json_is_refused_with_our_error_and_nothing_queued(bad, as_kwarg):
+    before = QueueEntry.objects.count()
+    with pytest.raises(InvalidTaskArguments):
+        if as_kwarg:
+            queue_flows.add.enqueue(1, b=bad)
+        else:
+            queue_flows.add.enqueue(bad, 1)
+    assert QueueEntry.objects.count() == before
