@@ -144,6 +144,20 @@ class TestTicks:
         finally:
             forget("sched-q")
 
+    def test_the_minute_backstop_ticks_schedules_too(self):
+        """A deployment that runs only qcluster still starts its schedules' ticks (leases.tasks.recovery_sweep)."""
+        from leases.keeper import get_keeper, reset_keeper
+        from leases.tasks import recovery_sweep
+
+        sc.define("backstop", "* * * * *", "sched.echo")
+        set_back("backstop", timezone.now().replace(second=0, microsecond=0))
+        try:
+            recovery_sweep()
+        finally:
+            get_keeper().shutdown()
+            reset_keeper(None)
+        assert [eid.startswith("sched:backstop:") for eid in queued_ids()] == [True]
+
     def test_code_schedules_are_written_by_sync(self):
         sc.schedule("*/10 * * * *", flow="sched.echo", name="from-code", input={"x": 1})
         try:
