@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from queues.declarations import QueueSpec, declare_queue
-from queues.exceptions import InvalidEnqueue, InvalidQueue, QueueError, UnknownQueue
+from queues.exceptions import InvalidEnqueue, InvalidQueue, QueueError, QueueFull, UnknownQueue
 
 if TYPE_CHECKING:
     from queues.enqueuing import Enqueued, enqueue
@@ -62,5 +62,5 @@ def cancel_pending(execution_id: str, using: str | None = None) -> bool:
     return store_for(using or router.db_for_write(QueueEntry)).cancel_pending(execution_id)
 
 
-__all__ = ["Enqueued", "InvalidEnqueue", "InvalidQueue", "QueueError", "QueueSpec", "QueueStats", "UnknownQueue",
-           "cancel_pending", "declare_queue", "enqueue", "entry_of", "stats"]
+__all__ = ["Enqueued", "InvalidEnqueue", "InvalidQueue", "QueueError", "QueueFull", "QueueSpec", "QueueStats",
+           "UnknownQueue",            "cancel_pending", "declare_queue", "enqueue", "entry_of", "stats"]

@@ -7,9 +7,13 @@ class QueuesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from journal.flows.runtime import RERUN_HOOKS
         from queues import conf  # noqa: F401  (registers the LOOM_QUEUE* settings)
+        from queues.hooks import reopen
         from queues.service import QueueService, import_task_flows
 
+        if reopen not in RERUN_HOOKS:
+            RERUN_HOOKS.append(reopen)
         import_task_flows()  # the Tasks backend's flow, when TASKS names journal.tasks.LoomBackend
         try:
             from leases.worker import register_service

@@ -3,6 +3,8 @@ written when one is raised."""
 
 from __future__ import annotations
 
+from journal.flows.errors import NotResumable
+
 
 class QueueError(ValueError):
     """Base class of the queues' errors."""
@@ -18,3 +20,8 @@ class InvalidQueue(QueueError):
 
 class InvalidEnqueue(QueueError):
     """An enqueue's options are unusable: priority, partition key, dedup id or run_after."""
+
+
+class QueueFull(QueueError, NotResumable):
+    """A retry of a queued execution would run over its queue's cap (review R2): nothing was written;
+    retry again once a running execution of the queue has settled."""

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from journal.flows import ExecutionExists, InvalidInput, UnknownFlow, registry, start
+from journal.flows import ExecutionExists, InvalidInput, UnknownFlow, flow, registry, retry_execution, start
+from journal.flows.retry import RetryPolicy
 from journal.models import Execution
-from queues import InvalidEnqueue, InvalidQueue, UnknownQueue, cancel_pending, declare_queue, enqueue
+from queues import InvalidEnqueue, InvalidQueue, QueueFull, UnknownQueue, cancel_pending, declare_queue, enqueue
 from queues import stats as queue_stats
 from queues.declarations import declared, forget
 from queues.models import Queue, QueueEntry
@@ -185,6 +186,66 @@ def test_a_running_execution_keeps_its_slot_until_it_settles(queue):
     assert claim(queue, timeout=0.0) == []  # not re-offered (it began) and still counted
     Execution.objects.filter(pk=entry.execution_id).update(status="completed")  # e.g. recovered and finished
     assert inputs(claim(queue)) == [2]
+
+
+def test_a_stuck_execution_keeps_its_slot(queue):
+    """Review R2: a resume of a stuck execution runs it under the header status "stuck" until it settles,
+    so stuck is not settled in the queue's eyes: the resume stays inside the cap."""
+    declare_queue(queue, concurrency=1)
+    enqueue("queues.test.double", {"n": 1}, queue=queue)
+    enqueue("queues.test.double", {"n": 2}, queue=queue)
+    (entry,) = claim(queue)
+    Execution.objects.create(id=entry.execution_id, flow=entry.flow, status="stuck")
+    assert claim(queue) == [] and running(queue) == 1
+    Execution.objects.filter(pk=entry.execution_id).update(status="cancelled")
+    assert inputs(claim(queue)) == [2]
+
+
+PROBES: dict[str, list | None] = {}
+
+
+def _fail_then_probe(value):
+    """First run: fail. Run again (a retry): from inside the running execution, try to claim."""
+    if value["queue"] not in PROBES:
+        PROBES[value["queue"]] = None
+        raise RuntimeError("the first run fails")
+    PROBES[value["queue"]] = [c.execution_id for c in claim(value["queue"]) or []]
+    return 1
+
+
+@flow("queues.test.retried", retry=RetryPolicy(attempts=1))
+def retried(ctx, value):
+    return ctx.step("probe", _fail_then_probe, value)
+
+
+def test_a_retried_execution_counts_against_the_cap_again(queue):
+    """Review R2: a failed execution's entry is done (its slot free); a retry runs it again, so it takes
+    its slot back: the pending entry is not claimed while it runs, and is once it has settled."""
+    declare_queue(queue, concurrency=1)
+    a = enqueue("queues.test.retried", {"queue": queue}, queue=queue)
+    (first,) = claim(queue)
+    assert run_claimed(first) == "failed"
+    assert claim(queue) == []  # the dequeue settles a: done
+    assert QueueEntry.objects.get(execution_id=a.execution_id).state == "done"
+    b = enqueue("queues.test.double", {"n": 1}, queue=queue)
+    assert retry_execution(a.execution_id).status == "completed"
+    assert PROBES[queue] == []  # while a ran again, b was not claimed
+    assert [c.execution_id for c in claim(queue)] == [b.execution_id]
+
+
+def test_a_retry_is_refused_while_the_queue_is_full(queue):
+    """A retry that would run over the cap is refused (nothing written); once a slot is free it runs."""
+    declare_queue(queue, concurrency=1)
+    a = enqueue("queues.test.retried", {"queue": queue}, queue=queue)
+    (first,) = claim(queue)
+    assert run_claimed(first) == "failed"
+    enqueue("queues.test.double", {"n": 1}, queue=queue)
+    (b,) = claim(queue)  # settles a, claims b: the queue is full
+    with pytest.raises(QueueFull):
+        retry_execution(a.execution_id)
+    assert Execution.objects.get(pk=a.execution_id).status == "failed"
+    assert run_claimed(b) == "completed"
+    assert retry_execution(a.execution_id).status == "completed"
 
 
 def test_declarations_write_the_caps_to_the_queue_row(queue):

@@ -17,7 +17,10 @@ from typing import Any
 from journal.store.base import EXECUTION_STATUS_OF, DatabaseBound
 
 # A started entry's execution whose header is in one of these states has finished: its slot is free.
-SETTLED = ("completed", "failed", "cancelled", "stuck")
+# Not "stuck": recovery gave up on it, but an operator's resume runs it again under the same header
+# status (it stays "stuck" until it settles), so it keeps its slot until it settles (review R2). A
+# failed execution frees its slot; a retry takes it back (reopen, called from journal.flows.retry).
+SETTLED = ("completed", "failed", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,19 @@ def pick(caps: Caps, rows: Sequence[tuple[int, str | None]], want: int, taken: d
     return chosen
 
 
+def check_room(queue: str, key: str | None, caps: Caps) -> None:
+    """QueueFull unless one more execution (of partition `key`) fits the caps counted under the lock."""
+    from queues.exceptions import QueueFull
+
+    if caps.total >= caps.concurrency:
+        raise QueueFull(f"queue {queue!r} runs {caps.total} of its cap {caps.concurrency}; nothing written, "
+                        f"retry once one of them has settled")
+    limit = caps.partition_concurrency
+    if limit is not None and key is not None and caps.running.get(key, 0) >= limit:
+        raise QueueFull(f"partition {key!r} of queue {queue!r} runs {caps.running[key]} of its cap {limit}; "
+                        f"nothing written, retry once one of them has settled")
+
+
 def decode(text: str | None) -> Any:
     return None if not text else json.loads(text)
 
@@ -159,6 +175,13 @@ class QueueStore(DatabaseBound, ABC):
     def prune_entries(self, older_than: float) -> int:
         """Delete done and cancelled entries that finished more than `older_than` seconds ago, and that
         started before their queue's rate window (the window counts them); the number deleted."""
+
+    @abstractmethod
+    def reopen(self, execution_id: str) -> bool:
+        """A settled (done) entry's execution runs again (journal.flows.retry, in its transaction):
+        the entry is started again, so the queue's caps count it. Under the queue's row lock, like a
+        dequeue; QueueFull (nothing written) if the queue or the entry's partition is at its cap. False
+        when the execution has no done entry (not queued, or already counted)."""
 
     @abstractmethod
     def cancel_pending(self, execution_id: str) -> bool:

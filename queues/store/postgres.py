@@ -14,7 +14,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from journal.store.base import EXECUTION_STATUS_OF
-from queues.store.base import SETTLED, Caps, Claimed, Existing, QueueStats, QueueStore, decode
+from queues.store.base import SETTLED, Caps, Claimed, Existing, QueueStats, QueueStore, check_room, decode
 
 STATUS = EXECUTION_STATUS_OF.format(eid="q.execution_id")
 SETTLED_SQL = "(" + ", ".join(f"'{s}'" for s in SETTLED) + ")"
@@ -182,6 +182,22 @@ CANCEL_PENDING = """
 UPDATE queues_entry SET state = 'cancelled', finished_at = now() WHERE execution_id = %s AND state = 'pending'
 """
 
+# -- reopen: the entry --
+# No lock: the queue row is locked next, then the entry re-checked by the update's WHERE.
+DONE_ENTRY = "SELECT id, queue_id, partition_key FROM queues_entry WHERE execution_id = %s AND state = 'done'"
+
+# -- reopen: lock the queue --
+# FOR UPDATE (waiting, not SKIP LOCKED): a retry is counted and decided like a claim, serialised with
+# the queue's dequeues (same lock order: the queue row, then its entries).
+LOCK_QUEUE_WAIT = """
+SELECT concurrency, partition_concurrency, rate_limit, rate_period FROM queues_queue WHERE name = %(queue)s FOR UPDATE
+"""
+
+# -- reopen: started again --
+REOPEN = """
+UPDATE queues_entry SET state = 'started', finished_at = NULL WHERE id = %(id)s AND state = 'done'
+"""
+
 NO_KEY = (101, 0)  # a keyset position before every priority (-100..100)
 
 
@@ -244,6 +260,19 @@ class PostgresQueueStore(QueueStore):
 
     def queue_stats(self):
         return [QueueStats(*r) for r in self._rows(QUEUE_STATS, [])]
+
+    def reopen(self, execution_id):
+        found = self._rows(DONE_ENTRY, [execution_id])
+        if not found:
+            return False
+        entry_id, queue, key = found[0]
+        params = {"queue": queue, "timeout": 1e9, "id": entry_id}
+        with transaction.atomic(using=self.alias):
+            caps = Caps(*self._rows(LOCK_QUEUE_WAIT, params)[0])
+            self._count(SYNC, params)
+            caps.running = {k: n for k, n in self._rows(RUNNING, params)}
+            check_room(queue, key, caps)
+            return self._count(REOPEN, params) == 1
 
     def prune_entries(self, older_than):
         return self._count(PRUNE_ENTRIES, {"older": older_than})

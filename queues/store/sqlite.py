@@ -16,7 +16,7 @@ from django.db import transaction
 
 from journal.store.base import EXECUTION_STATUS_OF
 from leases.store.sqlite import stamp
-from queues.store.base import SETTLED, Caps, Claimed, Existing, QueueStats, QueueStore, decode
+from queues.store.base import SETTLED, Caps, Claimed, Existing, QueueStats, QueueStore, check_room, decode
 
 STATUS = EXECUTION_STATUS_OF.format(eid="q.execution_id")
 SETTLED_SQL = "(" + ", ".join(f"'{s}'" for s in SETTLED) + ")"
@@ -142,6 +142,10 @@ CANCEL_PENDING = """
 UPDATE queues_entry SET state = 'cancelled', finished_at = %s WHERE execution_id = %s AND state = 'pending'
 """
 
+# -- reopen -- (see postgres.py; the write lock of the retry's transaction serialises it)
+DONE_ENTRY = "SELECT id, queue_id, partition_key FROM queues_entry WHERE execution_id = %s AND state = 'done'"
+REOPEN = "UPDATE queues_entry SET state = 'started', finished_at = NULL WHERE id = %(id)s AND state = 'done'"
+
 NO_KEY = (101, 0)
 
 
@@ -214,6 +218,21 @@ class SqliteQueueStore(QueueStore):
 
     def queue_stats(self):
         return [QueueStats(*r) for r in self._rows(QUEUE_STATS, {"now": stamp(_now())})]
+
+    def reopen(self, execution_id):
+        with transaction.atomic(using=self.alias):
+            found = self._rows(DONE_ENTRY, [execution_id])
+            if not found:
+                return False
+            entry_id, queue, key = found[0]
+            now = _now()
+            params = {"queue": queue, "id": entry_id, "now": stamp(now),
+                      "claim_cutoff": stamp(now - timedelta(days=36500))}  # no re-offer here
+            caps = Caps(*self._rows(LOCK_QUEUE, params)[0])
+            self._count(SYNC, params)
+            caps.running = {k: n for k, n in self._rows(RUNNING, params)}
+            check_room(queue, key, caps)
+            return self._count(REOPEN, params) == 1
 
     def prune_entries(self, older_than):
         now = _now()

@@ -34,7 +34,8 @@ class QueueStoreContract(StoreContract):
     covers = {
         "has_queue": "has_queue", "upsert_queue": "upsert_queue", "insert_entry": "insert_entry",
         "ready_queues": "ready_queues", "dequeue": "dequeue", "queue_stats": "queue_stats",
-        "cancel_pending": "cancel_pending", "count_entries": "count_entries", "delete_entries": "delete_entries",
+        "cancel_pending": "cancel_pending", "reopen": "reopen", "count_entries": "count_entries",
+        "delete_entries": "delete_entries",
         "delete_queue": "delete_queue", "running_by_partition": "running_by_partition",
         "prune_entries": "prune_entries",
     }
@@ -129,6 +130,24 @@ class QueueStoreContract(StoreContract):
         store.insert_entry(entry(queue, "x-2"))
         store.dequeue(queue, "w", 1, FLOWS, LONG)
         assert not store.cancel_pending("x-1") and store.cancel_pending("x-2") and not store.cancel_pending("none")
+
+    def test_reopen_counts_a_settled_entry_again_within_the_cap(self, store, queue):
+        from queues.exceptions import QueueFull
+
+        for eid in ("r-1", "r-2", "r-3"):
+            store.insert_entry(entry(queue, eid))
+        store.dequeue(queue, "w", 2, FLOWS, LONG)  # r-1, r-2 claimed: the queue (cap 2) is full
+        Execution.objects.create(id="r-1", flow="conformance.flow", status="failed")
+        Execution.objects.create(id="r-2", flow="conformance.flow", status="running")
+        assert [c.execution_id for c in store.dequeue(queue, "w", 5, FLOWS, LONG)] == ["r-3"]  # r-1 done
+        with pytest.raises(QueueFull):
+            store.reopen("r-1")  # r-2 and r-3 hold both slots
+        assert QueueEntry.objects.get(execution_id="r-1").state == "done"
+        Execution.objects.create(id="r-3", flow="conformance.flow", status="completed")
+        Execution.objects.filter(pk="r-1").update(status="running")  # retried
+        assert store.reopen("r-1") and not store.reopen("r-1") and not store.reopen("none")
+        assert QueueEntry.objects.get(execution_id="r-1").state == "started"
+        assert store.dequeue(queue, "w", 5, FLOWS, LONG) == []  # r-1 and r-2 run: full
 
     def test_bench_counts_and_clean_up_see_only_their_prefix(self, store, queue):
         store.insert_entry(entry(queue, "bench-1"))
