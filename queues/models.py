@@ -66,6 +66,10 @@ class QueueEntry(models.Model):
             # The dequeue's candidates: pending entries of a queue in start order.
             models.Index("queue", models.F("priority").desc(), "id", name="queues_entry_pending",
                          condition=Q(state=PENDING)),
+            # Which pending entries are due (run_after <= now): a range of this index, so entries deferred
+            # to a later time are never read by the readiness probe, the candidates or the ready count
+            # (review R1: 100,000 deferred entries made each of them scan the whole pending set).
+            models.Index("queue", "run_after", name="queues_entry_due", condition=Q(state=PENDING)),
             # The running count (per partition) under the queue's lock.
             models.Index("queue", "partition_key", name="queues_entry_started", condition=Q(state=STARTED)),
             # Entries offered again after a lost claim (normally none): the dequeue adopts the late starters.

@@ -7,6 +7,7 @@ tests/test_queues_processes.py.
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -339,3 +340,44 @@ def test_an_unknown_flow_is_refused_and_nothing_is_written(queue):
     with pytest.raises(UnknownFlow):
         enqueue("no.such.flow", {}, queue=queue)
     assert _written() == before
+
+
+DEFERRED = 20_000
+
+
+def _plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+@pytest.mark.postgres
+def test_deferred_entries_are_not_read_by_the_poll_statements(queue):
+    """Review R1: entries deferred to a later time stay out of the readiness probe and the candidates:
+    their plans read an index range of due entries, never a row per deferred entry."""
+    from django.db import connection
+
+    from queues.store import postgres as statements
+
+    declare_queue(queue, concurrency=8)
+    enqueue("queues.test.double", {"n": 0}, queue=queue)  # one due entry
+    later = datetime.now(UTC) + timedelta(days=1)
+    QueueEntry.objects.bulk_create(
+        QueueEntry(queue_id=queue, execution_id=f"{queue}-later-{n}", flow="queues.test.double", input='{"n": 1}',
+                   run_after=later, enqueued_at=later) for n in range(DEFERRED))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE queues_entry")
+        for name, sql, params in [
+            ("READY_QUEUES", statements.READY_QUEUES, {"flows": flows(), "timeout": LONG}),
+            ("CANDIDATES", statements.CANDIDATES, {"queue": queue, "flows": flows(), "after_priority": 101,
+                                                   "after_id": 0, "page": 8}),
+        ]:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+            plan = cursor.fetchone()[0]
+            plan = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+            nodes = list(_plan_nodes(plan))
+            entry_scans = [n for n in nodes if n.get("Relation Name") == "queues_entry"]
+            assert entry_scans and all(n["Node Type"] != "Seq Scan" for n in entry_scans), (name, nodes)
+            read = max(n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0) for n in entry_scans)
+            assert read < 100, (name, read, nodes)  # the due one, not 20,000 deferred ones
+    assert claim(queue) and next(s for s in queue_stats() if s.name == queue).pending == DEFERRED

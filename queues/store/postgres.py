@@ -77,7 +77,8 @@ LIMIT 1
 """
 
 # -- ready_queues --
-# Per queue row, one probe of the pending index (stops at the first due entry of a known flow) and one
+# Per queue row, one probe of the due index (queues_entry_due: the range run_after <= now(), so entries
+# deferred to later are never read; stops at the first due entry of a known flow) and one
 # of the started index (a claim whose execution never began). No lock: the dequeue decides.
 READY_QUEUES = f"""
 SELECT qq.name FROM queues_queue qq
@@ -137,6 +138,7 @@ WHERE queue_id = %(queue)s AND started_at > now() - %(period)s::float8 * interva
 
 # -- dequeue: candidates --
 # Pending, due entries of flows this worker has, in start order (priority, then FIFO), one keyset page
+# (the planner reads the due index's range when few are due, the pending index's order when many are)
 # at a time. FOR UPDATE SKIP LOCKED: a row locked by a concurrent cancel or enqueue is passed over
 # rather than waited for (the queue row already keeps other claimers out).
 CANDIDATES = """
@@ -156,13 +158,18 @@ RETURNING id, execution_id, flow, input, meta, attempts
 """
 
 # -- queue_stats --
+# Admin and command line only (never on a worker's poll): "pending" counts every waiting entry, the
+# deferred ones too, so it reads the pending set once (one grouped pass, not a subquery per queue row).
 QUEUE_STATS = f"""
+WITH waiting AS (
+    SELECT queue_id, count(*) AS pending, count(*) FILTER (WHERE run_after <= now()) AS ready
+    FROM queues_entry WHERE state = 'pending' GROUP BY queue_id
+)
 SELECT qq.name, qq.concurrency, qq.partition_concurrency, qq.rate_limit, qq.rate_period,
-    (SELECT count(*) FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'),
-    (SELECT count(*) FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending' AND q.run_after <= now()),
+    COALESCE(w.pending, 0), COALESCE(w.ready, 0),
     (SELECT count(*) FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'started'
         AND COALESCE({STATUS}, 'running') NOT IN {SETTLED_SQL})
-FROM queues_queue qq ORDER BY qq.name
+FROM queues_queue qq LEFT JOIN waiting w ON w.queue_id = qq.name ORDER BY qq.name
 """
 
 # -- prune_entries --

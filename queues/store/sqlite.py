@@ -118,14 +118,17 @@ WHERE id IN (SELECT value FROM json_each(%(ids)s))
 RETURNING id, execution_id, flow, input, meta, attempts
 """
 
-# -- queue_stats --
+# -- queue_stats -- (see postgres.py: one grouped pass over the pending set)
 QUEUE_STATS = f"""
+WITH waiting AS (
+    SELECT queue_id, count(*) AS pending, count(*) FILTER (WHERE run_after <= %(now)s) AS ready
+    FROM queues_entry WHERE state = 'pending' GROUP BY queue_id
+)
 SELECT qq.name, qq.concurrency, qq.partition_concurrency, qq.rate_limit, qq.rate_period,
-    (SELECT count(*) FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'),
-    (SELECT count(*) FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending' AND q.run_after <= %(now)s),
+    COALESCE(w.pending, 0), COALESCE(w.ready, 0),
     (SELECT count(*) FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'started'
         AND COALESCE({STATUS}, 'running') NOT IN {SETTLED_SQL})
-FROM queues_queue qq ORDER BY qq.name
+FROM queues_queue qq LEFT JOIN waiting w ON w.queue_id = qq.name ORDER BY qq.name
 """
 
 # -- prune_entries -- (see postgres.py; the rate window's cutoff per queue in Python: no interval type)
