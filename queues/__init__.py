@@ -53,7 +53,8 @@ def entry_of(execution_id: str, using: str | None = None):
 
 
 def cancel_pending(execution_id: str, using: str | None = None) -> bool:
-    """Cancel a queued start that no worker has claimed yet; False if claimed already or unknown."""
+    """Cancel a queued start whose run has not begun (pending, or claimed by a worker that has not begun
+    it: that worker then does not start it); False if its run has begun, it finished, or it is unknown."""
     from django.db import router
 
     from queues.models import QueueEntry

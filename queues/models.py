@@ -56,6 +56,9 @@ class QueueEntry(models.Model):
     started_at = models.DateTimeField(null=True, blank=True, help_text="When a worker last claimed it.")
     finished_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="", help_text="The worker that claimed it.")
+    begun_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the claimer's runner began it (until then a cancel still stops it; review R4).")
     attempts = models.IntegerField(default=0, help_text="Claims (more than one: re-offered after a lost claim).")
 
     class Meta:

@@ -48,10 +48,20 @@ def import_task_flows() -> None:
         import journal.tasks  # noqa: F401
 
 
-def run_claimed(claimed) -> str:
-    """Run one claimed entry to its end in this thread; its status (or "duplicate", "error")."""
+def run_claimed(claimed, using: str | None = None) -> str:
+    """Run one claimed entry to its end in this thread; its status (or "cancelled": cancelled before it
+    began, or no longer this claim's; "duplicate", "halted", "error")."""
     from journal.flows import ExecutionExists, OwnershipLost, start
+    from queues.models import QueueEntry
+    from queues.store import store_for
 
+    # Begin only if the claim still stands (review R4): a cancel that came first wins, and from here on
+    # a cancel is refused (the execution's own cancel applies).
+    if not store_for(using or router.db_for_write(QueueEntry)).begin(claimed.execution_id, claimed.worker,
+                                                                     claimed.attempts):
+        log.info("not started execution=%s flow=%s: cancelled or offered again since the claim",
+                 claimed.execution_id, claimed.flow)
+        return "cancelled"
     began = time.monotonic()
     log.info("start execution=%s flow=%s attempt=%d (queued)", claimed.execution_id, claimed.flow, claimed.attempts)
     try:
@@ -186,7 +196,7 @@ class QueueService:
 
     def _run(self, entry) -> None:
         try:
-            run_claimed(entry)
+            run_claimed(entry, self.alias)
         finally:
             with self.lock:
                 self.free += 1

@@ -148,17 +148,67 @@ def test_an_execution_id_is_idempotent_for_the_same_start_and_refused_for_anothe
     assert QueueEntry.objects.filter(queue_id=queue).count() == 1
 
 
-def test_a_pending_entry_can_be_cancelled_and_a_claimed_one_cannot(queue):
-    declare_queue(queue, concurrency=1)
+def test_an_entry_can_be_cancelled_until_its_run_begins(queue):
+    """Review R4: pending, or claimed by a worker that has not begun it: cancelled, and the worker's
+    runner refuses to start it; once begun, cancel_pending says no (journal.flows.cancel then)."""
+    declare_queue(queue, concurrency=2)
     a = enqueue("queues.test.double", {"n": 0}, queue=queue)
     b = enqueue("queues.test.double", {"n": 1}, queue=queue)
-    (claimed,) = claim(queue)
-    assert claimed.execution_id == a.execution_id
-    assert not cancel_pending(a.execution_id)
-    assert cancel_pending(b.execution_id)
-    run_claimed(claimed)
-    assert claim(queue) == []  # the cancelled one is never started
-    assert not Execution.objects.filter(pk=b.execution_id).exists()
+    c = enqueue("queues.test.double", {"n": 2}, queue=queue)
+    claimed_a, claimed_b = claim(queue)
+    assert cancel_pending(a.execution_id)  # claimed, not begun
+    assert cancel_pending(c.execution_id)  # pending
+    assert run_claimed(claimed_a) == "cancelled"
+    assert not Execution.objects.filter(pk=a.execution_id).exists()
+    assert run_claimed(claimed_b) == "completed"
+    assert not cancel_pending(b.execution_id) and not cancel_pending("no-such-entry")
+    assert claim(queue) == []  # the cancelled ones are never started
+    assert not Execution.objects.filter(pk=c.execution_id).exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # two threads, two connections
+def test_a_cancel_racing_the_runner_either_cancels_or_lets_it_run(queue):
+    """Review R4, racing: the cancel and the runner's begin meet on the entry row: exactly one wins."""
+    import threading
+
+    from django.db import connections
+
+    declare_queue(queue, concurrency=50)
+    ids = [enqueue("queues.test.double", {"n": n}, queue=queue).execution_id for n in range(12)]
+    claimed = {c.execution_id: c for c in claim(queue)}
+    results: dict[str, tuple] = {}
+
+    def race(eid: str) -> None:
+        barrier = threading.Barrier(2)
+        out: dict[str, object] = {}
+
+        def run() -> None:
+            barrier.wait()
+            out["run"] = run_claimed(claimed[eid])
+            connections.close_all()
+
+        def cancel() -> None:
+            barrier.wait()
+            out["cancel"] = cancel_pending(eid)
+            connections.close_all()
+
+        threads = [threading.Thread(target=run), threading.Thread(target=cancel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        results[eid] = (out["cancel"], out["run"])
+
+    for eid in ids:
+        race(eid)
+    for eid, (cancelled, run) in results.items():
+        exists = Execution.objects.filter(pk=eid).exists()
+        state = QueueEntry.objects.get(execution_id=eid).state
+        if cancelled:
+            assert (run, exists, state) == ("cancelled", False, "cancelled"), eid
+        else:
+            assert run == "completed" and exists and state == "started", eid
 
 
 @pytest.mark.django_db(transaction=True)  # the database clock moves only between transactions (PostgreSQL)
@@ -173,7 +223,7 @@ def test_a_claim_whose_execution_never_began_is_offered_again(queue):
     (again,) = claim(queue, owner="alive", timeout=0.05)
     assert again.execution_id == lost.execution_id and again.attempts == 2
     assert run_claimed(again) == "completed"
-    assert run_claimed(lost) == "duplicate"  # the dead worker's late start would be refused
+    assert run_claimed(lost) == "cancelled"  # the dead worker's late start is refused: not its claim now
     assert QueueEntry.objects.get(execution_id=lost.execution_id).worker == "alive"
 
 

@@ -60,6 +60,7 @@ class Claimed:
     input: Any
     meta: dict | None
     attempts: int
+    worker: str = ""  # who claimed it: the runner's begin is conditional on its own claim
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +186,15 @@ class QueueStore(DatabaseBound, ABC):
 
     @abstractmethod
     def cancel_pending(self, execution_id: str) -> bool:
-        """Cancel an entry that has not been claimed; False if it was claimed already or does not exist."""
+        """Cancel an entry whose run has not begun: pending, or claimed by a worker whose runner has not
+        begun it (begin then refuses it); under the entry's row lock. False when its run has begun, it
+        has finished or it does not exist (then cancel the execution: journal.flows.cancel)."""
+
+    @abstractmethod
+    def begin(self, execution_id: str, worker: str, attempts: int) -> bool:
+        """The claimer's runner is about to start the execution: True (and from now on cancel_pending
+        refuses) if the entry is still this claim's (started by `worker` at claim number `attempts`,
+        not begun); False when it was cancelled or offered again meanwhile: do not start it."""
 
     CANDIDATES = ""  # the backend's candidates statement (a keyset page; see postgres.py)
 

@@ -152,7 +152,8 @@ FOR UPDATE SKIP LOCKED
 
 # -- dequeue: claim --
 CLAIM = """
-UPDATE queues_entry SET state = 'started', started_at = now(), worker = %(owner)s, attempts = attempts + 1
+UPDATE queues_entry SET state = 'started', started_at = now(), worker = %(owner)s, attempts = attempts + 1,
+    begun_at = NULL
 WHERE id = ANY(%(ids)s::bigint[])
 RETURNING id, execution_id, flow, input, meta, attempts
 """
@@ -183,10 +184,21 @@ WHERE qq.name = q.queue_id AND q.state IN ('done', 'cancelled')
 """
 
 # -- cancel_pending --
-# Waits for a dequeue that locked the row as a candidate; if that dequeue claimed it, the re-checked
-# WHERE (still pending) fails and nothing is cancelled.
-CANCEL_PENDING = """
-UPDATE queues_entry SET state = 'cancelled', finished_at = now() WHERE execution_id = %s AND state = 'pending'
+# Pending, or claimed and not begun (no begin, no header). The UPDATE locks the entry row: it waits for
+# a dequeue that locked the row as a candidate, or for the runner's begin; either way the WHERE is
+# re-checked on the row they committed, so a cancel and a begin never both succeed.
+CANCEL_PENDING = f"""
+UPDATE queues_entry q SET state = 'cancelled', finished_at = now()
+WHERE q.execution_id = %s AND (q.state = 'pending'
+    OR (q.state = 'started' AND q.begun_at IS NULL AND {STATUS} IS NULL))
+"""
+
+# -- begin --
+# The runner's start is conditional on its claim still standing: the entry row lock orders it with a
+# cancel (above) and with a re-offer (SYNC): the later one re-checks its WHERE and does nothing.
+BEGIN = """
+UPDATE queues_entry SET begun_at = now()
+WHERE execution_id = %s AND state = 'started' AND worker = %s AND attempts = %s AND begun_at IS NULL
 """
 
 # -- reopen: the entry --
@@ -263,7 +275,7 @@ class PostgresQueueStore(QueueStore):
                 return []
             rows = self._rows(CLAIM, {"ids": ids, "owner": owner})
         by_id = {r[0]: r for r in rows}
-        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5]) for r in (by_id[i] for i in ids)]
+        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner) for r in (by_id[i] for i in ids)]
 
     def queue_stats(self):
         return [QueueStats(*r) for r in self._rows(QUEUE_STATS, [])]
@@ -286,3 +298,6 @@ class PostgresQueueStore(QueueStore):
 
     def cancel_pending(self, execution_id):
         return self._count(CANCEL_PENDING, [execution_id]) == 1
+
+    def begin(self, execution_id, worker, attempts):
+        return self._count(BEGIN, [execution_id, worker, attempts]) == 1

@@ -113,7 +113,8 @@ LIMIT %(page)s
 
 # -- dequeue: claim --
 CLAIM = """
-UPDATE queues_entry SET state = 'started', started_at = %(now)s, worker = %(owner)s, attempts = attempts + 1
+UPDATE queues_entry SET state = 'started', started_at = %(now)s, worker = %(owner)s, attempts = attempts + 1,
+    begun_at = NULL
 WHERE id IN (SELECT value FROM json_each(%(ids)s))
 RETURNING id, execution_id, flow, input, meta, attempts
 """
@@ -140,9 +141,15 @@ WHERE state IN ('done', 'cancelled') AND finished_at < %(cutoff)s
        || ' seconds'))
 """
 
-# -- cancel_pending --
-CANCEL_PENDING = """
-UPDATE queues_entry SET state = 'cancelled', finished_at = %s WHERE execution_id = %s AND state = 'pending'
+# -- cancel_pending / begin -- (see postgres.py; one writer at a time orders them)
+CANCEL_PENDING = f"""
+UPDATE queues_entry AS q SET state = 'cancelled', finished_at = %s
+WHERE q.execution_id = %s AND (q.state = 'pending'
+    OR (q.state = 'started' AND q.begun_at IS NULL AND {STATUS} IS NULL))
+"""
+BEGIN = """
+UPDATE queues_entry SET begun_at = %s
+WHERE execution_id = %s AND state = 'started' AND worker = %s AND attempts = %s AND begun_at IS NULL
 """
 
 # -- reopen -- (see postgres.py; the write lock of the retry's transaction serialises it)
@@ -217,7 +224,7 @@ class SqliteQueueStore(QueueStore):
                 return []
             rows = self._rows(CLAIM, {"ids": json.dumps(ids), "owner": owner, "now": stamp(now)})
         by_id = {r[0]: r for r in rows}
-        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5]) for r in (by_id[i] for i in ids)]
+        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner) for r in (by_id[i] for i in ids)]
 
     def queue_stats(self):
         return [QueueStats(*r) for r in self._rows(QUEUE_STATS, {"now": stamp(_now())})]
@@ -244,3 +251,6 @@ class SqliteQueueStore(QueueStore):
 
     def cancel_pending(self, execution_id):
         return self._count(CANCEL_PENDING, [stamp(_now()), execution_id]) == 1
+
+    def begin(self, execution_id, worker, attempts):
+        return self._count(BEGIN, [stamp(_now()), execution_id, worker, attempts]) == 1

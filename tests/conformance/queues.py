@@ -34,7 +34,7 @@ class QueueStoreContract(StoreContract):
     covers = {
         "has_queue": "has_queue", "upsert_queue": "upsert_queue", "insert_entry": "insert_entry",
         "ready_queues": "ready_queues", "dequeue": "dequeue", "queue_stats": "queue_stats",
-        "cancel_pending": "cancel_pending", "reopen": "reopen", "count_entries": "count_entries",
+        "cancel_pending": "cancel_pending", "reopen": "reopen", "begin": "begin", "count_entries": "count_entries",
         "delete_entries": "delete_entries",
         "delete_queue": "delete_queue", "running_by_partition": "running_by_partition",
         "prune_entries": "prune_entries",
@@ -125,11 +125,17 @@ class QueueStoreContract(StoreContract):
         assert store.prune_entries(0.0) == 2  # p-1 and p-4; p-3 is inside its queue's rate window
         assert sorted(QueueEntry.objects.values_list("execution_id", flat=True)) == ["p-2", "p-3"]
 
-    def test_cancel_pending_only_cancels_unclaimed_entries(self, store, queue):
-        store.insert_entry(entry(queue, "x-1"))
-        store.insert_entry(entry(queue, "x-2"))
-        store.dequeue(queue, "w", 1, FLOWS, LONG)
-        assert not store.cancel_pending("x-1") and store.cancel_pending("x-2") and not store.cancel_pending("none")
+    def test_cancel_pending_cancels_until_the_run_begins_and_begin_refuses_a_cancelled_one(self, store, queue):
+        for eid in ("x-1", "x-2", "x-3"):
+            store.insert_entry(entry(queue, eid))
+        x1, _ = store.dequeue(queue, "w", 2, FLOWS, LONG)
+        assert x1.worker == "w" and x1.attempts == 1
+        assert not store.begin("x-1", "other", 1) and not store.begin("x-1", "w", 2)  # not this claim
+        assert store.begin("x-1", "w", 1) and not store.begin("x-1", "w", 1)  # once
+        assert not store.cancel_pending("x-1")  # begun
+        assert store.cancel_pending("x-2") and not store.begin("x-2", "w", 1)  # claimed, not begun
+        assert store.cancel_pending("x-3") and not store.cancel_pending("none")  # pending; unknown
+        assert QueueEntry.objects.get(execution_id="x-2").state == "cancelled"
 
     def test_reopen_counts_a_settled_entry_again_within_the_cap(self, store, queue):
         from queues.exceptions import QueueFull
