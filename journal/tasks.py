@@ -30,6 +30,7 @@ from django.utils.module_loading import import_string
 
 from journal.flows import InvalidInput, flow
 from journal.identity import node_identity
+from journal.ids import stored_id_problem
 
 try:  # Django 6: the Tasks framework is part of Django
     from django.tasks import TaskContext, TaskResult, TaskResultStatus
@@ -205,8 +206,8 @@ class LoomBackend(BaseTaskBackend):
         from queues.models import QueueEntry
 
         alias = self._alias()
-        if not isinstance(result_id, str) or not result_id or len(result_id) > 200 or "\x00" in result_id:
-            raise TaskResultDoesNotExist(result_id)
+        if stored_id_problem(result_id) is not None:  # NUL, lone surrogate, empty, too long: no such result
+            raise TaskResultDoesNotExist(repr(result_id))
         entry = QueueEntry.objects.using(alias).filter(execution_id=result_id).first()
         header = Execution.objects.using(alias).filter(pk=result_id).first()
         flow_name = header.flow if header is not None else entry.flow if entry is not None else None

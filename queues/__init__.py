@@ -45,9 +45,13 @@ def stats(using: str | None = None) -> list[QueueStats]:
 
 
 def entry_of(execution_id: str, using: str | None = None):
-    """The queue entry of an execution (queues.models.QueueEntry), or None."""
+    """The queue entry of an execution (queues.models.QueueEntry), or None (also for an id no entry can
+    have: NUL, a lone surrogate, empty, too long, not a string)."""
+    from journal.ids import stored_id_problem
     from queues.models import QueueEntry
 
+    if stored_id_problem(execution_id) is not None:
+        return None  # no entry can have an id the database cannot hold (review R5)
     manager = QueueEntry.objects if using is None else QueueEntry.objects.using(using)
     return manager.filter(execution_id=execution_id).first()
 
@@ -57,9 +61,12 @@ def cancel_pending(execution_id: str, using: str | None = None) -> bool:
     it: that worker then does not start it); False if its run has begun, it finished, or it is unknown."""
     from django.db import router
 
+    from journal.ids import stored_id_problem
     from queues.models import QueueEntry
     from queues.store import store_for
 
+    if stored_id_problem(execution_id) is not None:
+        return False  # nothing to cancel: no entry can have an id the database cannot hold (review R5)
     return store_for(using or router.db_for_write(QueueEntry)).cancel_pending(execution_id)
 
 

@@ -431,3 +431,21 @@ def test_deferred_entries_are_not_read_by_the_poll_statements(queue):
             read = max(n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0) for n in entry_scans)
             assert read < 100, (name, read, nodes)  # the due one, not 20,000 deferred ones
     assert claim(queue) and next(s for s in queue_stats() if s.name == queue).pending == DEFERRED
+
+
+bad_ids = st.one_of(st.text(max_size=20).map(lambda s: s + "\ud800"), st.text(max_size=20).map(lambda s: "\x00" + s),
+                    st.just(""), st.text(min_size=201, max_size=220), st.integers(), st.none())
+
+
+@settings_profile
+@given(execution_id=bad_ids)
+def test_cancel_pending_and_entry_of_an_id_no_entry_can_have_say_so_cleanly(queue, execution_id):
+    """Review R5: an id the database cannot hold (lone surrogate, NUL, empty, too long, not a string)
+    names no entry: cancel_pending is False and entry_of None, no driver error, nothing written."""
+    from queues import entry_of
+
+    declare_queue(queue, concurrency=1)
+    enqueue("queues.test.double", {"n": 1}, queue=queue)
+    assert cancel_pending(execution_id) is False
+    assert entry_of(execution_id) is None
+    assert set(QueueEntry.objects.filter(queue_id=queue).values_list("state", flat=True)) == {"pending"}

@@ -240,3 +240,15 @@ def test_any_argument_outside_json_is_refused_with_our_error_and_nothing_queued(
         else:
             queue_flows.add.enqueue(bad, 1)
     assert QueueEntry.objects.count() == before
+
+
+bad_ids = st.one_of(st.text(max_size=20).map(lambda s: s + "\ud800"), st.text(max_size=20).map(lambda s: "\x00" + s),
+                    st.just(""), st.text(min_size=201, max_size=220), st.integers(), st.none(), st.binary(max_size=4))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(result_id=st.one_of(bad_ids, st.text(max_size=40)))
+def test_get_result_of_any_id_it_does_not_know_is_task_result_does_not_exist(result_id):
+    """Review R5: lone surrogates, NUL, empty, too long, not a string: Django's contract, no driver error."""
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result(result_id)
