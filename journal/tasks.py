@@ -145,7 +145,9 @@ def _aware(text: str | None) -> datetime | None:
     return None if not text else datetime.fromisoformat(text)
 
 
+# "waiting" (a flow parked in a sleep or a receive; the flows-that-wait issue adds that status): running.
 STATUS_OF_HEADER = {"running": TaskResultStatus.RUNNING, "suspended": TaskResultStatus.RUNNING,
+                    "waiting": TaskResultStatus.RUNNING,
                     "completed": TaskResultStatus.SUCCESSFUL, "failed": TaskResultStatus.FAILED,
                     "cancelled": TaskResultStatus.FAILED, "stuck": TaskResultStatus.FAILED}
 STATUS_OF_ENTRY = {"pending": TaskResultStatus.READY, "started": TaskResultStatus.RUNNING,

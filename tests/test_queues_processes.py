@@ -111,6 +111,9 @@ def test_four_workers_never_run_more_than_the_cap_even_while_one_is_killed(env, 
         for worker in workers:
             cleanup(worker)
     assert highest <= CAP, f"{highest} executions ran at once on a queue capped at {CAP}"
+    # ... and the sampler saw the queue at its cap (review R6): twelve runner threads and half-second naps
+    # fill it, so a dispatcher that ran one at a time, or a sampler blind to running headers, fails here.
+    assert highest == CAP, f"the queue never reached its cap of {CAP} (at most {highest} running)"
     assert len(sampler.samples) > 10
     entries = QueueEntry.objects.filter(queue_id=queue)
     assert entries.count() == total and not entries.exclude(state__in=["done", "started"]).exists()
