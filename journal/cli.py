@@ -313,8 +313,8 @@ def cancel(using: str, execution_id: str, reason: str = "") -> Reply:
                          [f"cancelled {execution_id} (it was queued, not started)"])
         entry = _entry(using, execution_id)
         if entry is not None and entry["state"] == "started" and header_status(execution_id) is None:
-            # Claimed by a worker whose run has not written its first event yet: there is nothing to
-            # cancel yet, and the queue offers no cancel of a claimed entry. Say so (not "does not exist").
+            # Begun by its worker (cancel_pending refuses once the runner's begin won) but its run has not
+            # written its first event yet: there is nothing to cancel yet. Say so (not "does not exist").
             raise Refused(f"execution {execution_id!r} was just taken from queue {entry['queue']!r} by a worker "
                           "and has not begun; cancel it again in a moment, once it exists", REFUSED, "NotBegun")
     out = cancel_execution(execution_id, reason or "cancelled from the command line (manage.py loom)")

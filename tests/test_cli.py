@@ -195,8 +195,9 @@ def test_queues_lists_caps_depth_and_running_and_filters_executions_by_queue():
 
         enqueue("sched.echo", {"n": 3}, queue="cli-mail", execution_id="cli-q3")
         QueueEntry.objects.filter(execution_id="cli-q3").update(state="started", worker="w")  # as a claim does
-        code, _, error = loom("executions", "cancel", "cli-q3")  # claimed, not begun: said so, not "unknown"
-        assert code == 1 and error["type"] == "NotBegun" and "has not begun" in error["error"]
+        code, _, out = loom("executions", "cancel", "cli-q3")  # claimed, not begun: its entry is cancelled
+        assert code == 0 and out["queued"] is True
+        assert QueueEntry.objects.get(execution_id="cli-q3").state == "cancelled"  # the runner's begin refuses it
     finally:
         forget("cli-mail")
 
