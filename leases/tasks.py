@@ -200,13 +200,17 @@ def prune_reservations() -> int:
 
 
 def recovery_sweep() -> int:
-    """One takeover sweep and the resumes, in this process (django-q2 schedule: every minute)."""
+    """One takeover sweep and the resumes, and a tick of the due cron schedules, in this process
+    (django-q2 schedule: every minute)."""
     taken = sweep(get_keeper().worker_id)
     log_takeover(taken)
     for execution_id, token in taken.taken:
         resume_one(execution_id, taken.flow_of.get(execution_id, "?"), token)
     prune_workers()
     prune_reservations()
+    from leases.schedules import tick
+
+    tick()  # cron schedules too, minute-grained, for a deployment that runs only qcluster (docs/schedules.md)
     return len(taken.taken)
 
 

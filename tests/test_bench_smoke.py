@@ -178,3 +178,39 @@ def test_bench_http_runs_against_a_real_server(monkeypatch):
     cells = sections_of(run)["http"]
     modes = {(r.scenario, r.params.get("concurrency")) for r in cells}
     assert {("fresh", 1), ("fresh", 2), ("state", 1), ("state", 2)} <= modes
+
+
+def test_bench_schedules_records_tick_lateness_of_every_schedule():
+    """bench_schedules: each schedule's tick started once (verified against its reservation), lateness
+    percentiles recorded; the section's schedules, reservations and queued tasks are cleaned up."""
+    from django_q.models import OrmQ
+
+    from leases.models import Schedule, StartReservation
+
+    run, _ = run_command("bench_schedules", "--schedule-count", "12", "--schedule-seconds", "3",
+                         "--schedule-tickers", "2", "--schedule-every", "0.1")
+    (cell,) = sections_of(run)["schedules"]
+    assert cell.count == 12 and cell.params["schedules"] == 12 and cell.unit == "ticks/s"
+    assert cell.p50_ms is not None and cell.p99_ms >= cell.p50_ms
+    assert not Schedule.objects.exists() and not StartReservation.objects.exists() and not OrmQ.objects.exists()
+
+
+def test_bench_queues_records_every_scenario_within_its_caps():
+    """bench_queues at tiny sizes, with real worker processes: the cap and the partition cap never
+    exceeded in the 10 ms samples, the rate limit never exceeded in any window, tasks on Loom (and on
+    django-tasks-db when installed) with latency percentiles; the section's rows are cleaned up."""
+    from django.apps import apps
+
+    from queues.models import Queue, QueueEntry
+
+    run, _ = run_command("bench_queues", "--queue-execs", "24", "--queue-cap", "3", "--queue-partition-execs", "12",
+                         "--queue-partitions", "4", "--queue-rate", "4", "--queue-rate-period", "0.5",
+                         "--queue-task-execs", "6", "--queue-latency-tasks", "3", "--queue-poll", "0.05")
+    cells = {cell.scenario: cell for cell in sections_of(run)["queues"]}
+    assert 1 <= cells["cap"].metrics["max_running"] <= 3 and cells["cap"].count == 24
+    assert cells["partitions"].metrics["max_running_per_partition"] == 1
+    assert 1 <= cells["rate"].metrics["max_in_window"] <= 4
+    assert cells["tasks loom"].p50_ms is not None and cells["tasks loom"].throughput > 0
+    assert ("tasks django-tasks-db" in cells) == apps.is_installed("django_tasks_db")
+    assert not Queue.objects.filter(pk__startswith="bq").exists()
+    assert not QueueEntry.objects.filter(queue__name__startswith="bq").exists()

@@ -36,3 +36,7 @@ AGGREGATE_SECTIONS: dict[str, str] = {"aggregates": "benchmarks.sections.aggrega
 
 # bench_http's section lives with the HTTP API it measures (loomapi is optional: the map names it by path).
 HTTP_SECTIONS: dict[str, str] = {"http": "loomapi.bench"}
+
+QUEUE_SECTIONS: dict[str, str] = {"queues": "benchmarks.sections.queues"}
+
+SCHEDULE_SECTIONS: dict[str, str] = {"schedules": "benchmarks.sections.schedules"}

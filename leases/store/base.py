@@ -41,7 +41,68 @@ class Takeover:
     flow_of: dict[str, str] = field(default_factory=dict)  # the flow of each execution taken or stuck (logs)
 
 
-class LeaseStore(DatabaseBound, ABC):
+# == schedules (leases/schedules.py): cron schedules ticked by the workers ============================
+
+
+@dataclass(frozen=True, slots=True)
+class DueSchedule:
+    """A schedule whose next tick is due, as the tick's claim read it (under its lock)."""
+
+    name: str
+    cron: str
+    flow: str
+    input: object
+    catch_up: str
+    queue: str
+    next_tick_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleWrite:
+    """What `save_schedule` writes: a validated definition (leases.schedules.define) and its first tick."""
+
+    name: str
+    cron: str
+    flow: str
+    input: str  # JSON text (journal.jsonvalues)
+    catch_up: str
+    queue: str
+    enabled: bool
+    source: str
+    next_tick_at: datetime
+
+
+class ScheduleStatements(ABC):
+    """The schedule part of every lease store (mixed into LeaseStore). The claim and the advance run
+    in the CALLER's transaction (leases.schedules.tick): the starts of a tick, its advance and the
+    release of the claim's lock commit together."""
+
+    @abstractmethod
+    def save_schedule(self, row: ScheduleWrite) -> None:
+        """Insert or update the schedule named row.name. An update keeps the row's next tick (and its
+        last tick) unless the cron changed or a disabled schedule is enabled again: then the next
+        tick is row.next_tick_at (missed ticks of a disabled schedule are not caught up)."""
+
+    @abstractmethod
+    def claim_due_schedules(self, limit: int, flows: Sequence[str] | None = None) -> tuple[datetime, list[DueSchedule]]:
+        """(the database's now, the enabled schedules whose next tick is at or before it), at most
+        `limit`, oldest tick first, locked until the caller's transaction ends; a schedule another
+        ticker holds is passed over, never waited for. `flows`: only schedules of these flows (the ones
+        this process can start; None: any). Must run inside a transaction."""
+
+    @abstractmethod
+    def advance_schedule(self, name: str, next_tick_at: datetime, last_tick_at: datetime | None,
+                         last_execution_id: str | None) -> None:
+        """Move the schedule's next tick (and its last tick, when one was started) in the caller's transaction."""
+
+    def delete_schedules(self, prefix: str) -> int:
+        """Delete the schedules whose name starts with `prefix` (benchmarks and tests: their own prefix)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(DELETE_SCHEDULES, [prefix + "%"])
+            return cursor.rowcount
+
+
+class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
     #: The lease CTEs this backend adds to the flows' bootstrap and settle statements (inline leases,
     #: journal/flows/ownership.py), or None: its leases are written by the keeper only.
     companion: Companion | None = None
@@ -161,6 +222,10 @@ class LeaseStore(DatabaseBound, ABC):
 FILL_LEASES = ("leases_lease", ("execution_id", "owner", "fence_token", "acquired_at", "renewed_at", "expires_at"))
 COUNT_LEASES = "SELECT count(*) FROM leases_lease WHERE execution_id LIKE %s"
 DELETE_LEASES = "DELETE FROM leases_lease WHERE execution_id LIKE %s"
+
+
+# -- delete_schedules -- (benchmarks, tests: their own prefix)
+DELETE_SCHEDULES = "DELETE FROM leases_schedule WHERE name LIKE %s"
 
 # -- reserve_start --
 # One insert that either reserves the id or does nothing: two concurrent starts of one id cannot both

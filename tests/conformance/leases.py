@@ -10,6 +10,8 @@ from journal.models import Execution
 from journal.store import store_for as journal_store_for
 from leases.models import Lease, Worker
 from tests.conformance import StoreContract
+from tests.conformance.schedules import COVERS as SCHEDULE_COVERS
+from tests.conformance.schedules import SchedulesContract
 
 TTL = 30.0
 LONG = 3600.0  # an orphan_after no execution of a test reaches
@@ -27,7 +29,7 @@ def holder(eid: str) -> tuple[str, int] | None:
     return None if lease is None else (lease.owner_id, lease.fence_token)
 
 
-class LeaseStoreContract(StoreContract):
+class LeaseStoreContract(SchedulesContract, StoreContract):
     """What every lease backend does (leases.store.base.LeaseStore). Real commits: the backends read
     the database's clock per statement, so expiry is observed across statements, not inside one."""
 
@@ -46,6 +48,7 @@ class LeaseStoreContract(StoreContract):
         "count_leases": "count_leases", "delete_leases": "delete_leases",
         "reserve_start": "reserve_start", "reservation": "reservation",
         "release_reservation": "release_reservation", "prune_reservations": "prune_reservations",
+        **SCHEDULE_COVERS,  # tests/conformance/schedules.py
     }
 
     # -- acquire --------------------------------------------------------------------------------
