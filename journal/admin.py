@@ -36,6 +36,7 @@ from journal.admin_base import ReadOnlyAdmin, SafeChangeList, panel_fields
 from journal.aggregates.admin import AggregateAdmin
 from journal.ids import stored_id_problem
 from journal.models import AggregateStream, Event, Execution, Fence, Snapshot
+from journal.privacy import Reader, reader_for_user
 from journal.timestamps import stamp
 
 VERBS = ("resume", "retry", "cancel")
@@ -254,7 +255,7 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         execution_id = unquote(object_id)
         extra_context = dict(extra_context or {})
         try:
-            view = describe(execution_id)
+            view = describe(execution_id, reader_for_user(request.user))
         except (UnknownExecution, InvalidStream):  # an id the database cannot hold is no execution either
             view = None
         if view is not None:
@@ -288,9 +289,21 @@ class EventAdmin(SafeChangeList, ReadOnlyAdmin):
     def recorded(self, event) -> str:
         return stamp(event.recorded_at)
 
+    def get_object(self, request, object_id, from_field=None):
+        event = super().get_object(request, object_id, from_field)
+        if event is not None:  # sensitive fields as this user may see them (docs/privacy.md)
+            event.reader = reader_for_user(request.user)
+        return event
+
     @admin.display(description="payload")
     def payload_json(self, event) -> str:
-        return format_html("<pre>{}</pre>", _json(event.payload))
+        from journal.envelopes import StoredEvent
+        from journal.store import store_for
+
+        stored = StoredEvent(event.stream_id, event.seq, event.type, event.payload, event.recorded_at, event.id)
+        reader = getattr(event, "reader", Reader("", frozenset()))  # no reader known: withhold everything
+        shown = store_for(event._state.db or "default").reveal([stored], reader)[0]
+        return format_html("<pre>{}</pre>", _json(shown.payload))
 
 
 @admin.register(Fence)

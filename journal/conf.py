@@ -101,7 +101,30 @@ register(
     # aggregates
     Setting("LOOM_AGGREGATE_CACHE_SIZE", int, 1000, "Aggregate states kept in each process's LRU cache.", 0),
     Setting("LOOM_AGGREGATE_MODULES", list, [], "Modules declaring aggregate states, imported for the admin."),
+    # personal data (docs/privacy.md)
+    Setting("LOOM_KEYS", list, [], "Master keys as `id:base64` (32 bytes each); the first wraps new data keys, "
+            "the others still unwrap old ones (rotation). Secret."),
+    Setting("LOOM_KEY_SERVICE", str, "", "Dotted path of a key service class (an external KMS) used instead of "
+            "LOOM_KEYS: `wrap(key) -> (master_id, wrapped)`, `unwrap(master_id, wrapped) -> key`."),
+    Setting("LOOM_KEY_CACHE_SIZE", int, 10_000, "Unwrapped data keys kept in each process's LRU cache.", 0),
+    Setting("LOOM_DISCLOSE_ROLES", list, ["privacy"], "Roles whose readers see every sensitive field (the "
+            "admin gives a user the role `privacy` with the permission journal.disclose_personal_data)."),
+    Setting("LOOM_CONTENT_THRESHOLD_BYTES", int, None, "Payloads whose JSON is larger go to the content store, "
+            "the event keeping a reference (unset: none do, except Blob fields).", 1, optional=True),
+    Setting("LOOM_CONTENT_STORAGE", str, "", "Name of the Django storage (settings.STORAGES) of the content "
+            "store; empty: a FileSystemStorage in LOOM_CONTENT_DIR."),
+    Setting("LOOM_CONTENT_DIR", str, "var/loom-content", "Directory of the default content store."),
+    Setting("LOOM_CONTENT_CACHE_SIZE", int, 1000, "Content items kept in each process's LRU cache.", 0),
 )
+
+
+@rule
+def _keys_problem() -> list[str]:
+    """LOOM_KEYS entries are `id:base64` of 32 bytes, ids distinct (journal/privacy/keys.py)."""
+    from journal.privacy.keys import keys_problem
+
+    problem = keys_problem(get_safe("LOOM_KEYS", []))
+    return [] if problem is None else [f"LOOM_KEYS: {problem}"]
 
 
 class ConfigError(ValueError):

@@ -27,6 +27,8 @@ from journal.aggregates.declarations import State, states
 from journal.aggregates.errors import AggregateError
 from journal.aggregates.runtime import META, replay
 from journal.models import AggregateStream, Event
+from journal.privacy import reader_for_user
+from journal.privacy.codec import disclose_model
 from journal.timestamps import stamp
 
 STREAMS_PER_PAGE = 50
@@ -99,10 +101,12 @@ def stream_detail(request: HttpRequest, state: str, id: str) -> HttpResponse:
     total = Event.objects.filter(stream_id=stream).count()
     if not total:
         raise Http404(f"stream {stream} has no events")
-    events = Event.objects.read(stream, after_seq=max(-1, total - 1 - EVENTS_SHOWN))
+    reader = reader_for_user(request.user)  # sensitive fields as this user may see them (docs/privacy.md)
+    events = Event.objects.read(stream, after_seq=max(-1, total - 1 - EVENTS_SHOWN), reader=reader)
     try:
         agg = replay(st, id)
-        current, error = json.dumps(agg.state.model_dump(mode="json"), indent=2, sort_keys=True), ""
+        shown = disclose_model(st.schema, agg.state.model_dump(mode="json"), reader)
+        current, error = json.dumps(shown, indent=2, sort_keys=True), ""
     except AggregateError as exc:  # a stream that no longer folds is shown, with the reason
         agg, current, error = None, "", str(exc)
     rows = []

@@ -33,6 +33,7 @@ from journal import conf
 from journal.aggregates import versioning
 from journal.aggregates.errors import DeclarationError
 from journal.envelopes import TYPE_NAME
+from journal.privacy import marking
 
 S = TypeVar("S", bound=BaseModel)
 C = TypeVar("C", bound=BaseModel)
@@ -128,6 +129,9 @@ class State(Generic[S]):
         self.deprecated: frozenset[str] = frozenset()
         self.successor: dict[str, str] = {}
         self._checked = False
+        # A state holding personal data is never snapshotted nor cached in memory (docs/privacy.md):
+        # a checkpoint would keep in clear what the log keeps sealed, and outlive a forget.
+        self.sensitive = bool(marking.fields_of_model(schema))
         register(self)
 
     def __repr__(self) -> str:
@@ -198,6 +202,9 @@ class State(Generic[S]):
         if event.name in self.events:
             raise DeclarationError(f"state {self.name} already declares event {event.name}")
         self.events[event.name] = event
+        # Marked fields (journal/privacy) of the payload schema are sealed on every append of this type.
+        if marking.declare_model(event.name, event.schema):
+            self.sensitive = True
         # A schema class used under one name is emitted by returning an instance of it; a class
         # shared by several names must be emitted as a (name, payload) pair.
         self._names_by_class[event.schema] = "" if event.schema in self._names_by_class else event.name

@@ -111,6 +111,10 @@ def checkpoint(state: ExecutionState) -> bool:
     every = snapshot_every()
     if every is None or state.seq - state.snapshot_seq < every:
         return False
+    from journal.privacy import marking
+
+    if marking.fields_for(ev.EXECUTION_STARTED, {"flow": state.flow}) or "STEP_COMPLETED" in marking.MARKED:
+        return False  # personal data (journal/privacy) is never checkpointed in clear: replay the log instead
     from journal.models import Snapshot
 
     Snapshot.objects.save_state(state.execution_id, state.seq, state.to_json())

@@ -451,7 +451,7 @@ class PostgresStore(JournalStore):
                                             "batch": batch})
                 for row in cursor.fetchall():
                     found[(row[2], row[0])].append(StoredEvent.from_row(row[1:]))
-        return found
+        return self.reveal_found(found)
 
 
 _ONLY_WHEN_ASKED = 2**31

@@ -1,0 +1,269 @@
+"""The encode/decode boundary of personal data: seal payloads before their row is written, reveal
+them after a read, a whole batch at a time.
+
+A sealed payload names its own sealed fields, so a reader needs no declaration:
+
+    {"customer_id": "c-7", "email": "<base64 nonce+ciphertext>",
+     "$sealed": [[["email"], "c-7"]],         # path, subject: AES-GCM under c-7's data key
+     "$blobs": [["photo"]]}                   # path: the value is the SHA-256 of its content
+
+and a payload above LOOM_CONTENT_THRESHOLD_BYTES is stored as `{"$content": "<sha256>", "$size": n}`.
+Each field's ciphertext is bound (AES-GCM associated data) to its event type, path and subject, so a
+ciphertext moved to another field or subject fails like a tampered one (TamperedCiphertext).
+
+Reading: whole-payload references, then blob fields, are resolved in one content-store call each;
+then the keys of every subject of the batch are looked up in one statement; each field is decrypted,
+or replaced by FORGOTTEN (no key: the subject was forgotten) or WITHHELD (the reader may not see it).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from journal import conf, jsonvalues
+from journal.envelopes import Envelope, StoredEvent
+from journal.exceptions import InvalidPayload, TamperedCiphertext
+from journal.privacy import keys, marking
+from journal.privacy.marking import Path
+
+FORGOTTEN = "<forgotten>"
+"""What a sealed field reads as once its subject was forgotten (its data key destroyed)."""
+
+WITHHELD = "<redacted>"
+"""What a sealed field reads as for a reader its disclosure does not allow."""
+
+SEALED, BLOBS, CONTENT, SIZE = "$sealed", "$blobs", "$content", "$size"
+RESERVED = frozenset({SEALED, BLOBS, CONTENT, SIZE})
+NONCE = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """Who reads, for disclosure: an id (the owner sees its own fields) and roles. None = the system."""
+
+    id: str | None = None
+    roles: frozenset[str] = frozenset()
+
+
+def active() -> bool:
+    """Whether reads may meet sealed or stored-away payloads (False: the read path does nothing)."""
+    return bool(marking.MARKED) or bool(conf.get("LOOM_KEYS")) or bool(conf.get("LOOM_KEY_SERVICE")) \
+        or conf.get("LOOM_CONTENT_THRESHOLD_BYTES") is not None
+
+
+def needs_seal(envelopes: Sequence[Envelope]) -> bool:
+    """The write path's one check: a marked type, or a content threshold to measure against."""
+    marked = marking.MARKED
+    if marked and any(env.type in marked for env in envelopes):
+        return True
+    return conf.get("LOOM_CONTENT_THRESHOLD_BYTES") is not None
+
+
+# == sealing ==========================================================================================
+
+
+def _aad(type_: str, path: Path, subject: str) -> bytes:
+    return json.dumps([type_, list(path), subject], separators=(",", ":")).encode()
+
+
+def _subject_of(type_: str, payload: Any, field: marking.Field) -> str:
+    value = marking.get(payload, field.subject)
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise InvalidPayload(f"payload of {type_}: sensitive field {'.'.join(field.path)} needs its subject's id "
+                             f"in {'.'.join(field.subject)} (a non-empty string or an integer), got {value!r}")
+    subject = str(value)
+    jsonvalues.dumps(subject, f"subject id in {'.'.join(field.subject)} of {type_}")  # no NUL, no lone surrogate
+    if len(subject) > 200:
+        raise InvalidPayload(f"payload of {type_}: subject id in {'.'.join(field.subject)} is over 200 characters "
+                             "or holds a NUL")
+    return subject
+
+
+def _copy_set(payload: dict, path: Path, value: Any) -> dict:
+    """`payload` with `value` at `path`, copying only the objects along the path."""
+    top = dict(payload)
+    node = top
+    for part in path[:-1]:
+        node[part] = dict(node[part])
+        node = node[part]
+    node[path[-1]] = value
+    return top
+
+
+def seal(store, envelopes: Sequence[Envelope]) -> list[Envelope]:
+    """The envelopes to write: marked fields encrypted and blobs stored away. The caller's payloads are not
+    changed. Raises InvalidPayload (nothing written, nothing stored) for a field that may not be stored."""
+    plans = []
+    subjects: set[str] = set()
+    for env in envelopes:
+        payload = env.payload
+        fields = marking.fields_for(env.type, payload) if isinstance(payload, dict) else []
+        if isinstance(payload, dict) and RESERVED & payload.keys():
+            raise InvalidPayload(f"payload of {env.type} uses a reserved key ($sealed, $blobs, $content, $size)")
+        present = [(f, marking.get(payload, f.path)) for f in fields if marking.has(payload, f.path)]
+        present = [(f, v) for f, v in present if v is not None]
+        owners = []
+        for f, value in present:
+            jsonvalues.dumps(value, f"field {'.'.join(f.path)} of {env.type}")  # the JSON rules, before sealing
+            owner = _subject_of(env.type, payload, f) if f.subject is not None else None
+            owners.append(owner)
+            if owner is not None:
+                subjects.add(owner)
+        plans.append((env, present, owners))
+    data_keys = keys.for_write(store, subjects) if subjects else {}
+    threshold = conf.get("LOOM_CONTENT_THRESHOLD_BYTES")
+    out: list[Envelope] = []
+    links: list[tuple[str, str]] = []
+    from journal.privacy import content  # the content store is only imported once something is stored away
+
+    for env, present, owners in plans:
+        payload = env.payload
+        sealed, blobs = [], []
+        for (f, value), owner in zip(present, owners, strict=True):
+            text = jsonvalues.dumps(value)
+            if owner is not None:
+                key = data_keys[owner]
+                if key is None:  # forgotten: nothing of it is written
+                    payload = _copy_set(payload, f.path, FORGOTTEN)
+                    continue
+                nonce = os.urandom(NONCE)
+                cipher = AESGCM(key).encrypt(nonce, text.encode(), _aad(env.type, f.path, owner))
+                text = base64.b64encode(nonce + cipher).decode()
+                sealed.append([list(f.path), owner])
+                if not f.blob:
+                    payload = _copy_set(payload, f.path, text)
+                    continue
+            if f.blob:
+                sha = content.store().put(text.encode())
+                links.append((sha, owner or ""))
+                blobs.append(list(f.path))
+                payload = _copy_set(payload, f.path, sha)
+        if sealed:
+            payload = {**payload, SEALED: sealed}
+        if blobs:
+            payload = {**payload, BLOBS: blobs}
+        if threshold is not None:
+            text = jsonvalues.dumps(payload, f"payload of {env.type}")
+            if len(text) > threshold and len(text.encode()) > threshold:
+                sha = content.store().put(text.encode())
+                links.append((sha, ""))
+                payload = {CONTENT: sha, SIZE: len(text.encode())}
+        out.append(env if payload is env.payload else Envelope(env.type, payload))
+    if links:
+        store.link_content(links)
+    return out
+
+
+# == revealing ========================================================================================
+
+
+def _allowed(reader: Reader | None, type_: str, path: Path, subject: str, rule: marking.Field | None = None) -> bool:
+    if reader is None or reader.id == subject:
+        return True
+    roles = set(conf.get("LOOM_DISCLOSE_ROLES"))
+    rule = rule or marking.field_rule(type_, path)
+    if rule is not None:
+        roles.update(rule.discloses)
+    return bool(roles & reader.roles)
+
+
+def disclose_model(model: type, data: Any, reader: Reader | None) -> Any:
+    """A folded state's JSON (`model`'s marked fields) as `reader` may see it: WITHHELD where not allowed."""
+    if reader is None or not isinstance(data, dict):
+        return data
+    for f in marking.fields_of_model(model):
+        value = marking.get(data, f.path)
+        if f.subject is None or value is None or value == FORGOTTEN:
+            continue
+        if not _allowed(reader, "", f.path, str(marking.get(data, f.subject)), f):
+            data = _copy_set(data, f.path, WITHHELD)
+    return data
+
+
+def reveal(store, events: list[StoredEvent], reader: Reader | None = None) -> list[StoredEvent]:
+    """The events as `reader` may see them (None: the system, everything still decryptable)."""
+    todo = [i for i, e in enumerate(events) if isinstance(e.payload, dict)
+            and (SEALED in e.payload or BLOBS in e.payload or CONTENT in e.payload)]
+    if not todo:
+        return events
+    from journal.privacy import content
+
+    events = list(events)
+    payloads = {i: events[i].payload for i in todo}
+    whole = {p[CONTENT] for p in payloads.values() if CONTENT in p}
+    if whole:
+        got = content.store().get_many(whole)
+        for i, p in payloads.items():
+            if CONTENT in p:
+                payloads[i] = json.loads(got[p[CONTENT]])
+    subjects = {subject for p in payloads.values() for _, subject in p.get(SEALED, ())}
+    data_keys = keys.for_read(store, subjects) if subjects else {}
+    # What each sealed field shows: its decryption, or a marker (a forgotten subject's blob is never fetched:
+    # it was erased with the key).
+    verdicts: dict[int, dict[Path, tuple[str, bytes | None]]] = {}
+    for i, p in payloads.items():
+        verdicts[i] = {}
+        for path, subject in p.get(SEALED, ()):
+            path = tuple(path)
+            key = data_keys.get(subject)
+            if key is not None and not _allowed(reader, events[i].type, path, subject):
+                key = b""
+            verdicts[i][path] = (subject, key)
+    wanted = {marking.get(p, tuple(path)) for i, p in payloads.items() for path in p.get(BLOBS, ())
+              if verdicts[i].get(tuple(path), ("", b"x"))[1]}
+    got = content.store().get_many(wanted) if wanted else {}
+    for i, p in payloads.items():
+        event = events[i]
+        for path in p.get(BLOBS, ()):
+            path = tuple(path)
+            if path in verdicts[i]:
+                if verdicts[i][path][1]:
+                    p = _copy_set(p, path, got[marking.get(p, path)])  # the ciphertext, opened below
+            else:
+                p = _copy_set(p, path, json.loads(got[marking.get(p, path)]))
+        for path, (subject, key) in verdicts[i].items():
+            if key is None:
+                value: Any = FORGOTTEN
+            elif not key:
+                value = WITHHELD
+            else:
+                value = _open(key, event, path, subject, marking.get(p, path))
+            p = _copy_set(p, path, value)
+        events[i] = replace(event, payload={k: v for k, v in p.items() if k not in RESERVED})
+    return events
+
+
+def _open(key: bytes, event: StoredEvent, path: Path, subject: str, text: Any) -> Any:
+    where = f"{event.stream_id}#{event.seq} field {'.'.join(path)}"
+    try:
+        raw = base64.b64decode(text, validate=True) if isinstance(text, str) else b""
+        plain = AESGCM(key).decrypt(raw[:NONCE], raw[NONCE:], _aad(event.type, path, subject))
+    except (InvalidTag, ValueError, binascii.Error):
+        raise TamperedCiphertext(f"{where}: the ciphertext fails its AES-GCM tag (changed after it was written)") \
+            from None
+    return json.loads(plain)
+
+
+def withhold(type_: str, payload: Any) -> Any:
+    """`payload` with its marked fields replaced by WITHHELD (for copies kept beside the log, such as an
+    execution header's input)."""
+    if not isinstance(payload, dict) or type_ not in marking.MARKED:
+        return payload
+    for f in marking.fields_for(type_, payload):
+        if f.subject is not None and marking.get(payload, f.path) is not None:
+            payload = _copy_set(payload, f.path, WITHHELD)
+    return payload
+
+
+def sealed_fields(events: list[StoredEvent]) -> bool:
+    """Whether any of these raw events carries sealed fields (tests and the admin use it)."""
+    return any(isinstance(e.payload, dict) and SEALED in e.payload for e in events)

@@ -1,0 +1,104 @@
+"""Declarations with personal data for the privacy tests: an aggregate, a flow, a plain envelope type."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated
+
+from pydantic import BaseModel
+
+from journal.aggregates import State
+from journal.flows import flow
+from journal.privacy import Blob, Sensitive, declare, declare_step
+
+KEY_A = "ka:" + base64.b64encode(bytes(range(32))).decode()
+KEY_B = "kb:" + base64.b64encode(bytes(range(32, 64))).decode()
+KEY_A_WRONG = "ka:" + base64.b64encode(bytes(range(1, 33))).decode()
+
+
+class Customer(BaseModel):
+    customer_id: str = ""
+    email: Annotated[str, Sensitive(subject="customer_id")] = ""
+    visits: int = 0
+
+
+class Registered(BaseModel):
+    customer_id: str
+    email: Annotated[str, Sensitive(subject="customer_id", discloses=("support",))]
+
+
+class Visited(BaseModel):
+    customer_id: str
+    note: Annotated[str, Sensitive(subject="customer_id")] = ""
+
+
+class Register(BaseModel):
+    email: str
+
+
+customers = State("PrivacyCustomer", Customer)
+
+
+@customers.on(Registered)
+def _registered(state: Customer, e: Registered) -> dict:
+    return {"customer_id": e.customer_id, "email": e.email}
+
+
+@customers.on(Visited)
+def _visited(state: Customer, e: Visited) -> dict:
+    return {"visits": state.visits + 1}
+
+
+@customers.action(Register)
+def register(state: Customer, cmd: Register, actor) -> Registered:
+    return Registered(customer_id=actor, email=cmd.email)
+
+
+class Age(BaseModel):
+    n: Annotated[int, Sensitive(subject="person", forgotten="error")]
+
+
+class PersonState(BaseModel):
+    age: int = 0
+
+
+class AgeSet(BaseModel):
+    person: str
+    age: Annotated[int, Sensitive(subject="person", forgotten="error")]
+
+
+people = State("PrivacyPerson", PersonState)
+
+
+@people.on(AgeSet)
+def _age(state: PersonState, e: AgeSet) -> dict:
+    return {"age": e.age}
+
+
+class Signup(BaseModel):
+    customer_id: str
+    email: Annotated[str, Sensitive(subject="customer_id")]
+
+
+class Greeting(BaseModel):
+    customer_id: str
+    text: Annotated[str, Sensitive(subject="customer_id")]
+
+
+declare_step("privacy.greet", Greeting)
+
+
+@flow("test.privacy.signup", input_model=Signup)
+def signup(ctx, value: Signup):
+    greeting = ctx.step("privacy.greet", lambda: {"customer_id": value.customer_id, "text": f"hi {value.email}"})
+    return {"greeted": bool(greeting["text"])}
+
+
+declare("OrderPlaced", ["email", "address.street"], subject="customer_id")
+declare("Scanned", ["image"], subject="customer_id", blobs=["image"])
+declare("Attachment", blobs=["data"])
+
+
+class Photo(BaseModel):
+    owner: str
+    picture: Annotated[str, Blob()]
