@@ -35,7 +35,7 @@ from django.utils.html import format_html
 from journal.admin_base import ReadOnlyAdmin, SafeChangeList, panel_fields
 from journal.aggregates.admin import AggregateAdmin
 from journal.ids import stored_id_problem
-from journal.models import AggregateStream, Event, Execution, Fence, Snapshot
+from journal.models import AggregateStream, DataKey, Event, Execution, Fence, Snapshot
 from journal.privacy import Reader, reader_for_user
 from journal.timestamps import stamp
 
@@ -304,6 +304,41 @@ class EventAdmin(SafeChangeList, ReadOnlyAdmin):
         reader = getattr(event, "reader", Reader("", frozenset()))  # no reader known: withhold everything
         shown = store_for(event._state.db or "default").reveal([stored], reader)[0]
         return format_html("<pre>{}</pre>", _json(shown.payload))
+
+
+@admin.register(DataKey)
+class DataKeyAdmin(SafeChangeList, ReadOnlyAdmin):
+    """Data subjects (docs/privacy.md): whose key is held, who forgot whom. The wrapped key is never shown."""
+
+    list_display = ("subject", "state", "master_id", "created_at", "forgotten_at", "forgotten_by")
+    search_fields = ("subject",)
+    fields = readonly_fields = ("subject", "state", "master_id", "created_at", "forgotten_at", "forgotten_by")
+    actions = ["forget_subjects"]
+    show_full_result_count = False
+
+    @admin.display(description="key")
+    def state(self, subject) -> str:
+        return "forgotten" if subject.wrapped is None else "held"
+
+    def has_forget_permission(self, request) -> bool:
+        return request.user.has_perm("journal.forget_subject")
+
+    @admin.action(description="Forget selected subjects (destroy their keys)", permissions=["forget"])
+    def forget_subjects(self, request, queryset):
+        from journal.privacy import forget
+
+        subjects = list(queryset[:500])
+        if request.POST.get("post") == "yes":
+            by = f"admin:{request.user.get_username()}"
+            for subject in subjects:
+                forget(subject.pk, by=by, alias=queryset.db)
+            messages.success(request, f"forgotten: {', '.join(s.pk for s in subjects)}")
+            return None
+        context = {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "subjects": subjects,
+            "title": "Forget these data subjects?", "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "journal/datakey_forget_confirm.html", context)
 
 
 @admin.register(Fence)

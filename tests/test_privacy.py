@@ -334,3 +334,28 @@ def test_concurrent_forget_and_append_of_one_subject_leave_no_plaintext(sealed):
     assert "secret-" not in raw_rows()
     for n in range(4):
         assert {e.payload["email"] for e in Event.objects.read(f"race-{n}")} <= {FORGOTTEN}
+
+
+# -- HTTP API ----------------------------------------------------------------------------------------------------
+
+
+def test_the_api_shows_a_sensitive_field_only_to_its_owner_or_an_allowed_role(sealed, client):
+    sealed.LOOM_API_AUTH = True
+    sealed.LOOM_API_TOKENS = [{"token": "tok-owner-0123456789", "name": "c-10"},
+                              {"token": "tok-other-0123456789", "name": "other"},
+                              {"token": "tok-dpo-0123456789ab", "name": "dpo", "roles": ["privacy"]}]
+    start("test.privacy.signup", {"customer_id": "c-10", "email": "api@example.org"}, execution_id="px-10")
+
+    def seen(token: str) -> str:
+        body = client.get("/api/executions/px-10", headers={"Authorization": f"Bearer {token}"})
+        assert body.status_code == 200
+        return json.dumps(body.json())
+
+    assert "api@example.org" in seen("tok-owner-0123456789")
+    assert "api@example.org" in seen("tok-dpo-0123456789ab")
+    other = seen("tok-other-0123456789")
+    assert "api@example.org" not in other and WITHHELD in other
+    forget("c-10", by="dpo")
+    for token in ("tok-owner-0123456789", "tok-dpo-0123456789ab", "tok-other-0123456789"):
+        shown = seen(token)
+        assert "api@example.org" not in shown and "hi api" not in shown
