@@ -193,7 +193,7 @@ VALUES (%s, %s, %s, %s, '') ON CONFLICT (subject) DO NOTHING
 FORGET_SUBJECT = """
 INSERT INTO journal_datakey (subject, master_id, wrapped, created_at, forgotten_at, forgotten_by)
 VALUES (%s, '', NULL, %s, %s, %s)
-ON CONFLICT (subject) DO UPDATE SET wrapped = NULL, forgotten_at = excluded.forgotten_at,
+ON CONFLICT (subject) DO UPDATE SET master_id = '', wrapped = NULL, forgotten_at = excluded.forgotten_at,
     forgotten_by = excluded.forgotten_by
 """
 
