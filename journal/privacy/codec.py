@@ -23,7 +23,7 @@ import binascii
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from journal import conf, jsonvalues
 from journal.envelopes import Envelope, StoredEvent
 from journal.exceptions import InvalidPayload, TamperedCiphertext
-from journal.privacy import keys, marking
+from journal.privacy import content, keys, marking
 from journal.privacy.marking import Path
 
 FORGOTTEN = "<forgotten>"
@@ -72,7 +72,17 @@ def needs_seal(envelopes: Sequence[Envelope]) -> bool:
 
 
 def _aad(type_: str, path: Path, subject: str) -> bytes:
-    return json.dumps([type_, list(path), subject], separators=(",", ":")).encode()
+    """What a field's ciphertext is bound to: its event type, path and subject (none holds a NUL)."""
+    return ("\x00".join((type_, *path)) + "\x01" + subject).encode()
+
+
+def _pack(value: Any, text: str) -> bytes:
+    """The plaintext of a field: a string as its UTF-8 (tag `s`), anything else as its JSON (tag `j`)."""
+    return b"s" + value.encode() if type(value) is str else b"j" + text.encode()
+
+
+def _unpack(plain: bytes) -> Any:
+    return plain[1:].decode() if plain[:1] == b"s" else json.loads(plain[1:])
 
 
 def _subject_of(type_: str, payload: Any, field: marking.Field) -> str:
@@ -106,37 +116,37 @@ def seal(store, envelopes: Sequence[Envelope]) -> list[Envelope]:
     subjects: set[str] = set()
     for env in envelopes:
         payload = env.payload
-        fields = marking.fields_for(env.type, payload) if isinstance(payload, dict) else []
-        if isinstance(payload, dict) and RESERVED & payload.keys():
+        if not isinstance(payload, dict):
+            plans.append((env, ()))
+            continue
+        if RESERVED & payload.keys():
             raise InvalidPayload(f"payload of {env.type} uses a reserved key ($sealed, $blobs, $content, $size)")
-        present = [(f, marking.get(payload, f.path)) for f in fields if marking.has(payload, f.path)]
-        present = [(f, v) for f, v in present if v is not None]
-        owners = []
-        for f, value in present:
-            jsonvalues.dumps(value, f"field {'.'.join(f.path)} of {env.type}")  # the JSON rules, before sealing
+        present = []
+        for f in marking.fields_for(env.type, payload):
+            value = marking.get(payload, f.path)
+            if value is None:
+                continue
+            text = jsonvalues.dumps(value, f"field {'.'.join(f.path)} of {env.type}")  # the JSON rules, first
             owner = _subject_of(env.type, payload, f) if f.subject is not None else None
-            owners.append(owner)
             if owner is not None:
                 subjects.add(owner)
-        plans.append((env, present, owners))
+            present.append((f, value, text, owner))
+        plans.append((env, present))
     data_keys = keys.for_write(store, subjects) if subjects else {}
     threshold = conf.get("LOOM_CONTENT_THRESHOLD_BYTES")
     out: list[Envelope] = []
     links: list[tuple[str, str]] = []
-    from journal.privacy import content  # the content store is only imported once something is stored away
-
-    for env, present, owners in plans:
+    for env, present in plans:
         payload = env.payload
         sealed, blobs = [], []
-        for (f, value), owner in zip(present, owners, strict=True):
-            text = jsonvalues.dumps(value)
+        for f, value, text, owner in present:
             if owner is not None:
                 key = data_keys[owner]
                 if key is None:  # forgotten: nothing of it is written
                     payload = _copy_set(payload, f.path, FORGOTTEN)
                     continue
                 nonce = os.urandom(NONCE)
-                cipher = AESGCM(key).encrypt(nonce, text.encode(), _aad(env.type, f.path, owner))
+                cipher = key.encrypt(nonce, _pack(value, text), _aad(env.type, f.path, owner))
                 text = base64.b64encode(nonce + cipher).decode()
                 sealed.append([list(f.path), owner])
                 if not f.blob:
@@ -191,12 +201,10 @@ def disclose_model(model: type, data: Any, reader: Reader | None) -> Any:
 
 def reveal(store, events: list[StoredEvent], reader: Reader | None = None) -> list[StoredEvent]:
     """The events as `reader` may see them (None: the system, everything still decryptable)."""
-    todo = [i for i, e in enumerate(events) if isinstance(e.payload, dict)
+    todo = [i for i, e in enumerate(events) if type(e.payload) is dict
             and (SEALED in e.payload or BLOBS in e.payload or CONTENT in e.payload)]
     if not todo:
         return events
-    from journal.privacy import content
-
     events = list(events)
     payloads = {i: events[i].payload for i in todo}
     whole = {p[CONTENT] for p in payloads.values() if CONTENT in p}
@@ -207,50 +215,68 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None) -> li
                 payloads[i] = json.loads(got[p[CONTENT]])
     subjects = {subject for p in payloads.values() for _, subject in p.get(SEALED, ())}
     data_keys = keys.for_read(store, subjects) if subjects else {}
-    # What each sealed field shows: its decryption, or a marker (a forgotten subject's blob is never fetched:
-    # it was erased with the key).
-    verdicts: dict[int, dict[Path, tuple[str, bytes | None]]] = {}
+
+    def verdict(event: StoredEvent, path: Path, subject: str) -> Any:
+        """The field's key; None: forgotten; False: withheld from this reader."""
+        key = data_keys.get(subject)
+        if key is not None and reader is not None and not _allowed(reader, event.type, path, subject):
+            return False
+        return key
+
+    # Blob fields: only the content a reader will see is fetched (a forgotten subject's was erased with its
+    # key), all of the batch in one call.
+    wanted = set()
     for i, p in payloads.items():
-        verdicts[i] = {}
-        for path, subject in p.get(SEALED, ()):
+        if BLOBS not in p:
+            continue
+        sealed = {tuple(path): subject for path, subject in p.get(SEALED, ())}
+        for path in p[BLOBS]:
             path = tuple(path)
-            key = data_keys.get(subject)
-            if key is not None and not _allowed(reader, events[i].type, path, subject):
-                key = b""
-            verdicts[i][path] = (subject, key)
-    wanted = {marking.get(p, tuple(path)) for i, p in payloads.items() for path in p.get(BLOBS, ())
-              if verdicts[i].get(tuple(path), ("", b"x"))[1]}
+            if path not in sealed or verdict(events[i], path, sealed[path]):
+                wanted.add(marking.get(p, path))
     got = content.store().get_many(wanted) if wanted else {}
     for i, p in payloads.items():
         event = events[i]
-        for path in p.get(BLOBS, ()):
+        blobs = p.get(BLOBS)
+        sealed = p.get(SEALED, ())
+        if blobs:
+            sealed_paths = {tuple(path) for path, _ in sealed}
+            for path in map(tuple, blobs):
+                ref = marking.get(p, path)
+                if ref in got:
+                    text = got[ref]
+                    _set(p, path, text if path in sealed_paths else json.loads(text))
+        for path, subject in sealed:
             path = tuple(path)
-            if path in verdicts[i]:
-                if verdicts[i][path][1]:
-                    p = _copy_set(p, path, got[marking.get(p, path)])  # the ciphertext, opened below
-            else:
-                p = _copy_set(p, path, json.loads(got[marking.get(p, path)]))
-        for path, (subject, key) in verdicts[i].items():
+            key = verdict(event, path, subject)
             if key is None:
                 value: Any = FORGOTTEN
-            elif not key:
+            elif key is False:
                 value = WITHHELD
             else:
                 value = _open(key, event, path, subject, marking.get(p, path))
-            p = _copy_set(p, path, value)
-        events[i] = replace(event, payload={k: v for k, v in p.items() if k not in RESERVED})
+            _set(p, path, value)
+        for name in RESERVED & p.keys():
+            del p[name]
+        events[i] = StoredEvent(event.stream_id, event.seq, event.type, p, event.recorded_at, event.id)
     return events
 
 
-def _open(key: bytes, event: StoredEvent, path: Path, subject: str, text: Any) -> Any:
-    where = f"{event.stream_id}#{event.seq} field {'.'.join(path)}"
+def _set(payload: dict, path: Path, value: Any) -> None:
+    """Set in place: a payload being revealed was parsed for this read only."""
+    node = payload
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+
+
+def _open(key: AESGCM, event: StoredEvent, path: Path, subject: str, text: Any) -> Any:
     try:
-        raw = base64.b64decode(text, validate=True) if isinstance(text, str) else b""
-        plain = AESGCM(key).decrypt(raw[:NONCE], raw[NONCE:], _aad(event.type, path, subject))
+        raw = binascii.a2b_base64(text, strict_mode=True) if isinstance(text, str) else b""
+        return _unpack(key.decrypt(raw[:NONCE], raw[NONCE:], _aad(event.type, path, subject)))
     except (InvalidTag, ValueError, binascii.Error):
-        raise TamperedCiphertext(f"{where}: the ciphertext fails its AES-GCM tag (changed after it was written)") \
-            from None
-    return json.loads(plain)
+        raise TamperedCiphertext(f"{event.stream_id}#{event.seq} field {'.'.join(path)}: the ciphertext fails its "
+                                 "AES-GCM tag (changed after it was written)") from None
 
 
 def withhold(type_: str, payload: Any) -> Any:

@@ -123,20 +123,21 @@ def service() -> KeyService:
 
 
 class KeyCache:
-    """A thread-safe LRU of unwrapped data keys by subject: (wrapped text, key); key None = forgotten."""
+    """A thread-safe LRU of unwrapped data keys by subject: (wrapped text, AESGCM of the key); None =
+    forgotten. The AESGCM object is kept, not the bytes: building it is part of every field's cost."""
 
     def __init__(self):
-        self._entries: OrderedDict[str, tuple[str | None, bytes | None]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[str | None, AESGCM | None]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, subject: str) -> tuple[str | None, bytes | None] | None:
+    def get(self, subject: str) -> tuple[str | None, AESGCM | None] | None:
         with self._lock:
             got = self._entries.get(subject)
             if got is not None:
                 self._entries.move_to_end(subject)
             return got
 
-    def put(self, subject: str, wrapped: str | None, key: bytes | None) -> None:
+    def put(self, subject: str, wrapped: str | None, key: AESGCM | None) -> None:
         size = conf.get("LOOM_KEY_CACHE_SIZE")
         with self._lock:
             self._entries[subject] = (wrapped, key)
@@ -156,7 +157,7 @@ class KeyCache:
 cache = KeyCache()
 
 
-def _unwrap(subject: str, row: tuple[str, str | None] | None, store=None) -> bytes | None:
+def _unwrap(subject: str, row: tuple[str, str | None] | None, store=None) -> AESGCM | None:
     """The data key of a stored row (None: no row, or a forgotten subject), through the cache.
 
     Only committed rows are cached (with `store`: after its transaction commits): the write path trusts
@@ -168,30 +169,30 @@ def _unwrap(subject: str, row: tuple[str, str | None] | None, store=None) -> byt
     got = cache.get(subject)
     if got is not None and got[0] == wrapped:
         return got[1]
-    key = service().unwrap(master_id, base64.b64decode(wrapped))
+    key = AESGCM(service().unwrap(master_id, base64.b64decode(wrapped)))
     _remember(store, subject, wrapped, key)
     return key
 
 
-def _remember(store, subject: str, wrapped: str | None, key: bytes | None) -> None:
+def _remember(store, subject: str, wrapped: str | None, key: AESGCM | None) -> None:
     if store is None or not store.connection.in_atomic_block:
         cache.put(subject, wrapped, key)
     else:
         transaction.on_commit(lambda: cache.put(subject, wrapped, key), using=store.alias)
 
 
-def for_read(store, subjects: set[str]) -> dict[str, bytes | None]:
+def for_read(store, subjects: set[str]) -> dict[str, AESGCM | None]:
     """The data keys of `subjects` as the database holds them now: one statement for all of them."""
     rows = store.data_keys(sorted(subjects))
     return {s: _unwrap(s, rows.get(s), store) for s in subjects}
 
 
-def for_write(store, subjects: set[str]) -> dict[str, bytes | None]:
+def for_write(store, subjects: set[str]) -> dict[str, AESGCM | None]:
     """The data keys to seal with (None: forgotten, seal nothing); new subjects get a key first.
 
     Cached keys need no statement; the others are read, and the missing ones created (insert if
     absent, then read back: two writers racing for a new subject both end up with the winner's)."""
-    out: dict[str, bytes | None] = {}
+    out: dict[str, AESGCM | None] = {}
     missing = set()
     for s in subjects:
         got = cache.get(s)
