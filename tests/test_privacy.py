@@ -359,3 +359,22 @@ def test_the_api_shows_a_sensitive_field_only_to_its_owner_or_an_allowed_role(se
     for token in ("tok-owner-0123456789", "tok-dpo-0123456789ab", "tok-other-0123456789"):
         shown = seen(token)
         assert "api@example.org" not in shown and "hi api" not in shown
+
+
+def test_loom_keys_prints_a_usable_key_and_rotates(sealed):
+    import io
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("loom_keys", "new", "--id", "k9", stdout=out)
+    entry = out.getvalue().strip()
+    Event.objects.append("cmd-1", [Envelope("OrderPlaced", {"customer_id": "m1", "email": "cmd@example.org"})])
+    sealed.LOOM_KEYS = [entry, fx.KEY_A]
+    keys.cache.clear()
+    out = io.StringIO()
+    call_command("loom_keys", "rotate", stdout=out)
+    assert "rewrapped 1 data key(s) with master key k9" in out.getvalue()
+    sealed.LOOM_KEYS = [entry]
+    keys.cache.clear()
+    assert Event.objects.read("cmd-1")[0].payload["email"] == "cmd@example.org"

@@ -100,20 +100,25 @@ def _append(ctx) -> None:
                    overhead=round(p50[SEALED_TYPE] / p50[PLAIN_TYPE] - 1, 4) if type_ == SEALED_TYPE else None)
 
 
-def _timed_loads(stream: str, loads: int) -> tuple[list[float], float]:
-    """Latencies of `loads` reads of the stream on a fresh thread's connection, and statements per read."""
+def _timed_loads(stream: str, loads: int, calls=lambda: 0) -> tuple[list[float], float, float]:
+    """Latencies of `loads` reads of the stream on a fresh thread's connection, statements per read and
+    `calls()` per read (counted around the reads only: the connection's set-up and a warm-up read are not)."""
     samples: list[float] = []
-
-    def op(w: int, i: int) -> int:
-        start = time.perf_counter()
-        events = Event.objects.read(stream)
-        samples.append((time.perf_counter() - start) * 1000)
-        return len(events)
+    counted = [0, 0]
 
     with counting_statements() as counter:
-        run_workers(1, loads, op)
-    statements, control = counter.snapshot()
-    return samples, (statements - control) / loads
+        def op(w: int, i: int) -> int:
+            before, called = counter.snapshot(), calls()
+            start = time.perf_counter()
+            events = Event.objects.read(stream)
+            samples.append((time.perf_counter() - start) * 1000)
+            after = counter.snapshot()
+            counted[0] += (after[0] - before[0]) - (after[1] - before[1])
+            counted[1] += calls() - called
+            return len(events)
+
+        run_workers(1, loads, op, setup=lambda w: Event.objects.read(stream, limit=1))
+    return samples, counted[0] / loads, counted[1] / loads
 
 
 def _load(ctx) -> None:
@@ -127,7 +132,7 @@ def _load(ctx) -> None:
     per_load: dict[str, float] = {}
     for rep in range(repeats):
         for type_ in (PLAIN_TYPE, SEALED_TYPE) if rep % 2 == 0 else (SEALED_TYPE, PLAIN_TYPE):
-            got, per_load[type_] = _timed_loads(f"{pfx}{type_}", loads)
+            got, per_load[type_], _ = _timed_loads(f"{pfx}{type_}", loads)
             samples[type_].extend(got)
             p50s[type_].append(latency_summary(got)["p50_ms"])
     shown = Event.objects.read(f"{pfx}{SEALED_TYPE}")
@@ -191,9 +196,7 @@ def _content(ctx) -> None:
         cs = content_store.store()
         cells = {}
         for name in ("plain", "big"):
-            calls = cs.batches
-            samples, per_load = _timed_loads(f"{pfx}{name}", 20)
-            cells[name] = (samples, per_load, (cs.batches - calls) / 20)
+            cells[name] = _timed_loads(f"{pfx}{name}", 20, lambda: cs.batches)
         shown = Event.objects.read(f"{pfx}big")
         ctx.verify("content: payloads resolved", 100, sum(e.payload == {**big, "i": e.seq} for e in shown))
     for name, (samples, per_load, calls) in cells.items():
