@@ -199,14 +199,21 @@ def disclose_model(model: type, data: Any, reader: Reader | None) -> Any:
     return data
 
 
-def reveal(store, events: list[StoredEvent], reader: Reader | None = None) -> list[StoredEvent]:
-    """The events as `reader` may see them (None: the system, everything still decryptable)."""
+def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
+           key_rows: dict | None = None) -> list[StoredEvent]:
+    """The events as `reader` may see them (None: the system, everything still decryptable).
+
+    key_rows: the key rows of the subjects named in these events' own headers, when the read's statement
+    fetched them with the events (no statement more for those)."""
     todo = [i for i, e in enumerate(events) if type(e.payload) is dict
             and (SEALED in e.payload or BLOBS in e.payload or CONTENT in e.payload)]
     if not todo:
         return events
     events = list(events)
     payloads = {i: events[i].payload for i in todo}
+    known = None
+    if key_rows is not None:
+        known = ({subject for p in payloads.values() for _, subject in p.get(SEALED, ())}, key_rows)
     whole = {p[CONTENT] for p in payloads.values() if CONTENT in p}
     if whole:
         got = content.store().get_many(whole)
@@ -214,7 +221,7 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None) -> li
             if CONTENT in p:
                 payloads[i] = json.loads(got[p[CONTENT]])
     subjects = {subject for p in payloads.values() for _, subject in p.get(SEALED, ())}
-    data_keys = keys.for_read(store, subjects) if subjects else {}
+    data_keys = keys.for_read(store, subjects, known) if subjects else {}
 
     def verdict(event: StoredEvent, path: Path, subject: str) -> Any:
         """The field's key; None: forgotten; False: withheld from this reader."""
@@ -235,6 +242,7 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None) -> li
             if path not in sealed or verdict(events[i], path, sealed[path]):
                 wanted.add(marking.get(p, path))
     got = content.store().get_many(wanted) if wanted else {}
+    aads: dict[tuple, bytes] = {}  # a batch's fields mostly share type, path and subject
     for i, p in payloads.items():
         event = events[i]
         blobs = p.get(BLOBS)
@@ -254,10 +262,18 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None) -> li
             elif key is False:
                 value = WITHHELD
             else:
-                value = _open(key, event, path, subject, marking.get(p, path))
+                aad = aads.get((event.type, path, subject))
+                if aad is None:
+                    aad = aads[(event.type, path, subject)] = _aad(event.type, path, subject)
+                if len(path) == 1:
+                    value = _open(key, event, path, aad, p.get(path[0]))
+                    p[path[0]] = value
+                    continue
+                value = _open(key, event, path, aad, marking.get(p, path))
             _set(p, path, value)
-        for name in RESERVED & p.keys():
-            del p[name]
+        for name in (SEALED, BLOBS, CONTENT, SIZE):
+            if name in p:
+                del p[name]
         events[i] = StoredEvent(event.stream_id, event.seq, event.type, p, event.recorded_at, event.id)
     return events
 
@@ -270,13 +286,14 @@ def _set(payload: dict, path: Path, value: Any) -> None:
     node[path[-1]] = value
 
 
-def _open(key: AESGCM, event: StoredEvent, path: Path, subject: str, text: Any) -> Any:
+def _open(key: AESGCM, event: StoredEvent, path: Path, aad: bytes, text: Any) -> Any:
     try:
-        raw = binascii.a2b_base64(text, strict_mode=True) if isinstance(text, str) else b""
-        return _unpack(key.decrypt(raw[:NONCE], raw[NONCE:], _aad(event.type, path, subject)))
+        raw = binascii.a2b_base64(text, strict_mode=True) if type(text) is str else b""
+        plain = key.decrypt(raw[:NONCE], raw[NONCE:], aad)
     except (InvalidTag, ValueError, binascii.Error):
         raise TamperedCiphertext(f"{event.stream_id}#{event.seq} field {'.'.join(path)}: the ciphertext fails its "
                                  "AES-GCM tag (changed after it was written)") from None
+    return plain[1:].decode() if plain[:1] == b"s" else json.loads(plain[1:])
 
 
 def withhold(type_: str, payload: Any) -> Any:
