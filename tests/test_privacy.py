@@ -100,7 +100,7 @@ def test_one_statement_looks_up_the_keys_of_a_whole_read(sealed, django_assert_n
     found = store_for(Event.objects.db).read_after([(f"many-{i}", -1) for i in range(10)], 100)
     assert [e.payload["email"] for e in found[("many-3", -1)]] == ["3@x"] * 10
     mixed = [Envelope("OrderPlaced", {"customer_id": f"m{n}", "email": f"m{n}@x"}) for n in range(10)]
-    Event.objects.append("mixed-1", mixed + [Envelope("Plain", {"n": 1})])
+    Event.objects.append("mixed-1", [*mixed, Envelope("Plain", {"n": 1})])
     with django_assert_num_queries(1 if connection.vendor == "postgresql" else 2):
         events = Event.objects.read("mixed-1")
     assert [e.payload.get("email") for e in events] == [f"m{n}@x" for n in range(10)] + [None]
