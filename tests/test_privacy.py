@@ -381,3 +381,29 @@ def test_loom_keys_prints_a_usable_key_and_rotates(sealed):
     sealed.LOOM_KEYS = [entry]
     keys.cache.clear()
     assert Event.objects.read("cmd-1")[0].payload["email"] == "cmd@example.org"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_projection_reset_and_rebuilt_after_forget_holds_only_the_marker(sealed):
+    """A real projection (drained, then reset and replayed from the log, as an operator rebuilds one) sees
+    the subject's e-mail before the forget and only the marker after."""
+    from projections.admin import reset_consumers
+    from projections.declarations import projection, registry
+    from projections.service import drain
+
+    model: dict[str, str] = {}
+    registry.clear()
+    try:
+        projection("privacy-emails", on=["OrderPlaced"], reset=model.clear,
+                   handler=lambda event, target: model.__setitem__(f"{event.stream_id}#{event.seq}",
+                                                                    event.payload["email"]))
+        Event.objects.append("pr-1", [Envelope("OrderPlaced", {"customer_id": "c-11", "email": "p1@example.org"}),
+                                      Envelope("OrderPlaced", {"customer_id": "c-12", "email": "p2@example.org"})])
+        drain()
+        assert model == {"pr-1#0": "p1@example.org", "pr-1#1": "p2@example.org"}
+        forget("c-11", by="ops")
+        assert reset_consumers({"privacy-emails"}) == 1 and model == {}
+        drain()
+        assert model == {"pr-1#0": FORGOTTEN, "pr-1#1": "p2@example.org"}
+    finally:
+        registry.clear()

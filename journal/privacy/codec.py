@@ -60,10 +60,11 @@ def active() -> bool:
         or conf.get("LOOM_CONTENT_THRESHOLD_BYTES") is not None
 
 
-def needs_seal(envelopes: Sequence[Envelope]) -> bool:
-    """The write path's one check: a marked type, or a content threshold to measure against."""
+def needs_seal(items: Sequence) -> bool:
+    """The write path's one check (AppendItems): a marked type, or a content threshold to measure against.
+    Nothing marked: one setting read, no walk over the envelopes."""
     marked = marking.MARKED
-    if marked and any(env.type in marked for env in envelopes):
+    if marked and any(env.type in marked for item in items for env in item.envelopes):
         return True
     return conf.get("LOOM_CONTENT_THRESHOLD_BYTES") is not None
 

@@ -239,7 +239,7 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         """Validate and encode every payload (before any SQL); raises InvalidPayload. Marked fields are
         sealed here (journal/privacy: one set lookup per batch when nothing is marked)."""
         limit = conf.get("LOOM_MAX_PAYLOAD_BYTES")
-        if codec.needs_seal([env for item in items for env in item.envelopes]):
+        if codec.needs_seal(items):
             return [[env.encode(limit) for env in codec.seal(self, item.envelopes)] for item in items]
         return [[env.encode(limit) for env in item.envelopes] for item in items]
 
