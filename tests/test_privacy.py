@@ -407,3 +407,15 @@ def test_a_projection_reset_and_rebuilt_after_forget_holds_only_the_marker(seale
         assert model == {"pr-1#0": FORGOTTEN, "pr-1#1": "p2@example.org"}
     finally:
         registry.clear()
+
+
+def test_an_external_key_service_wraps_and_unwraps_the_data_keys(sealed):
+    sealed.LOOM_KEYS = []
+    sealed.LOOM_KEY_SERVICE = "tests.privacy_fixtures.FakeKms"
+    before = fx.FakeKms.calls
+    Event.objects.append("kms-1", [Envelope("OrderPlaced", {"customer_id": "kms-c", "email": "kms@example.org"})])
+    keys.cache.clear()
+    assert Event.objects.read("kms-1")[0].payload["email"] == "kms@example.org"
+    assert fx.FakeKms.calls - before == 2  # one wrap when the key was made, one unwrap for the read
+    assert store_for(Event.objects.db).data_keys(["kms-c"])["kms-c"][0] == "kms-1"
+    assert [m.id for m in run_checks() if m.id.startswith("loom.E03")] == []

@@ -209,16 +209,25 @@ def for_write(store, subjects: set[str]) -> dict[str, AESGCM | None]:
     if missing:
         rows = store.data_keys(sorted(missing))
         new = [s for s in sorted(missing) if s not in rows]
+        mine: dict[str, tuple[str, bytes]] = {}
         if new:
             keys = service()
             made = []
             for s in new:
-                master_id, wrapped = keys.wrap(AESGCM.generate_key(256))
-                made.append((s, master_id, base64.b64encode(wrapped).decode()))
+                key = AESGCM.generate_key(256)
+                master_id, wrapped = keys.wrap(key)
+                text = base64.b64encode(wrapped).decode()
+                made.append((s, master_id, text))
+                mine[s] = (text, key)
             store.create_data_keys(made)
             rows.update(store.data_keys(new))
         for s in missing:
-            out[s] = _unwrap(s, rows.get(s), store)
+            row = rows.get(s)
+            if s in mine and row is not None and row[1] == mine[s][0]:  # ours won: no unwrap needed
+                out[s] = AESGCM(mine[s][1])
+                _remember(store, s, row[1], out[s])
+            else:
+                out[s] = _unwrap(s, row, store)
     return out
 
 
