@@ -24,6 +24,7 @@ from journal.models import Event
 from journal.privacy import AUDIT_STREAM, FORGOTTEN, WITHHELD, Reader, forget, keys
 from journal.privacy import content as content_store
 from journal.store import store_for
+from tests import flows_fixtures  # noqa: F401  (flows_fixtures: test.add)
 from tests import privacy_fixtures as fx
 
 pytestmark = pytest.mark.django_db
@@ -419,3 +420,15 @@ def test_an_external_key_service_wraps_and_unwraps_the_data_keys(sealed):
     assert fx.FakeKms.calls - before == 2  # one wrap when the key was made, one unwrap for the read
     assert store_for(Event.objects.db).data_keys(["kms-c"])["kms-c"][0] == "kms-1"
     assert [m.id for m in run_checks() if m.id.startswith("loom.E03")] == []
+
+
+def test_a_flow_with_marked_data_is_never_checkpointed_and_others_still_are(sealed, settings):
+    """LOOM_SNAPSHOT_EVERY checkpoints executions; one whose input or step results are marked is not (its
+    snapshot would hold them in clear), while an unmarked flow in the same process still is."""
+    from journal.models import Snapshot
+
+    settings.LOOM_SNAPSHOT_EVERY = 1
+    start("test.privacy.signup", {"customer_id": "c-13", "email": "snap@example.org"}, execution_id="px-13")
+    start("test.add", {"a": 1, "b": 2}, execution_id="plain-13")
+    assert Snapshot.objects.latest("px-13") is None
+    assert Snapshot.objects.latest("plain-13") is not None

@@ -111,12 +111,22 @@ def checkpoint(state: ExecutionState) -> bool:
     every = snapshot_every()
     if every is None or state.seq - state.snapshot_seq < every:
         return False
-    from journal.privacy import marking
-
-    if marking.fields_for(ev.EXECUTION_STARTED, {"flow": state.flow}) or "STEP_COMPLETED" in marking.MARKED:
+    if _holds_marked(state):
         return False  # personal data (journal/privacy) is never checkpointed in clear: replay the log instead
     from journal.models import Snapshot
 
     Snapshot.objects.save_state(state.execution_id, state.seq, state.to_json())
     state.snapshot_seq = state.seq
     return True
+
+
+def _holds_marked(state: ExecutionState) -> bool:
+    """Whether the state holds marked fields (journal/privacy): its flow's input, or a recorded step's result."""
+    from journal.privacy import marking
+
+    if not marking.MARKED:
+        return False
+    if marking.fields_for(ev.EXECUTION_STARTED, {"flow": state.flow}):
+        return True
+    return ev.STEP_COMPLETED in marking.MARKED and any(
+        step and marking.fields_for(ev.STEP_COMPLETED, {"step": step[0]}) for step in state.steps)
