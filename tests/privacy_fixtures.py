@@ -94,9 +94,9 @@ def signup(ctx, value: Signup):
     return {"greeted": bool(greeting["text"])}
 
 
-declare("OrderPlaced", ["email", "address.street"], subject="customer_id")
-declare("Scanned", ["image"], subject="customer_id", blobs=["image"])
-declare("Attachment", blobs=["data"])
+declare("PrivacyOrder", ["email", "address.street"], subject="customer_id")
+declare("PrivacyScan", ["image"], subject="customer_id", blobs=["image"])
+declare("PrivacyAttachment", blobs=["data"])
 
 
 class Photo(BaseModel):

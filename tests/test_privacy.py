@@ -61,7 +61,7 @@ def test_a_sealed_value_is_in_no_table_in_clear_and_reads_back_for_the_system(se
     """Aggregate event, flow input, step result and a plain envelope: none of the values is stored in
     clear anywhere (raw rows of every table), and every read path of the system sees them."""
     do(fx.register, "c-1", {"email": "ann@example.org"}, actor="c-1")
-    Event.objects.append("orders-1", [Envelope("OrderPlaced", {"customer_id": "c-1", "email": "bob@example.org",
+    Event.objects.append("orders-1", [Envelope("PrivacyOrder", {"customer_id": "c-1", "email": "bob@example.org",
                                                                "address": {"street": "1 Secret Lane"}, "n": 2})])
     start("test.privacy.signup", {"customer_id": "c-1", "email": "cid@example.org"}, execution_id="px-1")
     text = raw_rows()
@@ -85,22 +85,22 @@ def test_an_unmarked_type_is_written_as_it_is(sealed):
 
 def test_a_sensitive_field_without_its_subject_is_refused_and_nothing_is_written(sealed):
     with pytest.raises(InvalidPayload, match="customer_id"):
-        Event.objects.append("orders-2", [Envelope("OrderPlaced", {"email": "e@example.org"})])
+        Event.objects.append("orders-2", [Envelope("PrivacyOrder", {"email": "e@example.org"})])
     with pytest.raises(InvalidPayload, match="reserved"):
-        Event.objects.append("orders-2", [Envelope("OrderPlaced", {"customer_id": "c", "$sealed": []})])
+        Event.objects.append("orders-2", [Envelope("PrivacyOrder", {"customer_id": "c", "$sealed": []})])
     assert Event.objects.read("orders-2") == []
 
 
 def test_one_statement_looks_up_the_keys_of_a_whole_read(sealed, django_assert_num_queries):
     """Events of many subjects: their keys are looked up once per read, never per event; on PostgreSQL in
     the read's own statement, on SQLite in one statement more."""
-    items = [AppendItem(f"many-{i}", tuple(Envelope("OrderPlaced", {"customer_id": f"s{i}", "email": f"{i}@x",
+    items = [AppendItem(f"many-{i}", tuple(Envelope("PrivacyOrder", {"customer_id": f"s{i}", "email": f"{i}@x",
                                                                     "n": n}) for n in range(10)))
              for i in range(10)]
     Event.objects.append_batch(items)
     found = store_for(Event.objects.db).read_after([(f"many-{i}", -1) for i in range(10)], 100)
     assert [e.payload["email"] for e in found[("many-3", -1)]] == ["3@x"] * 10
-    mixed = [Envelope("OrderPlaced", {"customer_id": f"m{n}", "email": f"m{n}@x"}) for n in range(10)]
+    mixed = [Envelope("PrivacyOrder", {"customer_id": f"m{n}", "email": f"m{n}@x"}) for n in range(10)]
     Event.objects.append("mixed-1", [*mixed, Envelope("Plain", {"n": 1})])
     with django_assert_num_queries(1 if connection.vendor == "postgresql" else 2):
         events = Event.objects.read("mixed-1")
@@ -131,7 +131,7 @@ def test_after_forget_every_read_path_shows_the_marker_and_the_log_is_not_rewrit
 
 def test_forget_writes_a_constant_number_of_rows(sealed, django_assert_max_num_queries):
     """Forgetting a subject with 50 events writes its key row and the audit event, never per event."""
-    Event.objects.append("big-1", [Envelope("OrderPlaced", {"customer_id": "c-4", "email": "e"}) for _ in range(50)])
+    Event.objects.append("big-1", [Envelope("PrivacyOrder", {"customer_id": "c-4", "email": "e"}) for _ in range(50)])
     with django_assert_max_num_queries(12) as queries:
         forget("c-4", by="ops")
     writes = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE",
@@ -151,7 +151,7 @@ def test_a_state_that_declares_an_error_for_forgotten_data_raises_it(sealed):
 
 def test_a_forgotten_subject_written_again_keeps_only_the_marker(sealed):
     forget("c-5", by="ops")
-    Event.objects.append("late-1", [Envelope("OrderPlaced", {"customer_id": "c-5", "email": "late@example.org"})])
+    Event.objects.append("late-1", [Envelope("PrivacyOrder", {"customer_id": "c-5", "email": "late@example.org"})])
     assert "late@example.org" not in raw_rows()
     assert Event.objects.read("late-1")[0].payload["email"] == FORGOTTEN
 
@@ -159,7 +159,7 @@ def test_a_forgotten_subject_written_again_keeps_only_the_marker(sealed):
 def test_a_projection_rebuilt_after_forget_holds_no_trace(sealed):
     """A read model fed from the log (here: every read of read_after, the projections' read) sees only the
     marker once the subject is forgotten."""
-    Event.objects.append("proj-1", [Envelope("OrderPlaced", {"customer_id": "c-6", "email": "p@example.org"})])
+    Event.objects.append("proj-1", [Envelope("PrivacyOrder", {"customer_id": "c-6", "email": "p@example.org"})])
 
     def rebuilt() -> set:
         found = store_for(Event.objects.db).read_after([("proj-1", -1)], 10)[("proj-1", -1)]
@@ -203,7 +203,7 @@ def test_the_admin_withholds_sensitive_fields_from_staff_without_the_permission(
 
 
 def test_rotating_the_master_key_keeps_old_events_readable(sealed):
-    Event.objects.append("rot-1", [Envelope("OrderPlaced", {"customer_id": "r1", "email": "rot@example.org"})])
+    Event.objects.append("rot-1", [Envelope("PrivacyOrder", {"customer_id": "r1", "email": "rot@example.org"})])
     sealed.LOOM_KEYS = [fx.KEY_B, fx.KEY_A]  # B wraps new keys; A still unwraps old ones
     keys.cache.clear()
     assert Event.objects.read("rot-1")[0].payload["email"] == "rot@example.org"
@@ -215,7 +215,7 @@ def test_rotating_the_master_key_keeps_old_events_readable(sealed):
 
 
 def test_a_missing_or_wrong_master_key_is_a_system_check_error_and_never_garbage(sealed):
-    Event.objects.append("key-1", [Envelope("OrderPlaced", {"customer_id": "k1", "email": "k@example.org"})])
+    Event.objects.append("key-1", [Envelope("PrivacyOrder", {"customer_id": "k1", "email": "k@example.org"})])
     sealed.LOOM_KEYS = [fx.KEY_B]
     keys.cache.clear()
     errors = [m for m in run_checks() if m.id == "loom.E031"]
@@ -233,7 +233,7 @@ def test_a_missing_or_wrong_master_key_is_a_system_check_error_and_never_garbage
 
 
 def test_tampered_ciphertext_is_detected_and_named(sealed):
-    Event.objects.append("tam-1", [Envelope("OrderPlaced", {"customer_id": "t1", "email": "t@example.org"})])
+    Event.objects.append("tam-1", [Envelope("PrivacyOrder", {"customer_id": "t1", "email": "t@example.org"})])
     stored = raw_payloads("tam-1")[0]
     raw = bytearray(base64.b64decode(stored["email"]))
     raw[-1] ^= 1
@@ -260,7 +260,7 @@ def test_large_payloads_go_to_the_content_store_once_and_resolve_in_one_call(sea
 
 
 def test_a_sealed_blob_is_erased_by_forget(sealed, django_capture_on_commit_callbacks):
-    Event.objects.append("blob-1", [Envelope("Scanned", {"customer_id": "b1", "image": "PIXELS" * 50})])
+    Event.objects.append("blob-1", [Envelope("PrivacyScan", {"customer_id": "b1", "image": "PIXELS" * 50})])
     sha = raw_payloads("blob-1")[0]["image"]
     cs = content_store.store()
     assert cs.exists(sha) and b"PIXELS" not in cs.storage.open(cs.name(sha)).read()
@@ -272,7 +272,7 @@ def test_a_sealed_blob_is_erased_by_forget(sealed, django_capture_on_commit_call
 
 
 def test_a_plain_blob_field_is_stored_by_reference_and_deduplicated(sealed):
-    Event.objects.append("blob-2", [Envelope("Attachment", {"data": "same"}), Envelope("Attachment", {"data": "same"})])
+    Event.objects.append("blob-2", [Envelope("PrivacyAttachment", {"data": "same"}), Envelope("PrivacyAttachment", {"data": "same"})])
     refs = [p["data"] for p in raw_payloads("blob-2")]
     assert refs[0] == refs[1] and len(refs[0]) == 64
     assert [e.payload for e in Event.objects.read("blob-2")] == [{"data": "same"}] * 2
@@ -296,7 +296,7 @@ def test_any_value_is_sealed_and_read_back_or_refused_with_nothing_written(seale
     Event.objects.filter(stream_id=stream)._raw_delete(Event.objects.db)
     payload = {"customer_id": subject, "email": value}
     try:
-        Event.objects.append(stream, [Envelope("OrderPlaced", payload)])
+        Event.objects.append(stream, [Envelope("PrivacyOrder", payload)])
     except InvalidPayload:
         assert Event.objects.read(stream) == []
         return
@@ -319,7 +319,7 @@ def test_concurrent_forget_and_append_of_one_subject_leave_no_plaintext(sealed):
         try:
             i = 0
             while not stop.is_set() and i < 40:
-                Event.objects.append(f"race-{n}", [Envelope("OrderPlaced", {"customer_id": "victim",
+                Event.objects.append(f"race-{n}", [Envelope("PrivacyOrder", {"customer_id": "victim",
                                                                             "email": f"secret-{n}-{i}@x"})])
                 i += 1
         except BaseException as exc:
@@ -373,7 +373,7 @@ def test_loom_keys_prints_a_usable_key_and_rotates(sealed):
     out = io.StringIO()
     call_command("loom_keys", "new", "--id", "k9", stdout=out)
     entry = out.getvalue().strip()
-    Event.objects.append("cmd-1", [Envelope("OrderPlaced", {"customer_id": "m1", "email": "cmd@example.org"})])
+    Event.objects.append("cmd-1", [Envelope("PrivacyOrder", {"customer_id": "m1", "email": "cmd@example.org"})])
     sealed.LOOM_KEYS = [entry, fx.KEY_A]
     keys.cache.clear()
     out = io.StringIO()
@@ -395,11 +395,11 @@ def test_a_projection_reset_and_rebuilt_after_forget_holds_only_the_marker(seale
     model: dict[str, str] = {}
     registry.clear()
     try:
-        projection("privacy-emails", on=["OrderPlaced"], reset=model.clear,
+        projection("privacy-emails", on=["PrivacyOrder"], reset=model.clear,
                    handler=lambda event, target: model.__setitem__(f"{event.stream_id}#{event.seq}",
                                                                     event.payload["email"]))
-        Event.objects.append("pr-1", [Envelope("OrderPlaced", {"customer_id": "c-11", "email": "p1@example.org"}),
-                                      Envelope("OrderPlaced", {"customer_id": "c-12", "email": "p2@example.org"})])
+        Event.objects.append("pr-1", [Envelope("PrivacyOrder", {"customer_id": "c-11", "email": "p1@example.org"}),
+                                      Envelope("PrivacyOrder", {"customer_id": "c-12", "email": "p2@example.org"})])
         drain()
         assert model == {"pr-1#0": "p1@example.org", "pr-1#1": "p2@example.org"}
         forget("c-11", by="ops")
@@ -414,7 +414,7 @@ def test_an_external_key_service_wraps_and_unwraps_the_data_keys(sealed):
     sealed.LOOM_KEYS = []
     sealed.LOOM_KEY_SERVICE = "tests.privacy_fixtures.FakeKms"
     before = fx.FakeKms.calls
-    Event.objects.append("kms-1", [Envelope("OrderPlaced", {"customer_id": "kms-c", "email": "kms@example.org"})])
+    Event.objects.append("kms-1", [Envelope("PrivacyOrder", {"customer_id": "kms-c", "email": "kms@example.org"})])
     keys.cache.clear()
     assert Event.objects.read("kms-1")[0].payload["email"] == "kms@example.org"
     assert fx.FakeKms.calls - before == 2  # one wrap when the key was made, one unwrap for the read

@@ -24,8 +24,8 @@ def test_forget_subject_asks_for_confirmation_and_records_who_clicked(live_serve
     settings.LOOM_KEYS = [fx.KEY_A]
     settings.LOOM_CONTENT_DIR = str(tmp_path)
     keys.cache.clear()
-    Event.objects.append("web-1", [Envelope("OrderPlaced", {"customer_id": "c-web", "email": "web@example.org"})])
-    Event.objects.append("web-2", [Envelope("OrderPlaced", {"customer_id": "c-kept", "email": "kept@example.org"})])
+    Event.objects.append("web-1", [Envelope("PrivacyOrder", {"customer_id": "c-web", "email": "web@example.org"})])
+    Event.objects.append("web-2", [Envelope("PrivacyOrder", {"customer_id": "c-kept", "email": "kept@example.org"})])
     user = User.objects.create_user("dpo", password="pw-for-the-browser", is_staff=True)
     user.user_permissions.add(*Permission.objects.filter(codename__in=["view_datakey", "forget_subject"]))
 
