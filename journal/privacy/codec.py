@@ -11,9 +11,10 @@ and a payload above LOOM_CONTENT_THRESHOLD_BYTES is stored as `{"$content": "<sh
 Each field's ciphertext is bound (AES-GCM associated data) to its event type, path and subject, so a
 ciphertext moved to another field or subject fails like a tampered one (TamperedCiphertext).
 
-Reading: whole-payload references, then blob fields, are resolved in one content-store call each;
-then the keys of every subject of the batch are looked up in one statement; each field is decrypted,
-or replaced by FORGOTTEN (no key: the subject was forgotten) or WITHHELD (the reader may not see it).
+Reading: whole-payload references are resolved in one content-store call; the keys of every subject of
+the batch are looked up in one statement (on PostgreSQL inside the read's own, `READ_SEALED`); the blob
+fields a reader will see are fetched in one more call; each field is decrypted, or replaced by FORGOTTEN
+(no key: the subject was forgotten) or WITHHELD (the reader may not see it).
 """
 
 from __future__ import annotations
@@ -80,10 +81,6 @@ def _aad(type_: str, path: Path, subject: str) -> bytes:
 def _pack(value: Any, text: str) -> bytes:
     """The plaintext of a field: a string as its UTF-8 (tag `s`), anything else as its JSON (tag `j`)."""
     return b"s" + value.encode() if type(value) is str else b"j" + text.encode()
-
-
-def _unpack(plain: bytes) -> Any:
-    return plain[1:].decode() if plain[:1] == b"s" else json.loads(plain[1:])
 
 
 def _subject_of(type_: str, payload: Any, field: marking.Field) -> str:
