@@ -136,7 +136,9 @@ def test_bench_privacy_records_overheads_forget_and_content_loads():
     assert set(cells) == {("append", "plain"), ("append", "sealed"), ("load", "plain"), ("load", "sealed"),
                           ("forget", None), ("content-load", "plain"), ("content-load", "big")}
     assert cells[("append", "sealed")].metrics["overhead"] is not None
-    assert cells[("load", "sealed")].metrics["statements_per_load"] == 2.0  # the read, and the keys of its subjects
+    # the keys of the read's subjects: in the read's own statement on PostgreSQL, one statement more on SQLite
+    assert cells[("load", "sealed")].metrics["statements_per_load"] == (1.0 if connection.vendor == "postgresql"
+                                                                         else 2.0)
     assert cells[("load", "plain")].metrics["statements_per_load"] == 1.0
     forgot = cells[("forget", None)].metrics
     assert forgot["events_written"] == 1 and forgot["event_rows_rewritten"] == 0
