@@ -272,7 +272,7 @@ def test_a_sealed_blob_is_erased_by_forget(sealed, django_capture_on_commit_call
 
 
 def test_a_plain_blob_field_is_stored_by_reference_and_deduplicated(sealed):
-    Event.objects.append("blob-2", [Envelope("PrivacyAttachment", {"data": "same"}), Envelope("PrivacyAttachment", {"data": "same"})])
+    Event.objects.append("blob-2", [Envelope("PrivacyAttachment", {"data": "same"})] * 2)
     refs = [p["data"] for p in raw_payloads("blob-2")]
     assert refs[0] == refs[1] and len(refs[0]) == 64
     assert [e.payload for e in Event.objects.read("blob-2")] == [{"data": "same"}] * 2
