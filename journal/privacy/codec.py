@@ -29,6 +29,8 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from journal import conf, jsonvalues
 from journal.envelopes import Envelope, StoredEvent
@@ -55,19 +57,42 @@ class Reader:
     roles: frozenset[str] = frozenset()
 
 
+_switches: tuple[bool, int | None] | None = None
+
+
+def _settings() -> tuple[bool, int | None]:
+    """(a master key or key service is configured, LOOM_CONTENT_THRESHOLD_BYTES), read once and again after
+    any LOOM_* setting changes (Django's setting_changed: override_settings, the tests' `settings`). Every
+    append and read asks, and a setting read costs microseconds."""
+    global _switches
+    if _switches is None:
+        _switches = (bool(conf.get("LOOM_KEYS")) or bool(conf.get("LOOM_KEY_SERVICE")),
+                     conf.get("LOOM_CONTENT_THRESHOLD_BYTES"))
+    return _switches
+
+
+@receiver(setting_changed)
+def _forget_switches(setting: str = "", **kwargs) -> None:
+    global _switches
+    if setting.startswith("LOOM_"):
+        _switches = None
+
+
 def active() -> bool:
     """Whether reads may meet sealed or stored-away payloads (False: the read path does nothing)."""
-    return bool(marking.MARKED) or bool(conf.get("LOOM_KEYS")) or bool(conf.get("LOOM_KEY_SERVICE")) \
-        or conf.get("LOOM_CONTENT_THRESHOLD_BYTES") is not None
+    if marking.MARKED:
+        return True
+    keyed, threshold = _settings()
+    return keyed or threshold is not None
 
 
 def needs_seal(items: Sequence) -> bool:
     """The write path's one check (AppendItems): a marked type, or a content threshold to measure against.
-    Nothing marked: one setting read, no walk over the envelopes."""
+    Nothing marked and no threshold: two lookups, no walk over the envelopes."""
     marked = marking.MARKED
     if marked and any(env.type in marked for item in items for env in item.envelopes):
         return True
-    return conf.get("LOOM_CONTENT_THRESHOLD_BYTES") is not None
+    return _settings()[1] is not None
 
 
 # == sealing ==========================================================================================
@@ -131,7 +156,7 @@ def seal(store, envelopes: Sequence[Envelope]) -> list[Envelope]:
             present.append((f, value, text, owner))
         plans.append((env, present))
     data_keys = keys.for_write(store, subjects) if subjects else {}
-    threshold = conf.get("LOOM_CONTENT_THRESHOLD_BYTES")
+    threshold = _settings()[1]
     out: list[Envelope] = []
     links: list[tuple[str, str]] = []
     for env, present in plans:
