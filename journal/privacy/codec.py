@@ -278,6 +278,16 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
                     text = got[ref]
                     _set(p, path, text if path in sealed_paths else json.loads(text))
         for path, subject in sealed:
+            if reader is None and len(path) == 1:  # the common case (a system read of a top-level field), inline
+                key, name = data_keys.get(subject), path[0]
+                if key is None:
+                    p[name] = FORGOTTEN
+                    continue
+                aad = aads.get((event.type, name, subject))
+                if aad is None:
+                    aad = aads[(event.type, name, subject)] = _aad(event.type, (name,), subject)
+                p[name] = _open(key, event, (name,), aad, p.get(name))
+                continue
             path = tuple(path)
             key = verdict(event, path, subject)
             if key is None:
@@ -297,7 +307,8 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
         for name in (SEALED, BLOBS, CONTENT, SIZE):
             if name in p:
                 del p[name]
-        events[i] = StoredEvent(event.stream_id, event.seq, event.type, p, event.recorded_at, event.id)
+        if p is not event.payload:  # content resolved into a new object; otherwise the event's own, changed in place
+            events[i] = StoredEvent(event.stream_id, event.seq, event.type, p, event.recorded_at, event.id)
     return events
 
 
