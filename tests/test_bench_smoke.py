@@ -144,6 +144,10 @@ def test_bench_privacy_records_overheads_forget_and_content_loads():
     assert forgot["events_written"] == 1 and forgot["event_rows_rewritten"] == 0
     big = cells[("content-load", "big")].metrics
     assert big["content_calls_per_load"] == 1.0 and big["extra_statements"] == 0.0
+    from journal.models import ContentLink, DataKey
+
+    assert not DataKey.objects.filter(subject__startswith=f"bench:{run.pk}:").exists()  # its rows are removed
+    assert not ContentLink.objects.filter(subject__startswith=f"bench:{run.pk}:").exists()
 
 
 def test_bench_lease_runs_both_shapes_and_id_styles():

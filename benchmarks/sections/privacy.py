@@ -31,6 +31,7 @@ from journal.envelopes import AppendItem, Envelope
 from journal.models import DataKey, Event
 from journal.privacy import FORGOTTEN, declare, forget, keys
 from journal.privacy import content as content_store
+from journal.privacy.codec import CONTENT
 from journal.store import store_for
 
 SEALED_TYPE, PLAIN_TYPE, BIG_TYPE = "BenchSealed", "BenchPlain", "BenchBig"
@@ -59,13 +60,16 @@ def run(ctx) -> None:
     master = [f"bench:{base64.b64encode(os.urandom(32)).decode()}"]
     with tempfile.TemporaryDirectory() as directory, override_settings(LOOM_KEYS=master, LOOM_CONTENT_DIR=directory):
         keys.cache.clear()
+        shas: list[str] = []
         try:
             _append(ctx)
             _load(ctx)
             _forget(ctx)
-            _content(ctx)
+            shas = _content(ctx)
         finally:
             keys.cache.clear()
+            if not ctx.options.get("keep"):  # the run's key rows are wrapped by its throwaway master key
+                store_for().delete_privacy_rows(streams.prefix(ctx.run_id, "privacy"), shas)
 
 
 def _append(ctx) -> None:
@@ -76,7 +80,7 @@ def _append(ctx) -> None:
     for rep in range(repeats):
         for type_ in order if rep % 2 == 0 else order[::-1]:
             pfx = streams.prefix(ctx.run_id, "privacy", "append", type_, rep)
-            bodies = [_body(f"{ctx.run_id}-c{i}") for i in range(SUBJECTS)]
+            bodies = [_body(f"{streams.prefix(ctx.run_id, 'privacy')}c{i}") for i in range(SUBJECTS)]
 
             def op(w: int, i: int, type_=type_, pfx=pfx, bodies=bodies) -> int:
                 Event.objects.append(f"{pfx}{w}", Envelope(type_, bodies[(w * ops + i) % SUBJECTS]))
@@ -124,7 +128,7 @@ def _timed_loads(stream: str, loads: int, calls=lambda: 0) -> tuple[list[float],
 def _load(ctx) -> None:
     loads, repeats = ctx.options["privacy_loads"], ctx.options["privacy_repeats"]
     pfx = streams.prefix(ctx.run_id, "privacy", "load")
-    body = _body(f"{ctx.run_id}-load")
+    body = _body(f"{pfx}subject")
     for type_ in (PLAIN_TYPE, SEALED_TYPE):
         Event.objects.append(f"{pfx}{type_}", [Envelope(type_, body)] * 100)
     samples: dict[str, list[float]] = {PLAIN_TYPE: [], SEALED_TYPE: []}
@@ -186,7 +190,8 @@ def _digest(stream_ids: list[str]) -> str:
     return hashlib.sha256(repr(list(rows)).encode()).hexdigest()
 
 
-def _content(ctx) -> None:
+def _content(ctx) -> list[str]:
+    """The cells; returns the content references it made (their links are removed with the run's rows)."""
     pfx = streams.prefix(ctx.run_id, "privacy", "content")
     big = {"text": "y" * 4000}
     with override_settings(LOOM_CONTENT_THRESHOLD_BYTES=1024):
@@ -199,11 +204,13 @@ def _content(ctx) -> None:
             cells[name] = _timed_loads(f"{pfx}{name}", 20, lambda: cs.batches)
         shown = Event.objects.read(f"{pfx}big")
         ctx.verify("content: payloads resolved", 100, sum(e.payload == {**big, "i": e.seq} for e in shown))
+    shas = [p[CONTENT] for p in Event.objects.filter(stream_id=f"{pfx}big").values_list("payload", flat=True)]
     for name, (samples, per_load, calls) in cells.items():
         ctx.record("content-load", {"variant": name, "events": 100}, latencies_ms=samples, count=len(samples),
                    statements_per_load=round(per_load, 3), content_calls_per_load=calls,
                    extra_statements=round(per_load - cells["plain"][1], 3))
     _clean(ctx, pfx)
+    return shas
 
 
 def _clean(ctx, pfx: str) -> None:

@@ -172,6 +172,16 @@ class PrivacyStatements:
             cursor.execute(MASTER_KEY_IDS)
             return {row[0]: row[1] for row in cursor.fetchall()}
 
+    def delete_privacy_rows(self, subject_prefix: str, shas: Sequence[str] = ()) -> None:
+        """Benchmarks and tests only: delete the key rows of the subjects under `subject_prefix` and the content
+        links of theirs and of `shas` (maintenance of their own rows; the write path never deletes a key row)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(DELETE_DATA_KEYS, [subject_prefix + "%"])
+            cursor.execute(DELETE_CONTENT_LINKS, [subject_prefix + "%"])
+            for start in range(0, len(shas), 500):
+                part = list(shas[start:start + 500])
+                cursor.execute(DELETE_CONTENT_LINKS_OF.format(marks=", ".join(["%s"] * len(part))), part)
+
     def link_content(self, links: Sequence[tuple[str, str]]) -> None:
         """Record (sha256, subject) links of content just stored (once each)."""
         with self.guarded(), self.connection.cursor() as cursor:
@@ -213,6 +223,11 @@ SELECT subject, master_id, wrapped FROM journal_datakey
 WHERE wrapped IS NOT NULL AND master_id <> %s ORDER BY subject LIMIT %s
 """
 REWRAP_DATA_KEY = "UPDATE journal_datakey SET master_id = %s, wrapped = %s WHERE subject = %s AND wrapped = %s"
+
+# -- delete_privacy_rows -- (benchmarks and tests: their own subjects and content only)
+DELETE_DATA_KEYS = "DELETE FROM journal_datakey WHERE subject LIKE %s"
+DELETE_CONTENT_LINKS = "DELETE FROM journal_contentlink WHERE subject LIKE %s"
+DELETE_CONTENT_LINKS_OF = "DELETE FROM journal_contentlink WHERE sha256 IN ({marks})"
 
 # -- master_key_ids --
 MASTER_KEY_IDS = """

@@ -395,6 +395,7 @@ class PrivacyContract:
         "data_keys": "data_keys", "create_data_keys": "create_data_keys", "forget_subject": "forget_subject",
         "data_keys_to_rotate": "data_keys_to_rotate", "rewrap_data_key": "rewrap_data_key",
         "master_key_ids": "master_key_ids", "link_content": "link_content", "reveal": "reveal",
+        "delete_privacy_rows": "delete_privacy_rows",
     }
 
     def test_a_data_key_is_created_once_and_a_forgotten_subject_stays_forgotten(self, store):
@@ -421,6 +422,15 @@ class PrivacyContract:
         store.link_content([("h1", "s1"), ("h2", "s1"), ("h2", "s2"), ("h3", ""), ("h1", "s1")])
         assert store.forget_subject("s1", "ops") == ["h1"]  # h2 is still linked by s2
         assert store.forget_subject("s1", "ops") == []
+
+    def test_the_benchmarks_clean_up_removes_only_their_subjects_and_content(self, store):
+        store.create_data_keys([("bench:1:a", "m", "w"), ("keep", "m", "w")])
+        store.link_content([("h1", "bench:1:a"), ("h2", ""), ("h3", "")])
+        store.delete_privacy_rows("bench:1:", ["h2"])
+        assert store.data_keys(["bench:1:a", "keep"]) == {"keep": ("m", "w")}
+        assert store.forget_subject("x", "ops") == [] and store.master_key_ids() == {"m": "w"}
+        store.link_content([("h3", "y")])
+        assert store.forget_subject("y", "ops") == []  # h3 is still linked by '' (not deleted)
 
     def test_reveal_leaves_plain_events_as_they_are(self, store):
         store.append_batch([item("plain", "A", "B")])
