@@ -53,7 +53,11 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     recovery sweep finishes it."""
     from journal.flows import ExecutionExists, OwnershipLost, start
 
-    refused = _foreign_start(flow, input, execution_id, meta)
+    from journal.flows.runtime import unseal_started
+    from journal.privacy.codec import Sealed
+
+    # A flow with marked input is queued sealed (reserve_and_enqueue): the reservation's hash is of the input.
+    refused = _foreign_start(flow, unseal_started(input) if isinstance(input, Sealed) else input, execution_id, meta)
     if refused is not None:
         log.warning("refused execution=%s flow=%s: %s", execution_id, flow, refused)
         return {"execution_id": execution_id, "status": "refused", "duplicate": True, "error": refused}
@@ -141,12 +145,15 @@ def reserve_and_enqueue(flow: str, stored: Any, execution_id: str, meta: dict | 
     from django_q.tasks import async_task
 
     from journal.flows import ExecutionExists
+    from journal.flows.runtime import seal_started
     from journal.flows.writer import header_status
     from leases.models import StartReservation
 
     alias = router.db_for_write(StartReservation)
     digest, starter = input_hash(stored), _starter(meta)
-    task = ("leases.tasks.run_start", flow, stored, execution_id, meta)
+    # Marked input fields are sealed before the input reaches the broker: django-q2 keeps its tasks' args
+    # (pickled and signed, not encrypted) in its queue and task rows, where `forget` cannot reach them.
+    task = ("leases.tasks.run_start", flow, seal_started(flow, stored), execution_id, meta)
     options = {"task_name": f"start {flow} {execution_id}"[:100], "q_options": {"timeout": -1}}
     try:
         with transaction.atomic(using=alias):

@@ -122,3 +122,35 @@ class FakeKms:
     def unwrap(self, master_id: str, wrapped: bytes) -> bytes:
         FakeKms.calls += 1
         return self._local.unwrap(master_id, wrapped)
+
+
+class Contact(BaseModel):
+    """A state with no marks of its own: its event type is marked by declare() (after the state is built)."""
+
+    customer_id: str = ""
+    email: str = ""
+
+
+class ContactAdded(BaseModel):
+    customer_id: str
+    email: str
+
+
+class AddContact(BaseModel):
+    email: str
+
+
+contacts = State("PrivacyContact", Contact, snapshot_every=1)
+
+
+@contacts.on(ContactAdded)
+def _contact(state: Contact, e: ContactAdded) -> dict:
+    return {"customer_id": e.customer_id, "email": e.email}
+
+
+@contacts.action(AddContact)
+def add_contact(state: Contact, cmd: AddContact, actor) -> ContactAdded:
+    return ContactAdded(customer_id=actor, email=cmd.email)
+
+
+declare("ContactAdded", ["email"], subject="customer_id")  # after the state: decided at use, not at declaration

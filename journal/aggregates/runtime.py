@@ -182,7 +182,8 @@ def load(st: State[S], id: str, *, fresh: bool = False) -> Aggregate[S]:
     """
     st.check()
     id, stream = _stream_of(st, id)
-    got = cache.get((st.name, stream))
+    # A state that became sensitive (a later declare()) ignores what was cached before it did.
+    got = None if st.sensitive else cache.get((st.name, stream))
     if got is not None:
         cached, stale = got
         if not (stale or fresh):

@@ -49,6 +49,14 @@ RESERVED = frozenset({SEALED, BLOBS, CONTENT, SIZE})
 NONCE = 12
 
 
+class Sealed(dict):
+    """A payload our own sealing produced (`seal_payload`): the write path stores it as it is, neither sealing
+    it again nor refusing its reserved keys. Only code makes one (a payload from outside is a plain dict), and
+    it pickles as a dict does: a queued start carries its input in this form (leases/tasks.py)."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
 class Reader:
     """Who reads, for disclosure: an id (the owner sees its own fields) and roles. None = the system."""
@@ -132,18 +140,29 @@ def _copy_set(payload: dict, path: Path, value: Any) -> dict:
     return top
 
 
-def seal(store, envelopes: Sequence[Envelope]) -> list[Envelope]:
+def refuse_reserved(type_: str, payload: Any) -> None:
+    """InvalidPayload if a payload not sealed by us holds a reserved top-level key: a reader would take it for
+    sealed data (and fail, or show the marker in place of a field). One set test per payload."""
+    if type(payload) is dict and not RESERVED.isdisjoint(payload):
+        found = ", ".join(sorted(RESERVED.intersection(payload)))
+        raise InvalidPayload(f"payload of {type_} uses the reserved key {found} (reserved for sealed payloads: "
+                             "$sealed, $blobs, $content, $size)")
+
+
+def seal(store, envelopes: Sequence[Envelope], whole: bool = True) -> list[Envelope]:
     """The envelopes to write: marked fields encrypted and blobs stored away. The caller's payloads are not
-    changed. Raises InvalidPayload (nothing written, nothing stored) for a field that may not be stored."""
+    changed. Raises InvalidPayload (nothing written, nothing stored) for a field that may not be stored.
+
+    A `Sealed` payload is already sealed: only the content threshold applies to it. whole=False: no
+    content threshold (a payload sealed for the broker, not yet for the log)."""
     plans = []
     subjects: set[str] = set()
     for env in envelopes:
         payload = env.payload
-        if not isinstance(payload, dict):
+        if not isinstance(payload, dict) or type(payload) is Sealed:
             plans.append((env, ()))
             continue
-        if RESERVED & payload.keys():
-            raise InvalidPayload(f"payload of {env.type} uses a reserved key ($sealed, $blobs, $content, $size)")
+        refuse_reserved(env.type, payload)
         present = []
         for f in marking.fields_for(env.type, payload):
             value = marking.get(payload, f.path)
@@ -156,7 +175,7 @@ def seal(store, envelopes: Sequence[Envelope]) -> list[Envelope]:
             present.append((f, value, text, owner))
         plans.append((env, present))
     data_keys = keys.for_write(store, subjects) if subjects else {}
-    threshold = _settings()[1]
+    threshold = _settings()[1] if whole else None
     out: list[Envelope] = []
     links: list[tuple[str, str]] = []
     for env, present in plans:
@@ -194,6 +213,18 @@ def seal(store, envelopes: Sequence[Envelope]) -> list[Envelope]:
     if links:
         store.link_content(links)
     return out
+
+
+def seal_payload(store, type_: str, payload: dict) -> Sealed:
+    """`payload` of `type_` with its marked fields sealed (no content threshold), for a copy kept outside the
+    log until it is written there (a queued start's input in the broker's rows): the log stores it as is."""
+    return Sealed(seal(store, [Envelope(type_, payload)], whole=False)[0].payload)
+
+
+def unseal(store, type_: str, payload: Sealed) -> dict:
+    """A copy of a `Sealed` payload revealed as the system reads it (FORGOTTEN for a forgotten subject)."""
+    event = StoredEvent("(sealed)", 0, type_, json.loads(json.dumps(payload)), None)
+    return reveal(store, [event])[0].payload
 
 
 # == revealing ========================================================================================

@@ -256,7 +256,15 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         limit = conf.get("LOOM_MAX_PAYLOAD_BYTES")
         if codec.needs_seal(items):
             return [[env.encode(limit) for env in codec.seal(self, item.envelopes)] for item in items]
-        return [[env.encode(limit) for env in item.envelopes] for item in items]
+        refuse = codec.refuse_reserved  # a payload we did not seal may not look sealed (every append: one set test)
+        encoded = []
+        for item in items:
+            texts = []
+            for env in item.envelopes:
+                refuse(env.type, env.payload)
+                texts.append(env.encode(limit))
+            encoded.append(texts)
+        return encoded
 
     def append_encoded(self, items: Sequence[AppendItem], encoded: list[list[str]]) -> list[Appended]:
         """The guarded statement for items already validated by `encode` (distinct streams).

@@ -1,0 +1,96 @@
+"""Personal data, the reviewer's findings (docs/privacy.md): the broker's rows, declared aggregates, the admin's
+state, reserved keys, failure text, the content directory, roles and key binding.
+
+Every test runs on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django_q.models import OrmQ, Task
+
+from journal.flows import describe
+from journal.models import Event
+from journal.privacy import keys
+from leases.tasks import run_start
+from tests import privacy_fixtures as fx
+from tests.api_flows import queued_starts_run_inline
+
+pytestmark = pytest.mark.django_db
+
+TOKEN = "tok-hardening-0123456789"
+
+
+@pytest.fixture
+def sealed(settings, tmp_path):
+    """Master key A, an empty key cache and a content store of this test's own."""
+    settings.LOOM_KEYS = [fx.KEY_A]
+    settings.LOOM_CONTENT_DIR = str(tmp_path / "content")
+    keys.cache.clear()
+    yield settings
+    keys.cache.clear()
+
+
+def broker_rows() -> str:
+    """What django-q2 keeps of its tasks, decoded (its rows are pickled and signed, not encrypted): the queue
+    rows' packages and the task rows' args, kwargs and results."""
+    from django_q.signing import SignedPackage
+
+    found = [repr(SignedPackage.loads(row.payload)) for row in OrmQ.objects.all()]
+    found += [repr((t.args, t.kwargs, t.result)) for t in Task.objects.all()]
+    return "\n".join(found)
+
+
+def api_start(client, execution_id: str, email: str):
+    return client.post("/api/flows/test.privacy.signup/executions", content_type="application/json",
+                       data=json.dumps({"input": {"customer_id": "c-q", "email": email}, "execution_id": execution_id}),
+                       headers={"Authorization": f"Bearer {TOKEN}"})
+
+
+# -- P1: the broker ----------------------------------------------------------------------------------------------
+
+
+def test_a_queued_start_puts_no_marked_value_in_the_brokers_rows_and_runs(sealed, client, monkeypatch):
+    """The API's start queues the input sealed: neither django-q2's queue row nor (after the run) its task row
+    holds the value; the worker's start writes it once, sealed, and the system reads it back."""
+    sealed.LOOM_API_AUTH = True
+    sealed.LOOM_API_TOKENS = [{"token": TOKEN, "name": "starter"}]
+    assert api_start(client, "pq-1", "queued@example.org").status_code == 202
+    assert OrmQ.objects.count() == 1
+    assert "queued@example.org" not in broker_rows()
+    queued = OrmQ.objects.get().task
+    outcome = run_start(*queued["args"], **queued["kwargs"])
+    assert outcome["status"] == "completed", outcome
+    assert describe("pq-1")["input"]["email"] == "queued@example.org"
+    started = Event.objects.filter(stream_id="pq-1", seq=0).values_list("payload", flat=True).get()
+    started = started if isinstance(started, dict) else json.loads(started)
+    assert started["$sealed"] == [[["input", "email"], "c-q"]]  # sealed once, by the enqueue
+    assert "queued@example.org" not in json.dumps(started)
+    with queued_starts_run_inline(monkeypatch):
+        assert api_start(client, "pq-2", "synced@example.org").status_code == 202
+    assert Task.objects.filter(name__contains="pq-2").exists()
+    assert describe("pq-2")["status"] == "completed"
+    assert "synced@example.org" not in broker_rows()
+
+
+# -- P2: an aggregate whose event type is marked by declare() ------------------------------------------------------
+
+
+def test_a_state_folding_a_declared_type_is_not_snapshotted_nor_cached_and_forget_reaches_its_loads(sealed):
+    """declare() marks the event type after the state was built (snapshot_every=1): no snapshot row, no cached
+    state; after forget, load() and replay() show the marker."""
+    from journal.aggregates import do, load, replay
+    from journal.models import Snapshot
+    from journal.privacy import FORGOTTEN, forget
+
+    do(fx.add_contact, "c-d", {"email": "declared@example.org"}, actor="c-d")
+    do(fx.add_contact, "c-d", {"email": "declared2@example.org"}, actor="c-d")
+    assert load(fx.contacts, "c-d").state.email == "declared2@example.org"
+    assert not Snapshot.objects.filter(stream_id="PrivacyContact-c-d").exists()
+    assert "declared2@example.org" not in json.dumps(list(Event.objects.filter(
+        stream_id="PrivacyContact-c-d").values_list("payload", flat=True)), default=str)
+    forget("c-d", by="dpo")
+    assert load(fx.contacts, "c-d").state.email == FORGOTTEN
+    assert replay(fx.contacts, "c-d").state.email == FORGOTTEN
