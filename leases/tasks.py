@@ -52,7 +52,6 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     started by other means) does nothing and reports its status: if that run's worker died, the
     recovery sweep finishes it."""
     from journal.flows import ExecutionExists, OwnershipLost, start
-
     from journal.flows.runtime import unseal_started
     from journal.privacy.codec import Sealed
 

@@ -94,3 +94,30 @@ def test_a_state_folding_a_declared_type_is_not_snapshotted_nor_cached_and_forge
     forget("c-d", by="dpo")
     assert load(fx.contacts, "c-d").state.email == FORGOTTEN
     assert replay(fx.contacts, "c-d").state.email == FORGOTTEN
+
+
+# -- P8: the admin's current state ---------------------------------------------------------------------------------
+
+
+def test_the_admin_state_of_an_unmarked_state_folding_marked_events_is_withheld_from_staff_without_disclosure(
+        sealed, client, django_user_model):
+    """The state model has no marks, its event type has: a staff user without disclosure sees neither the events'
+    nor the state's value; with journal.disclose_personal_data, both."""
+    from django.contrib.auth.models import Permission
+
+    from journal.aggregates import do
+    from journal.privacy import WITHHELD
+
+    do(fx.add_contact, "c-a", {"email": "folded@example.org"}, actor="c-a")
+    staff = django_user_model.objects.create_user("viewer", password="pw-long-enough-1", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_aggregatestream"))
+    client.force_login(staff)
+    response = client.get("/admin/journal/aggregatestream/PrivacyContact/c-a/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "folded@example.org" not in page
+    assert f'"email": "{WITHHELD}"'.replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;") in page
+    staff.user_permissions.add(Permission.objects.get(codename="disclose_personal_data"))
+    client.force_login(django_user_model.objects.get(pk=staff.pk))
+    assert client.get("/admin/journal/aggregatestream/PrivacyContact/c-a/").content.decode().count(
+        "folded@example.org") == 2  # the event and the state

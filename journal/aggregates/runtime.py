@@ -123,6 +123,12 @@ def _fold(st: State, current: BaseModel, stream: str, events: Iterable[StoredEve
     return current, (-1 if last is None else last), count
 
 
+def fold_events(st: State, stream: str, events: Iterable[StoredEvent]) -> BaseModel:
+    """The state folded from the initial one over `events` (read as someone sees them: the admin's view of a
+    sensitive aggregate for a reader without disclosure)."""
+    return _fold(st, st.initial, stream, events)[0]
+
+
 # -- loading ------------------------------------------------------------------------------------------
 def _stream_of(st: State, id: str) -> tuple[str, str]:
     """(id as text, its stream id), checked before any SQL: a NUL in an aggregate id is InvalidStream, not a
