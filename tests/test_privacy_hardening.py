@@ -7,6 +7,7 @@ Every test runs on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django_q.models import OrmQ, Task
@@ -121,3 +122,47 @@ def test_the_admin_state_of_an_unmarked_state_folding_marked_events_is_withheld_
     client.force_login(django_user_model.objects.get(pk=staff.pk))
     assert client.get("/admin/journal/aggregatestream/PrivacyContact/c-a/").content.decode().count(
         "folded@example.org") == 2  # the event and the state
+
+
+# -- P3: reserved keys ---------------------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given  # noqa: E402
+from hypothesis import settings as hsettings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from journal.envelopes import Envelope  # noqa: E402
+from journal.exceptions import InvalidPayload, TamperedCiphertext  # noqa: E402
+from journal.privacy.codec import RESERVED  # noqa: E402
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=10),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                      max_size=3), max_leaves=6)
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(sorted(RESERVED)), value=json_values,
+       others=st.dictionaries(st.text(max_size=8).filter(lambda k: k not in RESERVED), json_values, max_size=3),
+       marked=st.booleans())
+def test_a_payload_with_a_reserved_key_is_refused_naming_it_and_nothing_is_written(sealed, key, value, others,
+                                                                                     marked):
+    """Unmarked (plain JSON stored as given) or marked type: a top-level $sealed/$blobs/$content/$size is
+    InvalidPayload naming the key, and the stream stays empty (a reader would take it for sealed data)."""
+    stream = "reserved-1"
+    payload = {**others, key: value}
+    if marked:
+        payload.update(customer_id="c-r", email="r@example.org")
+    with pytest.raises(InvalidPayload, match=f"reserved key .*{re.escape(key)}"):
+        Event.objects.append(stream, [Envelope("PrivacyOrder" if marked else "PlainWebhook", payload)])
+    assert Event.objects.read(stream) == []
+
+
+@pytest.mark.parametrize("header", [{"$sealed": "yes"}, {"$sealed": [["email", "c-1"]]}, {"$blobs": "x"},
+                                    {"$blobs": [["doc"]], "doc": "../../etc/passwd"}, {"$content": "../secret"},
+                                    {"$content": 7, "$size": 1}])
+def test_a_stored_payload_with_a_malformed_header_reads_as_a_named_error(sealed, header):
+    """A row changed in the table (or written as plain data before reserved keys were refused) is named on
+    read: TamperedCiphertext with the stream and seq, never a bare ValueError or a path of the storage."""
+    Event.objects.append("malformed-1", [Envelope("PlainWebhook", {"doc": "d", "email": "e"})])
+    Event.objects.filter(stream_id="malformed-1").update(payload={"doc": "d", "email": "e", **header})
+    with pytest.raises(TamperedCiphertext, match=r"malformed-1#0: the payload's \$(sealed|blobs|content)"):
+        Event.objects.read("malformed-1")

@@ -270,10 +270,17 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
         known = ({subject for p in payloads.values() for _, subject in p.get(SEALED, ())}, key_rows)
     whole = {p[CONTENT] for p in payloads.values() if CONTENT in p}
     if whole:
+        for i, p in payloads.items():
+            if CONTENT in p and (type(p[CONTENT]) is not str or not content.HEX.fullmatch(p[CONTENT])):
+                _malformed(events[i], CONTENT)
         got = content.store().get_many(whole)
         for i, p in payloads.items():
             if CONTENT in p:
                 payloads[i] = json.loads(got[p[CONTENT]])
+    for i, p in payloads.items():
+        problem = _header_problem(p)
+        if problem is not None:
+            _malformed(events[i], problem)
     subjects = {subject for p in payloads.values() for _, subject in p.get(SEALED, ())}
     data_keys = keys.for_read(store, subjects, known) if subjects else {}
 
@@ -341,6 +348,37 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
         if p is not event.payload:  # content resolved into a new object; otherwise the event's own, changed in place
             events[i] = StoredEvent(event.stream_id, event.seq, event.type, p, event.recorded_at, event.id)
     return events
+
+
+def _is_path(value: Any) -> bool:
+    return type(value) is list and bool(value) and all(type(part) is str and part for part in value)
+
+
+def _header_problem(p: Any) -> str | None:
+    """The reserved key of a payload that is not in the shape our sealing writes, or None. A payload written
+    before reserved keys were refused on every append, or changed in the table, is named, never half-read."""
+    if type(p) is not dict:
+        return CONTENT
+    sealed = p.get(SEALED, [])
+    if type(sealed) is not list or not all(type(entry) is list and len(entry) == 2 and _is_path(entry[0])
+                                           and type(entry[1]) is str and entry[1] for entry in sealed):
+        return SEALED
+    blobs = p.get(BLOBS, [])
+    if type(blobs) is not list or not all(_is_path(path) for path in blobs):
+        return BLOBS
+    if CONTENT in p or SIZE in p:  # a resolved payload holds no second reference
+        return CONTENT if CONTENT in p else SIZE
+    for path in blobs:
+        ref = marking.get(p, tuple(path))
+        if type(ref) is not str or not content.HEX.fullmatch(ref):
+            return BLOBS
+    return None
+
+
+def _malformed(event: StoredEvent, key: str) -> None:
+    raise TamperedCiphertext(f"{event.stream_id}#{event.seq}: the payload's {key} is not in the shape Loom's sealing "
+                             "writes (changed in the table, or written as plain data before reserved keys were "
+                             "refused)")
 
 
 def _set(payload: dict, path: Path, value: Any) -> None:

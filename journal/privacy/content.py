@@ -12,6 +12,7 @@ again from memory.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -21,6 +22,9 @@ from django.core.files.storage import FileSystemStorage, Storage, storages
 
 from journal import conf
 from journal.exceptions import ContentMissing
+
+HEX = re.compile(r"[0-9a-f]{64}")
+"""A content reference: a SHA-256 in lower-case hex (never a path of the storage's choosing)."""
 
 
 class ContentStore:
@@ -49,7 +53,7 @@ class ContentStore:
         self.batches += 1
         out: dict[str, str] = {}
         for sha in set(shas):
-            if not isinstance(sha, str) or len(sha) != 64:
+            if not isinstance(sha, str) or not HEX.fullmatch(sha):
                 raise ContentMissing(f"not a content reference: {sha!r}")
             with self._lock:
                 text = self._cache.get(sha)
