@@ -265,22 +265,23 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
         return events
     events = list(events)
     payloads = {i: events[i].payload for i in todo}
+    for i, p in payloads.items():  # a header not in our shape is named before anything is read by it
+        if CONTENT in p:
+            if type(p[CONTENT]) is not str or not content.HEX.fullmatch(p[CONTENT]):
+                _malformed(events[i], CONTENT)
+        elif (problem := _header_problem(p)) is not None:
+            _malformed(events[i], problem)
     known = None
     if key_rows is not None:
         known = ({subject for p in payloads.values() for _, subject in p.get(SEALED, ())}, key_rows)
     whole = {p[CONTENT] for p in payloads.values() if CONTENT in p}
     if whole:
-        for i, p in payloads.items():
-            if CONTENT in p and (type(p[CONTENT]) is not str or not content.HEX.fullmatch(p[CONTENT])):
-                _malformed(events[i], CONTENT)
         got = content.store().get_many(whole)
         for i, p in payloads.items():
             if CONTENT in p:
-                payloads[i] = json.loads(got[p[CONTENT]])
-    for i, p in payloads.items():
-        problem = _header_problem(p)
-        if problem is not None:
-            _malformed(events[i], problem)
+                payloads[i] = p = json.loads(got[p[CONTENT]])
+                if (problem := _header_problem(p)) is not None:
+                    _malformed(events[i], problem)
     subjects = {subject for p in payloads.values() for _, subject in p.get(SEALED, ())}
     data_keys = keys.for_read(store, subjects, known) if subjects else {}
 
