@@ -94,3 +94,19 @@ def check_master_keys(app_configs=None, **kwargs) -> list:
                                       hint="Give LOOM_KEYS every master key id still in use (docs/privacy.md, "
                                            "'Rotating the master key')."))
     return messages
+
+
+@register()
+def check_content_dir(app_configs=None, **kwargs) -> list:
+    """loom.W032: the default content store's directory is relative: it follows each process's working
+    directory, so a worker started elsewhere than the web server reads a different store (ContentMissing) and a
+    forget erases blobs only in its own."""
+    import os
+
+    from journal.privacy import content
+
+    if conf.get_safe("LOOM_CONTENT_STORAGE", "") or os.path.isabs(content.directory()):
+        return []
+    return [Warning(f"LOOM_CONTENT_DIR is the relative path {content.directory()!r}",
+                    hint="Give an absolute path, or leave it empty with settings.BASE_DIR set "
+                         "(<BASE_DIR>/var/loom-content); docs/privacy.md, 'The content store'.", id="loom.W032")]

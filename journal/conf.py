@@ -113,7 +113,9 @@ register(
             "the event keeping a reference (unset: none do, except Blob fields).", 1, optional=True),
     Setting("LOOM_CONTENT_STORAGE", str, "", "Name of the Django storage (settings.STORAGES) of the content "
             "store; empty: a FileSystemStorage in LOOM_CONTENT_DIR."),
-    Setting("LOOM_CONTENT_DIR", str, "var/loom-content", "Directory of the default content store."),
+    Setting("LOOM_CONTENT_DIR", str, "", "Directory of the default content store, an absolute path (a relative "
+            "one follows each process's working directory: loom.W032); empty: <BASE_DIR>/var/loom-content, or "
+            "<MEDIA_ROOT>/loom-content without settings.BASE_DIR."),
     Setting("LOOM_CONTENT_CACHE_SIZE", int, 1000, "Content items kept in each process's LRU cache.", 0),
 )
 

@@ -166,3 +166,25 @@ def test_a_stored_payload_with_a_malformed_header_reads_as_a_named_error(sealed,
     Event.objects.filter(stream_id="malformed-1").update(payload={"doc": "d", "email": "e", **header})
     with pytest.raises(TamperedCiphertext, match=r"malformed-1#0: the payload's \$(sealed|blobs|content)"):
         Event.objects.read("malformed-1")
+
+
+# -- P4: the content directory -------------------------------------------------------------------------------------
+
+
+def test_the_default_content_directory_is_absolute_and_a_relative_one_is_a_warning(settings):
+    """Unset, LOOM_CONTENT_DIR is <BASE_DIR>/var/loom-content: every process (web, worker, cron), whatever its
+    working directory, uses the same store. A relative one is loom.W032."""
+    import os
+    from pathlib import Path
+
+    from django.core.checks import run_checks
+
+    from journal.privacy import content
+
+    settings.LOOM_CONTENT_DIR = ""
+    location = content.store().storage.base_location
+    assert os.path.isabs(location)
+    assert Path(location) == Path(settings.BASE_DIR) / "var" / "loom-content"
+    assert "loom.W032" not in {m.id for m in run_checks()}
+    settings.LOOM_CONTENT_DIR = "var/elsewhere"
+    assert "loom.W032" in {m.id for m in run_checks()}

@@ -16,6 +16,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from pathlib import Path
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, Storage, storages
@@ -99,12 +100,29 @@ _store: tuple[tuple, ContentStore] | None = None
 _lock = threading.Lock()
 
 
+def directory() -> str:
+    """The default store's directory: LOOM_CONTENT_DIR, or when empty <BASE_DIR>/var/loom-content (else
+    <MEDIA_ROOT>/loom-content). Absolute, so a web server, a worker and a cron job started from different
+    working directories share one store (a relative LOOM_CONTENT_DIR is loom.W032; without BASE_DIR and
+    MEDIA_ROOT the default is relative too, and warned about the same way)."""
+    from django.conf import settings
+
+    chosen = conf.get("LOOM_CONTENT_DIR")
+    if chosen:
+        return chosen
+    base = getattr(settings, "BASE_DIR", None)
+    if base:
+        return str(Path(base) / "var" / "loom-content")
+    media = getattr(settings, "MEDIA_ROOT", "")
+    return str(Path(media) / "loom-content") if media else "var/loom-content"
+
+
 def store() -> ContentStore:
     """The content store of the current settings (made once per LOOM_CONTENT_STORAGE / LOOM_CONTENT_DIR)."""
     global _store
-    wanted = (conf.get("LOOM_CONTENT_STORAGE"), conf.get("LOOM_CONTENT_DIR"))
+    wanted = (conf.get("LOOM_CONTENT_STORAGE"), directory())
     with _lock:
         if _store is None or _store[0] != wanted:
-            alias, directory = wanted
-            _store = (wanted, ContentStore(storages[alias] if alias else FileSystemStorage(location=directory)))
+            alias, location = wanted
+            _store = (wanted, ContentStore(storages[alias] if alias else FileSystemStorage(location=location)))
         return _store[1]
