@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 from typing import Annotated
 
 from pydantic import BaseModel
@@ -154,3 +155,22 @@ def add_contact(state: Contact, cmd: AddContact, actor) -> ContactAdded:
 
 
 declare("ContactAdded", ["email"], subject="customer_id")  # after the state: decided at use, not at declaration
+
+
+class Strict(BaseModel):
+    email: Annotated[str, Sensitive(subject="customer_id")]
+    customer_id: str
+    age: int
+
+
+@flow("test.privacy.fails", input_model=Signup)
+def fails(ctx, value: Signup):
+    """Fails twice over with the marked value in the message: a step's own f-string (retried: STEP_FAILED), then
+    a pydantic ValidationError whose text holds the input value."""
+    with contextlib.suppress(Exception):
+        ctx.step("privacy.mail", _mail, value.email)
+    Strict.model_validate({"email": value.email, "customer_id": value.customer_id, "age": value.email})
+
+
+def _mail(address: str):
+    raise ValueError(f"could not mail {address}")

@@ -188,3 +188,31 @@ def test_the_default_content_directory_is_absolute_and_a_relative_one_is_a_warni
     assert "loom.W032" not in {m.id for m in run_checks()}
     settings.LOOM_CONTENT_DIR = "var/elsewhere"
     assert "loom.W032" in {m.id for m in run_checks()}
+
+
+# -- P5: failure text ----------------------------------------------------------------------------------------------
+
+
+def test_the_failure_text_of_a_flow_with_marked_input_holds_no_marked_value(sealed):
+    """A step's error echoing the input and a pydantic error carrying it as input_value: the events, the header
+    and describe() keep the error's type and message, not the value."""
+    from django.db import connection
+
+    from journal.flows import start
+
+    outcome = start("test.privacy.fails", {"customer_id": "c-f", "email": "failing@example.org"},
+                    execution_id="pf-1")
+    assert outcome.status == "failed"
+    assert outcome.error.startswith("ValidationError") and "age" in outcome.error
+    info = describe("pf-1")
+    assert info["error"] == outcome.error and "could not mail" in json.dumps(info, default=str)
+    with connection.cursor() as cursor:
+        found = []
+        for table in connection.introspection.table_names():
+            cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)}")
+            found.extend(repr(row) for row in cursor.fetchall())
+    assert "failing@example.org" not in "\n".join(found)
+    assert info["input"]["email"] == "failing@example.org"  # the system still reads the sealed input
+    shown = json.dumps([info["error"], info["steps"], [e for e in info["events"] if "FAILED" in e["type"]]],
+                       default=str)
+    assert "failing@example.org" not in shown and "could not mail <redacted>" in shown

@@ -41,6 +41,7 @@ from journal.flows.state import (
     ExecutionState,
     checkpoint,
     load_state,
+    marked_values,
     snapshot_every,
 )
 from journal.flows.state import FAILED as FAILED_STEP
@@ -104,6 +105,11 @@ class Runner:
         if self.every is not None:
             checkpoint(self.state)
 
+    def secrets(self, step: str | None = None) -> list[str] | None:
+        """The marked values this run holds in clear (its input's, its marked steps' results), longest first,
+        for cutting out of failure text; None when the run holds no marked data (`step`: the failing one)."""
+        return marked_values(self.state, step)
+
     def boundary(self) -> None:
         """A step boundary: stop if the claim was lost."""
         if self.claim is not None and self.claim.lost:
@@ -135,7 +141,7 @@ class Runner:
             except Halt:
                 raise
             except Exception as exc:
-                error = _error_text(exc)
+                error = _error_text(exc, self.secrets())
                 self.boundary()
                 self.emit(ev.EXECUTION_FAILED, {"error": error})
                 self.flush(writer.Settle("failed", None, error))
@@ -213,6 +219,7 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
     if meta:
         started["$meta"] = meta  # who started it and under which trace (the HTTP API records these)
     runner.emit(ev.EXECUTION_STARTED, started)
+    state.input = stored  # the run's own copy in clear (failure text is cut by its marked values), never written
     return runner.drive(definition, value)
 
 
