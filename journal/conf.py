@@ -83,6 +83,14 @@ def _channel_problem(value: str) -> str | None:
     return None
 
 
+def _disclose_groups_problem(value: list) -> str | None:
+    """Each entry is `group:role`, both non-empty (the group's name may itself hold colons)."""
+    for entry in value:
+        if not isinstance(entry, str) or ":" not in entry or not all(entry.rsplit(":", 1)):
+            return f"entries are 'group:role' strings, got {entry!r}"
+    return None
+
+
 register(
     "journal",
     Setting("LOOM_MAX_PAYLOAD_BYTES", int, 1_048_576, "Largest JSON payload (bytes) an append accepts.", 1),
@@ -109,6 +117,9 @@ register(
     Setting("LOOM_KEY_CACHE_SIZE", int, 10_000, "Unwrapped data keys kept in each process's LRU cache.", 0),
     Setting("LOOM_DISCLOSE_ROLES", list, ["privacy"], "Roles whose readers see every sensitive field (the "
             "admin gives a user the role `privacy` with the permission journal.disclose_personal_data)."),
+    Setting("LOOM_DISCLOSE_GROUPS", list, [], "Admin users' roles from their Django groups, as `group:role` "
+            "entries (a group's name alone grants no role; the role `privacy` comes from the permission "
+            "journal.disclose_personal_data).", check=_disclose_groups_problem),
     Setting("LOOM_CONTENT_THRESHOLD_BYTES", int, None, "Payloads whose JSON is larger go to the content store, "
             "the event keeping a reference (unset: none do, except Blob fields).", 1, optional=True),
     Setting("LOOM_CONTENT_STORAGE", str, "", "Name of the Django storage (settings.STORAGES) of the content "
@@ -154,8 +165,13 @@ def _coerce(item: Setting, value: Any) -> Any:
         raise ConfigError(f"{item.name}={value!r} is not a boolean")
     if item.type is list:
         if isinstance(value, (list, tuple)):
-            return list(value)
-        return [part.strip() for part in str(value).split(",") if part.strip()]
+            items = list(value)
+        else:
+            items = [part.strip() for part in str(value).split(",") if part.strip()]
+        problem = item.check(items) if item.check is not None else None
+        if problem is not None:
+            raise ConfigError(f"{item.name}={items!r} {problem}")
+        return items
     try:
         result = item.type(value)
     except (TypeError, ValueError):

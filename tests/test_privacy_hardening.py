@@ -216,3 +216,38 @@ def test_the_failure_text_of_a_flow_with_marked_input_holds_no_marked_value(seal
     shown = json.dumps([info["error"], info["steps"], [e for e in info["events"] if "FAILED" in e["type"]]],
                        default=str)
     assert "failing@example.org" not in shown and "could not mail <redacted>" in shown
+
+
+# -- P6: roles and owners of admin users ---------------------------------------------------------------------------
+
+
+def test_an_admin_user_gets_roles_only_from_the_permission_or_a_mapped_group_and_owns_no_subject(
+        sealed, client, django_user_model):
+    """A group merely named like a role ("privacy", "support") grants nothing, nor does a username equal to a
+    subject id; LOOM_DISCLOSE_GROUPS maps a group to a role explicitly."""
+    from django.contrib.auth.models import Group, Permission
+
+    from journal.flows import start
+    from journal.privacy import WITHHELD, reader_for_user
+
+    start("test.privacy.signup", {"customer_id": "c-own", "email": "own@example.org"}, execution_id="pr-1")
+    staff = django_user_model.objects.create_user("c-own", password="pw-long-enough-1", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_execution"))
+    for name in ("privacy", "support", "Support desk"):
+        staff.groups.add(Group.objects.create(name=name))
+    client.force_login(staff)
+    page = client.get("/admin/journal/execution/pr-1/change/").content.decode()
+    assert "own@example.org" not in page and "&lt;redacted&gt;" in page
+    assert reader_for_user(staff).roles == frozenset()
+    sealed.LOOM_DISCLOSE_GROUPS = ["Support desk:support"]
+    reader = reader_for_user(staff)
+    assert reader.roles == frozenset({"support"})
+    from journal.aggregates import do
+
+    do(fx.register, "c-9", {"email": "sup@example.org"}, actor="c-9")  # Registered.email discloses "support"
+    assert Event.objects.read("PrivacyCustomer-c-9", reader=reader)[0].payload["email"] == "sup@example.org"
+    assert describe("pr-1", reader)["input"]["email"] == WITHHELD  # Signup.email does not
+    sealed.LOOM_DISCLOSE_GROUPS = ["no colon here"]
+    from django.core.checks import run_checks
+
+    assert "loom.E001" in {m.id for m in run_checks()}
