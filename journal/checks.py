@@ -86,9 +86,9 @@ def check_master_keys(app_configs=None, **kwargs) -> list:
             in_use = store_for(alias).master_key_ids()
         except (DatabaseError, NotImplementedError):
             continue  # an unreachable database is not a key problem; the worker reports it
-        for master_id, wrapped in sorted(in_use.items()):
+        for master_id, (wrapped, subject) in sorted(in_use.items()):
             try:
-                keys.service().unwrap(master_id, b64decode(wrapped))
+                keys.unwrap_for(keys.service(), master_id, b64decode(wrapped), subject)
             except MasterKeyError as exc:
                 messages.append(Error(f"database {alias!r}: {exc}", id="loom.E031",
                                       hint="Give LOOM_KEYS every master key id still in use (docs/privacy.md, "

@@ -251,3 +251,41 @@ def test_an_admin_user_gets_roles_only_from_the_permission_or_a_mapped_group_and
     from django.core.checks import run_checks
 
     assert "loom.E001" in {m.id for m in run_checks()}
+
+
+# -- P7: a wrapped data key is bound to its subject ----------------------------------------------------------------
+
+
+def test_a_wrapped_data_key_copied_onto_another_subject_does_not_unwrap_and_rotation_keeps_keys_bound(sealed):
+    """Someone who can write journal_datakey copies subject A's wrapped key onto B's row: B's key is then not A's
+    (MasterKeyError on use, never A's key); a rotation rewraps every key still bound to its own subject."""
+    from django.core.checks import run_checks
+
+    from journal.exceptions import MasterKeyError
+    from journal.privacy import keys as keys_module
+    from journal.store import store_for
+
+    store = store_for()
+    Event.objects.append("bind-a", [Envelope("PrivacyOrder", {"customer_id": "bind-a", "email": "a@example.org"})])
+    Event.objects.append("bind-b", [Envelope("PrivacyOrder", {"customer_id": "bind-b", "email": "b@example.org"})])
+    rows = store.data_keys(["bind-a", "bind-b"])
+    assert {r[0] for r in rows.values()} == {"ka"}
+    # the copy, as an attacker with write access to the key table would make it (here through the store)
+    assert store.rewrap_data_key("bind-c", "", "ka", "") == 0
+    Event.objects.append("bind-c", [Envelope("PrivacyOrder", {"customer_id": "bind-c", "email": "c@example.org"})])
+    wrapped_c = store.data_keys(["bind-c"])["bind-c"][1]
+    assert store.rewrap_data_key("bind-c", wrapped_c, "ka", rows["bind-a"][1]) == 1
+    keys_module.cache.clear()
+    with pytest.raises(MasterKeyError):  # before: A's key, and B's new data sealed with it
+        Event.objects.append("bind-c", [Envelope("PrivacyOrder", {"customer_id": "bind-c", "email": "c2@x.org"})])
+    with pytest.raises(MasterKeyError):
+        Event.objects.read("bind-c")
+    store.delete_privacy_rows("bind-c")
+    sealed.LOOM_KEYS = [fx.KEY_B, fx.KEY_A]
+    keys_module.cache.clear()
+    assert keys_module.rotate(store) >= 2
+    sealed.LOOM_KEYS = [fx.KEY_B]
+    keys_module.cache.clear()
+    assert Event.objects.read("bind-a")[0].payload["email"] == "a@example.org"
+    assert Event.objects.read("bind-b")[0].payload["email"] == "b@example.org"
+    assert not [m for m in run_checks() if m.id == "loom.E031"]

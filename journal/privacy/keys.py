@@ -37,7 +37,8 @@ NONCE = 12
 
 
 class KeyService(Protocol):
-    """What wraps and unwraps data keys: LocalKeys (LOOM_KEYS), or an external service."""
+    """What wraps and unwraps data keys: LocalKeys (LOOM_KEYS), or an external service. One with
+    `binds_subject = True` also takes `subject=` (wrap_for/unwrap_for): it binds the wrapped key to it."""
 
     def wrap(self, key: bytes) -> tuple[str, bytes]: ...
 
@@ -79,7 +80,14 @@ def new_master_key() -> str:
 
 
 class LocalKeys:
-    """Master keys from LOOM_KEYS: AES-GCM wrapping, the wrapped key bound to its master id."""
+    """Master keys from LOOM_KEYS: AES-GCM wrapping, the wrapped key bound to its master id and its subject.
+
+    A key wrapped for one subject does not unwrap for another (a wrapped key copied onto another subject's row
+    is MasterKeyError, never that subject's key). Keys wrapped before this binding (60 bytes, bound to the
+    master id only) still unwrap; `loom_keys rotate` to a new master id rewraps them bound."""
+
+    binds_subject = True
+    BOUND = b"\x02"  # first byte of a subject-bound wrapped key: BOUND + nonce + ciphertext and tag (61 bytes)
 
     def __init__(self, entries: Iterable[str]):
         try:
@@ -88,25 +96,46 @@ class LocalKeys:
             raise MasterKeyError(f"LOOM_KEYS: {exc} (system check loom.E001)") from None
         self.current = next(iter(self.keys), None)
 
-    def wrap(self, key: bytes) -> tuple[str, bytes]:
+    def wrap(self, key: bytes, subject: str | None = None) -> tuple[str, bytes]:
         if self.current is None:
             raise MasterKeyError("LOOM_KEYS is empty: no master key to wrap a data key with (docs/privacy.md)")
         nonce = os.urandom(NONCE)
-        return self.current, nonce + AESGCM(self.keys[self.current]).encrypt(nonce, key, self._aad(self.current))
+        sealed = nonce + AESGCM(self.keys[self.current]).encrypt(nonce, key, self._aad(self.current, subject))
+        return self.current, sealed if subject is None else self.BOUND + sealed
 
-    def unwrap(self, master_id: str, wrapped: bytes) -> bytes:
+    def unwrap(self, master_id: str, wrapped: bytes, subject: str | None = None) -> bytes:
         master = self.keys.get(master_id)
         if master is None:
             raise MasterKeyError(f"data keys are wrapped by master key {master_id!r}, which LOOM_KEYS does not hold")
+        bound = len(wrapped) == 1 + NONCE + 48 and wrapped[:1] == self.BOUND
+        if bound:
+            if subject is None:
+                raise MasterKeyError("a data key bound to its subject is unwrapped only with that subject's id")
+            wrapped = wrapped[1:]
         try:
-            return AESGCM(master).decrypt(wrapped[:NONCE], wrapped[NONCE:], self._aad(master_id))
+            return AESGCM(master).decrypt(wrapped[:NONCE], wrapped[NONCE:], self._aad(master_id,
+                                                                                     subject if bound else None))
         except InvalidTag:
             raise MasterKeyError(f"master key {master_id!r} in LOOM_KEYS is not the key that wrapped the stored "
-                                 "data keys (wrong key)") from None
+                                 "data key (wrong key, or a wrapped key moved onto another subject's row)") from None
 
     @staticmethod
-    def _aad(master_id: str) -> bytes:
-        return b"loom-data-key:" + master_id.encode()
+    def _aad(master_id: str, subject: str | None) -> bytes:
+        aad = b"loom-data-key:" + master_id.encode()
+        return aad if subject is None else aad + b"\x00" + subject.encode()
+
+
+def wrap_for(keys: KeyService, key: bytes, subject: str) -> tuple[str, bytes]:
+    """Wrap `key` for `subject`: bound to it when the service binds (LocalKeys; an external service may set
+    `binds_subject = True` and take `subject=`, its encryption context), else as the service wraps."""
+    return keys.wrap(key, subject=subject) if getattr(keys, "binds_subject", False) else keys.wrap(key)
+
+
+def unwrap_for(keys: KeyService, master_id: str, wrapped: bytes, subject: str) -> bytes:
+    """Unwrap `subject`'s stored key (see wrap_for)."""
+    if getattr(keys, "binds_subject", False):
+        return keys.unwrap(master_id, wrapped, subject=subject)
+    return keys.unwrap(master_id, wrapped)
 
 
 _service: tuple[tuple, KeyService] | None = None
@@ -169,7 +198,7 @@ def _unwrap(subject: str, row: tuple[str, str | None] | None, store=None) -> AES
     got = cache.get(subject)
     if got is not None and got[0] == wrapped:
         return got[1]
-    key = AESGCM(service().unwrap(master_id, base64.b64decode(wrapped)))
+    key = AESGCM(unwrap_for(service(), master_id, base64.b64decode(wrapped), subject))
     _remember(store, subject, wrapped, key)
     return key
 
@@ -215,7 +244,7 @@ def for_write(store, subjects: set[str]) -> dict[str, AESGCM | None]:
             made = []
             for s in new:
                 key = AESGCM.generate_key(256)
-                master_id, wrapped = keys.wrap(key)
+                master_id, wrapped = wrap_for(keys, key, s)
                 text = base64.b64encode(wrapped).decode()
                 made.append((s, master_id, text))
                 mine[s] = (text, key)
@@ -238,7 +267,7 @@ def rotate(store, batch: int = 500) -> int:
     done = 0
     while rows := store.data_keys_to_rotate(current, batch):
         for subject, master_id, wrapped in rows:
-            key = keys.unwrap(master_id, base64.b64decode(wrapped))
-            new_id, new_wrapped = keys.wrap(key)
+            key = unwrap_for(keys, master_id, base64.b64decode(wrapped), subject)
+            new_id, new_wrapped = wrap_for(keys, key, subject)
             done += store.rewrap_data_key(subject, wrapped, new_id, base64.b64encode(new_wrapped).decode())
     return done

@@ -166,11 +166,12 @@ class PrivacyStatements:
             cursor.execute(REWRAP_DATA_KEY, [master_id, wrapped, subject, old_wrapped])
             return cursor.rowcount
 
-    def master_key_ids(self) -> dict[str, str]:
-        """Each master key id in use, with one wrapped key of it (the start-up check unwraps it)."""
+    def master_key_ids(self) -> dict[str, tuple[str, str]]:
+        """Each master key id in use, with one wrapped key of it and that key's subject (the start-up check
+        unwraps it: a wrapped key is bound to its subject)."""
         with self.connection.cursor() as cursor:
             cursor.execute(MASTER_KEY_IDS)
-            return {row[0]: row[1] for row in cursor.fetchall()}
+            return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
 
     def delete_privacy_rows(self, subject_prefix: str, shas: Sequence[str] = ()) -> None:
         """Benchmarks and tests only: delete the key rows of the subjects under `subject_prefix` and the content
@@ -231,7 +232,10 @@ DELETE_CONTENT_LINKS_OF = "DELETE FROM journal_contentlink WHERE sha256 IN ({mar
 
 # -- master_key_ids --
 MASTER_KEY_IDS = """
-SELECT master_id, MIN(wrapped) FROM journal_datakey WHERE wrapped IS NOT NULL GROUP BY master_id
+SELECT k.master_id, k.wrapped, MIN(k.subject) FROM journal_datakey k
+JOIN (SELECT master_id, MIN(wrapped) AS wrapped FROM journal_datakey WHERE wrapped IS NOT NULL GROUP BY master_id) m
+  ON k.master_id = m.master_id AND k.wrapped = m.wrapped
+GROUP BY k.master_id, k.wrapped
 """
 
 
