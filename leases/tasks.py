@@ -56,7 +56,13 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     from journal.privacy.codec import Sealed
 
     # A flow with marked input is queued sealed (reserve_and_enqueue): the reservation's hash is of the input.
-    refused = _foreign_start(flow, unseal_started(input) if isinstance(input, Sealed) else input, execution_id, meta)
+    plain = unseal_started(input) if isinstance(input, Sealed) else input
+    if plain is not input and _forgotten(flow, plain):
+        release_reservation(execution_id)  # the start will never run: its id is free again
+        log.warning("refused execution=%s flow=%s: its input's data subject was forgotten", execution_id, flow)
+        return {"execution_id": execution_id, "status": "refused", "duplicate": False,
+                "error": "the data subject of the input was forgotten before the start ran; nothing was started"}
+    refused = _foreign_start(flow, plain, execution_id, meta)
     if refused is not None:
         log.warning("refused execution=%s flow=%s: %s", execution_id, flow, refused)
         return {"execution_id": execution_id, "status": "refused", "duplicate": True, "error": refused}
@@ -87,6 +93,17 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
         log.info("%s execution=%s flow=%s fence=1 duration=%.3fs", outcome.status, outcome.execution_id, flow,
                  duration)
     return {"execution_id": outcome.execution_id, "status": outcome.status}
+
+
+def _forgotten(flow: str, plain: Any) -> bool:
+    """Whether a marked field of a queued start's input reads as FORGOTTEN (its subject was forgotten while the
+    start was queued)."""
+    from journal.flows import events as ev
+    from journal.privacy import FORGOTTEN, marking
+
+    payload = {"flow": flow, "input": plain}
+    return any(marking.get(payload, f.path) == FORGOTTEN for f in marking.fields_for(ev.EXECUTION_STARTED, payload)
+               if f.subject is not None)
 
 
 def enqueue_start(flow: str, input: Any, execution_id: str | None = None, meta: dict | None = None) -> str:

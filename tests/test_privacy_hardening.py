@@ -289,3 +289,18 @@ def test_a_wrapped_data_key_copied_onto_another_subject_does_not_unwrap_and_rota
     assert Event.objects.read("bind-a")[0].payload["email"] == "a@example.org"
     assert Event.objects.read("bind-b")[0].payload["email"] == "b@example.org"
     assert not [m for m in run_checks() if m.id == "loom.E031"]
+
+
+def test_a_queued_start_whose_subject_is_forgotten_before_it_runs_starts_nothing_and_frees_its_id(sealed):
+    from journal.models import Execution
+    from journal.privacy import forget
+    from leases.models import StartReservation
+    from leases.tasks import enqueue_start
+
+    enqueue_start("test.privacy.signup", {"customer_id": "c-gone", "email": "gone@example.org"}, "pq-gone")
+    forget("c-gone", by="dpo")
+    queued = OrmQ.objects.get().task
+    outcome = run_start(*queued["args"], **queued["kwargs"])
+    assert (outcome["status"], outcome["duplicate"]) == ("refused", False)
+    assert not StartReservation.objects.filter(execution_id="pq-gone").exists()
+    assert not Execution.objects.filter(pk="pq-gone").exists()
