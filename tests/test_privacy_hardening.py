@@ -11,10 +11,16 @@ import re
 
 import pytest
 from django_q.models import OrmQ, Task
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
+from journal.envelopes import Envelope
+from journal.exceptions import InvalidPayload, TamperedCiphertext
 from journal.flows import describe
 from journal.models import Event
 from journal.privacy import keys
+from journal.privacy.codec import RESERVED
 from leases.tasks import run_start
 from tests import privacy_fixtures as fx
 from tests.api_flows import queued_starts_run_inline
@@ -125,14 +131,6 @@ def test_the_admin_state_of_an_unmarked_state_folding_marked_events_is_withheld_
 
 
 # -- P3: reserved keys ---------------------------------------------------------------------------------------------
-
-from hypothesis import HealthCheck, given  # noqa: E402
-from hypothesis import settings as hsettings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from journal.envelopes import Envelope  # noqa: E402
-from journal.exceptions import InvalidPayload, TamperedCiphertext  # noqa: E402
-from journal.privacy.codec import RESERVED  # noqa: E402
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=10),
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
