@@ -87,6 +87,14 @@ def _channel_problem(value: str) -> str | None:
     return None
 
 
+def _disclose_groups_problem(value: list) -> str | None:
+    """Each entry is `group:role`, both non-empty (the group's name may itself hold colons)."""
+    for entry in value:
+        if not isinstance(entry, str) or ":" not in entry or not all(entry.rsplit(":", 1)):
+            return f"entries are 'group:role' strings, got {entry!r}"
+    return None
+
+
 register(
     "journal",
     Setting("LOOM_MAX_PAYLOAD_BYTES", int, 1_048_576, "Largest JSON payload (bytes) an append accepts.", 1),
@@ -107,7 +115,35 @@ register(
     # aggregates
     Setting("LOOM_AGGREGATE_CACHE_SIZE", int, 1000, "Aggregate states kept in each process's LRU cache.", 0),
     Setting("LOOM_AGGREGATE_MODULES", list, [], "Modules declaring aggregate states, imported for the admin."),
+    # personal data (docs/privacy.md)
+    Setting("LOOM_KEYS", list, [], "Master keys as `id:base64` (32 bytes each); the first wraps new data keys, "
+            "the others still unwrap old ones (rotation). Secret."),
+    Setting("LOOM_KEY_SERVICE", str, "", "Dotted path of a key service class (an external KMS) used instead of "
+            "LOOM_KEYS: `wrap(key) -> (master_id, wrapped)`, `unwrap(master_id, wrapped) -> key`."),
+    Setting("LOOM_KEY_CACHE_SIZE", int, 10_000, "Unwrapped data keys kept in each process's LRU cache.", 0),
+    Setting("LOOM_DISCLOSE_ROLES", list, ["privacy"], "Roles whose readers see every sensitive field (the "
+            "admin gives a user the role `privacy` with the permission journal.disclose_personal_data)."),
+    Setting("LOOM_DISCLOSE_GROUPS", list, [], "Admin users' roles from their Django groups, as `group:role` "
+            "entries (a group's name alone grants no role; the role `privacy` comes from the permission "
+            "journal.disclose_personal_data).", check=_disclose_groups_problem),
+    Setting("LOOM_CONTENT_THRESHOLD_BYTES", int, None, "Payloads whose JSON is larger go to the content store, "
+            "the event keeping a reference (unset: none do, except Blob fields).", 1, optional=True),
+    Setting("LOOM_CONTENT_STORAGE", str, "", "Name of the Django storage (settings.STORAGES) of the content "
+            "store; empty: a FileSystemStorage in LOOM_CONTENT_DIR."),
+    Setting("LOOM_CONTENT_DIR", str, "", "Directory of the default content store, an absolute path (a relative "
+            "one follows each process's working directory: loom.W032); empty: <BASE_DIR>/var/loom-content, or "
+            "<MEDIA_ROOT>/loom-content without settings.BASE_DIR."),
+    Setting("LOOM_CONTENT_CACHE_SIZE", int, 1000, "Content items kept in each process's LRU cache.", 0),
 )
+
+
+@rule
+def _keys_problem() -> list[str]:
+    """LOOM_KEYS entries are `id:base64` of 32 bytes, ids distinct (journal/privacy/keys.py)."""
+    from journal.privacy.keys import keys_problem
+
+    problem = keys_problem(get_safe("LOOM_KEYS", []))
+    return [] if problem is None else [f"LOOM_KEYS: {problem}"]
 
 
 class ConfigError(ValueError):
@@ -135,8 +171,13 @@ def _coerce(item: Setting, value: Any) -> Any:
         raise ConfigError(f"{item.name}={value!r} is not a boolean")
     if item.type is list:
         if isinstance(value, (list, tuple)):
-            return list(value)
-        return [part.strip() for part in str(value).split(",") if part.strip()]
+            items = list(value)
+        else:
+            items = [part.strip() for part in str(value).split(",") if part.strip()]
+        problem = item.check(items) if item.check is not None else None
+        if problem is not None:
+            raise ConfigError(f"{item.name}={items!r} {problem}")
+        return items
     try:
         result = item.type(value)
     except (TypeError, ValueError):

@@ -56,7 +56,7 @@ class EventManager(models.Manager):
         item = AppendItem.build(stream_id, envelopes)
         return self._store().open_stream(item)
 
-    def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None) -> list[StoredEvent]:
+    def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None, *, reader=None) -> list[StoredEvent]:
         """The stream's events after `after_seq`, in seq order (at most `limit`).
 
         Reads check their arguments like writes do (InvalidStream, InvalidGuard), so a bad id gets
@@ -64,7 +64,7 @@ class EventManager(models.Manager):
         check_stream_id(stream_id)
         check_token(after_seq, "after_seq", stream_id, minimum=-1)
         check_token(limit, "limit", stream_id, minimum=0)
-        return self._store().read(stream_id, after_seq, limit)
+        return self._store().read(stream_id, after_seq, limit, reader)
 
     def tip(self, stream_id: str) -> int:
         """The seq of the stream's last event, -1 if it has none."""

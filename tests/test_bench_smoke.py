@@ -129,6 +129,29 @@ def test_read_section_counts_the_statements_and_rows_of_loading_running_executio
     assert cells["long/short p50"].metrics["ratio"] is not None
 
 
+def test_bench_privacy_records_overheads_forget_and_content_loads():
+    """bench_privacy at tiny sizes: sealed vs plain append and load with their overhead, a forget that wrote
+    one event and rewrote none, and a content-store load of one batched call and no extra statement."""
+    run, _ = run_command("bench_privacy", "--privacy-writers", "2", "--privacy-ops", "5", "--privacy-loads", "3",
+                         "--privacy-repeats", "2", "--forget-events", "200")
+    cells = {(r.scenario, r.params.get("variant")): r for r in run.results.filter(section="privacy")}
+    assert set(cells) == {("append", "plain"), ("append", "sealed"), ("load", "plain"), ("load", "sealed"),
+                          ("forget", None), ("content-load", "plain"), ("content-load", "big")}
+    assert cells[("append", "sealed")].metrics["overhead"] is not None
+    # the keys of the read's subjects: in the read's own statement on PostgreSQL, one statement more on SQLite
+    assert cells[("load", "sealed")].metrics["statements_per_load"] == (1.0 if connection.vendor == "postgresql"
+                                                                         else 2.0)
+    assert cells[("load", "plain")].metrics["statements_per_load"] == 1.0
+    forgot = cells[("forget", None)].metrics
+    assert forgot["events_written"] == 1 and forgot["event_rows_rewritten"] == 0
+    big = cells[("content-load", "big")].metrics
+    assert big["content_calls_per_load"] == 1.0 and big["extra_statements"] == 0.0
+    from journal.models import ContentLink, DataKey
+
+    assert not DataKey.objects.filter(subject__startswith=f"bench:{run.pk}:").exists()  # its rows are removed
+    assert not ContentLink.objects.filter(subject__startswith=f"bench:{run.pk}:").exists()
+
+
 def test_bench_lease_runs_both_shapes_and_id_styles():
     """bench_lease: off/eager/lazy for noop and io, caller and minted ids; each mode against off has a
     verdict, and a figure is withheld when its repeats spread wider than the effect."""

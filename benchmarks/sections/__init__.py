@@ -40,3 +40,6 @@ HTTP_SECTIONS: dict[str, str] = {"http": "loomapi.bench"}
 QUEUE_SECTIONS: dict[str, str] = {"queues": "benchmarks.sections.queues"}
 
 SCHEDULE_SECTIONS: dict[str, str] = {"schedules": "benchmarks.sections.schedules"}
+
+# Sections of `manage.py bench_privacy` (personal data: sealed fields, forget, the content store; docs/privacy.md).
+PRIVACY_SECTIONS: dict[str, str] = {"privacy": "benchmarks.sections.privacy"}

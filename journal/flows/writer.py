@@ -29,9 +29,11 @@ from typing import Any
 from journal import coalesce, jsonvalues
 from journal.envelopes import Appended, AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused
+from journal.flows import events as ev
 from journal.flows.ownership import Companion, InlineLease
 from journal.ids import check_stored_id
 from journal.models import Event
+from journal.privacy.codec import withhold
 from journal.store import store_for
 from journal.store.base import ExecutionBoot, ExecutionSettle
 
@@ -94,7 +96,9 @@ def _bootstrap(run: RunHandle, envelopes: list[Envelope], settle: Settle | None)
     lease = run.lease if run.companion is not None else None
     boot = ExecutionBoot(
         item, store.encode([item])[0], run.flow, settle.status if settle else "running",
-        jsonvalues.dumps(run.input, "execution input"),  # JSON null is 'null': the column is NOT NULL
+        # JSON null is 'null': the column is NOT NULL. Marked fields are withheld: the log holds them sealed.
+        jsonvalues.dumps(withhold(ev.EXECUTION_STARTED, {"flow": run.flow, "input": run.input})["input"],
+                         "execution input"),
         _json(settle.result) if settle else None, settle.error if settle else "", settle is not None,
         run.companion if lease else None, lease.owner if lease else None, lease.ttl if lease else None,
     )

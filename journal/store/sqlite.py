@@ -250,7 +250,7 @@ class SqliteStore(JournalStore):
             for pair in sorted(set(pairs)):
                 cursor.execute(READ_AFTER, [*pair, batch])
                 found[pair] = [self._event(row) for row in cursor.fetchall()]
-        return found
+        return self.reveal_found(found)
 
     def _event(self, row: tuple):
         from journal.envelopes import StoredEvent
