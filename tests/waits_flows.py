@@ -8,6 +8,7 @@ exactly once, whatever crashed in between.
 from __future__ import annotations
 
 import os
+import time
 
 from django.db import connection
 
@@ -103,3 +104,23 @@ def parent(ctx, value):
 def steps(ctx, value):
     """value["n"] plain steps (fork replays those before its step and runs the rest again)."""
     return [effect(ctx, f"s{i}") for i in range(value["n"])]
+
+
+@flow("waits.gated_after_sleep")
+def gated_after_sleep(ctx, value):
+    """before -> sleep -> a step that waits for the file value["gate"] (so a worker can be killed in it)
+    -> after. A replay after the kill must not sleep again: the sleep's completion is in the log."""
+    effect(ctx, "before")
+    ctx.sleep(value["seconds"])
+
+    def gate() -> int:
+        with open(value["marker"], "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(value["gate"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return os.getpid()
+
+    ctx.step("gate", gate)
+    effect(ctx, "after")
+    return value["seconds"]
