@@ -14,3 +14,10 @@ THROUGHPUT_SECTIONS: dict[str, str] = {
     "lease": "benchmarks.sections.lease",  # short version; the full method is `manage.py bench_lease`
     "peers": "benchmarks.sections.peers",  # eventsourcing and DBOS beside us (optional extra `peers`)
 }
+
+# Sections of `manage.py bench_waits` (flows that wait, issue 17): each wakes its flows with a real loom_worker.
+WAITS_SECTIONS: dict[str, str] = {
+    "timers": "benchmarks.sections.waits_timers",
+    "messages": "benchmarks.sections.waits_messages",
+    "idle": "benchmarks.sections.waits_idle",
+}
