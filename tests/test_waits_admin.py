@@ -22,7 +22,7 @@ from django_q.models import OrmQ
 from journal.flows import ownership as own
 from journal.flows import start
 from journal.models import Event, Execution
-from tests import waits_flows as wf
+from tests import edge_waits_flows as wf
 from tests.conftest import ROOT
 from tests.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
 
@@ -31,7 +31,7 @@ PAGE = "/admin/journal/execution/{}/change/"
 
 @pytest.fixture(autouse=True)
 def _settings(settings):
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
     settings.LOOM_WAIT_INLINE_MAX = 0.0  # every wait parks
     installed = own.get_ownership()
     own.set_ownership(None)
@@ -77,15 +77,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # -- what a waiting execution waits for -----------------------------------------------------------------
 def test_the_page_of_a_waiting_execution_says_what_it_waits_for(admin_client, effects):
-    assert start("waits.sleeper", {"seconds": 3600}, execution_id="ad-sleep").status == "waiting"
-    assert start("waits.receiver", {"topic": "orders"}, execution_id="ad-recv").status == "waiting"
-    assert start("waits.parent", {"ns": [1]}, execution_id="ad-parent").status == "waiting"
+    assert start("edge.sleeper", {"seconds": 3600}, execution_id="ad-sleep").status == "waiting"
+    assert start("edge.receiver", {"topic": "orders"}, execution_id="ad-recv").status == "waiting"
+    assert start("edge.parent", {"ns": [1]}, execution_id="ad-parent").status == "waiting"
     page = admin_client.get(PAGE.format("ad-sleep")).content.decode()
     assert "a timer, due at" in page and 'id="loom-due"' in page and "UTC" in page
     page = admin_client.get(PAGE.format("ad-recv")).content.decode()
     assert 'a message on topic <code id="loom-topic">orders</code>' in page
     page = admin_client.get(PAGE.format("ad-parent")).content.decode()
-    child = Execution.objects.exclude(pk__startswith="ad-").get(flow="waits.child").pk
+    child = Execution.objects.get(flow="edge.child").pk
     assert "child execution" in page and child in page
     # the list filters by the new statuses
     listing = admin_client.get("/admin/journal/execution/?status__exact=waiting").content.decode()
@@ -95,7 +95,7 @@ def test_the_page_of_a_waiting_execution_says_what_it_waits_for(admin_client, ef
 def test_messages_not_yet_received_are_listed(admin_client, effects):
     from journal.flows import send
 
-    start("waits.receiver", {"topic": "orders"}, execution_id="ad-pending")
+    start("edge.receiver", {"topic": "orders"}, execution_id="ad-pending")
     send("ad-pending", "other-topic", {"sku": 12}, message_id="pm-1")
     page = admin_client.get(PAGE.format("ad-pending")).content.decode()
     assert 'id="loom-messages"' in page and "pm-1" in page and "other-topic" in page
@@ -103,7 +103,7 @@ def test_messages_not_yet_received_are_listed(admin_client, effects):
 
 # -- permissions --------------------------------------------------------------------------------------------
 def test_view_permission_shows_no_wait_buttons_and_every_verb_is_refused(client, effects):
-    start("waits.sleeper", {"seconds": 3600}, execution_id="ad-view")
+    start("edge.sleeper", {"seconds": 3600}, execution_id="ad-view")
     staff(client, "view_execution")
     page = client.get(PAGE.format("ad-view")).content.decode()
     assert "a timer, due at" in page
@@ -123,7 +123,7 @@ def test_view_permission_shows_no_wait_buttons_and_every_verb_is_refused(client,
 @pytest.mark.parametrize("verb, codename", [("wake", "wake_execution"), ("suspend", "suspend_execution"),
                                             ("message", "message_execution"), ("fork", "fork_execution")])
 def test_each_wait_verb_needs_its_own_permission(client, effects, verb, codename):
-    start("waits.sleeper", {"seconds": 3600}, execution_id="ad-perm")
+    start("edge.sleeper", {"seconds": 3600}, execution_id="ad-perm")
     staff(client, "view_execution", codename)
     page = client.get(PAGE.format("ad-perm")).content.decode()
     shown = {v for v in ("wake", "suspend", "message", "fork") if f"loom-{v}-button" in page}
@@ -132,7 +132,7 @@ def test_each_wait_verb_needs_its_own_permission(client, effects, verb, codename
 
 # -- the verbs ---------------------------------------------------------------------------------------------
 def test_wake_now_ends_a_sleep_early_and_a_waker_finishes_the_flow(admin_client, effects):
-    start("waits.sleeper", {"seconds": 3600}, execution_id="ad-wake")
+    start("edge.sleeper", {"seconds": 3600}, execution_id="ad-wake")
     wake_all()
     assert Execution.objects.get(pk="ad-wake").status == "waiting"  # not due for an hour
     admin_client.post("/admin/journal/execution/ad-wake/wake/")
@@ -145,7 +145,7 @@ def test_wake_now_ends_a_sleep_early_and_a_waker_finishes_the_flow(admin_client,
 def test_the_message_form_refuses_bad_json_and_sends_good_json_once(admin_client, effects):
     from journal.models import Message
 
-    start("waits.receiver", {"topic": "orders"}, execution_id="ad-msg")
+    start("edge.receiver", {"topic": "orders"}, execution_id="ad-msg")
     form = admin_client.get("/admin/journal/execution/ad-msg/message/").content.decode()
     assert 'id="loom-payload"' in form and 'id="loom-topic"' in form
     bad = admin_client.post("/admin/journal/execution/ad-msg/message/",
@@ -164,7 +164,7 @@ def test_the_message_form_refuses_bad_json_and_sends_good_json_once(admin_client
 
 
 def test_suspend_asks_first_then_resume_hands_the_run_to_a_worker(admin_client, effects):
-    start("waits.receiver", {"topic": "orders"}, execution_id="ad-susp")
+    start("edge.receiver", {"topic": "orders"}, execution_id="ad-susp")
     confirm = admin_client.get("/admin/journal/execution/ad-susp/suspend/")
     assert b"will be suspended" in confirm.content
     assert Execution.objects.get(pk="ad-susp").status == "waiting"
@@ -180,7 +180,7 @@ def test_suspend_asks_first_then_resume_hands_the_run_to_a_worker(admin_client, 
 
 
 def test_fork_reuses_the_steps_before_the_chosen_one(admin_client, effects):
-    assert start("waits.steps", {"n": 3}, execution_id="ad-fork").status == "completed"
+    assert start("edge.steps", {"n": 3}, execution_id="ad-fork").status == "completed"
     bad = admin_client.post("/admin/journal/execution/ad-fork/fork/", {"confirm": "yes", "from_step": "x"})
     assert b"from step must be a step position" in bad.content and Execution.objects.count() == 1
     admin_client.post("/admin/journal/execution/ad-fork/fork/",
@@ -192,8 +192,8 @@ def test_fork_reuses_the_steps_before_the_chosen_one(admin_client, effects):
 
 
 def test_bulk_wake_and_suspend_show_what_will_happen_first(admin_client, effects):
-    start("waits.sleeper", {"seconds": 3600}, execution_id="bulk-wait")
-    start("waits.steps", {"n": 1}, execution_id="bulk-done")
+    start("edge.sleeper", {"seconds": 3600}, execution_id="bulk-wait")
+    start("edge.steps", {"n": 1}, execution_id="bulk-done")
     page = admin_client.post("/admin/journal/execution/", {"action": "wake_executions",
                                                            "_selected_action": ["bulk-wait", "bulk-done"]})
     assert b"its wait ends now" in page.content and b"only a waiting execution can be woken" in page.content
@@ -207,7 +207,7 @@ def test_bulk_wake_and_suspend_show_what_will_happen_first(admin_client, effects
 # -- the buttons, clicked in a real browser, with a real worker --------------------------------------------
 @pytest.fixture
 def worker(child_env):
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.waits_flows", "LOOM_LEASE_MODE": "off", "LOOM_Q_WORKERS": "1",
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.edge_waits_flows", "LOOM_LEASE_MODE": "off", "LOOM_Q_WORKERS": "1",
            "LOOM_WAIT_INLINE_MAX": "0", "LOOM_WAIT_POLL": "0.2"}
     proc = subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--id", "waits-browser"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -239,10 +239,10 @@ def status(execution_id: str) -> str:
                                                   "(install it with scripts/ensure-chromium)")
 def test_wait_buttons_act_on_real_executions(live_server, browser_page, worker, effects):  # noqa: F811
     User.objects.create_superuser("op", "op@example.com", "pw-for-the-browser")
-    start("waits.sleeper", {"seconds": 3600}, execution_id="br-wake")
-    start("waits.receiver", {"topic": "orders"}, execution_id="br-msg")
-    start("waits.receiver", {"topic": "orders"}, execution_id="br-susp")
-    start("waits.steps", {"n": 2}, execution_id="br-fork")
+    start("edge.sleeper", {"seconds": 3600}, execution_id="br-wake")
+    start("edge.receiver", {"topic": "orders"}, execution_id="br-msg")
+    start("edge.receiver", {"topic": "orders"}, execution_id="br-susp")
+    start("edge.steps", {"n": 2}, execution_id="br-fork")
     page = browser_page
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
     page.fill("#id_username", "op")

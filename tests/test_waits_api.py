@@ -14,7 +14,7 @@ from django.test import Client
 
 from journal.flows import start
 from journal.models import Event, Execution
-from tests import waits_flows  # noqa: F401  (registers the flows)
+from tests import edge_waits_flows
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,7 +28,7 @@ def api_settings(settings):
     settings.LOOM_API_AUTH = True
     settings.LOOM_API_TOKENS = [TOKEN, {"token": SCOPED, "name": "scoped", "flows": ["calc.*"]}]
     settings.LOOM_WAIT_INLINE_MAX = 0.0  # every wait parks: nothing sleeps in the test's thread
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
 
 
 def post(client: Client, path: str, body, token: str = TOKEN):
@@ -60,7 +60,7 @@ def wake_all() -> None:
 
 
 def test_a_message_posted_to_a_waiting_flow_is_received_once_and_its_event_read(client):
-    assert start("waits.receiver", {"topic": "go"}, execution_id="api-r1").status == "waiting"
+    assert start("edge.receiver", {"topic": "go"}, execution_id="api-r1").status == "waiting"
     unset = client.get("/api/executions/api-r1/events/got", headers=AUTH)
     assert unset.status_code == 200 and unset.json() == {"execution_id": "api-r1", "key": "got", "set": False,
                                                          "value": None}
@@ -74,11 +74,11 @@ def test_a_message_posted_to_a_waiting_flow_is_received_once_and_its_event_read(
     assert Execution.objects.get(pk="api-r1").status == "completed"
     got = client.get("/api/executions/api-r1/events/got?timeout=1", headers=AUTH)
     assert got.status_code == 200 and got.json()["set"] is True and got.json()["value"] == {"n": 7}
-    assert waits_flows.effects("api-r1") == [("api-r1", "before"), ("api-r1", "got:{'n': 7}")]
+    assert edge_waits_flows.effects("api-r1") == [("api-r1", "before"), ("api-r1", "got:{'n': 7}")]
 
 
 def test_a_message_without_message_id_gets_a_minted_one_and_messages_before_the_wait_are_kept(client):
-    assert start("waits.counter", {"n": 2}, execution_id="api-c1").status == "waiting"
+    assert start("edge.counter", {"n": 2}, execution_id="api-c1").status == "waiting"
     ids = {post(client, "/api/executions/api-c1/messages", {"topic": "add", "payload": n}).json()["message_id"]
            for n in (5, 6)}
     assert len(ids) == 2 and all(ids)
@@ -88,7 +88,7 @@ def test_a_message_without_message_id_gets_a_minted_one_and_messages_before_the_
 
 
 def test_a_message_to_a_finished_execution_is_refused_and_writes_nothing(client):
-    assert start("waits.steps", {"n": 1}, execution_id="api-done").status == "completed"
+    assert start("edge.steps", {"n": 1}, execution_id="api-done").status == "completed"
     before = rows()
     message = assert_error(post(client, "/api/executions/api-done/messages", {"topic": "t", "payload": 1}),
                            409, "execution_finished")
@@ -111,19 +111,19 @@ def test_a_message_to_a_finished_execution_is_refused_and_writes_nothing(client)
     ("not json", "malformed_json"),
 ])
 def test_bad_message_bodies_get_the_api_error_shape_and_write_nothing(client, body, code):
-    start("waits.receiver", {"topic": "go"}, execution_id="api-bad")
+    start("edge.receiver", {"topic": "go"}, execution_id="api-bad")
     before = rows()
     assert_error(post(client, "/api/executions/api-bad/messages", body), 400, code)
     assert rows() == before
 
 
 def test_unknown_executions_and_unscoped_tokens_get_404_or_403(client):
-    start("waits.receiver", {"topic": "go"}, execution_id="api-scope")
+    start("edge.receiver", {"topic": "go"}, execution_id="api-scope")
     before = rows()
     assert_error(post(client, "/api/executions/nope/messages", {"topic": "t", "payload": 1}), 404,
                  "unknown_execution")
     assert_error(client.get("/api/executions/nope/events/k", headers=AUTH), 404, "unknown_execution")
-    # a token scoped to calc.* may not read or message a waits.* execution: 404, as if it did not exist
+    # a token scoped to calc.* may not read or message an edge.* execution: 404, as if it did not exist
     assert_error(post(client, "/api/executions/api-scope/messages", {"topic": "go", "payload": 1}, token=SCOPED),
                  404, "unknown_execution")
     assert_error(client.get("/api/executions/api-scope/events/got", headers={"Authorization": f"Bearer {SCOPED}"}),
@@ -135,14 +135,14 @@ def test_unknown_executions_and_unscoped_tokens_get_404_or_403(client):
 
 @pytest.mark.parametrize("timeout", ["-1", "nan", "abc", "31", "inf"])
 def test_a_bad_timeout_is_an_invalid_parameter(client, timeout):
-    start("waits.receiver", {"topic": "go"}, execution_id="api-to")
+    start("edge.receiver", {"topic": "go"}, execution_id="api-to")
     assert_error(client.get(f"/api/executions/api-to/events/got?timeout={timeout}", headers=AUTH), 400,
                  "invalid_parameter")
 
 
 def test_wrong_methods_answer_405_and_ids_ending_in_the_route_words_stay_readable(client):
-    start("waits.steps", {"n": 1}, execution_id="x/messages")
-    start("waits.steps", {"n": 1}, execution_id="y/events/k")
+    start("edge.steps", {"n": 1}, execution_id="x/messages")
+    start("edge.steps", {"n": 1}, execution_id="y/events/k")
     assert client.get("/api/executions/x/messages", headers=AUTH).json()["status"] == "completed"
     assert client.get("/api/executions/y/events/k", headers=AUTH).json()["status"] == "completed"
     response = client.delete("/api/executions/x/messages", headers=AUTH)

@@ -21,7 +21,7 @@ from journal.exceptions import JournalError
 from journal.flows import InvalidInput, NotResumable, UnknownExecution, flow, start
 from journal.ids import id_problem
 from journal.models import Event, Execution, Fence
-from tests import waits_flows  # noqa: F401  (registers the flows)
+from tests import edge_waits_flows  # noqa: F401  (registers the flows)
 from tests.test_inputs_roundtrip import normal_form, same, values
 
 pytestmark = pytest.mark.django_db
@@ -29,13 +29,13 @@ pytestmark = pytest.mark.django_db
 PROPERTY = settings(max_examples=60, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 _ids = itertools.count()
-BAD = {"value": None}  # the bad argument the next run of waits.bad_* passes (it cannot travel as JSON input)
+BAD = {"value": None}  # the bad argument the next run of edge.bad_* passes (it cannot travel as JSON input)
 
 
 @pytest.fixture(autouse=True)
 def _settings(settings):
     settings.LOOM_WAIT_INLINE_MAX = 0.0
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
 
 
 def rows() -> tuple[int, ...]:
@@ -47,11 +47,11 @@ def rows() -> tuple[int, ...]:
 
 def waiting(prefix: str = "in") -> str:
     eid = f"{prefix}-{next(_ids)}"
-    assert start("waits.receiver", {"topic": "go"}, execution_id=eid).status == "waiting"
+    assert start("edge.receiver", {"topic": "go"}, execution_id=eid).status == "waiting"
     return eid
 
 
-@flow("waits.bad_sleep")
+@flow("edge.bad_sleep")
 def bad_sleep(ctx, value):
     """Calls ctx.sleep with BAD["value"]; returns the name of the error it raised (or "slept")."""
     try:
@@ -61,7 +61,7 @@ def bad_sleep(ctx, value):
     return "slept"
 
 
-@flow("waits.bad_sleep_until")
+@flow("edge.bad_sleep_until")
 def bad_sleep_until(ctx, value):
     try:
         ctx.sleep_until(BAD["value"])
@@ -70,7 +70,7 @@ def bad_sleep_until(ctx, value):
     return "slept"
 
 
-@flow("waits.bad_recv")
+@flow("edge.bad_recv")
 def bad_recv(ctx, value):
     try:
         ctx.recv(BAD["value"])
@@ -145,10 +145,10 @@ def test_a_message_to_a_finished_execution_is_refused_and_writes_nothing(how):
 
     if how == "completed":
         eid = "fin-c"
-        assert start("waits.steps", {"n": 1}, execution_id=eid).status == "completed"
+        assert start("edge.steps", {"n": 1}, execution_id=eid).status == "completed"
     elif how == "failed":
         eid = "fin-f"
-        assert start("waits.steps", {}, execution_id=eid).status == "failed"  # no "n": a KeyError
+        assert start("edge.steps", {}, execution_id=eid).status == "failed"  # no "n": a KeyError
     else:
         eid = waiting("fin")
         flows.cancel(eid, "test")
@@ -173,7 +173,7 @@ def test_a_bad_sleep_raises_invalid_input_in_the_flow_and_parks_nothing(seconds)
 
     BAD["value"] = seconds
     eid = f"bs-{next(_ids)}"
-    out = start("waits.bad_sleep", {}, execution_id=eid)
+    out = start("edge.bad_sleep", {}, execution_id=eid)
     assert out.status == "completed" and str(out.result).startswith("InvalidInput"), out
     assert not Wait.objects.filter(execution_id=eid).exists()
     assert "WAIT_STARTED" not in [e.type for e in Event.objects.read(eid)]
@@ -186,7 +186,7 @@ def test_sleep_until_refuses_naive_datetimes_and_non_datetimes(when):
 
     BAD["value"] = when
     eid = f"bu-{next(_ids)}"
-    out = start("waits.bad_sleep_until", {}, execution_id=eid)
+    out = start("edge.bad_sleep_until", {}, execution_id=eid)
     assert str(out.result).startswith("InvalidInput"), out
     assert not Wait.objects.filter(execution_id=eid).exists()
 
@@ -198,7 +198,7 @@ def test_recv_refuses_a_bad_topic_without_waiting(topic):
 
     BAD["value"] = topic
     eid = f"br-{next(_ids)}"
-    out = start("waits.bad_recv", {}, execution_id=eid)
+    out = start("edge.bad_recv", {}, execution_id=eid)
     assert str(out.result).startswith("InvalidInput"), out
     assert not Wait.objects.filter(execution_id=eid).exists()
 
@@ -208,7 +208,7 @@ def test_recv_refuses_a_bad_topic_without_waiting(topic):
 def test_a_start_with_a_bad_delay_is_refused_and_writes_nothing(delay):
     before = rows()
     with pytest.raises(InvalidInput):
-        start("waits.steps", {"n": 1}, execution_id=f"bd-{next(_ids)}", delay=delay)
+        start("edge.steps", {"n": 1}, execution_id=f"bd-{next(_ids)}", delay=delay)
     assert rows() == before
 
 
@@ -217,12 +217,12 @@ def test_start_at_must_be_aware_and_not_given_with_delay():
 
     before = rows()
     with pytest.raises(InvalidInput):
-        start("waits.steps", {"n": 1}, execution_id="sa-naive", start_at=datetime(2030, 1, 1))
+        start("edge.steps", {"n": 1}, execution_id="sa-naive", start_at=datetime(2030, 1, 1))
     with pytest.raises(InvalidInput):
-        start("waits.steps", {"n": 1}, execution_id="sa-both", start_at=timezone.now() + timedelta(hours=1),
+        start("edge.steps", {"n": 1}, execution_id="sa-both", start_at=timezone.now() + timedelta(hours=1),
               delay=5)
     with pytest.raises(InvalidInput):
-        start("waits.steps", {"n": 1}, execution_id="sa-text", start_at="tomorrow")
+        start("edge.steps", {"n": 1}, execution_id="sa-text", start_at="tomorrow")
     assert rows() == before
 
 
@@ -251,7 +251,7 @@ def test_a_fork_from_a_step_that_does_not_exist_is_refused(from_step):
     from journal.flows import fork
 
     eid = f"fk-{next(_ids)}"
-    assert start("waits.steps", {"n": 3}, execution_id=eid).status == "completed"
+    assert start("edge.steps", {"n": 3}, execution_id=eid).status == "completed"
     before = rows()
     with pytest.raises(InvalidInput):
         fork(eid, from_step)

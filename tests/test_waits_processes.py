@@ -4,7 +4,7 @@ to another worker, which finishes every one; each step's effect happens once, ea
 once, no timer fires twice, two workers racing for the same due timers wake each once, and a replay
 after a crash never sleeps again.
 
-The flows (tests/waits_flows.py) record every effect in an atomic step (one row per effect), so the
+The flows (tests/edge_waits_flows.py) record every effect in an atomic step (one row per effect), so the
 rows count how often each effect happened. Executions are started in this process with
 LOOM_WAIT_INLINE_MAX=0: every wait parks (status waiting) and only a worker's waker resumes it.
 """
@@ -24,7 +24,7 @@ import pytest
 
 from journal.flows import send, start
 from journal.models import Event, Execution, Fence
-from tests import waits_flows as wf
+from tests import edge_waits_flows as wf
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,10 +35,10 @@ SETTLED = ("completed", "failed", "cancelled", "stuck")
 @pytest.fixture
 def env(child_env, settings, tmp_path):
     settings.LOOM_WAIT_INLINE_MAX = 0.0
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
     child_env.update({
         "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
-        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_LEASE_MODE": "lazy", "LOOM_FLOW_MODULES": "tests.waits_flows",
+        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_LEASE_MODE": "lazy", "LOOM_FLOW_MODULES": "tests.edge_waits_flows",
         "LOOM_WAIT_INLINE_MAX": "0", "LOOM_WAIT_POLL": "0.2", "LOOM_WAIT_RECHECK": "1.0",
         "PYTHONFAULTHANDLER": "1", "LOOM_TEST_LOGS": str(tmp_path),
     })
@@ -134,13 +134,13 @@ def test_a_worker_killed_while_flows_wait_leaves_them_to_another_that_finishes_e
 
     sleepers = [f"kw-s{i}" for i in range(6)]
     for i, eid in enumerate(sleepers):
-        assert start("waits.sleeper", {"seconds": 0.5 + 0.4 * i}, execution_id=eid).status == "waiting"
+        assert start("edge.sleeper", {"seconds": 0.5 + 0.4 * i}, execution_id=eid).status == "waiting"
     receivers = [f"kw-r{i}" for i in range(4)]
     for eid in receivers:
-        assert start("waits.receiver", {"topic": "go"}, execution_id=eid).status == "waiting"
+        assert start("edge.receiver", {"topic": "go"}, execution_id=eid).status == "waiting"
     send("kw-r0", "go", {"early": 0}, message_id="early-0")  # sent before anyone runs: kept
-    assert start("waits.counter", {"n": 3}, execution_id="kw-c").status == "waiting"
-    assert start("waits.parent", {"ns": [1, 2], "seconds": 1.0}, execution_id="kw-p").status == "waiting"
+    assert start("edge.counter", {"n": 3}, execution_id="kw-c").status == "waiting"
+    assert start("edge.parent", {"ns": [1, 2], "seconds": 1.0}, execution_id="kw-p").status == "waiting"
 
     a = workers("kw-a")
     wait_until(lambda: ("kw-s0", "after") in wf.effects("kw-s0"), "worker A fires the first timer", [a])
@@ -156,7 +156,7 @@ def test_a_worker_killed_while_flows_wait_leaves_them_to_another_that_finishes_e
     send("kw-c", "add", 10, message_id="c-2")
     send("kw-c", "add", 100, message_id="c-3")
     b = workers("kw-b")
-    wait_until(lambda: all_settled("kw-") and Execution.objects.filter(flow="waits.child", status="completed")
+    wait_until(lambda: all_settled("kw-") and Execution.objects.filter(flow="edge.child", status="completed")
                .count() == 2, "worker B finishes everything", [b], timeout=90)
 
     statuses = dict(Execution.objects.filter(pk__startswith="kw-").values_list("pk", "status"))
@@ -169,7 +169,7 @@ def test_a_worker_killed_while_flows_wait_leaves_them_to_another_that_finishes_e
     assert results == {"kw-r0": {"early": 0}, "kw-r1": {"during": 1}, "kw-r2": {"after": 2}, "kw-r3": {"after": 3}}
     assert Execution.objects.get(pk="kw-c").result == 111  # 3 messages, each added once
     assert counts[("kw-p", "sum:6")] == 1
-    children = Execution.objects.filter(flow="waits.child").values_list("pk", flat=True)
+    children = Execution.objects.filter(flow="edge.child").values_list("pk", flat=True)
     assert sorted(counts[(c, "child-run")] for c in children) == [1, 1]
     # each message row consumed exactly once (a repeated message_id was never stored twice)
     rows = Message.objects.filter(execution_id__startswith="kw-")
@@ -187,7 +187,7 @@ def test_two_workers_racing_for_the_same_due_timers_wake_each_once(workers):
 
     # The fence of an execution whose timers each fired once: a reference run of the same shape (a
     # scheduled start, then a sleep), woken in this process alone.
-    start("waits.sleeper", {"seconds": 0}, execution_id="ref-once", start_at=timezone.now())
+    start("edge.sleeper", {"seconds": 0}, execution_id="ref-once", start_at=timezone.now())
     deadline = time.monotonic() + 10
     while Execution.objects.get(pk="ref-once").status != "completed" and time.monotonic() < deadline:
         wake_due()
@@ -198,7 +198,7 @@ def test_two_workers_racing_for_the_same_due_timers_wake_each_once(workers):
     ids = [f"race-{i}" for i in range(n)]
     when = timezone.now() + timedelta(seconds=6)  # both workers are up by then (their start-up is slower)
     for eid in ids:
-        assert start("waits.sleeper", {"seconds": 0}, execution_id=eid, start_at=when).status == "waiting"
+        assert start("edge.sleeper", {"seconds": 0}, execution_id=eid, start_at=when).status == "waiting"
     a, b = workers("race-a"), workers("race-b")
     wait_until(lambda: all_settled("race-"), "both workers finish the race", [a, b], timeout=90)
     counts = assert_once("race-")
@@ -212,7 +212,7 @@ def test_a_replay_after_a_crash_never_sleeps_again(workers, tmp_path):
     flow: the recorded sleep returns from the log (no second WAIT_STARTED), the step runs again."""
     gate, marker = tmp_path / "gate", tmp_path / "marker"
     value = {"seconds": 0.5, "gate": str(gate), "marker": str(marker)}
-    assert start("waits.gated_after_sleep", value, execution_id="replay-1").status == "waiting"
+    assert start("edge.gated_after_sleep", value, execution_id="replay-1").status == "waiting"
     a = workers("replay-a")
     wait_until(lambda: marker.exists(), "worker A runs the step after the sleep", [a])
     a.kill()
