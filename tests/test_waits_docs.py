@@ -38,7 +38,7 @@ def test_the_examples_run_as_written():
     try:
         for name, code in examples():
             try:
-                exec(compile(code, f"docs/flows.md [{name}]", "exec"), session)  # noqa: S102
+                exec(compile(code, f"docs/flows.md [{name}]", "exec"), session)
             except Exception as exc:
                 raise AssertionError(f"the example {name} of docs/flows.md fails: {type(exc).__name__}: {exc}") from exc
     finally:
