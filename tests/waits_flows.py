@@ -1,126 +1,106 @@
-"""Flows that wait (issue 17), importable by worker processes (LOOM_FLOW_MODULES=tests.waits_flows).
-
-Every effect is an atomic step that inserts one row into EFFECTS (the row commits with the step's
-record), so a count of rows per (execution, step) says how often each step's effect happened:
-exactly once, whatever crashed in between.
-"""
+"""Flows that wait, used by tests/test_waits_engine*.py (and importable by worker processes through
+LOOM_FLOW_MODULES). Each step's effect is a row in the effects table, so a test counts runs."""
 
 from __future__ import annotations
 
-import os
-import time
+from journal.flows import RetryPolicy, flow
+from tests.flows_fixtures import record_effect
 
-from django.db import connection
-
-from journal.flows import flow
-
-EFFECTS = "test_waits_effects"
-
-
-def create_effects_table() -> None:
-    key = "id INTEGER PRIMARY KEY AUTOINCREMENT" if connection.vendor == "sqlite" else "id serial PRIMARY KEY"
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE TABLE IF NOT EXISTS {EFFECTS} ({key}, execution_id varchar(200), step varchar(200),"
-                       " pid integer)")
-        cursor.execute(f"DELETE FROM {EFFECTS}")
-
-
-def effects(prefix: str = "") -> list[tuple[str, str]]:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT execution_id, step FROM {EFFECTS} WHERE execution_id LIKE %s ORDER BY id",
-                       [prefix + "%"])
-        return [tuple(r) for r in cursor.fetchall()]
-
-
-def record(execution_id: str, step: str) -> str:
-    with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {EFFECTS} (execution_id, step, pid) VALUES (%s, %s, %s)",
-                       [execution_id, step, os.getpid()])
-    return step
-
-
-def effect(ctx, name: str) -> str:
-    """One atomic step whose effect is one row: exactly once per execution and name."""
-    return ctx.step(name, record, ctx.execution_id, name, atomic=True)
+FAIL_TIMES: dict[str, int] = {}
 
 
 @flow("waits.sleeper")
 def sleeper(ctx, value):
-    """before -> a durable sleep of value["seconds"] -> after."""
-    effect(ctx, "before")
-    ctx.sleep(value["seconds"])
-    effect(ctx, "after")
-    return value["seconds"]
+    ctx.step("before", record_effect, ctx.execution_id, "before")
+    ctx.sleep(value.get("seconds", 60))
+    return ctx.step("after", record_effect, ctx.execution_id, "after")
+
+
+@flow("waits.until")
+def until(ctx, value):
+    from datetime import datetime
+
+    ctx.sleep_until(datetime.fromisoformat(value["when"]))
+    return ctx.step("after", record_effect, ctx.execution_id, "after")
 
 
 @flow("waits.receiver")
 def receiver(ctx, value):
-    """Waits for one message on value["topic"] (value.get("timeout")), records it, publishes it as
-    the event "got" and returns it."""
-    effect(ctx, "before")
-    got = ctx.recv(value["topic"], timeout=value.get("timeout"))
-    effect(ctx, f"got:{got!r}"[:150])
-    ctx.set_event("got", got)
+    got = ctx.recv(value.get("topic", "go"), timeout=value.get("timeout"))
+    ctx.step("after", record_effect, ctx.execution_id, "after")
     return got
 
 
-@flow("waits.counter")
-def counter(ctx, value):
-    """Receives value["n"] messages on "add" and returns their sum: each must be consumed once."""
-    total = 0
-    for i in range(value["n"]):
-        total += ctx.recv("add")
-        effect(ctx, f"add-{i}")
-        ctx.set_event("total", total)
-    return total
+@flow("waits.two_messages")
+def two_messages(ctx, value):
+    first = ctx.recv("t")
+    second = ctx.recv("t")
+    return [first, second]
 
 
-@flow("waits.echo")
-def echo(ctx, value):
-    """The round trip of the benchmark and the API: recv "ping" -> set_event "pong" (the payload)."""
-    got = ctx.recv("ping")
-    ctx.set_event("pong", got)
+@flow("waits.publisher")
+def publisher(ctx, value):
+    ctx.set_event("stage", "one")
+    got = ctx.recv("next")
+    ctx.set_event("stage", {"got": got})
     return got
 
 
 @flow("waits.child")
 def child(ctx, value):
-    effect(ctx, "child-run")
-    if value.get("seconds"):
-        ctx.sleep(value["seconds"])
-    return value["n"] * 2
+    ctx.step("child-work", record_effect, ctx.execution_id, "child-work")
+    if value.get("fail"):
+        raise RuntimeError("child failed on purpose")
+    if value.get("wait"):
+        ctx.recv("release")
+    return value["n"] * 10
 
 
 @flow("waits.parent")
 def parent(ctx, value):
-    """Starts one child per n in value["ns"], waits for each result, records the sum."""
-    handles = [ctx.start_child("waits.child", {"n": n, "seconds": value.get("seconds", 0)}) for n in value["ns"]]
-    total = sum(handle.result() for handle in handles)
-    effect(ctx, f"sum:{total}")
-    return total
+    handle = ctx.start_child("waits.child", {"n": value["n"], "fail": value.get("fail", False),
+                                             "wait": value.get("wait", False)})
+    return {"child": handle.execution_id, "result": handle.result()}
+
+
+@flow("waits.counter")
+def counter(ctx, value):
+    n = ctx.step("count", lambda: value["n"] + 1)
+    if n < value["until"]:
+        ctx.continue_as_new({"n": n, "until": value["until"]})
+    return n
+
+
+@flow("waits.flaky", retry=RetryPolicy(attempts=3, backoff=30.0))
+def flaky(ctx, value):
+    def attempt():
+        record_effect(ctx.execution_id, "attempt")
+        left = FAIL_TIMES.get(ctx.execution_id, 0)
+        if left > 0:
+            FAIL_TIMES[ctx.execution_id] = left - 1
+            raise RuntimeError("flaky")
+        return "ok"
+
+    return ctx.step("flaky", attempt)
 
 
 @flow("waits.steps")
 def steps(ctx, value):
-    """value["n"] plain steps (fork replays those before its step and runs the rest again)."""
-    return [effect(ctx, f"s{i}") for i in range(value["n"])]
+    out = []
+    for i in range(value.get("n", 3)):
+        out.append(ctx.step(f"s{i}", record_effect, ctx.execution_id, f"s{i}-{value.get('tag', '')}"))
+    return out
 
 
-@flow("waits.gated_after_sleep")
-def gated_after_sleep(ctx, value):
-    """before -> sleep -> a step that waits for the file value["gate"] (so a worker can be killed in it)
-    -> after. A replay after the kill must not sleep again: the sleep's completion is in the log."""
-    effect(ctx, "before")
-    ctx.sleep(value["seconds"])
+@flow("waits.slow_step")
+def slow_step(ctx, value):
+    import time
 
-    def gate() -> int:
-        with open(value["marker"], "a") as fh:
-            fh.write(f"{os.getpid()}\n")
-        deadline = time.monotonic() + 120
-        while not os.path.exists(value["gate"]) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return os.getpid()
+    return ctx.step("slow", lambda: time.sleep(value["seconds"]) or "done", timeout=value["timeout"])
 
-    ctx.step("gate", gate)
-    effect(ctx, "after")
-    return value["seconds"]
+
+@flow("waits.deadline")
+def deadline(ctx, value):
+    ctx.step("first", record_effect, ctx.execution_id, "first")
+    ctx.recv("never")
+    return "unreachable"

@@ -10,6 +10,7 @@ header. No read happens on that path. Every write goes through journal/flows/wri
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -20,8 +21,23 @@ from journal.envelopes import Envelope, check_new_stream_id
 from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
 from journal.flows import ownership, writer
-from journal.flows.context import DurableContext, Halt, _error_text, _jsonable
+from journal.flows.context import (
+    ContinueAsNew,
+    DurableContext,
+    Halt,
+    Park,
+    WaitSpec,
+    _error_text,
+    _jsonable,
+    check_moment,
+    check_seconds,
+    inline_max,
+    iso,
+    now,
+    parse_time,
+)
 from journal.flows.errors import (
+    DeadlineExceeded,
     ExecutionBusy,
     ExecutionExists,
     InvalidInput,
@@ -35,6 +51,7 @@ from journal.flows.ownership import Claim, get_ownership
 from journal.flows.registry import Flow, get_flow
 from journal.flows.state import (
     CANCELLED,
+    COMPLETED,
     RUNNING,
     SETTLED_FAILED,
     TERMINAL,
@@ -107,7 +124,78 @@ class Runner:
         if self.claim is not None and self.claim.lost:
             raise Halt(OwnershipLost(self.run.execution_id, "its ownership claim was lost"))
 
-    def atomic_step(self, name: str, pos: int, attempt: int, began: float, fn, args) -> Any:
+    def before_work(self) -> None:
+        """Before a step runs or a wait begins: the claim holds and the execution's deadline has not
+        passed (DeadlineExceeded: the flow may catch it; uncaught, the execution fails)."""
+        self.boundary()
+        deadline = self.state.meta.get("$deadline")
+        if deadline and now() >= parse_time(deadline):
+            raise DeadlineExceeded(f"execution {self.run.execution_id!r} passed its deadline {deadline}")
+
+    def cap(self, due):
+        """A wait's due time, no later than the execution's deadline (so a waiting execution wakes to
+        fail at it, on any worker)."""
+        deadline = self.state.meta.get("$deadline")
+        if not deadline:
+            return due
+        deadline = parse_time(deadline)
+        return deadline if due is None or deadline < due else due
+
+    # -- what the wait primitives of DurableContext need (journal/flows/waits.py) --
+    def take_message(self, pos: int, name: str, topic: str) -> tuple[Any] | None:
+        """Consume the oldest pending message of `topic` and record it as the wait's result, in ONE
+        transaction (exactly once: a crash before the commit leaves both undone); (payload,) or None."""
+        from journal.flows import waits
+
+        return waits.take_message(self, pos, name, topic)
+
+    def put_event(self, key: str, value: Any) -> None:
+        from journal.flows import waits
+
+        waits.put_event(self.run.execution_id, key, value)
+
+    def spawn_child(self, flow: str, stored: Any, child_id: str) -> str:
+        from journal.flows import waits
+
+        return waits.spawn_child(self.run.execution_id, flow, stored, child_id)
+
+    def child_outcome(self, child_id: str) -> dict | None:
+        from journal.flows import waits
+
+        return waits.child_outcome(child_id)
+
+    def park(self, spec: WaitSpec) -> Outcome:
+        """Write what is pending, then the wait row and status waiting; the thread and lease go."""
+        from journal.flows import waits
+
+        if self.pending:
+            self.flush()
+        waits.park(self.run, spec)
+        return Outcome(self.run.execution_id, "waiting", None, None)
+
+    def check_start(self) -> None:
+        """A scheduled start (start_at, delay, a child, a continuation, a fork) runs no step before its
+        time: park (or sleep, if short) until then."""
+        meta = self.state.meta
+        start_at = meta.get("$start_at")
+        if not start_at or self.state.steps or meta.get("$woken"):
+            return
+        remaining = (parse_time(start_at) - now()).total_seconds()
+        if remaining <= 0:
+            return
+        if remaining >= inline_max():
+            raise Park(WaitSpec("start", -1, self.cap(parse_time(start_at))))
+        time.sleep(remaining)
+
+    def after_settle(self) -> None:
+        """A settled child wakes its parent; a run that waited drops its wait row (best effort: the
+        parent re-checks every LOOM_WAIT_RECHECK, a stale row is deleted by the next claim)."""
+        from journal.flows import waits
+
+        waits.after_settle(self.state)
+
+    def atomic_step(self, name: str, pos: int, attempt: int, began: float, fn, args,
+                    timeout: float | None = None) -> Any:
         """Run fn and write its STEP_COMPLETED in one transaction: its database effects and the record
         that it completed commit together, or neither does."""
         with transaction.atomic():
@@ -115,6 +203,8 @@ class Runner:
             problem = _jsonable(result)
             if problem is not None:
                 raise StepFailed(name, pos, problem, attempt)
+            if timeout is not None and time.perf_counter() - began > timeout:
+                raise DeadlineExceeded(f"step {name!r} took longer than its timeout of {timeout} s")
             self.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": attempt, "result": result,
                                           "ms": round((time.perf_counter() - began) * 1000, 3)})
             self.flush()
@@ -125,11 +215,31 @@ class Runner:
         ctx = DurableContext(self, self.state, flow.retry)
         try:
             try:
+                self.check_start()
                 result = flow.fn(ctx, value)
                 ctx.check_consumed()
                 problem = _jsonable(result)
                 if problem is not None:
                     raise TypeError(f"flow {flow.name} returned a value that is not storable: {problem}")
+            except Park as park:
+                return self.park(park.spec)
+            except ContinueAsNew as cont:
+                from journal.flows import waits
+
+                ctx.check_consumed()
+                self.boundary()
+                try:
+                    next_id = waits.continue_run(self.state, flow, cont.input)
+                except (InvalidInput, ExecutionExists) as exc:
+                    error = _error_text(exc)
+                    self.emit(ev.EXECUTION_FAILED, {"error": error})
+                    self.flush(writer.Settle("failed", None, error))
+                    return Outcome(eid, "failed", None, error)
+                result = {"continued_as": next_id}
+                self.emit(ev.EXECUTION_CONTINUED, {"next": next_id, "result": result})
+                self.flush(writer.Settle("completed", result))
+                self.after_settle()
+                return Outcome(eid, "completed", result, None)
             except Halt:
                 raise
             except Exception as exc:
@@ -137,10 +247,12 @@ class Runner:
                 self.boundary()
                 self.emit(ev.EXECUTION_FAILED, {"error": error})
                 self.flush(writer.Settle("failed", None, error))
+                self.after_settle()
                 return Outcome(eid, "failed", None, error)
             self.boundary()
             self.emit(ev.EXECUTION_COMPLETED, {"result": result})
             self.flush(writer.Settle("completed", result))
+            self.after_settle()
             return Outcome(eid, "completed", result, None)
         except Halt as halt:
             return _halted(eid, halt.error)
@@ -190,16 +302,38 @@ def prepare_start(flow: str | Flow, input: Any, execution_id: str | None) -> tup
     return definition, value, stored, execution_id
 
 
-def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: dict | None = None) -> Outcome:
+def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: dict | None = None, *,
+          start_at=None, delay: float | None = None, timeout: float | None = None) -> Outcome:
     """Start a durable execution and run it to completion in this thread.
 
     With no id a ULID is minted; a caller-chosen id makes the start idempotent: a second start of
     the same id (even racing from another process) raises ExecutionExists before any step runs.
+
+    start_at (an aware datetime) or delay (seconds): a scheduled start; the execution is written and
+    parked (Outcome status "waiting") and a worker's waker runs it when due. timeout (seconds): the
+    execution's deadline; past it, the next step or wait raises DeadlineExceeded and the execution
+    fails (a waiting execution is woken at its deadline, on any worker).
     """
+    if start_at is not None and delay is not None:
+        raise InvalidInput("start() takes start_at or delay, not both")
+    due = None
+    if start_at is not None:
+        due = check_moment(start_at, "start_at")
+    elif delay is not None:
+        due = now() + timedelta(seconds=check_seconds(delay, "delay"))
+    extra = {}
+    if timeout is not None:
+        extra["$deadline"] = iso(now() + timedelta(seconds=check_seconds(timeout, "timeout")))
     definition, value, stored, execution_id = prepare_start(flow, input, execution_id)
+    if due is not None:
+        from journal.flows import waits
+
+        if meta:
+            extra["$meta"] = meta
+        return waits.schedule(definition.name, stored, execution_id, due, extra)
     state = ExecutionState(execution_id)
     runner = Runner(writer.RunHandle(execution_id, definition.name, stored), state, None)
-    started = {"flow": definition.name, "input": stored}
+    started = {"flow": definition.name, "input": stored, **extra}
     if meta:
         started["$meta"] = meta  # who started it and under which trace (the HTTP API records these)
     runner.emit(ev.EXECUTION_STARTED, started)
@@ -210,17 +344,28 @@ def _take_over(execution_id: str, expected_fence: int | None = None) -> tuple[in
     """A new fence first (every older owner is refused from here on), then the state.
 
     expected_fence: advance only from that token (a handed-over resume: if anyone took the
-    execution over since it was handed over, nothing is done)."""
+    execution over since it was handed over, nothing is done). A parked execution (waiting or
+    suspended) is running again from the same transaction on (its header locked first, the order
+    of park and send)."""
     from journal.models import Fence
+    from journal.store import store_for
 
+    store = store_for(Fence.objects.db)
     try:
-        token = Fence.objects.advance(execution_id, expected_fence)
+        with transaction.atomic(using=Fence.objects.db):
+            status = store.lock_execution(execution_id)
+            token = Fence.objects.advance(execution_id, expected_fence)
+            if status in PARKED:
+                store.set_execution_status(execution_id, token, RUNNING)
     except UnknownStream:
         raise UnknownExecution(execution_id) from None
     except StaleFence:
         raise NotResumable(f"execution {execution_id!r} was taken over since fence {expected_fence} "
                            f"(now {Fence.objects.current(execution_id)}); nothing done") from None
     return token, load_state(execution_id)
+
+
+PARKED = frozenset({"waiting", "suspended"})
 
 
 def _adopt(execution_id: str, token: int) -> ExecutionState:
@@ -290,6 +435,8 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
     claim = get_ownership().begin(execution_id, token, fresh=False)
     runner = Runner(run, state, claim)
     runner.recovered = {"by": process_identity(), "fence": token}
+    if status == "suspended":  # the log says who let it go on (written with the run's next write)
+        runner.emit(ev.EXECUTION_RESUMED, {"by": process_identity(), "from_status": status})
     return runner.drive(definition, value)
 
 
@@ -383,10 +530,15 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     run = writer.RunHandle(execution_id, state.flow, state.input, token=token, tip=state.seq)
     runner = Runner(run, state, None)
     runner.emit(ev.EXECUTION_CANCELLED, {"reason": reason})
+    children = [record[2] for record in state.steps if record[0] == "$start_child" and record[1] == COMPLETED]
     try:
         runner.flush(writer.Settle(CANCELLED, None, reason))
     except Halt as halt:
         raise halt.error from None
+    runner.after_settle()
+    from journal.flows import waits
+
+    waits.cancel_children(execution_id, children, reason)
     return Outcome(execution_id, CANCELLED, None, reason)
 
 

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
@@ -88,6 +89,35 @@ class ExecutionSettle:
     # for a store with `one_statement_executions`).
     companion: Companion | None = None
     lease_owner: str | None = None
+
+
+#: Header statuses after which an execution takes no message, wake-up or suspend.
+SETTLED_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+
+@dataclass(slots=True)
+class WaitRecord:
+    """What a parked execution waits for (a row of journal_wait)."""
+
+    execution_id: str
+    flow: str
+    kind: str  # sleep, recv, child, start, retry
+    pos: int
+    token: int
+    due_at: datetime | None
+    topic: str = ""
+    child: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedWait:
+    """A wait a claim took: the execution now runs under `token` (the fence the claim advanced to)."""
+
+    execution_id: str
+    token: int
+    flow: str
+    kind: str
+    pos: int
 
 
 # -- execution_status --
@@ -274,6 +304,88 @@ class JournalStore(DatabaseBound, ABC):
     def _settle(self, settles: Sequence[ExecutionSettle]) -> list[Verdict]:
         """The guarded append of the settling events and, only if every guard passed, the headers
         (and the companion's lease deletes); one verdict per settle, in order."""
+
+    # == waits (flows that wait: journal/flows/waits.py) ==========================================
+    # A parked execution has one row in journal_wait (what it waits for, until when, under which
+    # fence); messages wait in journal_message until a recv consumes them; ctx.set_event values live in
+    # journal_flowevent. A header lock orders park, send and a child's wake-up (see each backend):
+    # a message or a settle that lands while an execution parks is either seen by the park or wakes
+    # the row the park committed, never lost in between.
+
+    #: Whether this backend notifies waits made due and flow events (PostgreSQL NOTIFY on
+    #: LOOM_WAIT_CHANNEL); without it the waker and get_event poll.
+    wait_notifications = False
+
+    @abstractmethod
+    def lock_execution(self, execution_id: str) -> str | None:
+        """Lock the execution's header in the caller's transaction (the first lock of park, send and
+        a takeover of a parked execution: one order, no deadlock); its status, None if unknown."""
+
+    @abstractmethod
+    def park(self, wait: WaitRecord, status: str) -> datetime | bool | None:
+        """Under the run's fence (`wait.token`), in one transaction: lock the header, upsert the wait
+        row and set the header to `status` (waiting). A recv whose topic already has a pending message,
+        or a child wait whose child has settled, is parked due now. Returns the due time written (None:
+        no timer), or False if the fence moved on (nothing written)."""
+
+    @abstractmethod
+    def claim_due_waits(self, now: datetime, limit: int, flows: Sequence[str] | None) -> list[ClaimedWait]:
+        """Take up to `limit` waits due at `now` (of `flows`; None: any): each row deleted, its fence
+        advanced from the parked token and its header set running (updated_at now), in one
+        transaction. Two claimers never take the same row. Rows outlived by a takeover (fence moved)
+        are deleted and not returned."""
+
+    @abstractmethod
+    def next_wait_due(self) -> datetime | None:
+        """The earliest due time of any wait (one probe of the due index), or None."""
+
+    @abstractmethod
+    def wake_wait(self, execution_id: str, now: datetime, *, topic: str | None = None,
+                  child: str | None = None) -> bool:
+        """Make the execution's wait due now (only a recv of `topic`, or a wait for `child`, if given),
+        under its header lock; False if it waits for nothing of the kind."""
+
+    @abstractmethod
+    def drop_wait(self, execution_id: str) -> None:
+        """Delete the execution's wait row, if any (it settled, or was suspended)."""
+
+    @abstractmethod
+    def wait_of(self, execution_id: str) -> dict | None:
+        """The wait row as a dict (kind, pos, token, due_at, topic, child, flow), or None."""
+
+    @abstractmethod
+    def set_execution_status(self, execution_id: str, token: int, status: str) -> bool:
+        """Set a header's status (running, waiting, suspended) if the fence is still `token`, in the
+        caller's transaction; False (nothing written) otherwise."""
+
+    @abstractmethod
+    def send_message(self, execution_id: str, topic: str, message_id: str, payload: str,
+                     now: datetime) -> tuple[str | None, bool]:
+        """(header status, inserted): under the recipient's header lock, keep the message (JSON text)
+        unless the recipient is unknown (status None) or settled, or `message_id` was sent before
+        (inserted False); wake a recv of its topic. Nothing is written in the refused cases."""
+
+    @abstractmethod
+    def pending_message(self, execution_id: str, topic: str) -> tuple[int, str, Any] | None:
+        """(row id, message_id, payload) of the oldest unconsumed message of the topic, or None."""
+
+    @abstractmethod
+    def consume_message(self, row_id: int, seq: int, now: datetime) -> bool:
+        """Mark a message consumed (by the event at `seq`), in the caller's transaction; False if
+        it was consumed already."""
+
+    @abstractmethod
+    def messages_of(self, execution_id: str, limit: int) -> list[dict]:
+        """The newest messages of an execution (admin): message_id, topic, payload, sent_at, consumed_at."""
+
+    @abstractmethod
+    def put_flow_event(self, execution_id: str, key: str, value: str) -> None:
+        """Set (or overwrite) an execution's event `key` (JSON text), in the caller's transaction;
+        notified on LOOM_WAIT_CHANNEL where the backend can."""
+
+    @abstractmethod
+    def flow_event(self, execution_id: str, key: str) -> tuple[bool, Any]:
+        """(found, value) of an execution's event `key`."""
 
     # -- reads ----------------------------------------------------------------------------------
     def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None) -> list[StoredEvent]:
