@@ -24,11 +24,12 @@ SCOPED = "waits-scoped-0123456789abcdef"
 
 
 @pytest.fixture(autouse=True)
-def api_settings(settings):
+def api_settings(settings, transactional_db):
     settings.LOOM_API_AUTH = True
     settings.LOOM_API_TOKENS = [TOKEN, {"token": SCOPED, "name": "scoped", "flows": ["calc.*"]}]
     settings.LOOM_WAIT_INLINE_MAX = 0.0  # every wait parks: nothing sleeps in the test's thread
     settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
+    edge_waits_flows.create_effects_table()
 
 
 def post(client: Client, path: str, body, token: str = TOKEN):
