@@ -79,7 +79,7 @@ def test_a_long_sleep_parks_with_its_due_time_in_the_log_and_a_wait_row():
     assert status("s1") == "waiting"
     wait = waiting_on("s1")
     assert wait["kind"] == "sleep" and wait["pos"] == 1 and wait["token"] == 1
-    started = [e for e in Event.objects.read("s1") if e.type == ev.WAIT_STARTED][0]
+    started = next(e for e in Event.objects.read("s1") if e.type == ev.WAIT_STARTED)
     due = timezone.datetime.fromisoformat(started.payload["due_at"])
     assert wait["due_at"] == due
     assert due - timezone.now() > timedelta(seconds=3500)
