@@ -335,6 +335,9 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         except (UnknownExecution, InvalidStream):  # an id the database cannot hold is no execution either
             view = None
         if view is not None:
+            if view.get("header_status") in ("waiting", "suspended"):
+                # Parked or suspended is the header's word (the wait row's); the log's fold says running.
+                view["status"] = view["header_status"]
             for event in view["events"]:
                 event["json"] = json.dumps(event["payload"], sort_keys=True, ensure_ascii=False)
                 event["when"] = stamp(event["recorded_at"])
