@@ -301,7 +301,7 @@ def test_a_step_past_its_timeout_fails():
 # -- fork ------------------------------------------------------------------------------------------
 def test_fork_reuses_the_steps_before_n_and_runs_the_rest():
     start("waits.steps", {"n": 3, "tag": "a"}, execution_id="f1")
-    new_id = fork("f1", from_step=2, new_execution_id="f1-fork")
+    new_id = fork("f1", from_step=2, execution_id_new="f1-fork")
     assert new_id == "f1-fork" and status("f1-fork") == "waiting"
     assert [o.status for o in wake_due()] == ["completed"]
     assert ran("f1-fork") == ["s2-a"]

@@ -101,9 +101,15 @@ def check_moment(value: Any, what: str) -> datetime:
 
 
 def check_name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > 200 or "\x00" in value:
-        raise InvalidInput(f"{what} must be a non-empty string of at most 200 characters, got {value!r}")
-    return value
+    """A topic, message id or event key: what the database can hold as an id (journal/ids.py:
+    1 to 200 characters, no NUL, no lone surrogate), else InvalidInput."""
+    from journal.exceptions import InvalidStream
+    from journal.ids import check_stored_id
+
+    try:
+        return check_stored_id(value, what)
+    except InvalidStream as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def inline_max() -> float:
@@ -181,7 +187,7 @@ class DurableContext(Context):
                 self._backoff(pos, parse_time(recorded[4]))  # the backoff its run parked on, if not over
             elif (status == STARTED and isinstance(recorded[2], dict) and recorded[2].get("deadline")
                   and now() >= parse_time(recorded[2]["deadline"])):  # its run died in it past its timeout
-                error = _error_text(DeadlineExceeded(f"step {name!r} ran past its timeout"))
+                error = _error_text(DeadlineExceeded(f"deadline exceeded: step {name!r} ran past its timeout"))
                 again = policy.retries(DeadlineExceeded(error), attempt)
                 runner.emit(ev.STEP_FAILED, {"step": name, "pos": pos, "attempt": attempt, "error": error,
                                              "retry": again, "ms": None, "timeout": True})
@@ -205,7 +211,8 @@ class DurableContext(Context):
                     if problem is not None:
                         raise StepFailed(name, pos, problem, attempt)
                     if timeout is not None and time.perf_counter() - began > timeout:
-                        raise DeadlineExceeded(f"step {name!r} took longer than its timeout of {timeout} s")
+                        raise DeadlineExceeded(f"deadline exceeded: step {name!r} took longer than its timeout "
+                                               f"of {timeout} s")
             except Halt:
                 raise
             except Exception as exc:

@@ -9,6 +9,8 @@ from journal.flows.errors import UnknownExecution
 from journal.flows.state import ExecutionState
 from journal.timestamps import stamp
 
+PARKED = frozenset({"waiting", "suspended"})
+
 
 def timeline(events) -> list[dict[str, Any]]:
     """One row per step attempt: step, position, attempt, status, duration (ms), result or error, and a
@@ -73,7 +75,8 @@ def describe(execution_id: str) -> dict[str, Any]:
     return {
         "execution_id": execution_id,
         "flow": state.flow,
-        "status": state.status,
+        # A parked execution's log says it is not settled; its header says how it waits.
+        "status": header.get("status") if not state.settled and header.get("status") in PARKED else state.status,
         "input": state.input,
         "result": state.result,
         "error": state.error or None,

@@ -130,7 +130,8 @@ class Runner:
         self.boundary()
         deadline = self.state.meta.get("$deadline")
         if deadline and now() >= parse_time(deadline):
-            raise DeadlineExceeded(f"execution {self.run.execution_id!r} passed its deadline {deadline}")
+            raise DeadlineExceeded(f"deadline exceeded: execution {self.run.execution_id!r} passed its deadline "
+                                   f"{deadline}")
 
     def cap(self, due):
         """A wait's due time, no later than the execution's deadline (so a waiting execution wakes to
@@ -204,7 +205,7 @@ class Runner:
             if problem is not None:
                 raise StepFailed(name, pos, problem, attempt)
             if timeout is not None and time.perf_counter() - began > timeout:
-                raise DeadlineExceeded(f"step {name!r} took longer than its timeout of {timeout} s")
+                raise DeadlineExceeded(f"deadline exceeded: step {name!r} took longer than its timeout of {timeout} s")
             self.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": attempt, "result": result,
                                           "ms": round((time.perf_counter() - began) * 1000, 3)})
             self.flush()
@@ -543,9 +544,15 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
 
 
 def outcome_of(execution_id: str) -> Outcome:
-    """The outcome as the log says now (a bounded read); status running while it is not settled."""
+    """The outcome as the log says now (a bounded read); while it is not settled, running, or waiting /
+    suspended as its header says when it is parked."""
     state = load_state(execution_id)
-    return Outcome(execution_id, state.status, state.result, state.error or None)
+    status = state.status
+    if not state.settled:
+        header = writer.header_status(execution_id)
+        if header is not None and header[0] in PARKED:
+            status = header[0]
+    return Outcome(execution_id, status, state.result, state.error or None)
 
 
 retry_execution = retry  # exported as journal.flows.retry_execution (journal.flows.retry is the policy module)

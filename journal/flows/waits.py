@@ -379,7 +379,7 @@ def pending_messages(execution_id: str, limit: int = 50) -> list[dict]:
     return _store().messages_of(execution_id, limit)
 
 
-def fork(execution_id: str, from_step: int, new_execution_id: str | None = None) -> str:
+def fork(execution_id: str, from_step: int, execution_id_new: str | None = None) -> str:
     """A new execution of the same flow and input that replays the recorded results of the steps
     before position `from_step` and runs the rest again (after a fix in the code). Scheduled now: a
     worker runs it (or resume(new id)). Returns the new id.
@@ -405,7 +405,7 @@ def fork(execution_id: str, from_step: int, new_execution_id: str | None = None)
         if record[1] != COMPLETED:
             raise InvalidInput(f"step {record[0]!r} at position {pos} did not complete; fork from {pos} or earlier")
         copied.append(list(record[:4]))
-    new_id = new_execution_id or str(ULID())
+    new_id = execution_id_new or str(ULID())
     try:
         check_new_stream_id(new_id)
     except InvalidStream as exc:
