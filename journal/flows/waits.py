@@ -323,6 +323,9 @@ def wake_now(execution_id: str) -> bool:
     from journal.flows.state import load_state
     from journal.models import Event, Fence
 
+    from journal.ids import check_stored_id
+
+    check_stored_id(execution_id, "execution id")  # InvalidStream before any SQL
     store = _store()
     try:
         with transaction.atomic(using=_alias()):
@@ -367,7 +370,9 @@ def wake_due(limit: int | None = None) -> list[Outcome]:
 def waiting_on(execution_id: str) -> dict | None:
     """What a waiting execution waits for (the admin, the API): kind, due_at, topic, child, pos,
     token; None if it has no wait row."""
-    found = _store().wait_of(execution_id)
+    from journal.ids import check_stored_id
+
+    found = _store().wait_of(check_stored_id(execution_id, "execution id"))
     if found is None:
         return None
     return {k: (found[k] or None) if k in ("topic", "child") else found[k]
@@ -376,7 +381,9 @@ def waiting_on(execution_id: str) -> dict | None:
 
 def pending_messages(execution_id: str, limit: int = 50) -> list[dict]:
     """The newest messages of an execution (consumed or not), newest first (the admin)."""
-    return _store().messages_of(execution_id, limit)
+    from journal.ids import check_stored_id
+
+    return _store().messages_of(check_stored_id(execution_id, "execution id"), limit)
 
 
 def fork(execution_id: str, from_step: int, execution_id_new: str | None = None) -> str:
@@ -388,8 +395,10 @@ def fork(execution_id: str, from_step: int, execution_id_new: str | None = None)
     ExecutionExists if the new id is taken. Nothing is written then."""
     from journal.envelopes import check_new_stream_id
     from journal.exceptions import InvalidStream
+    from journal.ids import check_stored_id
     from journal.models import Event
 
+    check_stored_id(execution_id, "execution id")  # InvalidStream before any SQL
     events = Event.objects.read(execution_id)
     if not events:
         raise UnknownExecution(execution_id)
