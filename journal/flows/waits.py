@@ -321,9 +321,8 @@ def wake_now(execution_id: str) -> bool:
     if it is not waiting; UnknownExecution, ExecutionFinished."""
     from journal.flows.runtime import process_identity
     from journal.flows.state import load_state
-    from journal.models import Event, Fence
-
     from journal.ids import check_stored_id
+    from journal.models import Event, Fence
 
     check_stored_id(execution_id, "execution id")  # InvalidStream before any SQL
     store = _store()
