@@ -6,7 +6,9 @@ waker. C caller threads (one per flow) then do `--msg-rounds` rounds each: `send
 message_id=i)` -> the worker wakes the flow, which receives it and `ctx.set_event("pong-<i>", i)`
 and parks on the next recv -> the caller's `get_event(id, "pong-<i>", timeout=...)` returns i. One
 round trip = send to get_event returning. Reported per C: p50/p99/max and round trips per second.
-The cells run in a rotating order over `--msg-repeats` repeats (so drift hits every C alike); the
+On PostgreSQL a cell needs two connections per waiting caller (its own and get_event's LISTEN
+session): a cell the server has no room for is recorded as skipped, with the reason. The cells run
+in a rotating order over `--msg-repeats` repeats (so drift hits every C alike); the
 median repeat's latencies are recorded with every repeat's throughput. Verified: every message
 consumed once (a flow's result is its round count and get_event saw every value).
 """
@@ -19,6 +21,7 @@ from benchmarks import streams
 from benchmarks.arguments import positive_int, positive_int_list
 from benchmarks.harness import run_workers
 from benchmarks.sections import waits
+from benchmarks.sections.lease import _wait_for_connections
 from journal.flows import start
 from journal.models import Execution
 
@@ -38,6 +41,14 @@ def run(ctx) -> None:
     opts = ctx.options
     cells, rounds, repeats = list(opts["msg_concurrency"]), opts["msg_rounds"], opts["msg_repeats"]
     pfx = streams.prefix(ctx.run_id, "waits-msg")
+    skipped = {}
+    for c in list(cells):
+        # On PostgreSQL each waiting caller holds its Django connection and get_event's LISTEN session.
+        needed = 2 * c + 8
+        free = _wait_for_connections(needed, patience=30)
+        if free is not None and free < needed:
+            skipped[c] = f"needs {needed} PostgreSQL connections (2 per waiting caller), {free} free"
+            cells.remove(c)
     samples: dict[int, list[dict]] = {c: [] for c in cells}
     try:
         with waits.worker(f"bench-messages-{ctx.run_id}") as proc:
@@ -48,6 +59,9 @@ def run(ctx) -> None:
     finally:
         if not opts.get("keep"):
             waits.remove(pfx)
+    for c, reason in skipped.items():
+        ctx.log(f"messages: C={c} skipped: {reason}")
+        ctx.record("round trip", {"concurrency": c, "rounds": rounds, "repeats": repeats}, skipped=reason)
     for c, runs in samples.items():
         mid = sorted(runs, key=lambda r: r["throughput"])[len(runs) // 2]
         ctx.record("round trip", {"concurrency": c, "rounds": rounds, "repeats": repeats},
