@@ -1,0 +1,95 @@
+"""Flows that wait under real concurrency (committed transactions, one connection per thread):
+two wakers racing for the same due waits wake each execution once and run each step once; the
+worker's waker service (leases/waker.py) wakes a sleeping flow and a message's recipient. SQLite and
+PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connections
+
+from journal.flows import events as ev
+from journal.flows import ownership as own
+from journal.flows import send, start, wake_due
+from journal.models import Event, Execution, Fence
+from leases.waker import WakeService
+from leases.worker import Worker
+from tests import waits_flows  # noqa: F401  (registers the flows)
+from tests.conftest import effect_rows
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _flows(settings, effects):
+    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_SNAPSHOT_EVERY = None
+    settings.LOOM_WAIT_INLINE_MAX = 0.0
+    settings.LOOM_WAIT_POLL = 0.05
+    settings.LOOM_WAIT_BATCH = 4
+    installed = own.get_ownership()
+    own.set_ownership(None)
+    yield
+    own.set_ownership(installed)
+
+
+def statuses(prefix: str) -> dict[str, str]:
+    return dict(Execution.objects.filter(pk__startswith=prefix).values_list("id", "status"))
+
+
+def eventually(check, limit: float = 30.0, what: str = "") -> None:
+    give_up = time.monotonic() + limit
+    while time.monotonic() < give_up:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not reached: {what}")
+
+
+def test_two_wakers_racing_for_the_same_due_waits_wake_each_execution_once():
+    ids = [f"race-{i:02d}" for i in range(12)]
+    for eid in ids:
+        assert start("waits.sleeper", {"seconds": 0.01}, execution_id=eid).status == "waiting"
+    eventually(lambda: all(Event.objects.read(eid)[-1].type == ev.WAIT_STARTED for eid in ids), what="parked")
+    time.sleep(0.05)  # every wait due (their due time is 10 ms after their park)
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def waker() -> None:
+        try:
+            barrier.wait()
+            while wake_due(limit=2):
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=waker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert set(statuses("race-").values()) == {"completed"}
+    afters = [eid for eid, step in effect_rows() if step == "after"]
+    assert sorted(afters) == ids  # each execution's step after the sleep ran once
+    assert {Fence.objects.current(eid) for eid in ids} == {2}  # one wake-up each: one fence advance
+
+
+def test_the_worker_waker_wakes_a_sleeper_and_a_recipient():
+    worker = Worker("waker-test", services=[WakeService])
+    worker.start()
+    try:
+        start("waits.sleeper", {"seconds": 0.2}, execution_id="ws-1")
+        start("waits.receiver", {"topic": "go"}, execution_id="ws-2")
+        send("ws-2", "go", {"hello": 1})
+        eventually(lambda: statuses("ws-") == {"ws-1": "completed", "ws-2": "completed"}, what="both woken")
+    finally:
+        worker.stop(5)
+    assert Execution.objects.get(pk="ws-2").result == {"hello": 1}
+    assert sorted(effect for effect in effect_rows() if effect[0].startswith("ws-")) == [
+        ("ws-1", "after"), ("ws-1", "before"), ("ws-2", "after")]
