@@ -92,7 +92,12 @@ class Execution(models.Model):
         # What an operator may do to an execution in the admin (and the API), besides viewing it.
         permissions = [("resume_execution", "Can resume an execution (hand it to a worker)"),
                        ("retry_execution", "Can retry a failed execution"),
-                       ("cancel_execution", "Can cancel an execution")]
+                       ("cancel_execution", "Can cancel an execution"),
+                       # flows that wait (journal/flows/waits.py)
+                       ("wake_execution", "Can wake a waiting execution now"),
+                       ("message_execution", "Can send a message to an execution"),
+                       ("suspend_execution", "Can suspend and resume an execution"),
+                       ("fork_execution", "Can fork an execution")]
 
     def __str__(self) -> str:
         return f"{self.flow} {self.id} ({self.status})"
