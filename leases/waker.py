@@ -29,7 +29,9 @@ def resume_woken(execution_id: str, token: int) -> None:
     from journal.flows import resume
 
     try:
-        outcome = resume(execution_id, token=token)
+        # force: the claim took the execution over (the fence moved from the parked run's token), so
+        # the lease row a parked run has not handed back yet (released in the background) proves nothing.
+        outcome = resume(execution_id, token=token, force=True)
         log.info("woken execution=%s status=%s", execution_id, outcome.status)
     except Exception as exc:
         log.warning("woken execution=%s halted: %s: %s", execution_id, type(exc).__name__, exc)

@@ -93,3 +93,29 @@ def test_the_worker_waker_wakes_a_sleeper_and_a_recipient():
     assert Execution.objects.get(pk="ws-2").result == {"hello": 1}
     assert sorted(effect for effect in effect_rows() if effect[0].startswith("ws-")) == [
         ("ws-1", "after"), ("ws-1", "before"), ("ws-2", "after")]
+
+
+def test_a_waiting_run_woken_before_its_lease_was_handed_back_is_run_at_once(settings):
+    """With leases on, a parked run's lease row goes back in the background; a waker that claims the
+    wait before that (a message already there: due now) runs it anyway: its claim moved the fence, so
+    the parked run's lease row proves nothing, and the woken run's lease replaces it."""
+    from leases.keeper import LeaseKeeper, reset_keeper
+    from leases.models import Lease
+    from leases.ownership import LeaseOwnership
+    from leases.store import store_for as lease_store
+
+    assert start("waits.two_messages", {}, execution_id="lw-1").status == "waiting"
+    # The parked run's lease, not handed back yet (another worker's, live for a minute).
+    assert lease_store().acquire_many("parker", [("lw-1", 1)], 60.0) == {"lw-1"}
+    assert Lease.objects.filter(execution_id="lw-1", owner_id="parker").exists()
+    keeper = LeaseKeeper("waker-node")
+    own.set_ownership(LeaseOwnership("eager", keeper))
+    try:
+        send("lw-1", "t", "a")
+        send("lw-1", "t", "b")
+        outcomes = wake_due()
+        assert [(o.execution_id, o.status) for o in outcomes] == [("lw-1", "completed")]
+        assert Execution.objects.get(pk="lw-1").result == ["a", "b"]
+    finally:
+        keeper.shutdown(1)
+        reset_keeper(None)

@@ -360,7 +360,9 @@ def wake_due(limit: int | None = None) -> list[Outcome]:
     outcomes = []
     for item in claimed:
         try:
-            outcomes.append(resume(item.execution_id, token=item.token))
+            # force: the claim itself took the execution over (its fence moved from the parked run's
+            # token), so a lease row the parked run has not handed back yet proves nothing.
+            outcomes.append(resume(item.execution_id, token=item.token, force=True))
         except FlowError as exc:
             log.warning("woken execution %s not run: %s", item.execution_id, exc)
     return outcomes
