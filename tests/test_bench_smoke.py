@@ -185,7 +185,8 @@ def test_bench_waits_runs_every_section():
 
     run, _ = run_command("bench_waits", "--timer-pending", "3,6", "--timer-probes", "3", "--timer-spacing-ms", "5",
                          "--timer-fill-threads", "2", "--msg-concurrency", "1,2", "--msg-rounds", "2",
-                         "--msg-repeats", "2", "--idle-flows", "5", "--idle-nap", "1", "--idle-fill-threads", "2")
+                         "--msg-repeats", "2", "--idle-flows", "5", "--idle-sample-seconds", "1",
+                         "--idle-fill-threads", "2")
     found = assert_every_section(run, set(WAITS_SECTIONS))
     assert {r.params["pending"] for r in found["timers"]} == {3, 6}
     for cell in found["timers"]:
@@ -193,4 +194,4 @@ def test_bench_waits_runs_every_section():
     assert {r.params["concurrency"] for r in found["messages"]} == {1, 2}
     assert all(len(r.metrics["runs"]) == 2 for r in found["messages"])
     idle = found["idle"][0]
-    assert idle.count == 5 and idle.metrics["threads_at_peak"] > 0 and idle.metrics["peak_sleeping"] >= 0
+    assert idle.count == 5 and idle.metrics["sleeping_at_once"] == 5 and idle.metrics["threads_while_asleep"] > 0
