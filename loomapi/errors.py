@@ -93,7 +93,7 @@ class ExecutionConflict(ApiError):
 
 
 class ExecutionFinished(ApiError):
-    """A message to an execution that has settled (completed, failed, cancelled, stuck): nobody would
+    """A message to an execution that has settled (completed, failed or cancelled): nobody would
     ever receive it, so it is refused and nothing is written."""
 
     status = 409
