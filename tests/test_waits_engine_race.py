@@ -119,3 +119,26 @@ def test_a_waiting_run_woken_before_its_lease_was_handed_back_is_run_at_once(set
     finally:
         keeper.shutdown(1)
         reset_keeper(None)
+
+
+def test_a_caller_waiting_in_get_event_hears_the_flow_set_it():
+    """get_event blocks in one thread (LISTEN on PostgreSQL, polls on SQLite) while another thread's
+    waker runs the flow that sets the event."""
+    from journal.flows import get_event
+
+    start("waits.reply", {}, execution_id="ge-1")
+    got: list = []
+
+    def caller() -> None:
+        try:
+            got.append(get_event("ge-1", "reply", timeout=30, default="timed out"))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    send("ge-1", "next", 9)
+    while not got and wake_due():
+        pass
+    thread.join(35)
+    assert got == [{"got": 9}]

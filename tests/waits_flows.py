@@ -104,3 +104,10 @@ def deadline(ctx, value):
     ctx.step("first", record_effect, ctx.execution_id, "first")
     ctx.recv("never")
     return "unreachable"
+
+
+@flow("waits.reply")
+def reply(ctx, value):
+    got = ctx.recv("next")
+    ctx.set_event("reply", {"got": got})
+    return got
