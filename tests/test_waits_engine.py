@@ -342,3 +342,17 @@ def test_a_negative_sleep_fails_the_flow_before_its_wait_is_written():
     outcome = start("waits.sleeper", {"seconds": -1}, execution_id="b3")
     assert outcome.status == "failed" and "InvalidInput" in outcome.error
     assert ev.WAIT_STARTED not in types("b3")
+
+
+def test_describe_shows_a_wait_as_a_row_of_the_timeline():
+    from journal.flows import describe
+
+    start("waits.receiver", {"topic": "go"}, execution_id="t1")
+    rows = describe("t1")["steps"]
+    assert [(r["step"], r["status"]) for r in rows] == [("$recv:go", "waiting")]
+    assert "message on 'go'" in rows[0]["note"]
+    send("t1", "go", 1)
+    wake_due()
+    rows = describe("t1")["steps"]
+    assert [(r["step"], r["status"], r["result"]) for r in rows] == [("$recv:go", "completed", 1),
+                                                                     ("after", "completed", "after")]

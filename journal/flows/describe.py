@@ -36,6 +36,17 @@ def timeline(events) -> list[dict[str, Any]]:
             pending_note = ""
             rows.append(row)
             open_rows[p.get("pos")] = row
+        elif event.type == ev.WAIT_STARTED:
+            # A wait of flows that wait: a row of its own, open until its STEP_COMPLETED.
+            row = {"pos": p.get("pos"), "step": p.get("step"), "attempt": 1, "status": "waiting",
+                   "started_at": event.recorded_at, "started_seq": event.seq, "ms": None, "result": None,
+                   "error": "", "note": _wait_note(p)}
+            rows.append(row)
+            open_rows[p.get("pos")] = row
+        elif event.type == ev.WAIT_WOKEN:
+            row = open_rows.get(p.get("pos"))
+            if row is not None:
+                row["note"] = f"{row['note']}; woken early by {p.get('by') or 'an operator'}"
         elif event.type in (ev.STEP_COMPLETED, ev.STEP_FAILED):
             row = open_rows.pop(p.get("pos"), None)
             if row is None:
@@ -58,6 +69,17 @@ def timeline(events) -> list[dict[str, Any]]:
                          "error": "", "note": f"execution attempt {p.get('attempt')} from step position "
                                               f"{p.get('from_pos')}" + (f", asked by {actor}" if actor else "")})
     return rows
+
+
+def _wait_note(p: dict) -> str:
+    """What a wait waits for, for people."""
+    kind = p.get("kind")
+    due = f" until {p['due_at']}" if p.get("due_at") else ""
+    if kind == "recv":
+        return f"waits for a message on {p.get('topic')!r}" + (f" (timeout{due})" if due else "")
+    if kind == "child":
+        return f"waits for child {p.get('child')}"
+    return f"sleeps{due}"
 
 
 def describe(execution_id: str) -> dict[str, Any]:
