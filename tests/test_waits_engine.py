@@ -356,3 +356,9 @@ def test_describe_shows_a_wait_as_a_row_of_the_timeline():
     rows = describe("t1")["steps"]
     assert [(r["step"], r["status"], r["result"]) for r in rows] == [("$recv:go", "completed", 1),
                                                                      ("after", "completed", "after")]
+
+
+def test_a_flow_may_handle_its_deadline_and_run_steps_after_it():
+    assert start("waits.deadline_handler", {}, execution_id="d3", timeout=0.2).status == "waiting"
+    assert wake_until("d3") == "completed"
+    assert Execution.objects.get(pk="d3").result == "handled" and ran("d3") == ["compensate"]

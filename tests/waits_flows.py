@@ -111,3 +111,15 @@ def reply(ctx, value):
     got = ctx.recv("next")
     ctx.set_event("reply", {"got": got})
     return got
+
+
+@flow("waits.deadline_handler")
+def deadline_handler(ctx, value):
+    from journal.flows import DeadlineExceeded
+
+    try:
+        ctx.recv("never")
+    except DeadlineExceeded:
+        ctx.step("compensate", record_effect, ctx.execution_id, "compensate")
+        return "handled"
+    return "unreachable"

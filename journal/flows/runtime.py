@@ -67,7 +67,7 @@ from journal.identity import node_identity
 class Runner:
     """One run of one execution: its pending events, its folded state, its claim."""
 
-    __slots__ = ("claim", "every", "pending", "recovered", "released", "run", "state")
+    __slots__ = ("claim", "deadline_signalled", "every", "pending", "recovered", "released", "run", "state")
 
     def __init__(self, run: writer.RunHandle, state: ExecutionState, claim: Claim | None):
         self.run = run
@@ -76,6 +76,7 @@ class Runner:
         self.pending: list[Envelope] = []
         self.every = snapshot_every()
         self.released = False  # the settle statement deleted the run's lease row
+        self.deadline_signalled = False  # DeadlineExceeded was raised in this run (a handler may go on)
         # A resume notes who took over in its first STEP_STARTED ("recovered_by": the admin's
         # timeline marks the attempt it interrupted); the event count does not change.
         self.recovered: dict | None = None
@@ -129,7 +130,10 @@ class Runner:
         passed (DeadlineExceeded: the flow may catch it; uncaught, the execution fails)."""
         self.boundary()
         deadline = self.state.meta.get("$deadline")
-        if deadline and now() >= parse_time(deadline):
+        if deadline and not self.deadline_signalled and now() >= parse_time(deadline):
+            # Raised once per run, at the first new work past the deadline (the same point on every
+            # replay): a flow that catches it may run its handler's steps and waits.
+            self.deadline_signalled = True
             raise DeadlineExceeded(f"deadline exceeded: execution {self.run.execution_id!r} passed its deadline "
                                    f"{deadline}")
 
@@ -137,7 +141,7 @@ class Runner:
         """A wait's due time, no later than the execution's deadline (so a waiting execution wakes to
         fail at it, on any worker)."""
         deadline = self.state.meta.get("$deadline")
-        if not deadline:
+        if not deadline or self.deadline_signalled:
             return due
         deadline = parse_time(deadline)
         return deadline if due is None or deadline < due else due
