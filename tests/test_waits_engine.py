@@ -362,3 +362,20 @@ def test_a_flow_may_handle_its_deadline_and_run_steps_after_it():
     assert start("waits.deadline_handler", {}, execution_id="d3", timeout=0.2).status == "waiting"
     assert wake_until("d3") == "completed"
     assert Execution.objects.get(pk="d3").result == "handled" and ran("d3") == ["compensate"]
+
+
+def test_a_step_whose_run_died_past_its_timeout_fails_with_the_expiry_recorded():
+    """Its worker died in the step; the resume after the step's deadline records the timeout (no
+    retry policy: the step and the flow fail) instead of running it again."""
+    from tests.flows_fixtures import Crash
+
+    wf.CRASH_IN_STEP = True
+    try:
+        with pytest.raises(Crash):
+            start("waits.timed_crash", {"timeout": 0.0}, execution_id="d4")
+    finally:
+        wf.CRASH_IN_STEP = False
+    outcome = resume("d4")
+    assert outcome.status == "failed" and "ran past its timeout" in outcome.error
+    failed = [e.payload for e in Event.objects.read("d4") if e.type == ev.STEP_FAILED]
+    assert [(f["step"], f["timeout"]) for f in failed] == [("timed", True)]

@@ -123,3 +123,19 @@ def deadline_handler(ctx, value):
         ctx.step("compensate", record_effect, ctx.execution_id, "compensate")
         return "handled"
     return "unreachable"
+
+
+CRASH_IN_STEP = True
+
+
+@flow("waits.timed_crash")
+def timed_crash(ctx, value):
+    """A step with a timeout whose first run dies in it (a BaseException: no record of the end)."""
+    from tests.flows_fixtures import crash
+
+    def body():
+        if CRASH_IN_STEP:
+            crash()
+        return "ran"
+
+    return ctx.step("timed", body, timeout=value["timeout"])
