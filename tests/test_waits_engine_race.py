@@ -142,3 +142,18 @@ def test_a_caller_waiting_in_get_event_hears_the_flow_set_it():
         pass
     thread.join(35)
     assert got == [{"got": 9}]
+
+
+def test_suspend_and_resume_do_not_take_a_live_run_over():
+    from leases.keeper import LeaseKeeper, reset_keeper
+    from leases.ownership import LeaseOwnership
+
+    keeper = LeaseKeeper("live-node")
+    own.set_ownership(LeaseOwnership("eager", keeper))
+    try:
+        outcome = start("waits.self_suspend", {}, execution_id="live-1")
+    finally:
+        keeper.shutdown(1)
+        reset_keeper(None)
+    assert (outcome.status, outcome.result) == ("completed", ["busy", "busy"])
+    assert Execution.objects.get(pk="live-1").status == "completed"

@@ -139,3 +139,21 @@ def timed_crash(ctx, value):
         return "ran"
 
     return ctx.step("timed", body, timeout=value["timeout"])
+
+
+@flow("waits.self_suspend")
+def self_suspend(ctx, value):
+    """Tries to suspend (and resume) itself from inside a step: a live run must not be taken over."""
+    from journal.flows import ExecutionBusy, resume, suspend
+
+    def attempt():
+        refused = []
+        for call in (lambda: suspend(ctx.execution_id), lambda: resume(ctx.execution_id)):
+            try:
+                call()
+                refused.append("taken")
+            except ExecutionBusy:
+                refused.append("busy")
+        return refused
+
+    return ctx.step("try", attempt)
