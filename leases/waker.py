@@ -88,20 +88,27 @@ class WakeService:
                 self.woken += 1
             self.nudge.set()  # a thread is free again
 
-    def _pause(self) -> float:
-        """Until the earliest due wait, at most LOOM_WAIT_POLL."""
+    def _pause(self, taken: int) -> float:
+        """How long to sleep after a claim that took `taken`: not at all while it keeps finding work
+        and has free threads; LOOM_WAIT_POLL when the pool is full (a finishing run nudges) or when
+        what is due cannot be claimed here (another worker's flows; a header a sender holds, whose
+        commit notifies); else until the earliest due wait, at most LOOM_WAIT_POLL."""
         from journal.flows.waits import next_due_in
 
         poll = conf.get("LOOM_WAIT_POLL")
+        free = conf.get("LOOM_WAIT_BATCH") - len(self.inflight)
+        if free <= 0:
+            return poll
+        if taken:
+            return 0.0
         due = next_due_in()
-        return poll if due is None else min(poll, due)
+        return poll if due is None or due <= 0 else min(poll, due)
 
     def _loop(self) -> None:
         try:
             while not self.stopping.is_set():
                 try:
-                    taken = self.claim()
-                    pause = 0.0 if taken and len(self.inflight) < conf.get("LOOM_WAIT_BATCH") else self._pause()
+                    pause = self._pause(self.claim())
                 except DatabaseError:
                     log.exception("waker: claim failed; retrying")
                     connections.close_all()

@@ -157,3 +157,22 @@ def test_suspend_and_resume_do_not_take_a_live_run_over():
         reset_keeper(None)
     assert (outcome.status, outcome.result) == ("completed", ["busy", "busy"])
     assert Execution.objects.get(pk="live-1").status == "completed"
+
+
+def test_the_waker_does_not_spin_on_a_due_wait_it_cannot_claim(settings):
+    """A due wait of a flow this process has no code for: the waker claims nothing and sleeps a poll,
+    not zero (a busy loop); with nothing due at all it also sleeps a poll."""
+    from django.utils import timezone
+
+    from journal.store import store_for
+    from journal.store.base import WaitRecord
+
+    settings.LOOM_WAIT_POLL = 0.7
+    service = WakeService()
+    service.pool = None
+    assert service._pause(service.claim()) == 0.7  # nothing waits
+    start("waits.sleeper", {"seconds": 3600}, execution_id="spin-0")
+    assert 0 < service._pause(0) <= 0.7  # a timer later than now: until then, at most a poll
+    assert store_for().park(WaitRecord("spin-0", "elsewhere.flow", "sleep", 1, 1, timezone.now()), "waiting")
+    assert service.claim() == 0  # not a flow of this process
+    assert service._pause(0) == 0.7
