@@ -12,7 +12,7 @@ import json
 import pytest
 from django.test import Client
 
-from journal.flows import start
+from journal.flows import ownership, start
 from journal.models import Event, Execution
 from tests import edge_waits_flows
 
@@ -30,6 +30,10 @@ def api_settings(settings, transactional_db):
     settings.LOOM_WAIT_INLINE_MAX = 0.0  # every wait parks: nothing sleeps in the test's thread
     settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
     edge_waits_flows.create_effects_table()
+    installed = ownership.get_ownership()
+    ownership.set_ownership(None)  # no lease keeper thread in the test process (it would outlive the test database)
+    yield
+    ownership.set_ownership(installed)
 
 
 def post(client: Client, path: str, body, token: str = TOKEN):

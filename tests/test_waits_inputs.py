@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from journal import jsonvalues
 from journal.exceptions import JournalError
-from journal.flows import InvalidInput, NotResumable, UnknownExecution, flow, start
+from journal.flows import InvalidInput, NotResumable, UnknownExecution, flow, ownership, start
 from journal.ids import id_problem
 from journal.models import Event, Execution, Fence
 from tests import edge_waits_flows
@@ -37,6 +37,10 @@ def _settings(settings):
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
     edge_waits_flows.create_effects_table()
+    installed = ownership.get_ownership()
+    ownership.set_ownership(None)  # no lease keeper thread in the test process (it would outlive the test database)
+    yield
+    ownership.set_ownership(installed)
 
 
 def rows() -> tuple[int, ...]:
