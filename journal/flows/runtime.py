@@ -535,7 +535,10 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     run = writer.RunHandle(execution_id, state.flow, state.input, token=token, tip=state.seq)
     runner = Runner(run, state, None)
     runner.emit(ev.EXECUTION_CANCELLED, {"reason": reason})
-    children = [record[2] for record in state.steps if record[0] == "$start_child" and record[1] == COMPLETED]
+    # Its children: those whose start completed, and (a run that died while starting one) the
+    # default id of a start not recorded as completed.
+    children = [record[2] if record[1] == COMPLETED else f"{execution_id}.child-{pos}"
+                for pos, record in enumerate(state.steps) if record[0] == "$start_child"]
     try:
         runner.flush(writer.Settle(CANCELLED, None, reason))
     except Halt as halt:
