@@ -176,3 +176,36 @@ def test_the_waker_does_not_spin_on_a_due_wait_it_cannot_claim(settings):
     assert store_for().park(WaitRecord("spin-0", "elsewhere.flow", "sleep", 1, 1, timezone.now()), "waiting")
     assert service.claim() == 0  # not a flow of this process
     assert service._pause(0) == 0.7
+
+
+def test_two_runs_racing_for_one_message_consume_it_once():
+    """Two forced resumes of one waiting recipient at once (each takes a new fence): the message is
+    consumed by one run only, recorded once in the log, and the step after it runs once."""
+    from journal.flows import FlowError, resume
+    from journal.models import Message
+
+    start("waits.receiver", {"topic": "go"}, execution_id="x-1")
+    send("x-1", "go", "only once", message_id="one")
+    barrier = threading.Barrier(2)
+    results: list = []
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            results.append(resume("x-1", force=True).status)
+        except FlowError as exc:  # fenced off by the other run: OwnershipLost / NotResumable
+            results.append(type(exc).__name__)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "completed" in results and len(results) == 2
+    recorded = [e for e in Event.objects.read("x-1") if e.type == ev.STEP_COMPLETED and e.payload["pos"] == 0]
+    assert [e.payload["result"] for e in recorded] == ["only once"]
+    message = Message.objects.get(execution_id="x-1")
+    assert message.consumed_seq == recorded[0].seq
+    assert [step for eid, step in effect_rows() if eid == "x-1"] == ["after"]
