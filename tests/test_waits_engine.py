@@ -379,3 +379,12 @@ def test_a_step_whose_run_died_past_its_timeout_fails_with_the_expiry_recorded()
     assert outcome.status == "failed" and "ran past its timeout" in outcome.error
     failed = [e.payload for e in Event.objects.read("d4") if e.type == ev.STEP_FAILED]
     assert [(f["step"], f["timeout"]) for f in failed] == [("timed", True)]
+
+
+def test_the_minute_backstop_of_qcluster_only_deployments_wakes_due_waits():
+    from leases.tasks import wake_backstop
+
+    start("waits.sleeper", {"seconds": 3600}, execution_id="bk-1")
+    assert wake_backstop() == 0
+    wake_now("bk-1")
+    assert wake_backstop() == 1 and status("bk-1") == "completed"
