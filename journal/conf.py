@@ -110,8 +110,8 @@ register(
     Setting("LOOM_WAIT_CHANNEL", str, "loom_waits",
             "PostgreSQL channel on which waits made due and flow events are notified.", check=_channel_problem),
     Setting("LOOM_WAIT_RECHECK", float, 60.0,
-            "A parent waiting for a child re-checks it at least this often (the net if a worker dies between "
-            "the child's settle and the parent's wake-up).", 0.01),
+            "A parent waiting for a child re-checks it at least this often (a net: the child's settle wakes "
+            "it in the same transaction).", 0.01),
     # aggregates
     Setting("LOOM_AGGREGATE_CACHE_SIZE", int, 1000, "Aggregate states kept in each process's LRU cache.", 0),
     Setting("LOOM_AGGREGATE_MODULES", list, [], "Modules declaring aggregate states, imported for the admin."),

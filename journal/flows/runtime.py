@@ -102,8 +102,16 @@ class Runner:
             owner = getattr(self.claim, "settle_owner", None)
             if owner is not None:  # ... and delete it in the settle statement
                 settle.companion, settle.lease_owner = ownership.companion(), owner
+        parent = self.state.meta.get("$parent") if settle is not None else None
         try:
-            writer.write(run, envelopes, settle)
+            if parent:  # a child's settle wakes its parent in the same transaction (no gap to crash in)
+                from journal.flows import waits
+
+                with transaction.atomic(using=waits._alias()):
+                    writer.write(run, envelopes, settle)
+                    waits.wake_parent(parent, run.execution_id)
+            else:
+                writer.write(run, envelopes, settle)
         except StreamExists:
             raise Halt(_exists(run.execution_id)) from None
         except UnknownStream as exc:
@@ -193,8 +201,8 @@ class Runner:
         time.sleep(remaining)
 
     def after_settle(self) -> None:
-        """A settled child wakes its parent; a run that waited drops its wait row (best effort: the
-        parent re-checks every LOOM_WAIT_RECHECK, a stale row is deleted by the next claim)."""
+        """A run that waited drops its wait row (best effort: a stale row is deleted by the next claim).
+        A child's settle woke its parent already, in its own transaction (flush)."""
         from journal.flows import waits
 
         waits.after_settle(self.state)

@@ -124,17 +124,20 @@ def child_outcome(child_id: str) -> dict | None:
     return {"status": status, "result": result, "error": error or None}
 
 
+def wake_parent(parent_id: str, child_id: str) -> None:
+    """Make the parent's wait for this child due now (called inside the child's settle transaction)."""
+    _store().wake_wait(parent_id, now(), child=child_id)
+
+
 def after_settle(state: ExecutionState) -> None:
-    parent = state.meta.get("$parent")
+    """A run that waited drops its wait row (best effort: a stale row is deleted by the next claim)."""
     waited = any(record[0].startswith("$") for record in state.steps) or state.meta.get("$start_at")
-    store = _store()
+    if not waited:
+        return
     try:
-        if waited:
-            store.drop_wait(state.execution_id)
-        if parent:
-            store.wake_wait(parent, now(), child=state.execution_id)
-    except Exception:  # the settle committed; the parent's recheck and the next claim are the net
-        log.exception("after the settle of %s: could not wake its parent or drop its wait row", state.execution_id)
+        _store().drop_wait(state.execution_id)
+    except Exception:  # the settle committed; the next claim deletes the stale row
+        log.exception("after the settle of %s: could not drop its wait row", state.execution_id)
 
 
 def schedule(flow: str, stored: Any, execution_id: str, due, extra: dict | None = None) -> Outcome:
