@@ -154,3 +154,29 @@ def test_wrong_methods_answer_405_and_ids_ending_in_the_route_words_stay_readabl
     assert_error(response, 405, "method_not_allowed")
     assert "POST" in response["Allow"]
     assert_error(post(client, "/api/executions/api-x/events/k", {}), 405, "method_not_allowed")
+
+
+def test_an_event_read_with_a_timeout_waits_for_the_flow_to_set_it(client):
+    """The GET waits: the message is received (and the event set) by another thread while it waits."""
+    import threading
+
+    from django.db import connections
+
+    start("edge.receiver", {"topic": "go"}, execution_id="api-wait")
+    post(client, "/api/executions/api-wait/messages", {"topic": "go", "payload": "late"})
+
+    def waker() -> None:
+        try:
+            threading.Event().wait(0.3)
+            wake_all()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=waker)
+    thread.start()
+    try:
+        got = client.get("/api/executions/api-wait/events/got?timeout=20", headers=AUTH)
+    finally:
+        thread.join()
+    assert got.status_code == 200 and got.json() == {"execution_id": "api-wait", "key": "got", "set": True,
+                                                     "value": "late"}
