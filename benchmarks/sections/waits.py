@@ -168,11 +168,52 @@ def remove(prefix: str) -> None:
 
 
 def due_plan() -> dict:
-    """The plan of the waker's due-timer query, as the journal store explains it (its growth with the
-    number of pending timers is the point); "unavailable" if the store does not offer it."""
+    """The plan and cost of the waker's due-timer statements at the current number of pending timers
+    (their growth with that number is the point): the journal store's `explain_due_waits()` if it has
+    one, else its own statement texts (journal/store/<backend>.py CLAIM_DUE, NEXT_DUE) explained, never
+    run: PostgreSQL `EXPLAIN (FORMAT JSON)` (cost: the top node's total cost), SQLite `EXPLAIN QUERY PLAN`."""
+    import importlib
+    import json
+
+    from django.utils import timezone
+
+    from journal.flows import registry
     from journal.store import store_for
 
-    explain = getattr(store_for(), "explain_due_waits", None)
-    if explain is None:
-        return {"plan": "unavailable: the journal store has no explain_due_waits()", "cost": None}
-    return explain()
+    store = store_for()
+    explain = getattr(store, "explain_due_waits", None)
+    if explain is not None:
+        return explain()
+    sql = importlib.import_module(f"journal.store.{'postgres' if connection.vendor == 'postgresql' else 'sqlite'}")
+    flows = sorted(registry.registered())
+    now = timezone.now()
+    if connection.vendor == "postgresql":
+        params = {"now": now, "limit": 16, "any_flow": False, "flows": flows}
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (FORMAT JSON) " + sql.CLAIM_DUE, params)
+            claim = _plan_json(cursor.fetchone()[0])
+            cursor.execute("EXPLAIN (FORMAT JSON) " + sql.NEXT_DUE)
+            probe = _plan_json(cursor.fetchone()[0])
+        return {"plan": claim["text"], "cost": claim["cost"], "next_due_plan": probe["text"],
+                "next_due_cost": probe["cost"]}
+    params = {"now": store._time(now), "limit": 16, "any_flow": False, "flows": json.dumps(flows)}
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN QUERY PLAN " + sql.CLAIM_DUE, params)
+        claim = "; ".join(str(row[-1]) for row in cursor.fetchall())
+        cursor.execute("EXPLAIN QUERY PLAN " + sql.NEXT_DUE)
+        probe = "; ".join(str(row[-1]) for row in cursor.fetchall())
+    return {"plan": claim, "cost": None, "next_due_plan": probe, "next_due_cost": None}
+
+
+def _plan_json(value) -> dict:
+    """A PostgreSQL JSON plan as one line (node types, the indexes they use) and its total cost."""
+    import json
+
+    plan = (json.loads(value) if isinstance(value, str) else value)[0]["Plan"]
+
+    def line(node: dict) -> str:
+        text = node["Node Type"] + (f" using {node['Index Name']}" if node.get("Index Name") else "")
+        children = node.get("Plans") or []
+        return text + (f" [{', '.join(line(child) for child in children)}]" if children else "")
+
+    return {"text": line(plan), "cost": plan.get("Total Cost")}

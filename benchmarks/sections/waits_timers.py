@@ -57,6 +57,7 @@ def run(ctx) -> None:
                 ctx.record("lateness", {"pending": n, "probes": probes, "spacing_ms": opts["timer_spacing_ms"]},
                            latencies_ms=lateness, count=probes, unit="ms late", fill_seconds=round(fill_s, 2),
                            due_query_plan=plan.get("plan"), due_query_cost=plan.get("cost"),
+                           next_due_plan=plan.get("next_due_plan"), next_due_cost=plan.get("next_due_cost"),
                            goal_p99_ms=GOAL_MS, goal_met=p99 < GOAL_MS if ctx.vendor == "postgresql" else None,
                            **waits.worker_settings())
     finally:
