@@ -9,6 +9,12 @@ transaction, so a step whose effects are rows of this database happens exactly o
 
 On replay (resume), a position the log recorded as completed returns its recorded result without
 running; a different step name at a recorded position is NonDeterminism (never guessed).
+
+Flows that wait (journal/flows/waits.py): sleep, sleep_until, recv, set_event, start_child (and its
+handle's result), continue_as_new. A step's `timeout` cannot interrupt a running function (a thread
+cannot be stopped safely): an attempt that returns late counts as failed (DeadlineExceeded, the retry
+policy decides), and a resume finding an attempt whose worker died past its deadline records the
+timeout instead of running it again.
 """
 
 from __future__ import annotations
