@@ -388,3 +388,18 @@ def test_the_minute_backstop_of_qcluster_only_deployments_wakes_due_waits():
     assert wake_backstop() == 0
     wake_now("bk-1")
     assert wake_backstop() == 1 and status("bk-1") == "completed"
+
+
+@pytest.mark.parametrize("how", ["scheduled start", "retry backoff"])
+def test_a_deadline_that_passes_before_the_wait_ends_fails_the_execution(how):
+    """Woken at its deadline (before its start time, or in a long backoff), the execution fails
+    instead of parking again."""
+    if how == "scheduled start":
+        outcome = start("waits.steps", {"n": 1}, execution_id="d5", delay=3600, timeout=0.2)
+    else:
+        wf.FAIL_TIMES["d5"] = 2
+        outcome = start("waits.flaky", {}, execution_id="d5", timeout=0.2)
+    assert outcome.status == "waiting"
+    assert waiting_on("d5")["due_at"] < timezone.now() + timedelta(seconds=60)  # capped by the deadline
+    assert wake_until("d5") == "failed"
+    assert "deadline exceeded" in Execution.objects.get(pk="d5").error

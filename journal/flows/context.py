@@ -261,6 +261,7 @@ class DurableContext(Context):
         remaining = (due - now()).total_seconds()
         if remaining <= 0:
             return
+        self._runner.before_work()  # woken at the execution's deadline: it passed, do not park again
         if remaining < inline_max():
             time.sleep(remaining)
             return

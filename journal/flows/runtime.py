@@ -196,6 +196,7 @@ class Runner:
         remaining = (parse_time(start_at) - now()).total_seconds()
         if remaining <= 0:
             return
+        self.before_work()  # woken at its deadline before its start time: it fails, not parks again
         if remaining >= inline_max():
             raise Park(WaitSpec("start", -1, self.cap(parse_time(start_at))))
         time.sleep(remaining)
