@@ -157,3 +157,12 @@ def self_suspend(ctx, value):
         return refused
 
     return ctx.step("try", attempt)
+
+
+@flow("waits.receiver_once")
+def receiver_once(ctx, value):
+    """recv, then an atomic step: its effect commits with its record, so even a run fenced off in it
+    leaves no second effect."""
+    got = ctx.recv("go")
+    ctx.step("after", record_effect, ctx.execution_id, "after", atomic=True)
+    return got
