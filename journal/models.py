@@ -121,7 +121,11 @@ class Wait(models.Model):
     class Meta:
         # The due-time probe (claim, next due) walks this index from its start: its cost does not
         # grow with the number of pending waits.
+        # A worker claims (and probes) per flow it has registered: (flow, due_at) makes that a range
+        # scan that never reads the due waits of flows it does not have (their number is unbounded).
         indexes = [models.Index(fields=["due_at"], name="journal_wait_due",
+                                condition=models.Q(due_at__isnull=False)),
+                   models.Index(fields=["flow", "due_at"], name="journal_wait_flow_due",
                                 condition=models.Q(due_at__isnull=False))]
 
     def __str__(self) -> str:

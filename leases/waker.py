@@ -50,6 +50,7 @@ class WakeService:
         self.inflight: set[str] = set()
         self.lock = threading.Lock()
         self.woken = 0  # executions this service resumed (tests and the bench read it)
+        self.claimed_at = None  # the `now` of the last claim (_pause: what became due since)
 
     def start(self, worker) -> None:
         from journal.store import store_for
@@ -70,9 +71,10 @@ class WakeService:
 
         free = conf.get("LOOM_WAIT_BATCH") - len(self.inflight)
         flows = sorted(registry.registered())
+        self.claimed_at = timezone.now()
         if free <= 0 or not flows:
             return 0
-        claimed = store_for().claim_due_waits(timezone.now(), free, flows)
+        claimed = store_for().claim_due_waits(self.claimed_at, free, flows)
         for item in claimed:
             with self.lock:
                 self.inflight.add(item.execution_id)
@@ -91,9 +93,14 @@ class WakeService:
     def _pause(self, taken: int) -> float:
         """How long to sleep after a claim that took `taken`: not at all while it keeps finding work
         and has free threads; LOOM_WAIT_POLL when the pool is full (a finishing run nudges) or when
-        what is due cannot be claimed here (another worker's flows; a header a sender holds, whose
-        commit notifies); else until the earliest due wait, at most LOOM_WAIT_POLL."""
-        from journal.flows.waits import next_due_in
+        what was due at the claim and still is cannot be claimed here (a header a sender holds, whose
+        commit notifies); not at all if a wait became due after the claim's `now` (it would fire a whole
+        poll late); else until the earliest due wait, at most LOOM_WAIT_POLL. Only waits of the flows
+        registered here count (another worker's are none of this one's business)."""
+        from django.utils import timezone
+
+        from journal.flows import registry
+        from journal.store import store_for
 
         poll = conf.get("LOOM_WAIT_POLL")
         free = conf.get("LOOM_WAIT_BATCH") - len(self.inflight)
@@ -101,8 +108,12 @@ class WakeService:
             return poll
         if taken:
             return 0.0
-        due = next_due_in()
-        return poll if due is None or due <= 0 else min(poll, due)
+        due = store_for().next_wait_due(sorted(registry.registered()))
+        if due is None:
+            return poll
+        if self.claimed_at is not None and due > self.claimed_at:
+            return max(0.0, min(poll, (due - timezone.now()).total_seconds()))  # due since the claim: claim again
+        return poll  # due at the claim and not taken: locked by a sender or another worker
 
     def _loop(self) -> None:
         try:

@@ -178,6 +178,25 @@ def test_the_waker_does_not_spin_on_a_due_wait_it_cannot_claim(settings):
     assert service._pause(0) == 0.7
 
 
+def test_a_wait_due_just_after_the_claim_is_claimed_at_once_not_a_poll_late(settings):
+    """BUG 4: the claim found nothing, a wait of this process's flow became due a moment later: the
+    waker claims again at once (it used to sleep a whole LOOM_WAIT_POLL: a poll late)."""
+    from django.utils import timezone
+
+    from journal.store import store_for
+    from journal.store.base import WaitRecord
+
+    settings.LOOM_WAIT_POLL = 0.7
+    service = WakeService()
+    service.pool = None
+    start("waits.sleeper", {"seconds": 3600}, execution_id="late-0")
+    assert service.claim() == 0
+    due = timezone.now()  # due after the claim's `now`, before the pause's
+    assert store_for().park(WaitRecord("late-0", "waits.sleeper", "sleep", 1, 1, due), "waiting")
+    assert service._pause(0) == 0.0
+    assert [c.execution_id for c in store_for().claim_due_waits(timezone.now(), 5, ["waits.sleeper"])] == ["late-0"]
+
+
 def test_two_runs_racing_for_one_message_consume_it_once():
     """Two forced resumes of one waiting recipient at once (each takes a new fence): the message is
     consumed by one run only and recorded once in the log; the atomic step after it has one effect

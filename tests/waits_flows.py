@@ -166,3 +166,36 @@ def receiver_once(ctx, value):
     got = ctx.recv("go")
     ctx.step("after", record_effect, ctx.execution_id, "after", atomic=True)
     return got
+
+
+@flow("waits.chain")
+def chain(ctx, value):
+    """Continues as new until n reaches `until`; the last run may wait for a message first."""
+    n = value["n"]
+    if n < value["until"]:
+        ctx.continue_as_new({**value, "n": n + 1})
+    if value.get("wait"):
+        ctx.recv("release")
+    return f"final after {n}"
+
+
+@flow("waits.chain_parent")
+def chain_parent(ctx, value):
+    handle = ctx.start_child("waits.chain", value)
+    return handle.result()
+
+
+@flow("waits.accumulator")
+def accumulator(ctx, total):
+    """The endless entity loop fed by messages: one message per run, then continue as new."""
+    got = ctx.recv("add")
+    if got == "stop":
+        return total
+    ctx.continue_as_new(total + got)
+
+
+@flow("waits.spawner")
+def spawner(ctx, value):
+    ctx.step("before", record_effect, ctx.execution_id, "before")
+    handle = ctx.start_child("waits.child", {"n": 1, "wait": True})
+    return handle.result()

@@ -361,10 +361,10 @@ class DurableContext(Context):
         pos, recorded = self._position(name)
         if recorded is None or recorded[1] != COMPLETED:
             self._begin_wait(pos, name, "child", recorded, None, child=child_id)
-            outcome = self._runner.child_outcome(child_id)
-            if outcome is None:
+            outcome, link = self._runner.child_outcome(child_id)
+            if outcome is None:  # wait for the run the child is now (the newest of a continue_as_new chain)
                 recheck = now() + timedelta(seconds=conf.get("LOOM_WAIT_RECHECK"))
-                raise Park(WaitSpec("child", pos, self._runner.cap(recheck), child=child_id))
+                raise Park(WaitSpec("child", pos, self._runner.cap(recheck), child=link))
             recorded = [name, COMPLETED, self._end_wait(pos, name, outcome), 1]
         outcome = recorded[2]
         if outcome["status"] != "completed":

@@ -67,7 +67,8 @@ from journal.identity import node_identity
 class Runner:
     """One run of one execution: its pending events, its folded state, its claim."""
 
-    __slots__ = ("claim", "deadline_signalled", "every", "pending", "recovered", "released", "run", "state")
+    __slots__ = ("claim", "continued_to", "deadline_signalled", "every", "pending", "recovered", "released", "run",
+                 "state")
 
     def __init__(self, run: writer.RunHandle, state: ExecutionState, claim: Claim | None):
         self.run = run
@@ -77,6 +78,7 @@ class Runner:
         self.every = snapshot_every()
         self.released = False  # the settle statement deleted the run's lease row
         self.deadline_signalled = False  # DeadlineExceeded was raised in this run (a handler may go on)
+        self.continued_to: str | None = None  # the next run of a continue_as_new (its settle carries messages)
         # A resume notes who took over in its first STEP_STARTED ("recovered_by": the admin's
         # timeline marks the attempt it interrupted); the event count does not change.
         self.recovered: dict | None = None
@@ -103,13 +105,17 @@ class Runner:
             if owner is not None:  # ... and delete it in the settle statement
                 settle.companion, settle.lease_owner = ownership.companion(), owner
         parent = self.state.meta.get("$parent") if settle is not None else None
+        onward = self.continued_to if settle is not None else None
         try:
-            if parent:  # a child's settle wakes its parent in the same transaction (no gap to crash in)
+            if parent or onward:
                 from journal.flows import waits
 
                 with transaction.atomic(using=waits._alias()):
-                    writer.write(run, envelopes, settle)
-                    waits.wake_parent(parent, run.execution_id)
+                    writer.write(run, envelopes, settle)  # the header settles (locked) first: a send
+                    if onward:  # after it follows the chain; one before it is carried here
+                        waits.carry_messages(run.execution_id, onward)
+                    if parent:  # a child's settle wakes its parent in the same transaction (no crash gap)
+                        waits.wake_parent(parent, run.execution_id)
             else:
                 writer.write(run, envelopes, settle)
         except StreamExists:
@@ -172,7 +178,7 @@ class Runner:
 
         return waits.spawn_child(self.run.execution_id, flow, stored, child_id)
 
-    def child_outcome(self, child_id: str) -> dict | None:
+    def child_outcome(self, child_id: str) -> tuple[dict | None, str]:
         from journal.flows import waits
 
         return waits.child_outcome(child_id)
@@ -212,7 +218,9 @@ class Runner:
                     timeout: float | None = None) -> Any:
         """Run fn and write its STEP_COMPLETED in one transaction: its database effects and the record
         that it completed commit together, or neither does."""
-        with transaction.atomic():
+        from journal.models import Event
+
+        with transaction.atomic(using=Event.objects.db):  # the journal's alias, not `default`
             result = fn(*args)
             problem = _jsonable(result)
             if problem is not None:
@@ -250,6 +258,7 @@ class Runner:
                     self.flush(writer.Settle("failed", None, error))
                     return Outcome(eid, "failed", None, error)
                 result = {"continued_as": next_id}
+                self.continued_to = next_id
                 self.emit(ev.EXECUTION_CONTINUED, {"next": next_id, "result": result})
                 self.flush(writer.Settle("completed", result))
                 self.after_settle()
@@ -354,7 +363,8 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
     return runner.drive(definition, value)
 
 
-def _take_over(execution_id: str, expected_fence: int | None = None) -> tuple[int, ExecutionState]:
+def _take_over(execution_id: str, expected_fence: int | None = None,
+               busy: bool = False) -> tuple[int, ExecutionState]:
     """A new fence first (every older owner is refused from here on), then the state.
 
     expected_fence: advance only from that token (a handed-over resume: if anyone took the
@@ -374,6 +384,8 @@ def _take_over(execution_id: str, expected_fence: int | None = None) -> tuple[in
     except UnknownStream:
         raise UnknownExecution(execution_id) from None
     except StaleFence:
+        if busy:  # a run took it over since the liveness check (a waker's claim): it is live now
+            raise ExecutionBusy(execution_id, f"a run that took it over after fence {expected_fence}") from None
         raise NotResumable(f"execution {execution_id!r} was taken over since fence {expected_fence} "
                            f"(now {Fence.objects.current(execution_id)}); nothing done") from None
     return token, load_state(execution_id)
@@ -436,10 +448,18 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
         if state.settled:
             return Outcome(execution_id, state.status, state.result, state.error or None)
     definition = get_flow(flow_name)
+    busy = False
     if not force:
+        if token is None and expected_fence is None:
+            # Advance only from the fence the liveness check saw: a waker's claim (or any takeover)
+            # between the check and the header lock makes the advance refuse (ExecutionBusy) instead of
+            # fencing off the run it just woke.
+            from journal.models import Fence
+
+            expected_fence, busy = Fence.objects.current(execution_id), True
         check_not_live(execution_id)
     if token is None:
-        token, state = _take_over(execution_id, expected_fence)
+        token, state = _take_over(execution_id, expected_fence, busy)
     else:
         state = _adopt(execution_id, token)
     if state.settled:

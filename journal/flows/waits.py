@@ -42,6 +42,7 @@ from journal.flows.errors import (
 )
 from journal.flows.outcome import Outcome
 from journal.flows.state import COMPLETED, TERMINAL, ExecutionState
+from journal.flows.state import SETTLED_COMPLETED as COMPLETED_STATUS
 from journal.store.base import WaitRecord
 
 log = logging.getLogger("loom.flows")
@@ -114,14 +115,69 @@ def _started_payload(execution_id: str) -> dict:
     return first[0].payload if first and first[0].type == ev.EXECUTION_STARTED else {}
 
 
-def child_outcome(child_id: str) -> dict | None:
+#: A child's settled statuses as its parent's wait sees them: `stuck` (the recovery sweep gave up on
+#: it) ends the wait too, as a failure (ChildFailed 'stuck'); the parent would re-check it forever.
+CHILD_SETTLED = TERMINAL | {"stuck"}
+
+
+def _continued(header) -> bool:
+    """Whether a header is that of a run that continued as new (settled `completed` with
+    {"continued_as": next}, written only by the ContinueAsNew branch of drive())."""
+    status, _, result, _ = header
+    return status == COMPLETED_STATUS and isinstance(result, dict) and list(result) == ["continued_as"]
+
+
+def chain_current(execution_id: str) -> str:
+    """The newest run of the continue_as_new chain `execution_id` belongs to (itself if it never
+    continued). Runs are `<root>~<n>`, each written only after run n-1 (by its continue_run), and carry
+    `$root`: "run k exists with our $root" is true up to the newest run and false after it, so a
+    galloping then binary search finds it in O(log chain length) reads of one first event each."""
+    started = _started_payload(execution_id)
+    root = started.get("$root") or execution_id
+    base = int(started.get("$n") or 0)
+
+    def link(k: int) -> str:
+        return root if k == 0 else f"{root}~{k}"
+
+    def exists(k: int) -> bool:
+        return k == base or _started_payload(link(k)).get("$root") == root
+
+    step = 1
+    while exists(base + step):
+        step *= 2
+    lo, hi = base + step // 2 if step > 1 else base, base + step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if exists(mid):
+            lo = mid
+        else:
+            hi = mid
+    return link(lo)
+
+
+def child_outcome(child_id: str) -> tuple[dict | None, str]:
+    """(the child's outcome, or None while it has not settled; the run to wait on). A child that
+    continued as new is followed to the newest run of its chain: the parent waits for the chain's last
+    run (whose settle wakes it: every run of the chain carries `$parent`)."""
     header = writer.header_status(child_id)
     if header is None:
         raise UnknownExecution(child_id)
+    link = child_id
+    while _continued(header):
+        current = chain_current(link)
+        if current == link:
+            break
+        link = current
+        header = writer.header_status(link)
     status, _, result, error = header
-    if status not in TERMINAL:
-        return None
-    return {"status": status, "result": result, "error": error or None}
+    if status not in CHILD_SETTLED:
+        return None, link
+    return {"status": status, "result": result, "error": error or None}, link
+
+
+def carry_messages(from_id: str, to_id: str) -> int:
+    """In the continuing run's settle transaction: its unconsumed messages move to the next run."""
+    return _store().carry_messages(from_id, to_id, now())
 
 
 def wake_parent(parent_id: str, child_id: str) -> None:
@@ -131,7 +187,10 @@ def wake_parent(parent_id: str, child_id: str) -> None:
 
 def after_settle(state: ExecutionState) -> None:
     """A run that waited drops its wait row (best effort: a stale row is deleted by the next claim)."""
-    waited = any(record[0].startswith("$") for record in state.steps) or state.meta.get("$start_at")
+    # Wait primitives ("$..." steps), a scheduled start, or a parked retry backoff (a STEP_FAILED with
+    # its backoff's end: record[4]) may have left a row (a cancel of a parked run, say).
+    waited = (any(record[0].startswith("$") or len(record) > 4 for record in state.steps)
+              or state.meta.get("$start_at"))
     if not waited:
         return
     try:
@@ -169,6 +228,11 @@ def continue_run(state: ExecutionState, flow, input: Any) -> str:
     next_id = f"{root}~{n}"
     definition, _, stored, next_id = prepare_start(flow, input, next_id)
     extra = {"$previous": state.execution_id, "$root": root, "$n": n}
+    # The chain is one execution to its parent (its last run's settle wakes it) and to its deadline
+    # (a per-execution timeout bounds the whole chain, not only its first run).
+    for key in ("$parent", "$deadline"):
+        if state.meta.get(key):
+            extra[key] = state.meta[key]
     try:
         schedule(definition.name, stored, next_id, now(), extra)
     except ExecutionExists:
@@ -178,14 +242,26 @@ def continue_run(state: ExecutionState, flow, input: Any) -> str:
 
 
 def cancel_children(parent_id: str, children: list[str], reason: str) -> None:
-    """The policy: cancelling a parent cancels each child it started that has not settled (and theirs)."""
+    """The policy: cancelling a parent cancels each child it started that has not settled (and theirs).
+    Only a child whose log names this execution as its `$parent` is cancelled (never another
+    execution's child), and a child that continued as new is cancelled in the newest run of its chain."""
     from journal.flows.runtime import cancel
 
     for child in children:
-        try:
-            cancel(child, f"parent {parent_id} cancelled: {reason}"[:2000])
-        except (NotResumable, UnknownExecution):
-            continue
+        if _started_payload(child).get("$parent") != parent_id:
+            continue  # not started by this execution (or never written)
+        link = chain_current(child)
+        while True:
+            try:
+                cancel(link, f"parent {parent_id} cancelled: {reason}"[:2000])
+                break
+            except UnknownExecution:
+                break
+            except NotResumable:  # settled; if it continued meanwhile, cancel the run it continued as
+                current = chain_current(link)
+                if current == link:
+                    break
+                link = current
 
 
 # == the public functions ==============================================================================
@@ -211,12 +287,20 @@ def send(execution_id: str, topic: str, payload: Any, message_id: str | None = N
     if len(text.encode()) > conf.get("LOOM_MAX_PAYLOAD_BYTES"):
         raise InvalidInput(f"message payload is larger than LOOM_MAX_PAYLOAD_BYTES "
                            f"({conf.get('LOOM_MAX_PAYLOAD_BYTES')})")
-    status, _ = _store().send_message(execution_id, topic, message_id, text, now())
-    if status is None:
-        raise UnknownExecution(execution_id)
-    if status in TERMINAL:
-        raise ExecutionFinished(execution_id, status, "the message")
-    return message_id
+    # A run that continued as new forwards: the message goes to the newest run of its chain (the id a
+    # caller knows keeps accepting messages for the whole endless flow).
+    target = execution_id
+    while True:
+        status, _ = _store().send_message(target, topic, message_id, text, now())
+        if status is None:
+            raise UnknownExecution(execution_id)
+        if status not in TERMINAL:
+            return message_id
+        header = writer.header_status(target)
+        current = chain_current(target) if header is not None and _continued(header) else target
+        if current == target:
+            raise ExecutionFinished(execution_id, status, "the message")
+        target = current
 
 
 def get_event(execution_id: str, key: str, timeout: float | None = None, default: Any = None) -> Any:
@@ -293,7 +377,11 @@ def suspend(execution_id: str, *, force: bool = False, reason: str = "") -> Outc
         raise ExecutionFinished(execution_id, status, "suspend")
     if status == SUSPENDED_STATUS:
         return Outcome(execution_id, SUSPENDED_STATUS, None, None)
+    seen = None
     if not force:
+        # The fence as the liveness check saw it: the advance below is only from it, so a run a waker
+        # claimed (or anyone took over) between the check and the header lock is refused, not fenced off.
+        seen = Fence.objects.current(execution_id)
         check_not_live(execution_id)
     from journal.flows.state import load_state
 
@@ -303,7 +391,7 @@ def suspend(execution_id: str, *, force: bool = False, reason: str = "") -> Outc
             status = store.lock_execution(execution_id)
             if status in TERMINAL:
                 raise ExecutionFinished(execution_id, status, "suspend")
-            token = Fence.objects.advance(execution_id)
+            token = Fence.objects.advance(execution_id, seen)
             state = load_state(execution_id)
             Event.objects.append(execution_id, Envelope(ev.EXECUTION_SUSPENDED, {
                 "by": process_identity(), "reason": str(reason or "")[:2000]}), fence_token=token,
@@ -313,6 +401,10 @@ def suspend(execution_id: str, *, force: bool = False, reason: str = "") -> Outc
     except UnknownStream:
         raise UnknownExecution(execution_id) from None
     except StaleFence:
+        if not force:
+            from journal.flows.errors import ExecutionBusy
+
+            raise ExecutionBusy(execution_id, "a run that took it over after the liveness check") from None
         raise NotResumable(f"execution {execution_id!r} was taken over while being suspended; "
                            f"nothing written") from None
     return Outcome(execution_id, SUSPENDED_STATUS, None, None)
@@ -417,6 +509,13 @@ def fork(execution_id: str, from_step: int, execution_id_new: str | None = None)
     for pos, record in enumerate(state.steps[:from_step]):
         if record[1] != COMPLETED:
             raise InvalidInput(f"step {record[0]!r} at position {pos} did not complete; fork from {pos} or earlier")
+        if record[0] == "$start_child":
+            # The policy: a fork owns its children. Copying this record would make the fork share the
+            # original's child (its result, its cancellation); forking from here re-runs start_child,
+            # which starts the fork's own child under an id derived from the fork's id.
+            raise InvalidInput(f"step {pos} started child {record[2]!r} of {execution_id!r}: a fork does not "
+                               f"share the original's children; fork from {pos} or earlier (the fork then "
+                               f"starts its own child)")
         copied.append(list(record[:4]))
     new_id = execution_id_new or str(ULID())
     try:
@@ -428,9 +527,10 @@ def fork(execution_id: str, from_step: int, execution_id_new: str | None = None)
     return new_id
 
 
-def next_due_in() -> float | None:
-    """Seconds until the earliest wait is due (0 if one is due now), None if nothing waits with a timer."""
-    due = _store().next_wait_due()
+def next_due_in(flows=None) -> float | None:
+    """Seconds until the earliest wait (of `flows`, if given) is due (0 if one is due now), None if
+    nothing waits with a timer."""
+    due = _store().next_wait_due(flows)
     return None if due is None else max(0.0, (due - now()).total_seconds())
 
 

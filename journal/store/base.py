@@ -336,8 +336,15 @@ class JournalStore(DatabaseBound, ABC):
         are deleted and not returned."""
 
     @abstractmethod
-    def next_wait_due(self) -> datetime | None:
-        """The earliest due time of any wait (one probe of the due index), or None."""
+    def next_wait_due(self, flows: Sequence[str] | None = None) -> datetime | None:
+        """The earliest due time of any wait (of `flows`, if given: one probe of the (flow, due_at)
+        index per flow), or None."""
+
+    @abstractmethod
+    def carry_messages(self, from_id: str, to_id: str, now: datetime) -> int:
+        """In a continue_as_new's settle transaction: move `from_id`'s unconsumed messages to the next
+        run `to_id` (ids and message_ids kept; one `to_id` has already stays), waking its recv of their
+        topics; returns the number of topics moved."""
 
     @abstractmethod
     def wake_wait(self, execution_id: str, now: datetime, *, topic: str | None = None,

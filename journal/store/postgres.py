@@ -346,7 +346,7 @@ WITH fenced AS (
             WHERE m.execution_id = %(eid)s AND m.topic = %(topic)s AND m.consumed_at IS NULL) THEN %(now)s
         WHEN %(kind)s = 'child' AND EXISTS (
             SELECT 1 FROM journal_execution c
-            WHERE c.id = %(child)s AND c.status IN ('completed', 'failed', 'cancelled')) THEN %(now)s
+            WHERE c.id = %(child)s AND c.status IN ('completed', 'failed', 'cancelled', 'stuck')) THEN %(now)s
         ELSE %(due)s::timestamptz END AS due
 ), up AS (
     INSERT INTO journal_wait (execution_id, flow, kind, pos, token, due_at, topic, child, created_at)
@@ -373,13 +373,35 @@ SELECT due_at, (SELECT count(*) FROM note) FROM up
 # is skipped (taken by the next round) instead of waited for, so the lock orders cannot cross (they
 # take the header first, then the wait row or the fence). The rows are deleted in the same statement
 # and commit with the fence advance below.
-CLAIM_DUE = """
+CLAIM_DUE_ANY = """
 WITH due AS (
     SELECT w.execution_id FROM journal_wait w JOIN journal_execution e ON e.id = w.execution_id
-    WHERE w.due_at <= %(now)s AND (%(any_flow)s OR w.flow = ANY(%(flows)s::text[]))
+    WHERE w.due_at <= %(now)s
     ORDER BY w.due_at
     LIMIT %(limit)s
     FOR UPDATE OF w, e SKIP LOCKED
+)
+DELETE FROM journal_wait w USING due d WHERE w.execution_id = d.execution_id
+RETURNING w.execution_id, w.token, w.flow, w.kind, w.pos
+"""
+
+# -- claim_due_waits (of the flows registered here) -- as CLAIM_DUE_ANY, but one range scan of the
+# (flow, due_at) index per flow (LATERAL), each stopping after `limit` rows, then the earliest `limit`
+# of those: due waits of flows this worker does not have are never read (a filter on the due index
+# would read every one of them on every claim). Rows locked by the lateral scans but not among the
+# earliest `limit` stay untouched (unlocked at commit).
+CLAIM_DUE = """
+WITH due AS (
+    SELECT c.execution_id FROM unnest(%(flows)s::text[]) AS f(flow)
+    CROSS JOIN LATERAL (
+        SELECT w.execution_id, w.due_at FROM journal_wait w JOIN journal_execution e ON e.id = w.execution_id
+        WHERE w.flow = f.flow AND w.due_at <= %(now)s
+        ORDER BY w.due_at
+        LIMIT %(limit)s
+        FOR UPDATE OF w, e SKIP LOCKED
+    ) c
+    ORDER BY c.due_at
+    LIMIT %(limit)s
 )
 DELETE FROM journal_wait w USING due d WHERE w.execution_id = d.execution_id
 RETURNING w.execution_id, w.token, w.flow, w.kind, w.pos
@@ -406,6 +428,26 @@ UPDATE journal_execution SET status = 'running', updated_at = now() WHERE id = A
 
 # -- next_wait_due -- one probe of the partial due index.
 NEXT_DUE = "SELECT due_at FROM journal_wait WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
+# ... of the given flows: one probe of the (flow, due_at) index per flow.
+NEXT_DUE_OF = """
+SELECT min(n.due_at) FROM unnest(%(flows)s::text[]) AS f(flow) CROSS JOIN LATERAL (
+    SELECT w.due_at FROM journal_wait w WHERE w.flow = f.flow AND w.due_at IS NOT NULL ORDER BY w.due_at LIMIT 1
+) n
+"""
+
+# -- carry_messages -- (after LOCK_HEADER of the next run, in the continuing run's settle transaction,
+# whose header update holds the old run's header: a send to it waits, then follows the chain) the
+# unconsumed messages move to the next run, keeping their ids (order) and message_id (a message_id
+# the next run has already is not moved twice); the next run's recv waits on their topics are woken.
+CARRY_MESSAGES = """
+WITH moved AS (
+    UPDATE journal_message m SET execution_id = %(to)s
+    WHERE m.execution_id = %(from)s AND m.consumed_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM journal_message n WHERE n.execution_id = %(to)s AND n.message_id = m.message_id)
+    RETURNING m.topic
+)
+SELECT DISTINCT topic FROM moved
+"""
 
 # -- wake_wait -- (after LOCK_HEADER) due now, only if not due already; notified.
 WAKE = """
@@ -618,8 +660,8 @@ class PostgresStore(JournalStore):
 
     def claim_due_waits(self, now, limit, flows):
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
-            cursor.execute(CLAIM_DUE, {"now": now, "limit": limit, "any_flow": flows is None,
-                                       "flows": list(flows or [])})
+            cursor.execute(CLAIM_DUE_ANY if flows is None else CLAIM_DUE,
+                           {"now": now, "limit": limit, "flows": list(flows or [])})
             taken = cursor.fetchall()
             if not taken:
                 return []
@@ -629,11 +671,21 @@ class PostgresStore(JournalStore):
                 cursor.execute(CLAIM_HEADERS, {"eids": sorted(tokens)})
         return [ClaimedWait(r[0], tokens[r[0]], r[2], r[3], r[4]) for r in sorted(taken) if r[0] in tokens]
 
-    def next_wait_due(self):
+    def next_wait_due(self, flows=None):
         with self.connection.cursor() as cursor:
-            cursor.execute(NEXT_DUE)
+            cursor.execute(NEXT_DUE if flows is None else NEXT_DUE_OF, {"flows": list(flows or [])})
             row = cursor.fetchone()
         return None if row is None else row[0]
+
+    def carry_messages(self, from_id, to_id, now):
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            self._lock_header(cursor, to_id)
+            cursor.execute(CARRY_MESSAGES, {"from": from_id, "to": to_id})
+            topics = [row[0] for row in cursor.fetchall()]
+            for topic in topics:
+                cursor.execute(WAKE, {"eid": to_id, "now": now, "topic": topic, "child": None,
+                                      "channel": conf.get("LOOM_WAIT_CHANNEL")})
+        return len(topics)
 
     def wake_wait(self, execution_id, now, *, topic=None, child=None):
         params = {"eid": execution_id, "now": now, "topic": topic, "child": child,

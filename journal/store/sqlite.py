@@ -132,7 +132,9 @@ PARK_FENCED = "SELECT 1 FROM journal_fence WHERE stream_id = %s AND token = %s"
 PARK_MESSAGE_READY = """
 SELECT 1 FROM journal_message WHERE execution_id = %s AND topic = %s AND consumed_at IS NULL LIMIT 1
 """
-PARK_CHILD_READY = "SELECT 1 FROM journal_execution WHERE id = %s AND status IN ('completed', 'failed', 'cancelled')"
+PARK_CHILD_READY = """
+SELECT 1 FROM journal_execution WHERE id = %s AND status IN ('completed', 'failed', 'cancelled', 'stuck')
+"""
 PARK_UPSERT = """
 INSERT INTO journal_wait (execution_id, flow, kind, pos, token, due_at, topic, child, created_at)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
@@ -144,10 +146,16 @@ PARK_HEADER = "UPDATE journal_execution SET status = %s, updated_at = %s WHERE i
 
 # -- claim_due_waits -- the due rows in due order (the partial due index journal_wait_due), then
 # each deleted, its fence advanced only from its parked token, its header running.
-CLAIM_DUE = """
-SELECT execution_id, token, flow, kind, pos FROM journal_wait
+CLAIM_DUE_ANY = """
+SELECT execution_id, token, flow, kind, pos, due_at FROM journal_wait
 WHERE due_at IS NOT NULL AND due_at <= %(now)s
-  AND (%(any_flow)s OR flow IN (SELECT value FROM json_each(%(flows)s)))
+ORDER BY due_at LIMIT %(limit)s
+"""
+# ... of one registered flow (run once per flow, the earliest `limit` of all kept): a range scan of the
+# (flow, due_at) index journal_wait_flow_due, so due waits of other flows are never read.
+CLAIM_DUE = """
+SELECT execution_id, token, flow, kind, pos, due_at FROM journal_wait
+WHERE flow = %(flow)s AND due_at IS NOT NULL AND due_at <= %(now)s
 ORDER BY due_at LIMIT %(limit)s
 """
 CLAIM_DELETE = "DELETE FROM journal_wait WHERE execution_id IN (SELECT value FROM json_each(%s))"
@@ -156,6 +164,18 @@ CLAIM_HEADER = "UPDATE journal_execution SET status = 'running', updated_at = %s
 
 # -- next_wait_due --
 NEXT_DUE = "SELECT due_at FROM journal_wait WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
+NEXT_DUE_OF = "SELECT due_at FROM journal_wait WHERE flow = %s AND due_at IS NOT NULL ORDER BY due_at LIMIT 1"
+
+# -- carry_messages -- (in the continuing run's settle transaction: under the write lock) the
+# unconsumed messages move to the next run, ids and message_ids kept (one the next run has already is
+# not moved twice); the topics moved, to wake the next run's recv.
+CARRY_MESSAGES = """
+UPDATE journal_message SET execution_id = %(to)s
+WHERE execution_id = %(from)s AND consumed_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM journal_message n WHERE n.execution_id = %(to)s
+                  AND n.message_id = journal_message.message_id)
+RETURNING topic
+"""
 
 # -- wake_wait --
 WAKE = """
@@ -342,11 +362,18 @@ class SqliteStore(JournalStore):
     def claim_due_waits(self, now, limit, flows):
         claimed = []
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
-            cursor.execute(CLAIM_DUE, {"now": self._time(now), "limit": limit, "any_flow": flows is None,
-                                       "flows": json.dumps(list(flows or []))})
-            taken = cursor.fetchall()
+            if flows is None:
+                cursor.execute(CLAIM_DUE_ANY, {"now": self._time(now), "limit": limit})
+                taken = cursor.fetchall()
+            else:
+                taken = []
+                for flow in flows:
+                    cursor.execute(CLAIM_DUE, {"now": self._time(now), "limit": limit, "flow": flow})
+                    taken.extend(cursor.fetchall())
+                taken = sorted(taken, key=lambda r: r[5])[:limit]
             if not taken:
                 return []
+            taken = [r[:5] for r in taken]
             cursor.execute(CLAIM_DELETE, [json.dumps([r[0] for r in taken])])
             stamp = self._time(timezone.now())
             for eid, token, flow, kind, pos in sorted(taken):
@@ -358,11 +385,26 @@ class SqliteStore(JournalStore):
                 claimed.append(ClaimedWait(eid, row[0], flow, kind, pos))
         return claimed
 
-    def next_wait_due(self):
+    def next_wait_due(self, flows=None):
         with self.connection.cursor() as cursor:
-            cursor.execute(NEXT_DUE)
-            row = cursor.fetchone()
-        return None if row is None else self._read_time(row[0])
+            if flows is None:
+                cursor.execute(NEXT_DUE)
+                rows = cursor.fetchall()
+            else:
+                rows = []
+                for flow in flows:
+                    cursor.execute(NEXT_DUE_OF, [flow])
+                    rows.extend(cursor.fetchall())
+        times = [self._read_time(row[0]) for row in rows]
+        return min(times) if times else None
+
+    def carry_messages(self, from_id, to_id, now):
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(CARRY_MESSAGES, {"from": from_id, "to": to_id})
+            topics = sorted({row[0] for row in cursor.fetchall()})
+            for topic in topics:
+                cursor.execute(WAKE, {"eid": to_id, "now": self._time(now), "topic": topic, "child": None})
+        return len(topics)
 
     def wake_wait(self, execution_id, now, *, topic=None, child=None):
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:

@@ -403,7 +403,7 @@ class WaitsContract:
         "next_wait_due": "next_wait_due", "wake_wait": "wake_wait", "drop_wait": "drop_wait",
         "wait_of": "wait_of", "set_execution_status": "set_execution_status", "send_message": "send_message",
         "pending_message": "pending_message", "consume_message": "consume_message", "messages_of": "messages_of",
-        "put_flow_event": "put_flow_event", "flow_event": "flow_event",
+        "put_flow_event": "put_flow_event", "flow_event": "flow_event", "carry_messages": "carry_messages",
     }
 
     def test_park_writes_the_wait_and_the_status_under_the_fence_only(self, store):
@@ -441,6 +441,35 @@ class WaitsContract:
         assert len(store.claim_due_waits(timezone.now(), 2, ["conformance.flow"])) == 2
         assert [c.execution_id for c in store.claim_due_waits(timezone.now(), 5, ["conformance.flow"])] == ["a2"]
         assert store.wait_of("other") is not None
+
+    def test_claim_and_next_due_of_some_flows_never_see_other_flows_due_waits(self, store):
+        now = timezone.now()
+        parked(store, "other", due=now - timedelta(seconds=9), flow="other.flow")
+        parked(store, "mine", due=now + timedelta(hours=1))
+        parked(store, "soon", due=now - timedelta(seconds=1), flow="second.flow")
+        assert store.next_wait_due(["conformance.flow"]) == now + timedelta(hours=1)
+        assert store.next_wait_due(["conformance.flow", "second.flow"]) == now - timedelta(seconds=1)
+        assert store.next_wait_due() == now - timedelta(seconds=9) and store.next_wait_due(["none"]) is None
+        assert store.claim_due_waits(now, 5, ["conformance.flow"]) == []
+        assert [c.execution_id for c in store.claim_due_waits(now, 5, ["conformance.flow", "second.flow"])] == [
+            "soon"]
+        assert store.wait_of("other") is not None
+
+    def test_carry_messages_moves_the_unconsumed_ones_to_the_next_run_and_wakes_its_recv(self, store):
+        store.bootstrap_execution(boot("old", "EXECUTION_STARTED"))
+        for mid in ("m1", "m2", "m3"):
+            store.send_message("old", "go", mid, f'"{mid}"', timezone.now())
+        row_id, _, _ = store.pending_message("old", "go")
+        store.consume_message(row_id, 4, timezone.now())  # m1 consumed by the old run: it stays
+        parked(store, "new", kind="recv", topic="go")
+        store.send_message("new", "go", "m3", '"again"', timezone.now())  # already there by its id
+        assert store.carry_messages("old", "new", timezone.now()) == 1
+        assert [(m["message_id"], m["payload"]) for m in store.messages_of("new", 10)] == [
+            ("m3", "again"), ("m2", "m2")]
+        assert store.pending_message("new", "go")[1] == "m2"  # the carried one first (its id is older)
+        assert [m["message_id"] for m in store.messages_of("old", 10)] == ["m3", "m1"]
+        assert store.wait_of("new")["due_at"] is not None
+        assert store.carry_messages("old", "new", timezone.now()) == 0
 
     def test_a_message_is_kept_once_per_id_wakes_its_topic_and_is_consumed_once(self, store):
         parked(store, "r", kind="recv", topic="go")
