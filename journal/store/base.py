@@ -341,6 +341,14 @@ class JournalStore(DatabaseBound, ABC):
         index per flow), or None."""
 
     @abstractmethod
+    def explain_due_waits(self, flows: Sequence[str] | None = None) -> dict:
+        """The plans of the waker's due statements for `flows` (None: those registered in this process)
+        (claim and next due), explained, never
+        run (the bench records their growth with the number of waits): {"plan", "cost", "next_due_plan",
+        "next_due_cost"}; PostgreSQL: EXPLAIN (FORMAT JSON), cost the top node's total; SQLite: EXPLAIN
+        QUERY PLAN, cost None."""
+
+    @abstractmethod
     def carry_messages(self, from_id: str, to_id: str, now: datetime) -> int:
         """In a continue_as_new's settle transaction: move `from_id`'s unconsumed messages to the next
         run `to_id` (ids and message_ids kept; one `to_id` has already stays), waking its recv of their
@@ -595,7 +603,8 @@ class JournalStore(DatabaseBound, ABC):
         self._delete(DELETE_STREAMS, prefix, ids)
 
     def delete_executions(self, prefix: str | None = None, ids: Sequence[str] | None = None) -> None:
-        """Delete the execution headers under `prefix` (or named in `ids`)."""
+        """Delete the execution headers under `prefix` (or named in `ids`), with their wait rows,
+        messages and flow events."""
         self._delete(DELETE_EXECUTIONS, prefix, ids)
 
     def _one(self, sql: str, params) -> int:
@@ -640,7 +649,14 @@ DELETE_STREAMS = (
     "DELETE FROM journal_fence WHERE stream_id {where}",
     "DELETE FROM journal_snapshot WHERE stream_id {where}",
 )
-DELETE_EXECUTIONS = ("DELETE FROM journal_execution WHERE id {where}",)
+# An execution's wait row, messages and flow events go with its header: a wait row left behind would
+# be claimed (and refused) by every later waker.
+DELETE_EXECUTIONS = (
+    "DELETE FROM journal_wait WHERE execution_id {where}",
+    "DELETE FROM journal_message WHERE execution_id {where}",
+    "DELETE FROM journal_flowevent WHERE execution_id {where}",
+    "DELETE FROM journal_execution WHERE id {where}",
+)
 
 
 def _detail(exc: BaseException) -> str:

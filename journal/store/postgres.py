@@ -677,6 +677,19 @@ class PostgresStore(JournalStore):
             row = cursor.fetchone()
         return None if row is None else row[0]
 
+    def explain_due_waits(self, flows=None):
+        if flows is None:  # the flows this process would claim for (what its waker runs)
+            from journal.flows import registry
+
+            flows = sorted(registry.registered())
+        params = {"now": timezone.now(), "limit": conf.get("LOOM_WAIT_BATCH"), "flows": list(flows)}
+        with self.connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (FORMAT JSON) " + CLAIM_DUE, params)  # explained only: nothing is claimed
+            claim = _plan_line(cursor.fetchone()[0])
+            cursor.execute("EXPLAIN (FORMAT JSON) " + NEXT_DUE_OF, params)
+            probe = _plan_line(cursor.fetchone()[0])
+        return {"plan": claim[0], "cost": claim[1], "next_due_plan": probe[0], "next_due_cost": probe[1]}
+
     def carry_messages(self, from_id, to_id, now):
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             self._lock_header(cursor, to_id)
@@ -810,3 +823,15 @@ def execute_prepared(connection, cursor, sql: str, params) -> None:
         return
     with connection.wrap_database_errors:
         raw.execute(sql, params, prepare=True)
+
+
+def _plan_line(value) -> tuple[str, float | None]:
+    """A JSON plan as one line (node types and the indexes they use, nested) and its total cost."""
+    plan = (json.loads(value) if isinstance(value, str) else value)[0]["Plan"]
+
+    def line(node: dict) -> str:
+        text = node["Node Type"] + (f" using {node['Index Name']}" if node.get("Index Name") else "")
+        children = node.get("Plans") or []
+        return text + (f" [{', '.join(line(child) for child in children)}]" if children else "")
+
+    return line(plan), plan.get("Total Cost")

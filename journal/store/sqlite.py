@@ -398,6 +398,20 @@ class SqliteStore(JournalStore):
         times = [self._read_time(row[0]) for row in rows]
         return min(times) if times else None
 
+    def explain_due_waits(self, flows=None):
+        if flows is None:  # the flows this process would claim for (what its waker runs)
+            from journal.flows import registry
+
+            flows = sorted(registry.registered())
+        flow = next(iter(flows), "")  # one statement per flow, each the same plan
+        with self.connection.cursor() as cursor:
+            cursor.execute("EXPLAIN QUERY PLAN " + CLAIM_DUE, {"now": self._time(timezone.now()), "limit": 16,
+                                                                "flow": flow})
+            claim = "; ".join(str(row[-1]) for row in cursor.fetchall())
+            cursor.execute("EXPLAIN QUERY PLAN " + NEXT_DUE_OF, [flow])
+            probe = "; ".join(str(row[-1]) for row in cursor.fetchall())
+        return {"plan": claim, "cost": None, "next_due_plan": probe, "next_due_cost": None}
+
     def carry_messages(self, from_id, to_id, now):
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             cursor.execute(CARRY_MESSAGES, {"from": from_id, "to": to_id})

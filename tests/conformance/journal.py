@@ -386,6 +386,17 @@ class ForOtherAppsContract:
         assert store.count_events("bench-") == 0 and store.current_fence("bench-1") is None
         assert store.count_executions("bench-", "running") == 1 and store.tip("keep") == 0
 
+    def test_deleting_executions_deletes_their_waits_messages_and_events(self, store):
+        for eid in ("bench-w", "keep-w"):
+            parked(store, eid, due=timezone.now())
+            store.send_message(eid, "go", "m", "1", timezone.now())
+            store.put_flow_event(eid, "k", "2")
+        store.delete_executions(prefix="bench-")
+        assert store.wait_of("bench-w") is None and store.messages_of("bench-w", 5) == []
+        assert store.flow_event("bench-w", "k")[0] is False
+        assert store.wait_of("keep-w") is not None and len(store.messages_of("keep-w", 5)) == 1
+        assert store.flow_event("keep-w", "k") == (True, 2)
+
 
 def parked(store, eid: str, *, due=None, kind: str = "sleep", topic: str = "", child: str = "",
            flow: str = "conformance.flow") -> None:
@@ -404,6 +415,7 @@ class WaitsContract:
         "wait_of": "wait_of", "set_execution_status": "set_execution_status", "send_message": "send_message",
         "pending_message": "pending_message", "consume_message": "consume_message", "messages_of": "messages_of",
         "put_flow_event": "put_flow_event", "flow_event": "flow_event", "carry_messages": "carry_messages",
+        "explain_due_waits": "explain_due_waits",
     }
 
     def test_park_writes_the_wait_and_the_status_under_the_fence_only(self, store):
@@ -454,6 +466,12 @@ class WaitsContract:
         assert [c.execution_id for c in store.claim_due_waits(now, 5, ["conformance.flow", "second.flow"])] == [
             "soon"]
         assert store.wait_of("other") is not None
+
+    def test_explain_due_waits_names_the_flow_due_index_and_claims_nothing(self, store):
+        parked(store, "x", due=timezone.now())
+        found = store.explain_due_waits(["conformance.flow"])
+        assert "journal_wait_flow_due" in found["plan"] and "journal_wait_flow_due" in found["next_due_plan"]
+        assert store.wait_of("x") is not None  # explained, not run
 
     def test_carry_messages_moves_the_unconsumed_ones_to_the_next_run_and_wakes_its_recv(self, store):
         store.bootstrap_execution(boot("old", "EXECUTION_STARTED"))
