@@ -19,6 +19,7 @@ from journal.flows import (
     send,
     start,
     suspend,
+    waits,
     wake_due,
     wake_now,
 )
@@ -86,6 +87,36 @@ def test_a_deadline_bounds_the_whole_chain_not_only_its_first_run():
     drain()
     first = Event.objects.read("dl1")[0].payload
     assert Event.objects.read("dl1~1")[0].payload["$deadline"] == first["$deadline"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_run_cancelled_while_it_continues_as_new_leaves_no_next_run(monkeypatch):
+    """The cancel (another thread) is forced in just before the next run is written: the next run and
+    the settle commit together or not at all, so no unowned next run is left running. (PostgreSQL: on
+    SQLite the continuing transaction holds the write lock, so a cancel cannot come in between.)"""
+    import threading
+
+    from django.db import connections
+
+    original = waits.continue_run
+
+    def cancel_first(state, flow, value):
+        def operator():
+            try:
+                cancel(state.execution_id, "while continuing")
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=operator)
+        thread.start()
+        thread.join(30)
+        return original(state, flow, value)
+
+    monkeypatch.setattr(waits, "continue_run", cancel_first)
+    outcome = start("waits.counter", {"n": 0, "until": 3}, execution_id="cc1")
+    assert outcome.status == "cancelled"
+    assert not Execution.objects.filter(pk="cc1~1").exists() and not Event.objects.filter(stream_id="cc1~1").exists()
 
 
 # -- R4: messages across continue_as_new ----------------------------------------------------------

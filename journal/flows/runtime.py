@@ -251,16 +251,19 @@ class Runner:
                 ctx.check_consumed()
                 self.boundary()
                 try:
-                    next_id = waits.continue_run(self.state, flow, cont.input)
+                    # The next run is written in the transaction of this run's settle: a run fenced off
+                    # meanwhile (a cancel took it) leaves no next run behind to run unowned.
+                    with transaction.atomic(using=waits._alias()):
+                        next_id = waits.continue_run(self.state, flow, cont.input)
+                        result = {"continued_as": next_id}
+                        self.continued_to = next_id
+                        self.emit(ev.EXECUTION_CONTINUED, {"next": next_id, "result": result})
+                        self.flush(writer.Settle("completed", result))
                 except (InvalidInput, ExecutionExists) as exc:
                     error = _error_text(exc)
                     self.emit(ev.EXECUTION_FAILED, {"error": error})
                     self.flush(writer.Settle("failed", None, error))
                     return Outcome(eid, "failed", None, error)
-                result = {"continued_as": next_id}
-                self.continued_to = next_id
-                self.emit(ev.EXECUTION_CONTINUED, {"next": next_id, "result": result})
-                self.flush(writer.Settle("completed", result))
                 self.after_settle()
                 return Outcome(eid, "completed", result, None)
             except Halt:

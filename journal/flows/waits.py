@@ -254,14 +254,14 @@ def cancel_children(parent_id: str, children: list[str], reason: str) -> None:
         while True:
             try:
                 cancel(link, f"parent {parent_id} cancelled: {reason}"[:2000])
-                break
             except UnknownExecution:
                 break
-            except NotResumable:  # settled; if it continued meanwhile, cancel the run it continued as
-                current = chain_current(link)
-                if current == link:
-                    break
-                link = current
+            except NotResumable:  # settled: if it continued meanwhile, the run it continued as is next
+                pass
+            current = chain_current(link)
+            if current == link:
+                break
+            link = current
 
 
 # == the public functions ==============================================================================
