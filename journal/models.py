@@ -119,13 +119,12 @@ class Wait(models.Model):
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
-        # The due-time probe (claim, next due) walks this index from its start: its cost does not
-        # grow with the number of pending waits.
-        # A worker claims (and probes) per flow it has registered: (flow, due_at) makes that a range
-        # scan that never reads the due waits of flows it does not have (their number is unbounded).
-        indexes = [models.Index(fields=["due_at"], name="journal_wait_due",
-                                condition=models.Q(due_at__isnull=False)),
-                   models.Index(fields=["flow", "due_at"], name="journal_wait_flow_due",
+        # A worker claims (and probes) the due waits of the flows it has registered, one range scan of
+        # this index per flow that stops after its limit: the cost grows neither with the number of
+        # pending waits nor with the due waits of flows it does not have (their number is unbounded:
+        # another service's, or a flow removed from the code). No index on due_at alone: the planner
+        # preferred walking it and filtering by flow (every foreign due row read on every claim).
+        indexes = [models.Index(fields=["flow", "due_at"], name="journal_wait_flow_due",
                                 condition=models.Q(due_at__isnull=False))]
 
     def __str__(self) -> str:

@@ -229,3 +229,33 @@ def test_two_runs_racing_for_one_message_consume_it_once():
     message = Message.objects.get(execution_id="x-1")
     assert message.consumed_seq == recorded[0].seq
     assert [step for eid, step in effect_rows() if eid == "x-1"] == ["after"]
+
+
+@pytest.mark.postgres
+def test_the_due_claim_never_reads_due_waits_of_flows_it_does_not_claim():
+    """R3: 50,000 due waits of a flow this worker lacks (another service's, or one removed from the
+    code) next to 50,000 future ones of its own: the claim and the next-due probe are range scans of the
+    (flow, due_at) index for its own flows (Index Cond on the flow), never a scan filtered by flow; and
+    the claim takes none of the foreign rows."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from journal.models import Wait
+    from journal.store import store_for
+
+    now = timezone.now()
+    rows = [(f"foreign-{i}", "elsewhere.flow", now - timedelta(minutes=1)) for i in range(50_000)]
+    rows += [(f"own-{i}", "waits.sleeper", now + timedelta(days=1)) for i in range(5_000)]
+    Execution.objects.bulk_create([Execution(id=eid, flow=flow, status="waiting") for eid, flow, _ in rows],
+                                  batch_size=5_000)
+    Wait.objects.bulk_create([Wait(execution_id=eid, flow=flow, kind="sleep", token=1, due_at=due)
+                              for eid, flow, due in rows], batch_size=5_000)
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ANALYZE journal_wait")  # the planner sees the real row counts
+        cursor.execute("ANALYZE journal_execution")
+    found = store_for().explain_due_waits(["waits.sleeper"])
+    assert "journal_wait_flow_due" in found["plan"] and "Seq Scan on journal_wait" not in found["plan"]
+    assert "journal_wait_flow_due" in found["next_due_plan"]
+    assert store_for().claim_due_waits(timezone.now(), 16, ["waits.sleeper"]) == []
+    assert store_for().next_wait_due(["waits.sleeper"]) == now + timedelta(days=1)

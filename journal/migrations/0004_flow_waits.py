@@ -64,7 +64,7 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('due_at__isnull', False)), fields=['due_at'], name='journal_wait_due'), models.Index(condition=models.Q(('due_at__isnull', False)), fields=['flow', 'due_at'], name='journal_wait_flow_due')],
+                'indexes': [models.Index(condition=models.Q(('due_at__isnull', False)), fields=['flow', 'due_at'], name='journal_wait_flow_due')],
             },
         ),
     ]

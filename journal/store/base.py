@@ -337,8 +337,8 @@ class JournalStore(DatabaseBound, ABC):
 
     @abstractmethod
     def next_wait_due(self, flows: Sequence[str] | None = None) -> datetime | None:
-        """The earliest due time of any wait (of `flows`, if given: one probe of the (flow, due_at)
-        index per flow), or None."""
+        """The earliest due time of the waits of `flows` (one probe of the (flow, due_at) index per flow;
+        None: of any flow, maintenance and tests only: it sorts every timer row), or None."""
 
     @abstractmethod
     def explain_due_waits(self, flows: Sequence[str] | None = None) -> dict:

@@ -366,8 +366,8 @@ SELECT due_at, (SELECT count(*) FROM note) FROM up
 """
 
 # -- claim_due_waits: take --
-# The due rows in due order, one range scan of the partial due index (journal_wait_due) that stops
-# after `limit` rows: its cost does not grow with the number of pending waits. FOR UPDATE OF the wait
+# CLAIM_DUE_ANY (flows None: maintenance and tests, never a worker) reads the timer rows of every flow
+# in due order (no index on due_at alone: a sort of them all). FOR UPDATE OF the wait
 # row AND its header, SKIP LOCKED: two wakers racing for the same due rows take disjoint ones and
 # neither waits, so a due wait wakes ONE run; a row whose header a send, park or wake holds right now
 # is skipped (taken by the next round) instead of waited for, so the lock orders cannot cross (they
@@ -426,7 +426,7 @@ CLAIM_HEADERS = """
 UPDATE journal_execution SET status = 'running', updated_at = now() WHERE id = ANY(%(eids)s::text[])
 """
 
-# -- next_wait_due -- one probe of the partial due index.
+# -- next_wait_due -- (any flow: maintenance and tests; a sort of all timer rows)
 NEXT_DUE = "SELECT due_at FROM journal_wait WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
 # ... of the given flows: one probe of the (flow, due_at) index per flow.
 NEXT_DUE_OF = """

@@ -144,15 +144,16 @@ ON CONFLICT (execution_id) DO UPDATE SET flow = excluded.flow, kind = excluded.k
 """
 PARK_HEADER = "UPDATE journal_execution SET status = %s, updated_at = %s WHERE id = %s"
 
-# -- claim_due_waits -- the due rows in due order (the partial due index journal_wait_due), then
+# -- claim_due_waits -- the due rows in due order (any flow: maintenance and tests, a sort of all timer
+# rows), then
 # each deleted, its fence advanced only from its parked token, its header running.
 CLAIM_DUE_ANY = """
 SELECT execution_id, token, flow, kind, pos, due_at FROM journal_wait
 WHERE due_at IS NOT NULL AND due_at <= %(now)s
 ORDER BY due_at LIMIT %(limit)s
 """
-# ... of one registered flow (run once per flow, the earliest `limit` of all kept): a range scan of the
-# (flow, due_at) index journal_wait_flow_due, so due waits of other flows are never read.
+# ... of one registered flow (what a worker runs: once per flow, the earliest `limit` of all kept): a
+# range scan of the (flow, due_at) index journal_wait_flow_due, so due waits of other flows are never read.
 CLAIM_DUE = """
 SELECT execution_id, token, flow, kind, pos, due_at FROM journal_wait
 WHERE flow = %(flow)s AND due_at IS NOT NULL AND due_at <= %(now)s
