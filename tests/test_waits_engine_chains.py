@@ -143,6 +143,16 @@ def test_a_send_to_a_run_that_continued_goes_to_the_chains_current_run():
     assert list(Message.objects.filter(message_id="b").values_list("execution_id", flat=True)) == ["acc2~1"]
 
 
+def test_cancelling_a_run_that_continued_cancels_the_chains_current_run():
+    start("waits.accumulator", 0, execution_id="acc3")
+    send("acc3", "add", 1, message_id="a")
+    drain()
+    assert status("acc3") == "completed" and status("acc3~1") == "waiting"
+    outcome = cancel("acc3", "stop the loop")
+    assert (outcome.execution_id, outcome.status) == ("acc3~1", "cancelled")
+    assert status("acc3~1") == "cancelled" and status("acc3") == "completed"
+
+
 # -- R2: fork and children -------------------------------------------------------------------------
 def test_a_fork_past_a_start_child_is_refused_and_writes_nothing():
     start("waits.spawner", None, execution_id="sp1")

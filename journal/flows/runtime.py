@@ -557,7 +557,15 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
 def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     """Cancel an execution: take its fence (a running owner is refused at its next step boundary and
     stops) and record EXECUTION_CANCELLED. Cancelling a cancelled execution returns its outcome;
-    a completed or failed one raises NotResumable."""
+    a completed or failed one raises NotResumable. An execution that continued as new is cancelled in
+    the newest run of its chain (the id a caller knows stands for the whole chain, as for send())."""
+    from journal.flows import waits
+
+    header = writer.header_status(execution_id)
+    if header is not None and waits._continued(header):
+        current = waits.chain_current(execution_id)
+        if current != execution_id:
+            return cancel(current, reason)
     token, state = _take_over(execution_id)
     if state.settled:
         if state.status == CANCELLED:
@@ -576,8 +584,6 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     except Halt as halt:
         raise halt.error from None
     runner.after_settle()
-    from journal.flows import waits
-
     waits.cancel_children(execution_id, children, reason)
     return Outcome(execution_id, CANCELLED, None, reason)
 
