@@ -210,8 +210,8 @@ def test_a_stuck_child_ends_its_parents_wait_as_a_failure():
     drain()
     from journal.store import store_for
 
-    store_for().mark_stuck(["st1.child-0"])
-    Wait.objects.filter(pk="st1").update(due_at=timezone.now())  # its recheck comes
+    assert Wait.objects.get(pk="st1").due_at > timezone.now()  # its recheck is a while away
+    store_for().mark_stuck(["st1.child-0"])  # as the recovery sweep gives up on it
     drain()
     assert status("st1") == "failed" and "stuck" in Execution.objects.get(pk="st1").error
 

@@ -546,8 +546,13 @@ class JournalStore(DatabaseBound, ABC):
         return self._run_count(self.sql["mark_recovered"], execution_ids)
 
     def mark_stuck(self, execution_ids: Sequence[str]) -> int:
-        """Mark the executions stuck: recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS."""
-        return self._run_count(self.sql["mark_stuck"], execution_ids)
+        """Mark the executions stuck: recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS. A parent waiting
+        for one of them is made due now (a stuck child ends its wait: ChildFailed 'stuck'), not left to
+        its LOOM_WAIT_RECHECK."""
+        count = self._run_count(self.sql["mark_stuck"], execution_ids)
+        if count:
+            self._run_count(self.sql["wake_stuck_parents"], execution_ids)
+        return count
 
     def _run_count(self, sql: str, execution_ids: Sequence[str]) -> int:
         if not execution_ids:

@@ -306,6 +306,12 @@ UPDATE journal_execution SET status = 'stuck', updated_at = now(),
 WHERE id = ANY(%(eids)s::text[])
 """
 
+# -- mark_stuck: wake_stuck_parents -- the child waits on them due now (the wait row's own lock only).
+WAKE_STUCK_PARENTS = """
+UPDATE journal_wait SET due_at = now()
+WHERE kind = 'child' AND child = ANY(%(eids)s::text[]) AND (due_at IS NULL OR due_at > now())
+"""
+
 # -- read_after --
 # Each (stream, seq) pair from ITS OWN watermark: one LATERAL probe of the (stream_id, seq) unique index
 # per pair, all in one round trip; each probe stops after `batch` rows (projections' READ, issue 11).
@@ -772,7 +778,7 @@ class PostgresStore(JournalStore):
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state])
 
     # == for other apps: fences, executions recovery, event reads ==
-    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK}
+    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK, "wake_stuck_parents": WAKE_STUCK_PARENTS}
 
     def _advance_fences(self, stream_ids, expected_token):
         with self.connection.cursor() as cursor:

@@ -112,6 +112,12 @@ UPDATE journal_execution SET status = 'stuck', updated_at = %(now)s,
 WHERE id IN (SELECT value FROM json_each(%(eids)s))
 """
 
+# -- mark_stuck: wake_stuck_parents -- the child waits on them due now.
+WAKE_STUCK_PARENTS = """
+UPDATE journal_wait SET due_at = %(now)s
+WHERE kind = 'child' AND child IN (SELECT value FROM json_each(%(eids)s)) AND (due_at IS NULL OR due_at > %(now)s)
+"""
+
 # -- read_after -- one query per distinct (stream, seq) pair (see postgres.READ_AFTER).
 READ_AFTER = ("SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event"
               " WHERE stream_id = %s AND seq > %s ORDER BY seq LIMIT %s")
@@ -496,7 +502,7 @@ class SqliteStore(JournalStore):
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state, self.now()])
 
     # == for other apps: fences, executions recovery, event reads ==
-    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK}
+    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK, "wake_stuck_parents": WAKE_STUCK_PARENTS}
 
     def _id_list(self, ids):
         return json.dumps(list(ids))
