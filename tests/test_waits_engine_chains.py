@@ -14,6 +14,7 @@ from journal.flows import (
     InvalidInput,
     cancel,
     fork,
+    get_event,
     resume,
     runtime,
     send,
@@ -151,6 +152,15 @@ def test_cancelling_a_run_that_continued_cancels_the_chains_current_run():
     outcome = cancel("acc3", "stop the loop")
     assert (outcome.execution_id, outcome.status) == ("acc3~1", "cancelled")
     assert status("acc3~1") == "cancelled" and status("acc3") == "completed"
+
+
+def test_get_event_of_a_run_that_continued_reads_the_chains_newest_run():
+    start("waits.progress", {"n": 0, "until": 2}, execution_id="pg1")
+    drain()
+    assert status("pg1~2") == "waiting"
+    assert get_event("pg1", "count") == 2  # not the first run's 0
+    assert get_event("pg1", "first") == "set by the first run"  # carried along the chain
+    assert get_event("pg1~1", "count", timeout=0.1) == 2
 
 
 # -- R2: fork and children -------------------------------------------------------------------------

@@ -199,3 +199,15 @@ def spawner(ctx, value):
     ctx.step("before", record_effect, ctx.execution_id, "before")
     handle = ctx.start_child("waits.child", {"n": 1, "wait": True})
     return handle.result()
+
+
+@flow("waits.progress")
+def progress(ctx, value):
+    """Publishes its count and continues; the last run waits for a message."""
+    if value["n"] == 0:
+        ctx.set_event("first", "set by the first run")
+    ctx.set_event("count", value["n"])
+    if value["n"] < value["until"]:
+        ctx.continue_as_new({**value, "n": value["n"] + 1})
+    ctx.recv("release")
+    return value["n"]

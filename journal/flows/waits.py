@@ -175,8 +175,16 @@ def child_outcome(child_id: str) -> tuple[dict | None, str]:
     return {"status": status, "result": result, "error": error or None}, link
 
 
+def _current_run(execution_id: str, header=None) -> str:
+    """The run that stands for `execution_id` now: itself, or the newest run of its chain if it
+    continued as new."""
+    header = header or writer.header_status(execution_id)
+    return chain_current(execution_id) if header is not None and _continued(header) else execution_id
+
+
 def carry_messages(from_id: str, to_id: str) -> int:
-    """In the continuing run's settle transaction: its unconsumed messages move to the next run."""
+    """In the continuing run's settle transaction: its unconsumed messages move to the next run and its
+    flow events are copied to it (get_event of a continued run reads the chain's newest run)."""
     return _store().carry_messages(from_id, to_id, now())
 
 
@@ -316,18 +324,21 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
     except Exception as exc:
         raise InvalidInput(str(exc)) from None
     store = _store()
-    found, value = store.flow_event(execution_id, key)
+    header = writer.header_status(execution_id)
+    if header is None:
+        raise UnknownExecution(execution_id)
+    target = _current_run(execution_id, header)  # a chain's events: its newest run's (carried along)
+    found, value = store.flow_event(target, key)
     if found:
         return value
-    if writer.header_status(execution_id) is None:
-        raise UnknownExecution(execution_id)
     if wait <= 0:
         return default
     until = time.monotonic() + wait
     listener = _listen() if store.wait_notifications else None
     try:
         while True:
-            found, value = store.flow_event(execution_id, key)
+            target = _current_run(target)
+            found, value = store.flow_event(target, key)
             if found:
                 return value
             left = until - time.monotonic()

@@ -352,7 +352,7 @@ class JournalStore(DatabaseBound, ABC):
     def carry_messages(self, from_id: str, to_id: str, now: datetime) -> int:
         """In a continue_as_new's settle transaction: move `from_id`'s unconsumed messages to the next
         run `to_id` (ids and message_ids kept; one `to_id` has already stays), waking its recv of their
-        topics; returns the number of topics moved."""
+        topics, and copy its flow events (`to_id`'s own win); returns the number of topics moved."""
 
     @abstractmethod
     def wake_wait(self, execution_id: str, now: datetime, *, topic: str | None = None,

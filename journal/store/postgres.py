@@ -454,6 +454,12 @@ WITH moved AS (
 )
 SELECT DISTINCT topic FROM moved
 """
+# ... and the flow events are copied (the next run's own, if it set one already, win).
+CARRY_FLOW_EVENTS = """
+INSERT INTO journal_flowevent (execution_id, key, value, updated_at)
+SELECT %(to)s, key, value, updated_at FROM journal_flowevent WHERE execution_id = %(from)s
+ON CONFLICT (execution_id, key) DO NOTHING
+"""
 
 # -- wake_wait -- (after LOCK_HEADER) due now, only if not due already; notified.
 WAKE = """
@@ -701,6 +707,7 @@ class PostgresStore(JournalStore):
             self._lock_header(cursor, to_id)
             cursor.execute(CARRY_MESSAGES, {"from": from_id, "to": to_id})
             topics = [row[0] for row in cursor.fetchall()]
+            cursor.execute(CARRY_FLOW_EVENTS, {"from": from_id, "to": to_id})
             for topic in topics:
                 cursor.execute(WAKE, {"eid": to_id, "now": now, "topic": topic, "child": None,
                                       "channel": conf.get("LOOM_WAIT_CHANNEL")})

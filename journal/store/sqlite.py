@@ -183,6 +183,12 @@ WHERE execution_id = %(from)s AND consumed_at IS NULL
                   AND n.message_id = journal_message.message_id)
 RETURNING topic
 """
+# ... and the flow events are copied (the next run's own, if it set one already, win).
+CARRY_FLOW_EVENTS = """
+INSERT INTO journal_flowevent (execution_id, key, value, updated_at)
+SELECT %(to)s, key, value, updated_at FROM journal_flowevent WHERE execution_id = %(from)s
+ON CONFLICT (execution_id, key) DO NOTHING
+"""
 
 # -- wake_wait --
 WAKE = """
@@ -423,6 +429,7 @@ class SqliteStore(JournalStore):
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             cursor.execute(CARRY_MESSAGES, {"from": from_id, "to": to_id})
             topics = sorted({row[0] for row in cursor.fetchall()})
+            cursor.execute(CARRY_FLOW_EVENTS, {"from": from_id, "to": to_id})
             for topic in topics:
                 cursor.execute(WAKE, {"eid": to_id, "now": self._time(now), "topic": topic, "child": None})
         return len(topics)

@@ -489,6 +489,13 @@ class WaitsContract:
         assert store.wait_of("new")["due_at"] is not None
         assert store.carry_messages("old", "new", timezone.now()) == 0
 
+    def test_carry_messages_copies_the_flow_events_the_next_run_has_not_set(self, store):
+        store.put_flow_event("old2", "progress", "1")
+        store.put_flow_event("old2", "stage", '"a"')
+        store.put_flow_event("new2", "stage", '"b"')
+        store.carry_messages("old2", "new2", timezone.now())
+        assert store.flow_event("new2", "progress") == (True, 1) and store.flow_event("new2", "stage") == (True, "b")
+
     def test_a_message_is_kept_once_per_id_wakes_its_topic_and_is_consumed_once(self, store):
         parked(store, "r", kind="recv", topic="go")
         assert store.send_message("r", "other", "m0", '{"n": 0}', timezone.now()) == ("waiting", True)
