@@ -543,15 +543,16 @@ class WaitsContract:
         store.put_flow_event("e", "null", "null")
         assert store.flow_event("e", "k") == (True, "two") and store.flow_event("e", "null") == (True, None)
 
+    @pytest.mark.parametrize("flows", [None, ["conformance.flow", "second.flow"]])
     @pytest.mark.django_db(transaction=True)
-    def test_claimers_racing_for_due_waits_wake_each_once(self):
-        """Four threads, each with its own connection, claim the same due rows: every wait is claimed
-        by exactly one of them and its fence advanced exactly once."""
+    def test_claimers_racing_for_due_waits_wake_each_once(self, flows):
+        """Four threads, each with its own connection, claim the same due rows (of any flow, or per flow
+        as a worker does): every wait is claimed by exactly one of them and its fence advanced once."""
         store = self.make_store()
         past = timezone.now() - timedelta(seconds=1)
         ids = [f"race{i:02d}" for i in range(24)]
-        for eid in ids:
-            parked(store, eid, due=past)
+        for i, eid in enumerate(ids):
+            parked(store, eid, due=past, flow="second.flow" if i % 3 == 0 else "conformance.flow")
         connection.close()
         claims, errors = [], []
         barrier = threading.Barrier(4)
@@ -561,7 +562,7 @@ class WaitsContract:
             try:
                 barrier.wait()
                 while True:
-                    got = mine.claim_due_waits(timezone.now(), 3, None)
+                    got = mine.claim_due_waits(timezone.now(), 3, flows)
                     if not got:
                         break
                     claims.extend(c.execution_id for c in got)
