@@ -238,3 +238,21 @@ def test_bench_queues_records_every_scenario_within_its_caps():
     assert ("tasks django-tasks-db" in cells) == apps.is_installed("django_tasks_db")
     assert not Queue.objects.filter(pk__startswith="bq").exists()
     assert not QueueEntry.objects.filter(queue__name__startswith="bq").exists()
+def test_bench_waits_runs_every_section():
+    """Timer lateness, message round trips and idle sleeping flows, each woken by a real loom_worker child
+    on the test database; every cell verified against the rows (probes fired once, every message
+    received once, every sleeping flow completed)."""
+    from benchmarks.sections import WAITS_SECTIONS
+
+    run, _ = run_command("bench_waits", "--timer-pending", "3,6", "--timer-probes", "3", "--timer-spacing-ms", "5",
+                         "--timer-fill-threads", "2", "--msg-concurrency", "1,2", "--msg-rounds", "2",
+                         "--msg-repeats", "2", "--idle-flows", "5", "--idle-sample-seconds", "1",
+                         "--idle-fill-threads", "2")
+    found = assert_every_section(run, set(WAITS_SECTIONS))
+    assert {r.params["pending"] for r in found["timers"]} == {3, 6}
+    for cell in found["timers"]:
+        assert cell.count == 3 and cell.p99_ms is not None and cell.metrics["due_query_plan"]
+    assert {r.params["concurrency"] for r in found["messages"]} == {1, 2}
+    assert all(len(r.metrics["runs"]) == 2 for r in found["messages"])
+    idle = found["idle"][0]
+    assert idle.count == 5 and idle.metrics["sleeping_at_once"] == 5 and idle.metrics["threads_while_asleep"] > 0
