@@ -22,6 +22,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
+from benchmarks.children import database_url
 from journal.flows import flow
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -49,12 +50,6 @@ def nap(ctx, value):
     ctx.step("a", int)
     ctx.sleep(value["nap"])
     return ctx.step("b", int)
-
-
-def database_url() -> str:
-    from benchmarks.faults.processes import database_url as url
-
-    return url()
 
 
 class WorkerProcess:
