@@ -9,7 +9,7 @@ from typing import Any
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """execution_id: None for a transient call. status: completed, failed or cancelled; or waiting /
-    suspended when the run parked (journal/flows/waits.py).
+    suspended when the run parked (journal/flows/waits.py); queued for start(..., queue=...) (a worker runs it).
     result: the flow's return value (completed only). error: why it failed or was cancelled."""
 
     execution_id: str | None

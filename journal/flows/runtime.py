@@ -336,8 +336,14 @@ def prepare_start(flow: str | Flow, input: Any, execution_id: str | None) -> tup
     return definition, value, stored, execution_id
 
 
+# The queues app's enqueue (queues/apps.py puts it here): start(..., queue=...) hands the start to it,
+# so that the journal names no app above it. Empty: the queues app is not installed.
+QUEUE_STARTS: list = []
+
+
 def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: dict | None = None, *,
-          start_at=None, delay: float | None = None, timeout: float | None = None) -> Outcome:
+          start_at=None, delay: float | None = None, timeout: float | None = None, queue: str | None = None,
+          partition_key: str | None = None, priority: int = 0, dedup_id: str | None = None) -> Outcome:
     """Start a durable execution and run it to completion in this thread.
 
     With no id a ULID is minted; a caller-chosen id makes the start idempotent: a second start of
@@ -347,7 +353,17 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
     parked (Outcome status "waiting") and a worker's waker runs it when due. timeout (seconds): the
     execution's deadline; past it, the next step or wait raises DeadlineExceeded and the execution
     fails (a waiting execution is woken at its deadline, on any worker).
+
+    queue (and partition_key, priority, dedup_id): the start is queued on that queue (the queues app,
+    docs/queues.md) and a loom_worker runs it within the queue's caps; Outcome status "queued", with the
+    execution id (the existing one when dedup_id matched a live entry). start_at/delay become the
+    entry's not-before time.
     """
+    if queue is not None:
+        return _queued_start(flow, input, execution_id, meta, queue, start_at, delay, timeout,
+                             partition_key, priority, dedup_id)
+    if partition_key is not None or priority or dedup_id is not None:
+        raise InvalidInput("partition_key, priority and dedup_id are options of a queued start: give queue= too")
     sealed = input if isinstance(input, Sealed) else None
     if sealed is not None:  # a queued start: its input was sealed before it went to the broker (leases/tasks.py)
         input = unseal_started(sealed)
@@ -382,6 +398,25 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
     runner.emit(ev.EXECUTION_STARTED, started)
     state.input = stored  # the run's own copy in clear (failure text is cut by its marked values), never written
     return runner.drive(definition, value)
+
+
+def _queued_start(flow, input, execution_id, meta, queue, start_at, delay, timeout, partition_key, priority,
+                  dedup_id) -> Outcome:
+    """start(..., queue=...): an entry on the queue, nothing run here (checked and written by the queues app)."""
+    if not QUEUE_STARTS:
+        raise InvalidInput("start(queue=...) needs the queues app in INSTALLED_APPS (docs/queues.md)")
+    if timeout is not None:
+        raise InvalidInput("a queued start takes no timeout= (start it with one from a flow, or without a queue)")
+    if start_at is not None and delay is not None:
+        raise InvalidInput("start() takes start_at or delay, not both")
+    run_after = None
+    if start_at is not None:
+        run_after = check_moment(start_at, "start_at")
+    elif delay is not None:
+        run_after = now() + timedelta(seconds=check_seconds(delay, "delay"))
+    queued = QUEUE_STARTS[0](flow, input, queue, execution_id=execution_id, partition_key=partition_key,
+                             priority=priority, dedup_id=dedup_id, run_after=run_after, meta=meta)
+    return Outcome(queued.execution_id, "queued")
 
 
 def seal_started(flow: str, stored: Any) -> Any:
