@@ -185,8 +185,9 @@ class Coalescer:
     """Merge requests from many threads into one statement per batch and kind (see the module doc).
 
     max_batch: most requests (streams) per statement; default LOOM_COALESCE_MAX_BATCH.
-    flushers: flush threads, each with its own connection, and the most statements they have in
-    flight at once (plus at most one lone caller's own); default LOOM_COALESCE_FLUSHERS.
+    flushers: flush threads, each with its own connection, and the most statements the coalescer
+    has in flight at once (a lone caller's own included; a request handed back to its caller is
+    not); default LOOM_COALESCE_FLUSHERS.
     """
 
     def __init__(self, using: str = "default", max_batch: int | None = None, flushers: int | None = None):
@@ -197,9 +198,7 @@ class Coalescer:
             raise ValueError("max_batch and flushers must be at least 1")
         self._pending: deque[_Request] = deque()
         self._inflight: set[str] = set()  # streams being written now: their next request waits
-        self._active = 0  # flush threads' statements in flight: at most `flushers`
-        self._lone = 0  # a lone caller's own statement in flight (0 or 1; not a flush slot, so a
-        # lone caller waiting on a row lock held elsewhere cannot take a flush thread's place)
+        self._active = 0  # statements in flight (flush threads' and lone callers'): at most `flushers`
         self._cond = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -236,9 +235,9 @@ class Coalescer:
                 raise CoalescerClosed("the coalescer is closed")
             if self._pid != os.getpid():
                 self._forked_locked()
-            alone = self._active == 0 and self._lone == 0 and not self._pending
+            alone = self._active == 0 and not self._pending
             if alone:
-                self._lone += 1
+                self._active += 1
                 self._inflight.add(key)
                 self._count_locked(kind, 1)
                 self.direct += 1
@@ -277,7 +276,7 @@ class Coalescer:
         finally:
             with self._cond:
                 self.busy_s += time.perf_counter() - began
-                self._lone -= 1
+                self._active -= 1
                 self._inflight.discard(key)
                 if self._pending:
                     self._cond.notify()
@@ -322,7 +321,7 @@ class Coalescer:
     def _forked_locked(self) -> None:
         """After a fork the parent's threads do not exist here: start afresh. The parent's queued
         requests belong to callers that exist only in the parent: the parent writes them."""
-        self._pid, self._threads, self._inflight, self._active, self._lone = os.getpid(), [], set(), 0, 0
+        self._pid, self._threads, self._inflight, self._active = os.getpid(), [], set(), 0
         self._pending = deque()
 
     def _count_locked(self, kind: str, requests: int) -> None:

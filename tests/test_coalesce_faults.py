@@ -208,15 +208,20 @@ def _burst(appender: CoalescingAppender, prefix: str, n: int = 8) -> list[BaseEx
 def test_flush_connections_terminated_by_the_server_are_replaced_before_the_next_batch():
     """pg_terminate_backend on the flush threads' backends (as a restart or an idle timeout would):
     the next batches reconnect first and every caller's append is written."""
-    appender = CoalescingAppender(max_batch=4, flushers=1)
-    try:
-        assert _burst(appender, "drop:a") == []
-        assert appender._threads  # some appends queued: the flush thread has its connection
+    def others() -> set[int]:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
-            flusher = [row[0] for row in cursor.fetchall()]
-            assert len(flusher) == 1  # the callers closed theirs
+            return {row[0] for row in cursor.fetchall()}
+
+    appender = CoalescingAppender(max_batch=4, flushers=1)
+    try:
+        before = others()  # sessions earlier tests' threads may have left behind
+        assert _burst(appender, "drop:a") == []
+        assert appender._threads  # some appends queued: the flush thread has its connection
+        flusher = sorted(others() - before)
+        assert len(flusher) == 1  # the callers closed theirs
+        with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", flusher)
             for _ in range(300):  # until the server has let it go
                 cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", flusher)
