@@ -33,6 +33,7 @@ from typing import Any
 from django.db import router, transaction
 from django.db.models import Exists, OuterRef
 
+from journal import shards
 from leases.keeper import get_keeper
 from leases.recovery import log_takeover, prune_workers, resume_one, sweep
 
@@ -209,19 +210,28 @@ def prune_reservations() -> int:
     from journal.models import Execution
     from leases.models import StartReservation
 
-    begun = Execution.objects.filter(pk=OuterRef("execution_id"))
-    return StartReservation.objects.filter(Exists(begun)).delete()[0]
+    if not shards.sharded():
+        begun = Execution.objects.filter(pk=OuterRef("execution_id"))
+        return StartReservation.objects.filter(Exists(begun)).delete()[0]
+    # Sharded: the reservations stay with django-q2's queue, the executions on their shards; no join can
+    # span two databases, so each reservation is looked up on its execution's shard (they are few).
+    done = [eid for eid in StartReservation.objects.values_list("execution_id", flat=True)
+            if Execution.objects.using(shards.shard_for(eid)).filter(pk=eid).exists()]
+    return StartReservation.objects.filter(execution_id__in=done).delete()[0] if done else 0
 
 
 def recovery_sweep() -> int:
-    """One takeover sweep and the resumes, in this process (django-q2 schedule: every minute)."""
-    taken = sweep(get_keeper().worker_id)
-    log_takeover(taken)
-    for execution_id, token in taken.taken:
-        resume_one(execution_id, taken.flow_of.get(execution_id, "?"), token)
-    prune_workers()
+    """One takeover sweep per shard and the resumes, in this process (django-q2 schedule: every minute)."""
+    count = 0
+    for alias in shards.shards():
+        taken = sweep(get_keeper(alias).worker_id, alias=alias)
+        log_takeover(taken)
+        for execution_id, token in taken.taken:
+            resume_one(execution_id, taken.flow_of.get(execution_id, "?"), token)
+        prune_workers(alias)
+        count += len(taken.taken)
     prune_reservations()
-    return len(taken.taken)
+    return count
 
 
 def ensure_schedule() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from journal import shards
 from journal.flows import events as ev
 from journal.flows.errors import UnknownExecution
 from journal.flows.state import ExecutionState
@@ -58,6 +59,7 @@ def timeline(events) -> list[dict[str, Any]]:
     return rows
 
 
+@shards.by_stream
 def describe(execution_id: str) -> dict[str, Any]:
     """Everything known about an execution (reads the whole log: for people, not for the hot path)."""
     from journal.models import Event, Execution, Fence, Snapshot

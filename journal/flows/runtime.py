@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 from ulid import ULID
 
+from journal import shards
 from journal.envelopes import Envelope, check_new_stream_id
 from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
@@ -110,7 +111,8 @@ class Runner:
     def atomic_step(self, name: str, pos: int, attempt: int, began: float, fn, args) -> Any:
         """Run fn and write its STEP_COMPLETED in one transaction: its database effects and the record
         that it completed commit together, or neither does."""
-        with transaction.atomic():
+        # On the execution's shard: a step's effects commit with its record only on that database.
+        with transaction.atomic(using=writer.Event.objects.db):
             result = fn(*args)
             problem = _jsonable(result)
             if problem is not None:
@@ -197,6 +199,11 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
     the same id (even racing from another process) raises ExecutionExists before any step runs.
     """
     definition, value, stored, execution_id = prepare_start(flow, input, execution_id)
+    with shards.on_stream(execution_id):
+        return _start(definition, value, stored, execution_id, meta)
+
+
+def _start(definition: Flow, value: Any, stored: Any, execution_id: str, meta: dict | None) -> Outcome:
     state = ExecutionState(execution_id)
     runner = Runner(writer.RunHandle(execution_id, definition.name, stored), state, None)
     started = {"flow": definition.name, "input": stored}
@@ -253,6 +260,7 @@ def check_not_live(execution_id: str) -> None:
         raise ExecutionBusy(execution_id, holder)
 
 
+@shards.by_stream
 def resume(execution_id: str, *, force: bool = False, expected_fence: int | None = None,
            token: int | None = None) -> Outcome:
     """Continue an execution whose owner died: take a new fence, replay the log, run the rest, in
@@ -307,6 +315,7 @@ def _retry_view(execution_id: str) -> tuple[int | None, tuple[str, str, Any, str
     return fence, header_of(execution_id)
 
 
+@shards.by_stream
 def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Outcome:
     """A new attempt of a FAILED execution, from its last completed step, recorded in its log.
 
@@ -370,6 +379,7 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     return Runner(run, state, claim).drive(definition, value)
 
 
+@shards.by_stream
 def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     """Cancel an execution: take its fence (a running owner is refused at its next step boundary and
     stops) and record EXECUTION_CANCELLED. Cancelling a cancelled execution returns its outcome;
@@ -390,6 +400,7 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     return Outcome(execution_id, CANCELLED, None, reason)
 
 
+@shards.by_stream
 def outcome_of(execution_id: str) -> Outcome:
     """The outcome as the log says now (a bounded read); status running while it is not settled."""
     state = load_state(execution_id)

@@ -1,0 +1,354 @@
+"""Child processes of tests/test_shards.py: each scenario runs in a Django process configured for two real
+shards (the environment names them), and prints one JSON line of facts for the test to assert on.
+
+    python -m tests.shard_scenarios <scenario> [json argument]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+import django
+
+
+def _on(alias: str, stream_id: str) -> bool:
+    from journal.models import Event
+
+    return Event.objects.using(alias).filter(stream_id=stream_id).exists()
+
+
+def _where(stream_id: str) -> list[str]:
+    from journal import shards
+
+    return [alias for alias in shards.shards() if _on(alias, stream_id)]
+
+
+def setup(arg) -> dict:
+    from journal import shards
+    from tests import shard_fixtures
+
+    for alias in shards.shards():
+        shard_fixtures.create_tables(alias)
+    return {"shards": shards.shards()}
+
+
+def placement(arg) -> dict:
+    """Streams written by every entry point land on the shard shard_for names, and only there."""
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    from journal import shards
+    from journal.aggregates import do, load
+    from journal.envelopes import AppendItem, Envelope
+    from journal.exceptions import ShardsPartlyWritten
+    from journal.flows import describe, start
+    from journal.models import Event, Execution
+    from tests.aggregate_fixtures import Increment, counter, increment
+
+    run = arg["run"]
+    wrong: list = []
+    expected: dict[str, str] = {}
+
+    def check(stream_id: str) -> None:
+        where = _where(stream_id)
+        expected[stream_id] = shards.shard_for(stream_id)
+        if where != [expected[stream_id]]:
+            wrong.append([stream_id, where, expected[stream_id]])
+
+    for i in range(30):
+        sid = f"{run}-append-{i}"
+        Event.objects.append(sid, Envelope("T", {"i": i}))
+        Event.objects.append(sid, Envelope("T", {"i": i}), expected_seq=0)
+        check(sid)
+    for i in range(10):
+        sid = f"{run}-open-{i}"
+        token, _ = Event.objects.open_stream(sid, Envelope("T", {}))
+        Event.objects.append(sid, Envelope("T", {}), fence_token=token)
+        check(sid)
+    batch = [f"{run}-batch-{i}" for i in range(20)]
+    captured = {alias: CaptureQueriesContext(connections[alias]) for alias in shards.shards()}
+    for ctx in captured.values():
+        ctx.__enter__()
+    Event.objects.append_batch([AppendItem.build(sid, [Envelope("T", {})]) for sid in batch])
+    for ctx in captured.values():
+        ctx.__exit__(None, None, None)
+    statements = {alias: sum(1 for q in ctx.captured_queries if "journal_event" in q["sql"])
+                  for alias, ctx in captured.items()}
+    for sid in batch:
+        check(sid)
+    # A batch refused on one shard is still written on the other: each shard's part is all or nothing.
+    by_shard: dict[str, list[str]] = {}
+    for sid in batch:
+        by_shard.setdefault(shards.shard_for(sid), []).append(sid)
+    bad, good = by_shard[shards.shards()[0]][0], by_shard[shards.shards()[1]][0]
+    partly = None
+    try:
+        Event.objects.append_batch([AppendItem.build(bad, [Envelope("T", {})], None, 99),
+                                    AppendItem.build(good, [Envelope("T", {})])])
+    except ShardsPartlyWritten as exc:
+        partly = {"refused": sorted(exc.errors), "written": sorted(exc.appended),
+                  "bad_tip": Event.objects.tip(bad), "good_tip": Event.objects.tip(good)}
+    flows = []
+    for i in range(12):
+        eid = f"{run}-flow-{i}"
+        outcome = start("shards.one", i, execution_id=eid)
+        check(eid)
+        headers = [a for a in shards.shards() if Execution.objects.using(a).filter(pk=eid).exists()]
+        flows.append([outcome.status, outcome.result == i, headers == [shards.shard_for(eid)],
+                      describe(eid)["status"]])
+    aggregates = []
+    for i in range(12):
+        aid = f"{run}-agg-{i}"
+        do(increment, aid, Increment(by=2))
+        do(increment, aid, Increment(by=3))
+        check(counter.stream(aid))
+        aggregates.append(load(counter, aid, fresh=True).state.n)
+    return {"wrong": wrong, "statements": statements, "partly": partly, "flows": flows, "aggregates": aggregates,
+            "spread": sorted({v for v in expected.values()})}
+
+
+def tenants(arg) -> dict:
+    """With LOOM_SHARD_KEY = journal.shards.prefix_key a tenant's streams share its shard."""
+    from journal import shards
+    from journal.envelopes import Envelope
+    from journal.models import Event
+
+    out = {}
+    for t in range(16):
+        tenant = f"{arg['run']}t{t}"
+        places = set()
+        for i in range(6):
+            sid = f"{tenant}/order-{i}"
+            Event.objects.append(sid, Envelope("T", {}))
+            places.update(_where(sid))
+        out[tenant] = [sorted(places), shards.shard_for(tenant)]
+    return out
+
+
+def grow(arg) -> dict:
+    """Phase "before": streams on one shard. Phase "after" (two shards, LOOM_SHARD_HISTORY=1): the old
+    streams are found where they are, their ids cannot be opened twice, new streams use both shards."""
+    from journal import shards
+    from journal.envelopes import Envelope
+    from journal.exceptions import StreamExists
+    from journal.flows import ExecutionExists, start
+    from journal.models import Event
+
+    run = arg["run"]
+    old = [f"{run}-old-{i}" for i in range(24)]
+    if arg["phase"] == "before":
+        for sid in old:
+            Event.objects.open_stream(sid, Envelope("T", {}))
+        start("shards.one", 1, execution_id=f"{run}-oldflow")
+        return {"shards": shards.shards(), "where": {sid: _where(sid) for sid in old}}
+    moved_placement = [sid for sid in old if shards.placements(sid)[0] != shards.shards()[0]]
+    found = {sid: shards.shard_for(sid) for sid in old}
+    refused = 0
+    for sid in old:
+        Event.objects.append(sid, Envelope("T", {"after": True}))
+        try:
+            Event.objects.open_stream(sid, Envelope("T", {}))
+        except StreamExists:
+            refused += 1
+    try:
+        start("shards.one", 2, execution_id=f"{run}-oldflow")
+        again = "started twice"
+    except ExecutionExists:
+        again = "refused"
+    new = [f"{run}-new-{i}" for i in range(24)]
+    for sid in new:
+        Event.objects.append(sid, Envelope("T", {}))
+    return {"moved_placement": len(moved_placement), "found": sorted(set(found.values())),
+            "old_where": sorted({a for sid in old for a in _where(sid)}), "refused": refused, "again": again,
+            "old_tips": sorted({Event.objects.tip(sid) for sid in old}),
+            "new_where": sorted({a for sid in new for a in _where(sid)}),
+            "new_right": all(_where(sid) == [shards.shard_for(sid)] for sid in new)}
+
+
+def together(arg) -> dict:
+    """A flow, an aggregate and a projection, each on both shards; the projection's one read model."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    from journal import shards
+    from journal.aggregates import do, load
+    from journal.flows import start
+    from projections.service import drain
+    from tests.aggregate_fixtures import Increment, counter, increment
+
+    run = arg["run"]
+    eids = ids_on_each_shard(f"{run}-flow", 2)
+    outcomes = {eid: start("shards.steps", {"n": 3}, execution_id=eid).status for eid in eids}
+    aids = ids_on_each_shard(f"{run}-agg", 2, counter.stream)
+    for aid in aids:
+        for _ in range(3):
+            do(increment, aid, Increment(by=1))
+    states = {aid: load(counter, aid, fresh=True).state.n for aid in aids}
+    drain()
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute("SELECT stream, count(*) FROM test_shard_seen WHERE stream LIKE %s GROUP BY stream",
+                       [f"%{run}-agg%"])
+        seen = dict(cursor.fetchall())
+    return {"outcomes": outcomes, "flow_shards": {e: shards.shard_for(e) for e in eids}, "states": states,
+            "agg_shards": sorted({shards.shard_for(counter.stream(a)) for a in aids}), "seen": seen,
+            "effects": effects(eids)}
+
+
+def ids_on_each_shard(prefix: str, per_shard: int, stream=lambda i: i) -> list[str]:
+    """Ids whose streams fall on each shard, `per_shard` of each (hash placement)."""
+    from journal import shards
+
+    want = {alias: [] for alias in shards.shards()}
+    i = 0
+    while any(len(v) < per_shard for v in want.values()):
+        candidate = f"{prefix}-{i}"
+        bucket = want[shards.shard_for(stream(candidate))]
+        if len(bucket) < per_shard:
+            bucket.append(candidate)
+        i += 1
+    return [x for v in want.values() for x in v]
+
+
+def effects(eids: list[str]) -> dict:
+    """Effect rows per execution and step, read on each execution's shard."""
+    from django.db import connections
+
+    from journal import shards
+
+    out = {}
+    for eid in eids:
+        with connections[shards.shard_for(eid)].cursor() as cursor:
+            cursor.execute("SELECT step, count(*) FROM test_shard_effects WHERE execution_id = %s GROUP BY step",
+                           [eid])
+            out[eid] = dict(cursor.fetchall())
+    return out
+
+
+def owner(arg) -> dict:
+    """A worker that owns gated runs on both shards: its services run, the runs start in threads with eager
+    leases; prints `leased` once every run's lease row exists, then waits (to be SIGKILLed), or, with
+    `exit_after`, exits once its runs ended."""
+    from journal import shards
+    from journal.flows import start
+    from leases.models import Lease
+    from leases.worker import Worker
+
+    worker = Worker(arg["id"])
+    worker.start()
+    ended: dict = {}
+
+    def run(eid: str) -> None:
+        try:
+            ended[eid] = start("shards.steps", {"n": arg["n"], "gate": arg["gate"]}, execution_id=eid).status
+        except Exception as exc:  # a shard went away under the run
+            ended[eid] = type(exc).__name__
+
+    threads = [threading.Thread(target=run, args=(eid,), daemon=True) for eid in arg["eids"]]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if all(Lease.objects.using(shards.shard_for(e)).filter(execution_id=e).exists() for e in arg["eids"]):
+            break
+        time.sleep(0.05)
+    print(json.dumps({"leased": True}), flush=True)
+    if not arg.get("exit_after"):
+        threading.Event().wait()
+    for thread in threads:
+        thread.join(120)
+    worker.stop(2)
+    return {"ended": ended}
+
+
+def status(arg) -> dict:
+    """Status, completed-step events and effects of executions (each read on its own shard)."""
+    from journal import shards
+    from journal.models import Event, Execution
+
+    out = {}
+    for eid in arg["eids"]:
+        alias = shards.shard_for(eid)
+        header = Execution.objects.using(alias).filter(pk=eid).values_list("status", flat=True).first()
+        completed = list(Event.objects.using(alias).filter(stream_id=eid, type="STEP_COMPLETED")
+                         .values_list("payload__step", flat=True))
+        out[eid] = {"status": header, "completed": sorted(completed), "shard": alias}
+    return {"executions": out, "effects": effects(arg["eids"])}
+
+
+def shard0_only(arg) -> dict:
+    """With shard1's server down: everything on shard0 works; shard1's streams fail with a database error."""
+    from journal import shards
+    from journal.aggregates import do, load
+    from journal.envelopes import Envelope
+    from journal.flows import start
+    from journal.models import Event
+    from tests.aggregate_fixtures import Increment, counter, increment
+
+    first, second = shards.shards()[:2]
+    run = arg["run"]
+    eids = [e for e in ids_on_each_shard(f"{run}-down", 3) if shards.shard_for(e) == first]
+    flows = {e: start("shards.steps", {"n": 2}, execution_id=e).status for e in eids}
+    aid = next(a for a in ids_on_each_shard(f"{run}-dagg", 1, counter.stream)
+               if shards.shard_for(counter.stream(a)) == first)
+    do(increment, aid, Increment(by=5))
+    sid = next(s for s in ids_on_each_shard(f"{run}-dapp", 1) if shards.shard_for(s) == first)
+    Event.objects.append(sid, Envelope("T", {}))
+    elsewhere = next(s for s in ids_on_each_shard(f"{run}-dx", 1) if shards.shard_for(s) == second)
+    try:
+        start("shards.one", 1, execution_id=elsewhere)
+        failed = None
+    except Exception as exc:
+        failed = type(exc).__name__
+    return {"flows": flows, "aggregate": load(counter, aid, fresh=True).state.n, "tip": Event.objects.tip(sid),
+            "shard1_start": failed, "effects": effects(eids)}
+
+
+def pooled(arg) -> dict:
+    """Through PgBouncer in transaction pooling: appends, a flow, an aggregate, many threads at once."""
+    from django.db import connections
+
+    from journal.aggregates import do, load
+    from journal.envelopes import Envelope
+    from journal.flows import start
+    from journal.models import Event
+    from journal.store.postgres import behind_pooler, may_prepare
+    from tests.aggregate_fixtures import Increment, counter, increment
+
+    run = arg["run"]
+    errors: list[str] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(20):
+                Event.objects.append(f"{run}-p{t}", Envelope("T", {"i": i}))
+            start("shards.one", t, execution_id=f"{run}-f{t}")
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for _ in range(5):
+        do(increment, f"{run}-a", Increment(by=1))
+    return {"errors": errors, "tips": sorted({Event.objects.tip(f"{run}-p{t}") for t in range(8)}),
+            "flows": sorted({Event.objects.tip(f"{run}-f{t}") for t in range(8)}),
+            "aggregate": load(counter, f"{run}-a", fresh=True).state.n,
+            "pooled": behind_pooler(connections["default"]), "prepares": may_prepare(connections["default"])}
+
+
+def main() -> None:
+    django.setup()
+    name = sys.argv[1]
+    arg = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    result = globals()[name](arg)
+    print(json.dumps(result, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()
