@@ -342,6 +342,37 @@ def pooled(arg) -> dict:
             "pooled": behind_pooler(connections["default"]), "prepares": may_prepare(connections["default"])}
 
 
+def admin_pages(arg) -> dict:
+    """The executions list merges every shard (count, pages, order); an execution's page and its action views
+    read its own shard."""
+    import re
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from journal import shards
+    from journal.flows import start
+
+    run = arg["run"]
+    eids = ids_on_each_shard(run, 30)
+    for eid in eids:
+        start("shards.one", 1, execution_id=eid)
+    user, _ = get_user_model().objects.get_or_create(username=f"{run}-admin", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(user)
+    listed: list[str] = []
+    for page in (1, 2):
+        html = client.get("/admin/journal/execution/", {"q": run, "p": page}).content.decode()
+        listed += re.findall(rf'href="/admin/journal/execution/({re.escape(run)}-\d+)/change/', html)
+    counted = re.search(r"(\d+) executions", html)
+    one = next(e for e in eids if shards.shard_for(e) == shards.shards()[1])
+    page = client.get(f"/admin/journal/execution/{one}/change/")
+    confirm = client.get(f"/admin/journal/execution/{one}/cancel/")
+    return {"listed": listed, "distinct": len(set(listed)), "expected": sorted(eids), "count": counted and counted[1],
+            "page": page.status_code, "names_flow": "shards.one" in page.content.decode(),
+            "confirm": confirm.status_code}
+
+
 def main() -> None:
     django.setup()
     name = sys.argv[1]

@@ -151,6 +151,13 @@ def test_a_flow_an_aggregate_and_a_projection_work_across_two_shards(shard_env):
     assert len(facts["seen"]) == 4 and set(facts["seen"].values()) == {3}
 
 
+def test_the_executions_admin_lists_every_shard_and_opens_each_execution_on_its_own(shard_env):
+    facts = scenario(shard_env, "admin_pages", {"run": "adm"})
+    assert sorted(facts["listed"]) == facts["expected"] and facts["distinct"] == 60  # two pages, both shards
+    assert facts["count"] == "60"
+    assert facts["page"] == 200 and facts["names_flow"] and facts["confirm"] == 200
+
+
 def test_a_worker_sigkilled_while_owning_runs_on_both_shards_is_recovered_by_another(shard_env, tmp_path):
     eids = [f"kill-{i}" for i in range(40)]
     eids = scenario(shard_env, "status", {"eids": eids})["executions"]
