@@ -52,11 +52,11 @@ def add_arguments(parser) -> None:
                         help="host:port of the second PostgreSQL server (default 127.0.0.1:5433).")
     parser.add_argument("--pooler", default="127.0.0.1:6432",
                         help="host:port of PgBouncer in transaction pooling before the main server (default :6432).")
-    parser.add_argument("--shard-writers", type=positive_int, default=16, help="Appending threads (default 16).")
+    parser.add_argument("--shard-writers", type=positive_int, default=8, help="Appending threads (default 8).")
     parser.add_argument("--shard-appends", type=positive_int, default=300,
                         help="Appends per writer per cell (default 300).")
-    parser.add_argument("--shard-flow-threads", type=positive_int, default=16,
-                        help="Threads starting flows (default 16).")
+    parser.add_argument("--shard-flow-threads", type=positive_int, default=8,
+                        help="Threads starting flows (default 8).")
     parser.add_argument("--shard-flows", type=positive_int, default=1200,
                         help="One-step executions per cell, over its threads (default 1200).")
     parser.add_argument("--shard-repeats", type=positive_int, default=3, help="Interleaved repeats (default 3).")
