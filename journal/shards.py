@@ -132,13 +132,12 @@ def shard_for(stream_id: str) -> str:
 
     for alias in candidates:
         if store_for(alias).tip(stream_id) >= 0:
-            if alias != candidates[0]:
-                with _found_lock:
-                    _found[stream_id] = alias
-                    while len(_found) > FOUND_CACHE:
-                        _found.popitem(last=False)
+            with _found_lock:  # found: its placement never changes, so later calls skip the probes
+                _found[stream_id] = alias
+                while len(_found) > FOUND_CACHE:
+                    _found.popitem(last=False)
             return alias
-    return candidates[0]
+    return candidates[0]  # new (not remembered: it may yet be created elsewhere by a process on an old list)
 
 
 def forget() -> None:

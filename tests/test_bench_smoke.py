@@ -115,17 +115,21 @@ def bench_shard_aliases(django_db_setup, django_db_blocker):
     section.forget()
 
 
+def test_shards_section_says_why_it_skips_on_sqlite():
+    if connection.vendor == "postgresql":
+        pytest.skip("SQLite only: on PostgreSQL the test below runs the section")
+    run, _ = run_command("bench_throughput", *TINY_SHARDS)
+    assert "PostgreSQL" in (run.settings.get("skipped") or {})["shards"]
+
+
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default", "bench_shard1", "bench_pooled"])
 def test_shards_section_compares_one_and_two_servers_and_pgbouncer_in_one_run(bench_shard_aliases):
     """1 shard vs 2 shards (two real servers) and PgBouncer vs direct, with the ratios and the statements per
-    execution on each shard; skipped with its reason on SQLite or without the second server."""
+    execution on each shard; skipped without the second server."""
     from benchmarks.sections.shards import _reachable
 
     run, _ = run_command("bench_throughput", *TINY_SHARDS)
-    skipped = run.settings.get("skipped") or {}
-    if connection.vendor != "postgresql":
-        assert "PostgreSQL" in skipped["shards"]
-        return
     cells = sections_of(run)["shards"]
     scenarios = {(c.scenario, c.params.get("layout")) for c in cells}
     assert {("coalesced appends", "1 shard"), ("coalesced appends", "2 shards"), ("1-step flows", "1 shard"),
