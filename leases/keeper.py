@@ -456,6 +456,14 @@ def reset_keeper(keeper: LeaseKeeper | None = None) -> None:
             _keepers[keeper.alias] = keeper
 
 
+def drop_keeper(alias: str, timeout: float = 5.0) -> None:
+    """Stop and forget the keeper of a shard this process no longer works on (a benchmark's own aliases)."""
+    with _keeper_lock:
+        keeper = _keepers.pop(alias, None)
+    if keeper is not None:
+        keeper.shutdown(timeout)
+
+
 def install_keeper(keeper: LeaseKeeper) -> None:
     """Make `keeper` the process's keeper of its shard (the worker's heartbeat service, one per shard)."""
     with _keeper_lock:

@@ -41,9 +41,11 @@ def stop_the_process_lease_keeper(transactional_db):
     real `manage.py` process ends with the command, the test process does not: stop it while the test
     database is still open, so it does not outlive the test."""
     yield
-    from leases.keeper import get_keeper, reset_keeper
+    from leases.keeper import get_keeper, keepers, reset_keeper
 
     get_keeper().shutdown()
+    for keeper in keepers():  # one per shard a section worked on (the shards section's own aliases)
+        keeper.shutdown()
     reset_keeper(None)
 
 

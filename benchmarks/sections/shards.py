@@ -41,6 +41,7 @@ from journal import coalesce, shards
 from journal.envelopes import AppendItem, Envelope
 from journal.flows import start
 from journal.store import store_for
+from leases.keeper import drop_keeper
 
 SHARD_ALIAS = "bench_shard1"
 POOLED_ALIAS = "bench_pooled"
@@ -252,6 +253,9 @@ def _flows(ctx, scenario: str, layout: str, aliases: list[str], repeat: int) -> 
             for a in aliases:
                 store_for(a).delete_streams(pfx)
                 store_for(a).delete_executions(pfx)
+    for alias in aliases:  # the keepers of the section's own aliases end with the cell (lazy leases may start them)
+        if alias in (SHARD_ALIAS, POOLED_ALIAS):
+            drop_keeper(alias)
     per_shard = {a: round(statements.get(a, 0) / executions[a], 3) for a in aliases if executions[a]}
     ctx.record(scenario, {"layout": layout, "shards": len(aliases), "threads": threads, "repeat": repeat},
                throughput=outcome.throughput, unit="exec/s", latencies_ms=outcome.latencies_ms, count=outcome.units,
