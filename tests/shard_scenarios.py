@@ -91,6 +91,33 @@ def placement(arg) -> dict:
     except ShardsPartlyWritten as exc:
         partly = {"refused": sorted(exc.errors), "written": sorted(exc.appended),
                   "bad_tip": Event.objects.tip(bad), "good_tip": Event.objects.tip(good)}
+    # A bad payload anywhere in a batch over both shards: refused before either shard is written.
+    from journal.exceptions import InvalidPayload
+
+    fresh = [f"{run}-bad-{i}" for i in range(6)]
+    try:
+        Event.objects.append_batch([AppendItem.build(sid, [Envelope("T", {"x": float("nan") if i == 5 else i})])
+                                    for i, sid in enumerate(fresh)])
+        invalid = "written"
+    except InvalidPayload:
+        invalid = sorted({a for sid in fresh for a in _where(sid)})
+    # The coalescer: one per shard, each statement of one shard's streams only.
+    from django.test import override_settings
+
+    from journal import coalesce
+
+    co = [f"{run}-co-{i}" for i in range(24)]
+    with override_settings(LOOM_COALESCE=True):
+        threads = [threading.Thread(target=coalesce.append_item, args=(AppendItem.build(sid, [Envelope("T", {})]),))
+                   for sid in co]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        coalescers = sorted(a for a in shards.shards() if coalesce.running(a) is not None)
+        coalesce.close_shared()
+    for sid in co:
+        check(sid)
     flows = []
     for i in range(12):
         eid = f"{run}-flow-{i}"
@@ -107,7 +134,7 @@ def placement(arg) -> dict:
         check(counter.stream(aid))
         aggregates.append(load(counter, aid, fresh=True).state.n)
     return {"wrong": wrong, "statements": statements, "partly": partly, "flows": flows, "aggregates": aggregates,
-            "spread": sorted({v for v in expected.values()})}
+            "spread": sorted({v for v in expected.values()}), "invalid": invalid, "coalescers": coalescers}
 
 
 def tenants(arg) -> dict:

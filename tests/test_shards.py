@@ -122,6 +122,8 @@ def test_every_entry_point_writes_a_stream_on_the_shard_the_router_names_and_onl
     assert facts["partly"]["good_tip"] == 1  # the other shard's part of the refused batch was written
     assert all(f == ["completed", True, True, "completed"] for f in facts["flows"])
     assert facts["aggregates"] == [5] * 12
+    assert facts["invalid"] == []  # a bad payload in a batch over both shards: nothing written on either
+    assert facts["coalescers"] == ["default", "shard1"]  # one coalescer per shard, each stream on its own
 
 
 def test_a_declared_partition_key_keeps_a_tenants_streams_on_its_shard(shard_env):
