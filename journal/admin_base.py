@@ -73,7 +73,11 @@ class ReadOnlyPermissions:
 
 class ReadOnlyAdmin(ReadOnlyPermissions, RefuseUnstorableFilters, admin.ModelAdmin):
     """A read-only model page: views only, unstorable filters redirect, actions need their own permission.
-    The journal's pages put SafeChangeList first, so out-of-range values redirect too."""
+    The journal's pages put SafeChangeList first, so out-of-range values redirect too. The list of a model
+    that lives on every shard (journal, leases, projections) shows every shard's rows (ShardedChangeList)."""
+
+    def get_changelist(self, request, **kwargs):
+        return ShardedChangeList
 
 
 class ReadOnlyInline(ReadOnlyPermissions, admin.TabularInline):
@@ -161,8 +165,8 @@ class ShardedChangeList(ChangeList):
         super().get_results(request)
         from journal import shards
 
-        if not shards.sharded():
-            return
+        if not shards.sharded() or not shards.ShardRouter().routes(self.model):
+            return  # one shard, or a model that stays on its one database (benchmarks, start reservations)
         rows = ShardedRows(self.queryset, shards.shards())
         self.result_count = self.full_result_count = rows.count()
         self.can_show_all = self.result_count <= self.list_max_show_all

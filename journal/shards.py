@@ -184,11 +184,13 @@ class ShardRouter:
     DATABASE_ROUTERS = ["journal.shards.ShardRouter", ...] whenever LOOM_SHARDS names more than one alias
     (system check loom.E021). Outside any binding it has no opinion (the next router, or the default)."""
 
-    def _routes(self, model) -> bool:
+    @staticmethod
+    def routes(model) -> bool:
+        """The model lives on every shard (its app is sharded and it is not one of the exceptions)."""
         return model._meta.app_label in SHARDED_APPS and model._meta.label_lower not in UNSHARDED_MODELS
 
     def db_for_read(self, model, **hints) -> str | None:
-        return _current.get() if self._routes(model) else None
+        return _current.get() if self.routes(model) else None
 
     db_for_write = db_for_read
 

@@ -395,9 +395,20 @@ def admin_pages(arg) -> dict:
     one = next(e for e in eids if shards.shard_for(e) == shards.shards()[1])
     page = client.get(f"/admin/journal/execution/{one}/change/")
     confirm = client.get(f"/admin/journal/execution/{one}/cancel/")
+    # Every other list of a sharded model answers too, with each shard's rows (the fences of this run's ids).
+    from django.contrib import admin
+    from django.urls import reverse
+
+    lists = {}
+    for model in admin.site._registry:
+        if shards.ShardRouter.routes(model):
+            url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+            lists[model._meta.label] = client.get(url).status_code
+    fences = client.get("/admin/journal/fence/", {"q": run}).content.decode()
     return {"listed": listed, "distinct": len(set(listed)), "expected": sorted(eids), "count": counted and counted[1],
             "page": page.status_code, "names_flow": "shards.one" in page.content.decode(),
-            "confirm": confirm.status_code}
+            "confirm": confirm.status_code, "lists": lists,
+            "fences": sorted(set(re.findall(rf"({re.escape(run)}-\d+)", fences)))}
 
 
 def main() -> None:

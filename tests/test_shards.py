@@ -158,6 +158,8 @@ def test_the_executions_admin_lists_every_shard_and_opens_each_execution_on_its_
     assert sorted(facts["listed"]) == facts["expected"] and facts["distinct"] == 60  # two pages, both shards
     assert facts["count"] == "60"
     assert facts["page"] == 200 and facts["names_flow"] and facts["confirm"] == 200
+    assert facts["lists"] and set(facts["lists"].values()) == {200}, facts["lists"]
+    assert len(facts["fences"]) == 60  # the fences list (journal's generic read-only page) merges both shards too
 
 
 def test_a_worker_sigkilled_while_owning_runs_on_both_shards_is_recovered_by_another(shard_env, tmp_path):
