@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from threading import Lock
 
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS
 from django.utils.module_loading import import_string
 
@@ -44,17 +45,49 @@ _found_lock = Lock()
 FOUND_CACHE = 100_000
 
 
+_cached: dict[str, object] = {}  # parsed settings; cleared when a setting changes (override_settings, tests)
+WATCHED = frozenset({"LOOM_SHARDS", "LOOM_SHARD_HISTORY", "LOOM_SHARD_KEY", "DATABASE_ROUTERS", "DATABASES"})
+
+
+def _forget_settings(*, setting: str, **kwargs) -> None:
+    if setting in WATCHED:
+        _cached.clear()
+
+
+setting_changed.connect(_forget_settings, dispatch_uid="journal.shards")
+
+
+def _setting(name: str, parse: Callable[[], object]) -> object:
+    """A setting's parsed value, parsed once: the placement runs on every journal call, so it must not re-read,
+    re-coerce or re-import on each (a few microseconds per append otherwise). Settings change only at start-up
+    or through override_settings, whose signal clears this."""
+    try:
+        return _cached[name]
+    except KeyError:
+        value = _cached[name] = parse()
+        return value
+
+
 def shards() -> list[str]:
     """The shard aliases, in placement order: LOOM_SHARDS, or the one database the routers give the journal
     (the default database without a router of the project's own)."""
+    return list(_setting("shards", _aliases))
+
+
+def _aliases() -> tuple[str, ...]:
     configured = conf.get("LOOM_SHARDS")
     if configured:
-        return list(configured)
+        return tuple(configured)
     from django.db import router
 
     from journal.models import Event
 
-    return [router.db_for_write(Event)]
+    for each in router.routers:  # the project's own routers, never ours (it would answer the bound shard)
+        if not isinstance(each, ShardRouter) and hasattr(each, "db_for_write"):
+            alias = each.db_for_write(Event)
+            if alias:
+                return (alias,)
+    return (DEFAULT_DB_ALIAS,)
 
 
 def sharded() -> bool:
@@ -73,8 +106,13 @@ def current() -> str | None:
 
 
 def key_function() -> Callable[[str], str]:
-    path = conf.get("LOOM_SHARD_KEY")
-    return import_string(path) if path else _whole
+    """LOOM_SHARD_KEY's function (imported once per value), or the whole id."""
+
+    def parse() -> Callable[[str], str]:
+        path = conf.get("LOOM_SHARD_KEY")
+        return import_string(path) if path else _whole
+
+    return _setting("LOOM_SHARD_KEY", parse)
 
 
 def _whole(stream_id: str) -> str:
@@ -103,7 +141,8 @@ def placements(stream_id: str) -> list[str]:
     if len(aliases) == 1:
         return aliases
     key = key_function()(stream_id)
-    counts = [len(aliases), *reversed([int(n) for n in conf.get("LOOM_SHARD_HISTORY")])]
+    history = _setting("LOOM_SHARD_HISTORY", lambda: tuple(int(n) for n in conf.get("LOOM_SHARD_HISTORY")))
+    counts = [len(aliases), *reversed(history)]
     found: list[str] = []
     for count in counts:
         alias = aliases[slot(key, count)]
