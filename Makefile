@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # (loomsite.E003). Anywhere else, set SECRET_KEY, the same in every process (docs/security.md).
 export ALLOW_DEV_SECRET_KEY ?= true
 
-.PHONY: venv bench test lint serve worker migrate
+.PHONY: venv bench bench-docs test lint serve worker migrate
 
 venv:
 	@scripts/bootstrap $(VENV) "$(DJANGO)"
@@ -19,6 +19,11 @@ migrate: venv
 ## The main job: the throughput benchmark on the configured database, recorded and printed.
 bench: migrate
 	$(PY) manage.py bench_throughput $(ARGS)
+
+## docs/benchmarks.md from recorded runs: every bench command of the docs plan on the configured database
+## (run once per database, on a quiet machine; ARGS=--small for a smoke run into --output).
+bench-docs: migrate
+	$(PY) manage.py bench_docs $(ARGS)
 
 ## The test suite against the configured database (SQLite by default).
 test: venv

@@ -18,8 +18,9 @@ def _fmt(value, digits: int = 2) -> str:
     return str(value)
 
 
-def format_results(run, results: Sequence) -> str:
-    """A Markdown table per section: scenario, parameters, throughput, latency percentiles, extras."""
+def format_results(run, results: Sequence, heading: str = "##") -> str:
+    """A Markdown table per section (under `heading`): scenario, parameters, throughput, latency
+    percentiles, extras."""
     lines = [f"\n{run.command} run #{run.pk} on {run.db_version} ({run.cpu_count} CPUs, commit "
              f"{(run.git_commit or 'unknown')[:10]}{' dirty' if run.git_dirty else ''})"]
     sections: dict[str, list] = {}
@@ -29,7 +30,7 @@ def format_results(run, results: Sequence) -> str:
         extra_keys = sorted({k for r in rows for k, v in r.metrics.items()
                              if isinstance(v, (int, float)) or (k in TEXT_METRICS and v)})
         header = ["scenario", "params", "throughput", "unit", "p50 ms", "p95 ms", "p99 ms", "max ms", *extra_keys]
-        lines.append(f"\n## {section}\n")
+        lines.append(f"\n{heading} {section}\n")
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "---|" * len(header))
         for r in rows:

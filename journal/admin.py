@@ -34,6 +34,7 @@ from django.utils.html import format_html
 
 from journal import shards
 from journal.admin_base import ReadOnlyAdmin, SafeChangeList, ShardedChangeList, ShardedRows, panel_fields
+from journal.admin_filters import QueueFilter, ScheduleFilter
 from journal.aggregates.admin import AggregateAdmin
 from journal.ids import stored_id_problem
 from journal.models import AggregateStream, Event, Execution, Fence, Snapshot
@@ -105,7 +106,7 @@ class StatusFilter(admin.ChoicesFieldListFilter):
 @admin.register(Execution)
 class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("id", "flow", "status", "progress", "duration", "created", "finished", "recoveries", "shard")
-    list_filter = (("status", StatusFilter), "flow")
+    list_filter = (("status", StatusFilter), "flow", QueueFilter, ScheduleFilter)
     search_fields = ("id", "flow")
     readonly_fields = ("id", "flow", "status", "input_json", "result_json", "error", "recoveries", "created",
                        "updated", "finished")

@@ -74,7 +74,7 @@ class ReadOnlyPermissions:
 class ReadOnlyAdmin(ReadOnlyPermissions, RefuseUnstorableFilters, admin.ModelAdmin):
     """A read-only model page: views only, unstorable filters redirect, actions need their own permission.
     The journal's pages put SafeChangeList first, so out-of-range values redirect too. The list of a model
-    that lives on every shard (journal, leases, projections) shows every shard's rows (ShardedChangeList)."""
+    that lives on every shard (journal, leases, queues, projections) shows every shard's rows (ShardedChangeList)."""
 
     def get_changelist(self, request, **kwargs):
         return ShardedChangeList

@@ -33,11 +33,13 @@ from django.utils.module_loading import import_string
 
 from journal import conf
 
-# The apps whose tables live on every shard (a shard alias migrates only these).
-SHARDED_APPS = frozenset({"journal", "leases", "projections"})
+# The apps whose tables live on every shard (a shard alias migrates only these). A queue entry lives on
+# its execution's shard: the dequeue reads the execution's header in the same statement (queues/store).
+SHARDED_APPS = frozenset({"journal", "leases", "projections", "queues"})
 # Models of those apps that stay with the main database: the start reservation commits with django-q2's
-# ORM queue row (leases/tasks.py), which is not sharded.
-UNSHARDED_MODELS = frozenset({"leases.startreservation"})
+# ORM queue row (leases/tasks.py), which is not sharded; a cron schedule names no stream (its ticks'
+# executions are placed by their ids), so its rows are claimed on one database (leases/schedules.py).
+UNSHARDED_MODELS = frozenset({"leases.startreservation", "leases.schedule"})
 
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("loom_shard", default=None)
 _found: OrderedDict[str, str] = OrderedDict()  # stream -> alias, for streams found under an earlier count
@@ -177,6 +179,28 @@ def shard_for(stream_id: str) -> str:
                     _found.popitem(last=False)
             return alias
     return candidates[0]  # new (not remembered: it may yet be created elsewhere by a process on an old list)
+
+
+def shard_of_key(key: str) -> str:
+    """The shard of a partition key that is not a stream id (a queue's partition, a dedup id): where a new
+    stream whose key is `key` would be placed now. Queues place an entry's minted id by it (mint_on)."""
+    aliases = shards()
+    return aliases[0] if len(aliases) == 1 else aliases[slot(key_function()(key), len(aliases))]
+
+
+MINT_TRIES = 64
+
+
+def mint_on(alias: str, mint: Callable[[], str]) -> str:
+    """A new id from `mint` that is placed on `alias` (a few draws: each lands on a shard at random), so
+    that what must be counted together (a queue partition's entries) lives on one shard. A key function
+    that maps every minted id to one shard cannot be met: the last draw is returned (placed elsewhere)."""
+    candidate = mint()
+    for _ in range(MINT_TRIES):
+        if placements(candidate)[0] == alias:
+            return candidate
+        candidate = mint()
+    return candidate
 
 
 def forget() -> None:

@@ -153,3 +153,5 @@ class RecoveryAdmin(ReadOnlyAdmin):
     def lease_expires_in(self, execution) -> str:
         lease = self._lease(execution)
         return expires_in(lease) if lease else "no lease"
+
+from leases import admin_schedules  # noqa: E402,F401  (the schedules' pages: leases/admin_schedules.py)

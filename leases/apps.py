@@ -15,6 +15,9 @@ class LeasesConfig(AppConfig):
         install()  # LOOM_LEASE_MODE decides; the keeper's thread starts with the first claim
         register_service(HeartbeatService)
         register_service(RecoveryService)
+        from leases.schedules import ScheduleService
+
+        register_service(ScheduleService)  # cron schedules (leases/schedules.py)
         try:
             from django_q.signals import post_spawn
         except ImportError:  # django-q2 not installed: no queued starts, no cluster to watch

@@ -23,6 +23,12 @@ register(
     Setting("LOOM_RECOVERY_BATCH", int, 16, "Executions one sweep takes over at most (resumed in parallel).", 1),
     Setting("LOOM_WORKER_RETENTION", float, 86400.0,
             "Seconds the workers page keeps a worker that stopped or vanished (pruned by loom_worker).", 0),
+    Setting("LOOM_SCHEDULE_EVERY", float, 1.0, "Seconds between a worker's ticks of the cron schedules.", 0.01),
+    Setting("LOOM_SCHEDULE_GRACE", float, 60.0,
+            "Seconds a tick may be late and still run under catch_up='skip' (after downtime, say).", 0.0),
+    Setting("LOOM_SCHEDULE_BATCH", int, 100, "Due schedules one tick claims at most.", 1),
+    Setting("LOOM_SCHEDULE_CATCH_UP_MAX", int, 100,
+            "Missed ticks one claim starts at most under catch_up='all' (the next claims start the rest).", 1),
 )
 
 

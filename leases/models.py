@@ -93,3 +93,45 @@ class StartReservation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.execution_id} ({self.flow}) reserved"
+
+
+class Schedule(models.Model):
+    """A cron schedule of a flow (leases/schedules.py): each tick starts one execution whose id is
+    `sched:<name>:<tick>`, so every worker that ticks it agrees on what it started.
+
+    Written through leases/store (`save_schedule`, the tick's claim and advance), never by the ORM's
+    save(): the admin's form calls leases.schedules.define, which validates first. `next_tick_at` is
+    the state the worker's tick reads (UTC); `source` says whether code (`@schedule`) or the admin
+    made the row (a code schedule is rewritten from its code whenever a worker starts)."""
+
+    class CatchUp(models.TextChoices):
+        SKIP = "skip", "skip: a tick missed by more than LOOM_SCHEDULE_GRACE is not run"
+        ONCE = "once", "once: all missed ticks together start one execution (the latest tick)"
+        ALL = "all", "all: every missed tick starts its execution, oldest first"
+
+    name = models.CharField(max_length=100, primary_key=True,
+                            help_text="Letters, digits, '-', '_' and '.'; part of every execution id it starts.")
+    cron = models.CharField(max_length=200, help_text="5 fields (minute hour day month weekday), or 6 with a "
+                                                      "leading seconds field; evaluated in UTC.")
+    flow = models.CharField(max_length=200, help_text="The registered flow each tick starts.")
+    input = models.JSONField(default=dict, blank=True, help_text="The input of every execution it starts (JSON).")
+    catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
+    queue = models.CharField(max_length=100, blank=True, default="",
+                             help_text="Start on this queue (empty: the worker cluster's plain queued start).")
+    enabled = models.BooleanField(default=True)
+    source = models.CharField(max_length=10, default="admin", editable=False)
+    next_tick_at = models.DateTimeField(help_text="The next tick due (UTC).")
+    last_tick_at = models.DateTimeField(null=True, blank=True, help_text="The last tick that started an execution.")
+    last_execution_id = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index(fields=["next_tick_at"], name="leases_schedule_due")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.cron} -> {self.flow})"
+
+    def save(self, *args, **kwargs):
+        raise TypeError("schedules are written by leases.schedules.define() (validated), not save()")

@@ -31,17 +31,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import router, transaction
-from django.db.models import Exists, OuterRef
 
 from journal import shards
 from leases.keeper import get_keeper
 from leases.recovery import log_takeover, prune_workers, resume_one, sweep
+from leases.store import Reservation, store_for
 
 SCHEDULE_NAME = "loom.recovery_sweep"
 # Options of the backstop schedule's tasks: no success rows (it runs every minute on every cluster
 # and would push real tasks out of django-q2's success list), no django-q2 timeout (the resumes
 # it runs are bounded by their leases).
 BACKSTOP_OPTIONS = {"save": False, "timeout": -1}
+# Reservations one sharded pruning looks at (each is one header read on its execution's shard).
+RESERVATIONS_PRUNED = 1000
 
 log = logging.getLogger("loom.worker")
 
@@ -114,10 +116,6 @@ class Reserved:
     begun: bool = False  # the execution exists (its header): ask it, not the reservation
 
 
-class _Begun(Exception):
-    """Rolls back a reservation made for an id whose execution began meanwhile."""
-
-
 def input_hash(stored: Any) -> str:
     """SHA-256 of the stored input as canonical JSON: what a repeat of a start must match."""
     text = json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
@@ -134,38 +132,31 @@ def reserve_and_enqueue(flow: str, stored: Any, execution_id: str, meta: dict | 
     reservation (or execution) that already holds the id, and nothing is queued.
 
     The reservation row and django-q2's ORM-queue row commit together (same database alias), so a
-    start is never queued without its reservation nor reserved without its task. The insert is the
-    ORM's get_or_create (INSERT, and on a primary-key conflict a read of the row that won): two
-    concurrent starts of one id cannot both be queued."""
-    from django.db import IntegrityError
+    start is never queued without its reservation nor reserved without its task. The reservation is
+    the leases store's one insert-or-nothing (RESERVE_START): two concurrent starts of one id cannot
+    both be queued."""
     from django_q.conf import Conf
     from django_q.tasks import async_task
 
-    from journal.flows import ExecutionExists
     from journal.flows.writer import header_status
-    from leases.models import StartReservation
 
-    alias = router.db_for_write(StartReservation)
+    alias = _alias()
     digest, starter = input_hash(stored), _starter(meta)
     task = ("leases.tasks.run_start", flow, stored, execution_id, meta)
     options = {"task_name": f"start {flow} {execution_id}"[:100], "q_options": {"timeout": -1}}
-    try:
-        with transaction.atomic(using=alias):
-            row, created = StartReservation.objects.using(alias).get_or_create(
-                execution_id=execution_id, defaults={"flow": flow, "input_hash": digest, "started_by": starter})
-            if not created:
-                return Reserved(row.flow, row.started_by,
-                                (row.flow, row.input_hash, row.started_by) == (flow, digest, starter))
-            # A worker deletes a reservation only after the execution's header committed: an insert
-            # that won a free id re-reads the header so that it does not reserve a begun execution.
-            if header_status(execution_id) is not None:
-                raise _Begun
-            if not Conf.SYNC:
-                async_task(*task, **options)
-    except _Begun:
-        return Reserved(flow, "", False, begun=True)
-    except IntegrityError:  # pragma: no cover - get_or_create re-reads a row another insert won
-        raise ExecutionExists(execution_id, "queued", flow) from None
+    with transaction.atomic(using=alias):
+        reserved, holder = store_for(alias).reserve_start(execution_id, flow, digest, starter)
+        if not reserved:
+            if holder is None:  # the reservation that won was released: its execution began
+                return Reserved(flow, "", False, begun=True)
+            return Reserved(holder.flow, holder.started_by, holder.matches(flow, digest, starter))
+        # A worker deletes a reservation only after the execution's header committed: an insert
+        # that won a free id re-reads the header so that it does not reserve a begun execution.
+        if header_status(execution_id) is not None:
+            transaction.set_rollback(True, using=alias)
+            return Reserved(flow, "", False, begun=True)
+        if not Conf.SYNC:
+            async_task(*task, **options)
     if Conf.SYNC:  # django-q2's sync mode runs the task inside async_task: after the reservation committed
         async_task(*task, **options)
     return None
@@ -176,52 +167,53 @@ def _foreign_start(flow: str, stored: Any, execution_id: str | None, meta: dict 
 
     A task queued before reservations existed, or whose execution already began (the reservation
     is gone), has none: it runs, and start() finds an existing execution (ExecutionExists)."""
-    from leases.models import StartReservation
-
     if execution_id is None:
         return None
-    row = StartReservation.objects.filter(execution_id=execution_id).first()
+    row = reservation(execution_id)
     if row is None:
         return None
-    if (row.flow, row.input_hash, row.started_by) != (flow, input_hash(stored), _starter(meta)):
+    if not row.matches(flow, input_hash(stored), _starter(meta)):
         return (f"the id is reserved by another start (flow {row.flow}, started by {row.started_by or 'code'}); "
                 "this delivery is not that start and does nothing")
     return None
 
 
-def reservation(execution_id: str):
-    """The reservation of a queued start that has not begun (flow, started_by, created_at), or None."""
+def _alias() -> str:
+    """The database of the reservations (the router's choice for leases.StartReservation)."""
     from leases.models import StartReservation
 
-    return StartReservation.objects.filter(execution_id=execution_id).first()
+    return router.db_for_write(StartReservation)
+
+
+def reservation(execution_id: str) -> Reservation | None:
+    """The reservation of a queued start that has not begun (flow, started_by, created_at), or None."""
+    return store_for(_alias()).reservation(execution_id)
 
 
 def release_reservation(execution_id: str | None) -> None:
     """Delete the reservation of an execution that now exists (its header holds the id from now on)."""
-    from leases.models import StartReservation
-
     if execution_id is not None:
-        StartReservation.objects.filter(execution_id=execution_id).delete()
+        store_for(_alias()).release_reservation(execution_id)
 
 
 def prune_reservations() -> int:
     """Delete the reservations whose execution exists (a worker died between the execution's first
     write and its release_reservation); the number deleted. Run by the minute backstop."""
-    from journal.models import Execution
-    from leases.models import StartReservation
-
     if not shards.sharded():
-        begun = Execution.objects.filter(pk=OuterRef("execution_id"))
-        return StartReservation.objects.filter(Exists(begun)).delete()[0]
-    # Sharded: the reservations stay with django-q2's queue, the executions on their shards; no join can
-    # span two databases, so each reservation is looked up on its execution's shard (they are few).
-    done = [eid for eid in StartReservation.objects.values_list("execution_id", flat=True)
-            if Execution.objects.using(shards.shard_for(eid)).filter(pk=eid).exists()]
-    return StartReservation.objects.filter(execution_id__in=done).delete()[0] if done else 0
+        return store_for(_alias()).prune_reservations()  # one statement: the join with the headers
+    # Sharded: the reservations stay with django-q2's queue (one database), the executions on their shards;
+    # no statement can join two databases, so each reservation's header is looked up on its execution's
+    # shard (they are few: a reservation lives from the enqueue until its run began).
+    from journal.flows.writer import header_status
+
+    store = store_for(_alias())
+    return sum(store.release_reservation(eid) for eid in store.reserved_ids(RESERVATIONS_PRUNED)
+               if header_status(eid) is not None)
 
 
 def recovery_sweep() -> int:
-    """One takeover sweep per shard and the resumes, in this process (django-q2 schedule: every minute)."""
+    """One takeover sweep per shard and the resumes, and a tick of the due cron schedules, in this
+    process (django-q2 schedule: every minute)."""
     count = 0
     for alias in shards.shards():
         taken = sweep(get_keeper(alias).worker_id, alias=alias)
@@ -231,6 +223,9 @@ def recovery_sweep() -> int:
         prune_workers(alias)
         count += len(taken.taken)
     prune_reservations()
+    from leases.schedules import tick
+
+    tick()  # cron schedules too, minute-grained, for a deployment that runs only qcluster (docs/schedules.md)
     return count
 
 

@@ -25,7 +25,6 @@ import os
 import random
 import secrets
 import signal
-import sys
 import threading
 import time
 
@@ -33,6 +32,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from benchmarks.arguments import non_negative_int, positive_int
+from benchmarks.children import child_env
 from benchmarks.recording import VerificationError
 from journal.models import Event
 from loomapi.process import children, free_port, kill_all, server_log, spawn_server, wait_gone, wait_ready
@@ -150,9 +150,10 @@ def run(ctx) -> None:
     modes = options["modes"] or list(SECTION_MODES)
     token = secrets.token_urlsafe(24)
     port = free_port()
-    env = {**os.environ, "LOOM_API_AUTH": "true", "LOOM_API_TOKENS": token, "LOOM_API_EXAMPLES": "true",
-           "SECRET_KEY": settings.SECRET_KEY,  # this process's key, given explicitly (loomsite.E003)
-           "PYTHONPATH": os.pathsep.join(p for p in [sys.path[0], os.environ.get("PYTHONPATH", "")] if p)}
+    # The server serves the database this run writes to (the connection's settings, not the environment's
+    # DATABASE_URL: under a test runner or a second alias they differ), with this process's key (loomsite.E003).
+    env = child_env(LOOM_API_AUTH="true", LOOM_API_TOKENS=token, LOOM_API_EXAMPLES="true",
+                    SECRET_KEY=settings.SECRET_KEY)
     paths = {"fresh": reverse("loomapi:call", kwargs={"name": "calc.add"}),
              "state": reverse("loomapi:call", kwargs={"name": "calc.accumulate"})}
     rows_before = Event.objects.count()

@@ -7,6 +7,7 @@ switches to PostgreSQL. The library's own settings (`LOOM_*`) are documented wit
 `journal/conf.py`; the security settings and the SECRET_KEY rule in docs/security.md.
 """
 
+import importlib.util
 import math
 from pathlib import Path
 
@@ -54,6 +55,7 @@ INSTALLED_APPS = [
     "django_q",
     "journal",
     "leases",
+    "queues",
     "projections",
     "benchmarks",
     "loomapi",
@@ -176,6 +178,14 @@ LOGGING = {
 
 # django-q2: the ORM broker on the same database by default; Redis when LOOM_Q_REDIS_URL is set.
 _redis_url = env.str("LOOM_Q_REDIS_URL", default="")
+# Django's Tasks framework (django.tasks on Django 6, the django-tasks backport on 5.2): tasks are durable
+# executions on Loom's queues, run by loom_worker (journal/tasks.py, docs/queues.md).
+TASKS = {"default": {"BACKEND": "journal.tasks.LoomBackend", "QUEUES": ["default"]}}
+if importlib.util.find_spec("django_tasks_db") is not None:
+    # The reference database backend, the peer of `bench_queues` (optional extra; docs/queues.md).
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS["dbpeer"] = {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": []}
+
 Q_CLUSTER = {
     "name": "loom",
     "workers": env.int("LOOM_Q_WORKERS", default=2),

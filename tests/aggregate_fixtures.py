@@ -1,47 +1,12 @@
-"""An aggregate used by tests that commit from child processes (which import it by module path)."""
+"""The counter of the tests that commit from child processes (which import it by module path).
+
+The domain is the example counter (benchmarks/domains/counter.py); this module only declares the tests'
+state of it, `TestHotCounter`, so that a child process declares the same state by importing this path.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from benchmarks.domains import counter as counter_domain
 
-from journal.aggregates import State
-
-
-class Count(BaseModel):
-    n: int = 0
-
-
-class Incremented(BaseModel):
-    by: int
-
-
-class Increment(BaseModel):
-    by: int = 1
-
-
-counter = State("TestHotCounter", Count)
-
-
-@counter.on(Incremented)
-def _incremented(state: Count, e: Incremented) -> dict:
-    return {"n": state.n + e.by}
-
-
-@counter.action(Increment)
-def increment(state: Count, cmd: Increment) -> Incremented:
-    return Incremented(by=cmd.by)
-
-
-class SlowIncrement(BaseModel):
-    by: int = 1
-    ms: float = 3.0
-
-
-@counter.action(SlowIncrement)
-def slow_increment(state: Count, cmd: SlowIncrement) -> Incremented:
-    """An action that takes a while (as one that validates against another service would): a wide window
-    between reading the stream and appending to it, where other writers win the race."""
-    import time
-
-    time.sleep(cmd.ms / 1000)
-    return Incremented(by=cmd.by)
+_counter = counter_domain.declare("TestHotCounter")
+counter, increment, slow_increment = _counter.state, _counter.increment, _counter.slow_increment

@@ -40,13 +40,14 @@ def placement(arg) -> dict:
     from django.db import connections
     from django.test.utils import CaptureQueriesContext
 
+    from benchmarks.domains.counter import Increment
     from journal import shards
     from journal.aggregates import do, load
     from journal.envelopes import AppendItem, Envelope
     from journal.exceptions import ShardsPartlyWritten
     from journal.flows import describe, start
     from journal.models import Event, Execution
-    from tests.aggregate_fixtures import Increment, counter, increment
+    from tests.aggregate_fixtures import counter, increment
 
     run = arg["run"]
     wrong: list = []
@@ -132,7 +133,7 @@ def placement(arg) -> dict:
         do(increment, aid, Increment(by=2))
         do(increment, aid, Increment(by=3))
         check(counter.stream(aid))
-        aggregates.append(load(counter, aid, fresh=True).state.n)
+        aggregates.append(load(counter, aid, fresh=True).state.count)
     return {"wrong": wrong, "statements": statements, "partly": partly, "flows": flows, "aggregates": aggregates,
             "spread": sorted({v for v in expected.values()}), "invalid": invalid, "coalescers": coalescers}
 
@@ -199,11 +200,12 @@ def together(arg) -> dict:
     """A flow, an aggregate and a projection, each on both shards; the projection's one read model."""
     from django.db import DEFAULT_DB_ALIAS, connections
 
+    from benchmarks.domains.counter import Increment
     from journal import shards
     from journal.aggregates import do, load
     from journal.flows import start
     from projections.service import drain
-    from tests.aggregate_fixtures import Increment, counter, increment
+    from tests.aggregate_fixtures import counter, increment
 
     run = arg["run"]
     eids = ids_on_each_shard(f"{run}-flow", 2)
@@ -212,7 +214,7 @@ def together(arg) -> dict:
     for aid in aids:
         for _ in range(3):
             do(increment, aid, Increment(by=1))
-    states = {aid: load(counter, aid, fresh=True).state.n for aid in aids}
+    states = {aid: load(counter, aid, fresh=True).state.count for aid in aids}
     drain()
     with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
         cursor.execute("SELECT stream, count(*) FROM test_shard_seen WHERE stream LIKE %s GROUP BY stream",
@@ -306,12 +308,13 @@ def status(arg) -> dict:
 
 def shard0_only(arg) -> dict:
     """With shard1's server down: everything on shard0 works; shard1's streams fail with a database error."""
+    from benchmarks.domains.counter import Increment
     from journal import shards
     from journal.aggregates import do, load
     from journal.envelopes import Envelope
     from journal.flows import start
     from journal.models import Event
-    from tests.aggregate_fixtures import Increment, counter, increment
+    from tests.aggregate_fixtures import counter, increment
 
     first, second = shards.shards()[:2]
     run = arg["run"]
@@ -328,7 +331,7 @@ def shard0_only(arg) -> dict:
         failed = None
     except Exception as exc:
         failed = type(exc).__name__
-    return {"flows": flows, "aggregate": load(counter, aid, fresh=True).state.n, "tip": Event.objects.tip(sid),
+    return {"flows": flows, "aggregate": load(counter, aid, fresh=True).state.count, "tip": Event.objects.tip(sid),
             "shard1_start": failed, "effects": effects(eids)}
 
 
@@ -336,12 +339,13 @@ def pooled(arg) -> dict:
     """Through PgBouncer in transaction pooling: appends, a flow, an aggregate, many threads at once."""
     from django.db import connections
 
+    from benchmarks.domains.counter import Increment
     from journal.aggregates import do, load
     from journal.envelopes import Envelope
     from journal.flows import start
     from journal.models import Event
     from journal.store.postgres import behind_pooler, may_prepare
-    from tests.aggregate_fixtures import Increment, counter, increment
+    from tests.aggregate_fixtures import counter, increment
 
     run = arg["run"]
     errors: list[str] = []
@@ -365,7 +369,7 @@ def pooled(arg) -> dict:
         do(increment, f"{run}-a", Increment(by=1))
     return {"errors": errors, "tips": sorted({Event.objects.tip(f"{run}-p{t}") for t in range(8)}),
             "flows": sorted({Event.objects.tip(f"{run}-f{t}") for t in range(8)}),
-            "aggregate": load(counter, f"{run}-a", fresh=True).state.n,
+            "aggregate": load(counter, f"{run}-a", fresh=True).state.count,
             "pooled": behind_pooler(connections["default"]), "prepares": may_prepare(connections["default"])}
 
 
@@ -409,6 +413,121 @@ def admin_pages(arg) -> dict:
             "page": page.status_code, "names_flow": "shards.one" in page.content.decode(),
             "confirm": confirm.status_code, "lists": lists,
             "fences": sorted(set(re.findall(rf"({re.escape(run)}-\d+)", fences)))}
+
+
+def queues_over_shards(arg) -> dict:
+    """Queues, schedules, the CLI and Django Tasks over two shards: an entry lives on its execution's shard
+    (a partition's and a dedup id's on that key's shard), one dispatcher runs every shard's entries, the
+    stats add up the shards, a schedule's row stays on one database while its ticks land on their shards,
+    `manage.py loom` lists both shards and acts on an execution's own, get_result reads the task's shard."""
+    import io
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from django.core.management import CommandError, call_command
+    from django.db import connections
+    from django.utils import timezone
+
+    import queues
+    from journal import shards
+    from journal.models import Execution
+    from leases import schedules
+    from leases.models import Schedule
+    from queues.models import QueueEntry
+    from queues.service import QueueService
+    from tests import queue_flows
+
+    run = arg["run"]
+    queues.declare_queue(f"{run}-q", concurrency=2, partition_concurrency=1)
+    queue = f"{run}-q"
+
+    def homes(eid: str) -> list[str]:
+        return [a for a in shards.shards() if QueueEntry.objects.using(a).filter(execution_id=eid).exists()]
+
+    eids = ids_on_each_shard(f"{run}-e", 3)
+    placed = {eid: homes(queues.enqueue("shards.one", 7, queue=queue, execution_id=eid).execution_id) == [
+        shards.shard_for(eid)] for eid in eids}
+    partition = [queues.enqueue("shards.one", i, queue=queue, partition_key=f"{run}-tenant").execution_id
+                 for i in range(6)]
+    partition_homes = sorted({a for eid in partition for a in homes(eid)})
+    first = queues.enqueue("shards.one", 1, queue=queue, dedup_id=f"{run}-once")
+    second = queues.enqueue("shards.one", 2, queue=queue, dedup_id=f"{run}-once")
+    later = next(e for e in ids_on_each_shard(f"{run}-later", 1) if shards.shard_for(e) == shards.shards()[1])
+    queues.enqueue("shards.one", 0, queue=queue, execution_id=later, run_after=timezone.now() + timedelta(days=1))
+    pending = {q.name: q.pending for q in queues.stats()}.get(queue)
+    try:
+        queues.enqueue("shards.one", 0, queue=queue, execution_id=later + "-x", using="nowhere")
+        wrong_using = "accepted"
+    except queues.QueueError as exc:
+        wrong_using = type(exc).__name__
+    cancelled = queues.cancel_pending(later)
+    entry_state = queues.entry_of(later).state
+    # Django Tasks: the result id is the execution id; get_result reads its shard.
+    result = queue_flows.add.enqueue(2, 3)  # on the backend's queue "default"
+    task_shard = shards.shard_for(result.id)
+    ready = queue_flows.add.get_backend().get_result(result.id).status.name
+    # One dispatcher over both shards runs everything.
+    service = QueueService()
+    service.start(SimpleNamespace(worker_id=f"{run}-dispatcher"))
+    everything = eids + partition + [first.execution_id, result.id]
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline:
+            done = [eid for eid in everything
+                    if Execution.objects.using(shards.shard_for(eid)).filter(pk=eid, status="completed").exists()]
+            if len(done) == len(everything):
+                break
+            time.sleep(0.1)
+    finally:
+        service.stop(5)
+    finished = queue_flows.add.get_backend().get_result(result.id)
+    running_after = {q.name: q.running for q in queues.stats()}.get(queue)
+    # A schedule: its row on the default database only, its tick's entry on the tick's shard.
+    schedules.define(f"{run}-cron", "* * * * * *", "shards.one", 5, catch_up="once", queue=queue,
+                     now=timezone.now() - timedelta(seconds=5))
+    started = schedules.tick()
+    ticks = [[one.execution_id, homes(one.execution_id), shards.shard_for(one.execution_id)] for one in started
+             if one.schedule == f"{run}-cron"]
+    schedule_rows = {a: "leases_schedule" in connections[a].introspection.table_names() and
+                     Schedule.objects.using(a).filter(name=f"{run}-cron").exists() for a in shards.shards()}
+    # manage.py loom: a list over both shards, show on an execution's own shard, a wrong --database refused.
+
+    def loom(*args: str) -> tuple[int, object]:
+        out = io.StringIO()
+        try:
+            call_command("loom", *args, "--json", stdout=out)
+        except CommandError as exc:
+            return exc.returncode, json.loads(out.getvalue() or "null")
+        return 0, json.loads(out.getvalue())
+
+    _, listed = loom("executions", "list", "--queue", queue, "--limit", "200")
+    on_shard1 = next(e for e in eids if shards.shard_for(e) == shards.shards()[1])
+    shown_code, shown = loom("executions", "show", on_shard1)
+    refused_code, _ = loom("executions", "show", on_shard1, "--database", shards.shards()[0])
+    _, queue_rows = loom("queues")
+    # Start reservations stay on the default database; pruning finds each one's header on its own shard.
+    from leases.store import store_for as lease_store
+    from leases.tasks import prune_reservations
+
+    reservations = lease_store("default")
+    begun = [e for e in eids if shards.shard_for(e) == shards.shards()[1]][:2]
+    for eid in [*begun, f"{run}-not-begun"]:
+        reservations.reserve_start(eid, "shards.one", "h", "")
+    pruned = [prune_reservations(), sorted(e for e in reservations.reserved_ids(100) if e.startswith(run))]
+    return {
+        "placed": placed, "partition_homes": partition_homes, "dedup": [first.created, second.created,
+                                                                         first.execution_id == second.execution_id],
+        "pending": pending, "wrong_using": wrong_using, "cancelled": cancelled, "entry_state": entry_state,
+        "task_shard": [task_shard, homes(result.id)], "ready": ready, "finished": finished.status.name,
+        "return_value": finished.return_value, "done": len(done), "everything": len(everything),
+        "running_after": running_after, "ticks": ticks, "schedule_rows": schedule_rows,
+        "listed": sorted({(row["id"], row["shard"]) for row in listed if row["id"] in eids}),
+        "expected_listed": sorted((eid, shards.shard_for(eid)) for eid in eids),
+        "shown": [shown_code, shown.get("shard"), shown.get("status"), shown.get("queue", {}).get("queue")],
+        "refused": refused_code,
+        "queue_row": next(([r["pending"], r["running"]] for r in queue_rows if r["name"] == queue), None),
+        "pruned": pruned,
+    }
 
 
 def main() -> None:

@@ -11,14 +11,17 @@ import threading
 import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
+from benchmarks.domains import inventory as inventory_domain
+from benchmarks.domains import ticket as ticket_domain
+from benchmarks.domains.inventory import Reserved, Restock, Restocked, Stock
+from benchmarks.domains.ticket import Ticket
 from journal.aggregates import (
     ConcurrencyError,
     DeclarationError,
     InvalidActionPayload,
     InvalidEventPayload,
-    Invariant,
     InvariantViolated,
     State,
     UnknownEvent,
@@ -32,75 +35,9 @@ from journal.aggregates.runtime import META
 from journal.envelopes import Envelope
 from journal.models import Event, Snapshot
 
-
-# -- a ticket: three actions, two invariants -------------------------------------------------------------
-class Ticket(BaseModel):
-    status: str = "new"
-    title: str = ""
-    assignee: str | None = None
-    priority: str = "normal"
-
-
-class TicketOpened(BaseModel):
-    title: str = Field(min_length=1)
-
-
-class TicketAssigned(BaseModel):
-    to: str
-
-
-class TicketClosed(BaseModel):
-    resolution: str
-
-
-class OpenTicket(BaseModel):
-    title: str = Field(min_length=1)
-
-
-class AssignTicket(BaseModel):
-    to: str
-
-
-class CloseTicket(BaseModel):
-    resolution: str = "done"
-
-
-ticket = State("TestTicket", Ticket, snapshot_every=3)
-
-
-@ticket.on(TicketOpened)
-def _opened(state: Ticket, e: TicketOpened) -> dict:
-    return {"status": "open", "title": e.title}
-
-
-@ticket.on(TicketAssigned)
-def _assigned(state: Ticket, e: TicketAssigned) -> dict:
-    return {"assignee": e.to}
-
-
-@ticket.on(TicketClosed)
-def _closed(state: Ticket, e: TicketClosed) -> dict:
-    return {"status": "closed"}
-
-
-is_new = Invariant("ticket is not opened yet", lambda s: s.status == "new")
-is_open = Invariant("ticket is open", lambda s: s.status == "open")
-is_assigned = Invariant("ticket is assigned", lambda s: s.assignee is not None)
-
-
-@ticket.action(OpenTicket, given=[is_new])
-def open_ticket(state: Ticket, cmd: OpenTicket) -> TicketOpened:
-    return TicketOpened(title=cmd.title)
-
-
-@ticket.action(AssignTicket, given=[is_open])
-def assign(state: Ticket, cmd: AssignTicket, actor) -> TicketAssigned:
-    return TicketAssigned(to=cmd.to)
-
-
-@ticket.action(CloseTicket, given=[is_open, is_assigned])
-def close(state: Ticket, cmd: CloseTicket) -> TicketClosed:
-    return TicketClosed(resolution=cmd.resolution)
+# -- a ticket: three actions, two invariants (the example domain, benchmarks/domains/ticket.py) ------------
+_ticket = ticket_domain.declare("TestTicket", snapshot_every=3)
+ticket, open_ticket, assign, close = _ticket.state, _ticket.open_ticket, _ticket.assign, _ticket.close
 
 
 class Retitle(BaseModel):
@@ -122,49 +59,9 @@ def noop(state: Ticket, cmd: Noop) -> None:
     return None
 
 
-# -- an inventory: the shared-stock shape -------------------------------------------------------------
-class Stock(BaseModel):
-    stock: int = 0
-    reserved: int = 0
-
-
-class Restocked(BaseModel):
-    quantity: int = Field(gt=0)
-
-
-class Reserved(BaseModel):
-    request: str
-
-
-class Restock(BaseModel):
-    quantity: int = Field(gt=0)
-
-
-class Reserve(BaseModel):
-    request: str
-
-
-inventory = State("TestInventory", Stock)
-
-
-@inventory.on(Restocked)
-def _restocked(state: Stock, e: Restocked) -> dict:
-    return {"stock": state.stock + e.quantity}
-
-
-@inventory.on(Reserved)
-def _reserved(state: Stock, e: Reserved) -> dict:
-    return {"stock": state.stock - 1, "reserved": state.reserved + 1}
-
-
-@inventory.action(Restock)
-def restock(state: Stock, cmd: Restock) -> Restocked:
-    return Restocked(quantity=cmd.quantity)
-
-
-@inventory.action(Reserve, given=[Invariant("stock > 0", lambda s: s.stock > 0)])
-def reserve(state: Stock, cmd: Reserve) -> Reserved:
-    return Reserved(request=cmd.request)
+# -- an inventory: the shared-stock shape (benchmarks/domains/inventory.py) ----------------------------------
+_inventory = inventory_domain.declare("TestInventory")
+inventory, restock, reserve = _inventory.state, _inventory.restock, _inventory.reserve
 
 
 # -- a versioned event: Noted (v1, upcast) -> Noted_v2 (current) -------------------------------------------
@@ -568,7 +465,7 @@ def test_threads_of_one_process_take_turns_on_a_hot_stream_and_never_conflict():
     assert errors == [] and conflicts == []
     assert _contiguous("TestHotCounter-threads") == list(range(threads_n * per_thread))
     cache.clear()
-    assert load(counter, "threads").state.n == threads_n * per_thread
+    assert load(counter, "threads").state.count == threads_n * per_thread
 
 
 HOT_CHILD = """
@@ -616,4 +513,4 @@ def test_eight_processes_on_one_hot_aggregate_all_commit(child_env, request):
     assert [r["exhausted"] for r in reports] == [0] * processes, reports
     assert _contiguous("TestHotCounter-hot") == list(range(processes * per_process))
     cache.clear()
-    assert load(counter, "hot").state.n == processes * per_process
+    assert load(counter, "hot").state.count == processes * per_process

@@ -17,9 +17,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from benchmarks.models import BenchRun
-from benchmarks.reaction_scenarios import SECTIONS as REACTION_SECTIONS
-from benchmarks.sections import THROUGHPUT_SECTIONS
-from tests.conftest import database_url
+from benchmarks.sections import REACTION_SECTIONS, THROUGHPUT_SECTIONS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -217,7 +215,7 @@ def test_bench_reactions_runs_every_section():
 
 def test_bench_aggregates_runs_every_scenario():
     """Every aggregate scenario, verified, at a handful of operations."""
-    from benchmarks.aggregate_scenarios import SCENARIOS
+    from benchmarks.sections.aggregates import SCENARIOS
 
     run, _ = run_command("bench_aggregates", "--iterations", "5", "--rounds", "2", "--fanout", "3",
                          "--contenders", "3", "--reservations", "3", "--stock", "2")
@@ -226,10 +224,47 @@ def test_bench_aggregates_runs_every_scenario():
 
 
 def test_bench_http_runs_against_a_real_server(monkeypatch):
-    """bench_http starts serve_api on loopback (on the test database), validates every response."""
-    monkeypatch.setenv("DATABASE_URL", database_url())
+    """bench_http starts serve_api on loopback on the database the run writes to (the connection's settings:
+    the environment's DATABASE_URL names a database that does not exist), validates every response."""
+    monkeypatch.setenv("DATABASE_URL", "postgres://nobody@127.0.0.1:9/no_such_database")
     run, _ = run_command("bench_http", "--requests", "8", "--concurrency", "1", "2", "--workers", "1",
                          "--warmup", "2")
     cells = sections_of(run)["http"]
     modes = {(r.scenario, r.params.get("concurrency")) for r in cells}
     assert {("fresh", 1), ("fresh", 2), ("state", 1), ("state", 2)} <= modes
+
+
+def test_bench_schedules_records_tick_lateness_of_every_schedule():
+    """bench_schedules: each schedule's tick started once (verified against its reservation), lateness
+    percentiles recorded; the section's schedules, reservations and queued tasks are cleaned up."""
+    from django_q.models import OrmQ
+
+    from leases.models import Schedule, StartReservation
+
+    run, _ = run_command("bench_schedules", "--schedule-count", "12", "--schedule-seconds", "3",
+                         "--schedule-tickers", "2", "--schedule-every", "0.1")
+    (cell,) = sections_of(run)["schedules"]
+    assert cell.count == 12 and cell.params["schedules"] == 12 and cell.unit == "ticks/s"
+    assert cell.p50_ms is not None and cell.p99_ms >= cell.p50_ms
+    assert not Schedule.objects.exists() and not StartReservation.objects.exists() and not OrmQ.objects.exists()
+
+
+def test_bench_queues_records_every_scenario_within_its_caps():
+    """bench_queues at tiny sizes, with real worker processes: the cap and the partition cap never
+    exceeded in the 10 ms samples, the rate limit never exceeded in any window, tasks on Loom (and on
+    django-tasks-db when installed) with latency percentiles; the section's rows are cleaned up."""
+    from django.apps import apps
+
+    from queues.models import Queue, QueueEntry
+
+    run, _ = run_command("bench_queues", "--queue-execs", "24", "--queue-cap", "3", "--queue-partition-execs", "12",
+                         "--queue-partitions", "4", "--queue-rate", "4", "--queue-rate-period", "0.5",
+                         "--queue-task-execs", "6", "--queue-latency-tasks", "3", "--queue-poll", "0.05")
+    cells = {cell.scenario: cell for cell in sections_of(run)["queues"]}
+    assert 1 <= cells["cap"].metrics["max_running"] <= 3 and cells["cap"].count == 24
+    assert cells["partitions"].metrics["max_running_per_partition"] == 1
+    assert 1 <= cells["rate"].metrics["max_in_window"] <= 4
+    assert cells["tasks loom"].p50_ms is not None and cells["tasks loom"].throughput > 0
+    assert ("tasks django-tasks-db" in cells) == apps.is_installed("django_tasks_db")
+    assert not Queue.objects.filter(pk__startswith="bq").exists()
+    assert not QueueEntry.objects.filter(queue__name__startswith="bq").exists()

@@ -16,9 +16,11 @@ import pytest
 from journal.store.base import JournalStore
 from leases.store.base import LeaseStore
 from projections.store.base import ProjectionStore
+from queues.store.base import QueueStore
 from tests.conformance.journal import JournalStoreContract
 from tests.conformance.leases import LeaseStoreContract
 from tests.conformance.projections import ProjectionStoreContract
+from tests.conformance.queues import QueueStoreContract
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "backends.md"
@@ -26,6 +28,7 @@ STORES = {
     "JournalStore": (JournalStore, JournalStoreContract),
     "LeaseStore": (LeaseStore, LeaseStoreContract),
     "ProjectionStore": (ProjectionStore, ProjectionStoreContract),
+    "QueueStore": (QueueStore, QueueStoreContract),
 }
 BACKEND_MODULES = ("test_conformance_sqlite.py", "test_conformance_postgres.py")
 ROW = re.compile(r"^\| `(?P<name>\w+)` \| (?P<kind>abstract|shared) \| (?P<covered>yes|no) \|", re.M)

@@ -6,6 +6,7 @@ from tests.conformance import only_on
 from tests.conformance.journal import JournalStoreContract
 from tests.conformance.leases import LeaseStoreContract
 from tests.conformance.projections import ProjectionStoreContract
+from tests.conformance.queues import QueueStoreContract
 
 only_on("postgresql")
 
@@ -35,3 +36,12 @@ class TestPostgresProjectionStore(ProjectionStoreContract):
         from projections.store.postgres import PostgresProjectionStore
 
         return PostgresProjectionStore(alias)
+
+
+class TestPostgresQueueStore(QueueStoreContract):
+    vendor = "postgresql"
+
+    def make_store(self, alias: str = "default"):
+        from queues.store.postgres import PostgresQueueStore
+
+        return PostgresQueueStore(alias)

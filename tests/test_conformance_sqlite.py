@@ -6,6 +6,7 @@ from tests.conformance import only_on
 from tests.conformance.journal import JournalStoreContract
 from tests.conformance.leases import LeaseStoreContract
 from tests.conformance.projections import ProjectionStoreContract
+from tests.conformance.queues import QueueStoreContract
 
 only_on("sqlite")
 
@@ -35,3 +36,12 @@ class TestSqliteProjectionStore(ProjectionStoreContract):
         from projections.store.sqlite import SqliteProjectionStore
 
         return SqliteProjectionStore(alias)
+
+
+class TestSqliteQueueStore(QueueStoreContract):
+    vendor = "sqlite"
+
+    def make_store(self, alias: str = "default"):
+        from queues.store.sqlite import SqliteQueueStore
+
+        return SqliteQueueStore(alias)

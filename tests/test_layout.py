@@ -18,7 +18,7 @@ import pytest
 from django.apps import apps
 
 ROOT = Path(__file__).resolve().parent.parent
-OWNERS = ("journal", "leases", "projections")
+OWNERS = ("journal", "leases", "projections", "queues")
 
 
 def _tables() -> dict[str, str]:

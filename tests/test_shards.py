@@ -163,6 +163,27 @@ def test_the_executions_admin_lists_every_shard_and_opens_each_execution_on_its_
     assert len(facts["fences"]) == 60  # the fences list (journal's generic read-only page) merges both shards too
 
 
+def test_queues_schedules_the_cli_and_tasks_act_on_each_executions_shard(shard_env):
+    facts = scenario(shard_env, "queues_over_shards", {"run": "qs"})
+    assert all(facts["placed"].values()) and len(facts["placed"]) == 6  # each entry on its execution's shard
+    assert len(facts["partition_homes"]) == 1  # a partition's entries on one shard: its cap holds
+    assert facts["dedup"] == [True, False, True]
+    assert facts["pending"] == 6 + 6 + 1 + 1  # stats add up both shards' entries (the dedup repeat wrote none)
+    assert facts["wrong_using"] == "InvalidEnqueue"
+    assert facts["cancelled"] is True and facts["entry_state"] == "cancelled"
+    assert facts["task_shard"][1] == [facts["task_shard"][0]] and facts["ready"] == "READY"
+    assert facts["done"] == facts["everything"], facts  # one dispatcher ran every shard's entries
+    assert facts["finished"] == "SUCCESSFUL" and facts["return_value"] == 5
+    assert facts["running_after"] == 0
+    assert len(facts["ticks"]) == 1 and facts["ticks"][0][1] == [facts["ticks"][0][2]]
+    assert facts["schedule_rows"] == {"default": True, "shard1": False}
+    assert facts["listed"] == facts["expected_listed"]  # the CLI's list merges both shards, naming each
+    assert facts["shown"] == [0, "shard1", "completed", "qs-q"]
+    assert facts["refused"] == 2  # --database naming the other shard: usage error, nothing read there
+    assert facts["queue_row"][1] == 0 and facts["queue_row"][0] >= 1  # the tick's entry waits (no dispatcher)
+    assert facts["pruned"] == [2, ["qs-not-begun"]]  # reservations of shard1's begun executions pruned
+
+
 def test_a_worker_sigkilled_while_owning_runs_on_both_shards_is_recovered_by_another(shard_env, tmp_path):
     eids = [f"kill-{i}" for i in range(40)]
     eids = scenario(shard_env, "status", {"eids": eids})["executions"]

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection
+
+from benchmarks.children import database_url
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHILD = "import django; django.setup()\nfrom benchmarks.faults.children import main\nmain()\n"
@@ -37,16 +38,6 @@ CHILD_SETTINGS = {
     "LOOM_Q_WORKERS": "2", "PYTHONFAULTHANDLER": "1",
 }
 TTL = float(CHILD_SETTINGS["LOOM_LEASE_TTL"])
-
-
-def database_url() -> str:
-    """A DATABASE_URL naming the database this process uses (under pytest: the test database)."""
-    s = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{s['NAME']}"
-    user = s.get("USER") or "postgres"
-    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
-    return f"postgres://{user}{password}@{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -1,4 +1,10 @@
-"""Sections of `manage.py bench_throughput`, by name. Each module has `run(ctx)`."""
+"""The sections of every bench command, by name: each is a module with `run(ctx)` (and optionally
+`add_arguments(parser)`); a command is a `BenchCommand` listing one of these maps (benchmarks/command.py).
+
+Shared by the sections: benchmarks/cells.py (a cell's prologue and verify tail), benchmarks/harness.py
+(workers, statement counting), benchmarks/children.py (child processes on the run's database),
+benchmarks/domains/ (the example aggregate domains, shared with the tests).
+"""
 
 THROUGHPUT_SECTIONS: dict[str, str] = {
     "append": "benchmarks.sections.append",
@@ -15,3 +21,22 @@ THROUGHPUT_SECTIONS: dict[str, str] = {
     "peers": "benchmarks.sections.peers",  # eventsourcing and DBOS beside us (optional extra `peers`)
     "shards": "benchmarks.sections.shards",  # 1 vs 2 PostgreSQL servers, PgBouncer vs direct (docs/scaling.md)
 }
+
+LEASE_SECTIONS: dict[str, str] = {"lease": "benchmarks.sections.lease"}
+
+REACTION_SECTIONS: dict[str, str] = {
+    "latency": "benchmarks.sections.reactions.latency",
+    "contention": "benchmarks.sections.reactions.contention",
+    "watermark": "benchmarks.sections.reactions.watermark",
+    "replay": "benchmarks.sections.reactions.replay",
+    "lanes": "benchmarks.sections.reactions.lanes",
+}
+
+AGGREGATE_SECTIONS: dict[str, str] = {"aggregates": "benchmarks.sections.aggregates"}
+
+# bench_http's section lives with the HTTP API it measures (loomapi is optional: the map names it by path).
+HTTP_SECTIONS: dict[str, str] = {"http": "loomapi.bench"}
+
+QUEUE_SECTIONS: dict[str, str] = {"queues": "benchmarks.sections.queues"}
+
+SCHEDULE_SECTIONS: dict[str, str] = {"schedules": "benchmarks.sections.schedules"}

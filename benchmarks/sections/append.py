@@ -26,7 +26,7 @@ from django.db import connection, connections
 
 from benchmarks import streams
 from benchmarks.arguments import non_negative_int, positive_int, positive_int_list
-from benchmarks.harness import run_workers
+from benchmarks.cells import drive, open_streams, tidy, verify_written
 from benchmarks.stats import latency_summary
 from journal import conf
 from journal.envelopes import AppendItem, Envelope
@@ -102,10 +102,7 @@ def run(ctx) -> None:
 def _cell(ctx, variant: str, conc: int, ops: int, body: dict, rep: int = 0):
     """One timed run of one variant; verified against the rows it wrote, then removed."""
     pfx = streams.prefix(ctx.run_id, "append", variant, conc, rep)
-    ids = [f"{pfx}{w}" for w in range(conc)]
-    for sid in ids:
-        Event.objects.open_stream(sid, Envelope("BenchOpened"))
-    bar = ctx.progress(conc * ops, f"{variant} c={conc}")
+    ids = open_streams(pfx, conc)
     per_call = BATCH if variant == "batch" else 1
     calls = max(1, ops // per_call)
 
@@ -127,16 +124,10 @@ def _cell(ctx, variant: str, conc: int, ops: int, body: dict, rep: int = 0):
     else:
         op, setup, teardown = _ceiling(ctx, ids, body, pool)
 
-    outcome = run_workers(conc, calls, op, setup=setup, teardown=teardown,
-                          progress=lambda n: bar.update(n * per_call))
-    bar.close()
-    if outcome.errors:
-        raise RuntimeError(f"append {variant} c={conc}: {outcome.errors[:3]}")
-    written = streams.count_events(pfx) - conc  # minus the opening events
-    ctx.verify(f"{variant} c={conc} events", outcome.units, written)
-    ctx.verify(f"{variant} c={conc} streams with gaps", 0, streams.check_contiguous(pfx))
-    if not ctx.options.get("keep"):
-        streams.remove(pfx)
+    outcome = drive(ctx, f"{variant} c={conc}", conc, calls, op, total=conc * ops, per_call=per_call,
+                    setup=setup, teardown=teardown)
+    verify_written(ctx, f"{variant} c={conc}", pfx, outcome.units, opened=conc)
+    tidy(ctx, pfx)
     return outcome
 
 

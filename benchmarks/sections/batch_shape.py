@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int
-from benchmarks.harness import run_workers
+from benchmarks.cells import drive, open_streams, verify_written
 from benchmarks.sections.append import connection_cap, payload, pooled
 from journal.envelopes import AppendItem, Envelope
 from journal.models import Event
@@ -30,24 +30,16 @@ def run(ctx) -> None:
     base = None
     for size in SIZES:
         pfx = streams.prefix(ctx.run_id, "batch-shape", size)
-        ids = [f"{pfx}{w}" for w in range(writers)]
-        for sid in ids:
-            Event.objects.open_stream(sid, Envelope("BenchOpened"))
+        ids = open_streams(pfx, writers)
         envs = tuple([Envelope("BenchEvent", body)] * size)
 
         def op(w: int, i: int, ids=ids, envs=envs, size=size) -> int:
             Event.objects.append_batch([AppendItem(ids[w], envs, 1, None)])
             return size
         op, setup, teardown = pooled(op, connection_cap(ctx, writers))
-        bar = ctx.progress(writers * events, f"batch {size}")
-        outcome = run_workers(writers, events // size, op, setup=setup, teardown=teardown,
-                              progress=lambda n, size=size, bar=bar: bar.update(n * size))
-        bar.close()
-        if outcome.errors:
-            raise RuntimeError(f"batch-shape {size}: {outcome.errors[:3]}")
-        written = streams.count_events(pfx) - writers
-        ctx.verify(f"batch {size} events", outcome.units, written)
-        ctx.verify(f"batch {size} streams with gaps", 0, streams.check_contiguous(pfx))
+        outcome = drive(ctx, f"batch {size}", writers, events // size, op, per_call=size, setup=setup,
+                        teardown=teardown)
+        written = verify_written(ctx, f"batch {size}", pfx, outcome.units, opened=writers)
         base = base or outcome.throughput
         ctx.record(f"batch-{size}", {"writers": writers, "events_per_statement": size,
                                      "payload_bytes": opts["payload_bytes"]},

@@ -19,6 +19,7 @@ import statistics
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int
+from benchmarks.cells import raise_errors, tidy, verify_written
 from benchmarks.harness import run_workers
 from benchmarks.sections.append import _ceiling, connection_cap, payload, pooled
 from journal import conf
@@ -96,16 +97,12 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
         bar.close()
         if appender is not None:
             appender.close()
-    if outcome.errors:
-        raise RuntimeError(f"coalesced {variant} c={conc}: {outcome.errors[:3]}")
-    written = streams.count_events(pfx) - conc
-    ctx.verify(f"{variant} c={conc} round {rep + 1} events", outcome.units, written)
-    ctx.verify(f"{variant} c={conc} round {rep + 1} streams with gaps", 0, streams.check_contiguous(pfx))
+    raise_errors(f"coalesced {variant} c={conc}", outcome.errors)
+    verify_written(ctx, f"{variant} c={conc} round {rep + 1}", pfx, outcome.units, opened=conc)
     if appender is not None:  # no guard can fail here, so every request went through exactly once
         ctx.verify(f"{variant} c={conc} round {rep + 1} refused statements", 0, appender.retries)
         ctx.verify(f"{variant} c={conc} round {rep + 1} coalesced requests", outcome.units, appender.batched_requests)
         extra["rows_per_statement"] = round(appender.batched_requests / max(1, appender.statements), 2)
-    if not ctx.options.get("keep"):
-        streams.remove(pfx)
+    tidy(ctx, pfx)
     return {"throughput": outcome.throughput, "latencies": outcome.latencies_ms, "units": outcome.units, **extra}
 

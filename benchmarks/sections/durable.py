@@ -19,6 +19,7 @@ from django.test import override_settings
 
 from benchmarks import streams
 from benchmarks.arguments import choice_list, positive_int, positive_int_list
+from benchmarks.cells import raise_errors
 from benchmarks.harness import counting_statements, run_workers
 from journal import coalesce, conf
 from journal.flows import flow, start
@@ -96,8 +97,7 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, coalesced: boo
         finally:
             coalesce.close_shared()
     bar.close()
-    if outcome.errors:
-        raise RuntimeError(f"durable {steps}-step c={conc}: {outcome.errors[:3]}")
+    raise_errors(f"durable {steps}-step c={conc}", outcome.errors)
     executions = outcome.units + 1  # + the warm-up
     per_exec = 2 * steps + 2
     written = streams.count_events(pfx) - 4 - (per_exec * outcome.units)

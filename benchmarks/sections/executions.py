@@ -25,6 +25,7 @@ from django.test import override_settings
 
 from benchmarks import streams
 from benchmarks.arguments import non_negative_float, positive_int, positive_int_list
+from benchmarks.cells import raise_errors
 from benchmarks.harness import counting_statements, run_workers
 from journal import coalesce
 from journal.flows import flow, start
@@ -106,8 +107,7 @@ def run_cell(ctx, label: str, conc: int, rounds: int, effect_ms: float, rep: int
     finally:
         coalesce.close_shared()
     bar.close()
-    if outcome.errors or failures:
-        raise RuntimeError(f"{label} c={conc}: {(outcome.errors + failures)[:3]}")
+    raise_errors(f"{label} c={conc}", outcome.errors + failures)
     executions = conc * rounds
     events = streams.count_events(pfx)
     per_exec = events / executions

@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from benchmarks import streams
-from benchmarks.harness import run_workers
+from benchmarks.cells import drive, open_streams, tidy, verify_written
+from benchmarks.children import child_env
 from benchmarks.sections.append import connection_cap, payload, pooled
 from benchmarks.sections.notify import connect, tips_of
 from journal import conf
@@ -82,47 +83,36 @@ def run(ctx) -> None:
 
 def _round(ctx, nodes: int, writers: int, ops: int, body: dict, rep: int) -> dict:
     pfx = streams.prefix(ctx.run_id, "fanout", nodes, rep)
-    ids = [f"{pfx}{w}" for w in range(writers)]
-    for sid in ids:
-        Event.objects.open_stream(sid, Envelope("BenchOpened"))  # before the nodes start
-    children = [_spawn(pfx) for _ in range(nodes)]
-    try:
+    ids = open_streams(pfx, writers)  # before the nodes start
+    children: list[subprocess.Popen] = []
+    try:  # spawned inside: when one node fails to start, the ones already started are stopped below
+        for _ in range(nodes):
+            children.append(_spawn(pfx))
         env = Envelope("BenchEvent", body)
 
         def op(w: int, i: int) -> int:
             Event.objects.append(ids[w], env, fence_token=1)
             return 1
         op, setup, teardown = pooled(op, connection_cap(ctx, writers))
-        bar = ctx.progress(writers * ops, f"{nodes} nodes #{rep + 1}")
-        outcome = run_workers(writers, ops, op, setup=setup, teardown=teardown, progress=bar.update)
-        bar.close()
-        if outcome.errors:
-            raise RuntimeError(f"fanout {nodes} nodes: {outcome.errors[:3]}")
+        outcome = drive(ctx, f"{nodes} nodes #{rep + 1}", writers, ops, op, setup=setup, teardown=teardown)
         seen = _stop(children)
     finally:
         for child in children:
             if child.poll() is None:
                 child.kill()
                 child.wait()
-    written = streams.count_events(pfx) - writers
-    ctx.verify(f"{nodes} nodes round {rep + 1} events", outcome.units, written)
-    ctx.verify(f"{nodes} nodes round {rep + 1} streams with gaps", 0, streams.check_contiguous(pfx))
+    written = verify_written(ctx, f"{nodes} nodes round {rep + 1}", pfx, outcome.units, opened=writers)
     for n, node in enumerate(seen):  # every row of the round, the opening events included
         ctx.verify(f"{nodes} nodes round {rep + 1}: events node {n} read", written + writers, node["events"])
-    if not ctx.options.get("keep"):
-        streams.remove(pfx)
+    tidy(ctx, pfx)
     per_node = round(sum(s["notifications"] for s in seen) / len(seen) / outcome.units, 3) if seen else None
     return {"throughput": outcome.throughput, "latencies": outcome.latencies_ms, "units": outcome.units,
             "per_node": per_node}
 
 
 def _spawn(prefix: str) -> subprocess.Popen:
-    # The subscriber inherits DJANGO_SETTINGS_MODULE: the same settings as this process.
-    # The subscribers follow the database this run writes to (the one `connection` names), not whatever
-    # DATABASE_URL the environment holds: under a test runner or a second database alias they differ.
-    from benchmarks.reaction_scenarios import _child_env
-
-    env = _child_env()
+    # The subscribers follow the database this run writes to (benchmarks/children.py).
+    env = child_env()
     code = f"import django; django.setup()\nfrom benchmarks.sections.fanout import follow\nfollow({prefix!r})\n"
     child = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)

@@ -26,6 +26,7 @@ from django.db import connection
 
 from benchmarks import streams
 from benchmarks.arguments import choice_list, non_negative_float, positive_int, positive_int_list
+from benchmarks.cells import raise_errors
 from benchmarks.harness import run_workers
 from journal.flows import flow, start
 from journal.flows.ownership import set_ownership
@@ -220,8 +221,7 @@ def _sample(ctx, ids: str, shape: str, conc: int, per_thread: int, mode: str, re
     if keeper is not None:
         keeper.drain()
         keeper.shutdown()
-    if outcome.errors:
-        raise RuntimeError(f"lease {ids}/{shape}/c={conc}/{mode}: {outcome.errors[:3]}")
+    raise_errors(f"lease {ids}/{shape}/c={conc}/{mode}", outcome.errors)
     ours = minted if ids == "minted" else None
     done = _completed(pfx, ours)
     ctx.verify(f"{ids}/{shape}/c={conc}/{mode} completed executions", outcome.units, done)

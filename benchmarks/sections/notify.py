@@ -18,6 +18,7 @@ from django.test import override_settings
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int
+from benchmarks.cells import raise_errors, tidy, verify_written
 from benchmarks.harness import run_workers
 from benchmarks.sections.append import connection_cap, payload, pooled
 from journal import conf
@@ -93,19 +94,15 @@ def _round(ctx, cell: tuple, writers: int, ops: int, body: dict, rep: int) -> di
         with override_settings(LOOM_NOTIFY=(variant == "notify")):
             outcome = run_workers(writers, ops, op, setup=setup, teardown=teardown, progress=bar.update)
         bar.close()
-        if outcome.errors:
-            raise RuntimeError(f"notify {variant} K={k}: {outcome.errors[:3]}")
+        raise_errors(f"notify {variant} K={k}", outcome.errors)
         counts = [_drain(conn, pfx, outcome.units) for conn in listeners]
     finally:
         for conn in listeners:
             conn.close()
-    written = streams.count_events(pfx) - writers
-    ctx.verify(f"{variant} K={k} round {rep + 1} events", outcome.units, written)
-    ctx.verify(f"{variant} K={k} round {rep + 1} streams with gaps", 0, streams.check_contiguous(pfx))
+    verify_written(ctx, f"{variant} K={k} round {rep + 1}", pfx, outcome.units, opened=writers)
     for n, count in enumerate(counts):  # one notification per append statement, to every listener
         ctx.verify(f"{variant} K={k} round {rep + 1} listener {n} notifications", outcome.units, count)
-    if not ctx.options.get("keep"):
-        streams.remove(pfx)
+    tidy(ctx, pfx)
     per_listener = round(statistics.mean(counts) / outcome.units, 3) if counts else None
     return {"throughput": outcome.throughput, "latencies": outcome.latencies_ms, "units": outcome.units,
             "per_listener": per_listener}

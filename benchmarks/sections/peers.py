@@ -31,6 +31,7 @@ from django.db import connection
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int, positive_int_list
+from benchmarks.cells import raise_errors
 from benchmarks.harness import run_workers
 from benchmarks.sections import durable  # noqa: F401  (registers bench.noop1)
 from benchmarks.sections.durable import count_headers, remove_headers
@@ -180,8 +181,7 @@ class _EventSourcingSide:
         bar = self.ctx.progress(conc * ops, f"eventsourcing c={conc} #{rep + 1}")
         outcome = run_workers(conc, ops, op, progress=bar.update)
         bar.close()
-        if outcome.errors:
-            raise RuntimeError(f"peers eventsourcing c={conc}: {outcome.errors[:3]}")
+        raise_errors(f"peers eventsourcing c={conc}", outcome.errors)
         counted = sum(self.app.repository.get(agg_id).count for agg_id in ids)
         self.ctx.verify(f"eventsourcing c={conc} round {rep + 1} increments folded", outcome.units, counted)
         return outcome
@@ -192,7 +192,7 @@ class _OurAggregates:
         self.ctx = ctx
 
     def round(self, conc: int, ops: int, rep: int):
-        from benchmarks.aggregate_scenarios import counter, increment
+        from benchmarks.sections.aggregates import counter, increment
         from journal.aggregates import do, load
 
         pfx = streams.prefix(self.ctx.run_id, "peers", "agg", conc, rep)
@@ -205,8 +205,7 @@ class _OurAggregates:
         bar = self.ctx.progress(conc * ops, f"ours aggregates c={conc} #{rep + 1}")
         outcome = run_workers(conc, ops, op, progress=bar.update)
         bar.close()
-        if outcome.errors:
-            raise RuntimeError(f"peers aggregates c={conc}: {outcome.errors[:3]}")
+        raise_errors(f"peers aggregates c={conc}", outcome.errors)
         counted = sum(load(counter, f"{base}{w}", fresh=True).state.count for w in range(conc))
         self.ctx.verify(f"aggregates c={conc} round {rep + 1} increments folded", outcome.units, counted)
         self.ctx.verify(f"aggregates c={conc} round {rep + 1} events", outcome.units, streams.count_events(pfx))
@@ -259,8 +258,7 @@ class _DbosSide:
         bar = self.ctx.progress(conc * ops, f"DBOS c={conc} #{rep + 1}")
         outcome = run_workers(conc, ops, op, progress=bar.update)
         bar.close()
-        if outcome.errors:
-            raise RuntimeError(f"peers DBOS c={conc}: {outcome.errors[:3]}")
+        raise_errors(f"peers DBOS c={conc}", outcome.errors)
         self.ctx.verify(f"DBOS c={conc} round {rep + 1} steps run", outcome.units, _dbos_steps["count"] - before)
         done = self.dbos.list_workflows(status="SUCCESS", workflow_id_prefix=prefix)
         self.ctx.verify(f"DBOS c={conc} round {rep + 1} workflows recorded as SUCCESS", outcome.units, len(done))
@@ -283,8 +281,7 @@ class _OurFlows:
         bar = self.ctx.progress(conc * ops, f"ours flows c={conc} #{rep + 1}")
         outcome = run_workers(conc, ops, op, progress=bar.update)
         bar.close()
-        if outcome.errors:
-            raise RuntimeError(f"peers flows c={conc}: {outcome.errors[:3]}")
+        raise_errors(f"peers flows c={conc}", outcome.errors)
         self.ctx.verify(f"flows c={conc} round {rep + 1} completed executions", outcome.units,
                         count_headers(pfx, "completed"))
         if not self.ctx.options.get("keep"):

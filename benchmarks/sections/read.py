@@ -26,6 +26,7 @@ from django.test.utils import override_settings
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int
+from benchmarks.cells import raise_errors
 from benchmarks.harness import counting_statements, run_workers
 from benchmarks.sections.durable import remove_headers
 from journal.flows import flow, load_state, resume, start
@@ -139,8 +140,7 @@ def _measure(ctx, eid: str, steps: int, events: int, conc: int, ops: int) -> flo
     with counting_statements() as counter:
         outcome = run_workers(conc, ops, op, setup=setup, teardown=teardown, progress=bar.update)
     bar.close()
-    if outcome.errors:
-        raise RuntimeError(f"read {events}: {outcome.errors[:3]}")
+    raise_errors(f"read {events}", outcome.errors)
     loads = sum(t[0] for t in tallies)
     ctx.verify(f"{events}-event loads counted", outcome.units, loads)
     statements, rows = counter.snapshot()[0], sum(t[1] for t in tallies)

@@ -315,6 +315,13 @@ def _retry_view(execution_id: str) -> tuple[int | None, tuple[str, str, Any, str
     return fence, header_of(execution_id)
 
 
+# Callables (execution_id, alias) run in a retry's transaction once the header is back to running; one
+# that raises refuses the retry (nothing written). Another app registers one at its ready() (queues:
+# a queued execution is counted against its queue's cap again, or refused when the queue is full),
+# so that journal never imports it.
+RERUN_HOOKS: list = []
+
+
 @shards.by_stream
 def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Outcome:
     """A new attempt of a FAILED execution, from its last completed step, recorded in its log.
@@ -364,6 +371,8 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
             # action: the ORM's one UPDATE, not a hot-path statement).
             Execution.objects.filter(pk=execution_id).update(status=RUNNING, result=None, error="", finished_at=None,
                                                              updated_at=Now())
+            for hook in RERUN_HOOKS:  # e.g. the queues app: the execution takes its queue slot back
+                hook(execution_id, Event.objects.db)
     except (StaleFence, SequenceConflict):  # another retry (or resume) took the fence after us: it wins
         raise NotResumable(f"execution {execution_id!r} was taken over while it was being retried; "
                            f"nothing written") from None

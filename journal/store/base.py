@@ -95,6 +95,14 @@ class ExecutionSettle:
 # resume, cancel and the HTTP API. The same text on every backend.
 EXECUTION_STATUS = "SELECT status, flow, result, error FROM journal_execution WHERE id = %s"
 
+# -- hook: EXECUTION_STATUS_OF --
+# One execution's header status (NULL while it has none) as a scalar subquery, for another app's
+# statement that decides by it in the same statement (queues: a started entry whose execution settled
+# frees its slot; a claimed one that never began is offered again). Format {eid} with the caller's
+# column expression. It takes no lock: the caller serialises its own decisions (the queue's row).
+# The same text on every backend (one primary-key probe).
+EXECUTION_STATUS_OF = "(SELECT x.status FROM journal_execution x WHERE x.id = {eid})"
+
 
 def stream_exists(stream_id: str) -> StreamExists:
     """The refusal of a second bootstrap (or an open) of a stream that exists."""

@@ -264,6 +264,12 @@ CURRENT_FENCE_JOIN = "JOIN journal_fence f ON f.stream_id = {eid} AND f.token = 
 # expression (projections' BUMP_HINTED clamps a notified tip to it in its own upsert).
 STREAM_TIP_SQL = "SELECT max(j.seq) AS tip FROM journal_event j WHERE j.stream_id = {stream}"
 
+# -- hook: EXECUTION_EXISTS --
+# True when execution {eid} has a header, for another app's statement that must act only on executions
+# that began, in the same statement (leases' PRUNE_RESERVATIONS). Format {eid} with the caller's column
+# expression. No lock: a header, once written, is never deleted while a reservation can name it.
+EXECUTION_EXISTS = "EXISTS (SELECT 1 FROM journal_execution e WHERE e.id = {eid})"
+
 # -- hook: RECOVERY_CANDIDATES --
 # The running executions a recovery sweep may take over, in id order, of the flows asked for
 # (%(any_flow)s, %(flows)s text[]), at most %(limit)s. The leases store fills in {lease_join} (its

@@ -79,6 +79,9 @@ CURRENT_FENCE_JOIN = "JOIN journal_fence f ON f.stream_id = {eid} AND f.token = 
 # -- hook: STREAM_TIP_SQL -- (see postgres.STREAM_TIP_SQL) the last seq of {stream}, NULL if none.
 STREAM_TIP_SQL = "SELECT MAX(j.seq) AS tip FROM journal_event j WHERE j.stream_id = {stream}"
 
+# -- hook: EXECUTION_EXISTS -- (see postgres.EXECUTION_EXISTS) whether execution {eid} has a header.
+EXECUTION_EXISTS = "EXISTS (SELECT 1 FROM journal_execution e WHERE e.id = {eid})"
+
 # -- hook: RECOVERY_CANDIDATES -- (see postgres.RECOVERY_CANDIDATES) no SKIP LOCKED: the sweep's
 # transaction holds the write lock (BEGIN IMMEDIATE), so two sweepers run one after the other.
 RECOVERY_CANDIDATES = """

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from journal import backends
-from leases.store.base import LeaseStore, Takeover
+from leases.store.base import LeaseStore, Reservation, Takeover
 
 backends.register("leases", "postgresql", "leases.store.postgres.PostgresLeaseStore")
 backends.register("leases", "sqlite", "leases.store.sqlite.SqliteLeaseStore")
 
 store_for: Callable[..., LeaseStore] = backends.dispatcher("leases")
 
-__all__ = ["LeaseStore", "Takeover", "store_for"]
+__all__ = ["LeaseStore", "Reservation", "Takeover", "store_for"]

@@ -6,11 +6,27 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from journal.flows.ownership import Companion
 from journal.store.base import DatabaseBound
 
 Item = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The reservation of a queued start that has not begun: who may begin the execution `execution_id`."""
+
+    execution_id: str
+    flow: str
+    input_hash: str
+    started_by: str
+    created_at: datetime
+
+    def matches(self, flow: str, input_hash: str, started_by: str) -> bool:
+        """Whether a start of (flow, input, starter) is the one this id was reserved for."""
+        return (self.flow, self.input_hash, self.started_by) == (flow, input_hash, started_by)
 
 
 @dataclass(frozen=True)
@@ -23,7 +39,68 @@ class Takeover:
     flow_of: dict[str, str] = field(default_factory=dict)  # the flow of each execution taken or stuck (logs)
 
 
-class LeaseStore(DatabaseBound, ABC):
+# == schedules (leases/schedules.py): cron schedules ticked by the workers ============================
+
+
+@dataclass(frozen=True, slots=True)
+class DueSchedule:
+    """A schedule whose next tick is due, as the tick's claim read it (under its lock)."""
+
+    name: str
+    cron: str
+    flow: str
+    input: object
+    catch_up: str
+    queue: str
+    next_tick_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleWrite:
+    """What `save_schedule` writes: a validated definition (leases.schedules.define) and its first tick."""
+
+    name: str
+    cron: str
+    flow: str
+    input: str  # JSON text (journal.jsonvalues)
+    catch_up: str
+    queue: str
+    enabled: bool
+    source: str
+    next_tick_at: datetime
+
+
+class ScheduleStatements(ABC):
+    """The schedule part of every lease store (mixed into LeaseStore). The claim and the advance run
+    in the CALLER's transaction (leases.schedules.tick): the starts of a tick, its advance and the
+    release of the claim's lock commit together."""
+
+    @abstractmethod
+    def save_schedule(self, row: ScheduleWrite) -> None:
+        """Insert or update the schedule named row.name. An update keeps the row's next tick (and its
+        last tick) unless the cron changed or a disabled schedule is enabled again: then the next
+        tick is row.next_tick_at (missed ticks of a disabled schedule are not caught up)."""
+
+    @abstractmethod
+    def claim_due_schedules(self, limit: int, flows: Sequence[str] | None = None) -> tuple[datetime, list[DueSchedule]]:
+        """(the database's now, the enabled schedules whose next tick is at or before it), at most
+        `limit`, oldest tick first, locked until the caller's transaction ends; a schedule another
+        ticker holds is passed over, never waited for. `flows`: only schedules of these flows (the ones
+        this process can start; None: any). Must run inside a transaction."""
+
+    @abstractmethod
+    def advance_schedule(self, name: str, next_tick_at: datetime, last_tick_at: datetime | None,
+                         last_execution_id: str | None) -> None:
+        """Move the schedule's next tick (and its last tick, when one was started) in the caller's transaction."""
+
+    def delete_schedules(self, prefix: str) -> int:
+        """Delete the schedules whose name starts with `prefix` (benchmarks and tests: their own prefix)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(DELETE_SCHEDULES, [prefix + "%"])
+            return cursor.rowcount
+
+
+class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
     #: The lease CTEs this backend adds to the flows' bootstrap and settle statements (inline leases,
     #: journal/flows/ownership.py), or None: its leases are written by the keeper only.
     companion: Companion | None = None
@@ -86,6 +163,41 @@ class LeaseStore(DatabaseBound, ABC):
     def stop_worker(self, worker_id: str) -> None:
         """Mark the node stopped (clean shutdown)."""
 
+    # -- start reservations (leases.StartReservation: a queued start's id, before its header exists) ------
+    #: PRUNE_RESERVATIONS of the backend (it names the journal's EXECUTION_EXISTS hook of that backend).
+    prune_reservations_sql = ""
+
+    def reserve_start(self, execution_id: str, flow: str, input_hash: str,
+                      started_by: str) -> tuple[bool, Reservation | None]:
+        """Reserve `execution_id` for this start: (True, None) when reserved now; else (False, the
+        reservation that holds it), or (False, None) when the one that held it is gone (its execution
+        began: a worker releases a reservation only after the execution's header committed)."""
+        if self._rows(RESERVE_START, [execution_id, flow, input_hash, started_by]):
+            return True, None
+        return False, self.reservation(execution_id)
+
+    def reservation(self, execution_id: str) -> Reservation | None:
+        """The reservation of `execution_id`, or None (never reserved, or its execution began)."""
+        rows = self._rows(READ_RESERVATION, [execution_id])
+        return self._reservation(rows[0]) if rows else None
+
+    def release_reservation(self, execution_id: str) -> int:
+        """Delete the reservation of an execution that now exists (its header holds the id from now on)."""
+        return self._count(RELEASE_RESERVATION, [execution_id])
+
+    def reserved_ids(self, limit: int) -> list[str]:
+        """Up to `limit` reserved execution ids, oldest first: the sharded pruning looks each one's header up on
+        its execution's shard, since no statement joins two databases (leases/tasks.py prune_reservations)."""
+        return [row[0] for row in self._rows(RESERVED_IDS, [limit])]
+
+    def prune_reservations(self) -> int:
+        """Delete the reservations whose execution exists (a worker died between the execution's first write
+        and its release); the number deleted."""
+        return self._count(self.prune_reservations_sql, [])
+
+    def _reservation(self, row: tuple) -> Reservation:
+        return Reservation(*row)
+
     # -- benchmarks and tests only: counts and clean-up by execution id prefix --------------------------
     def count_leases(self, prefix: str) -> int:
         """Lease rows of the executions whose id starts with `prefix` (no join: a lease row may outlive
@@ -102,3 +214,34 @@ class LeaseStore(DatabaseBound, ABC):
 # -- count_leases / delete_leases -- (benchmarks, tests)
 COUNT_LEASES = "SELECT count(*) FROM leases_lease WHERE execution_id LIKE %s"
 DELETE_LEASES = "DELETE FROM leases_lease WHERE execution_id LIKE %s"
+
+
+# -- delete_schedules -- (benchmarks, tests: their own prefix)
+DELETE_SCHEDULES = "DELETE FROM leases_schedule WHERE name LIKE %s"
+
+# -- reserve_start --
+# One insert that either reserves the id or does nothing: two concurrent starts of one id cannot both
+# win. The loser's insert waits on the winner's uncommitted row (PostgreSQL: the primary key's unique
+# check; SQLite: the write lock, BEGIN IMMEDIATE), then does nothing and returns no row; the caller's
+# next statement (READ_RESERVATION, a new snapshot under READ COMMITTED) reads the row that won.
+# created_at takes the column's database default (now).
+RESERVE_START = """
+INSERT INTO leases_startreservation (execution_id, flow, input_hash, started_by) VALUES (%s, %s, %s, %s)
+ON CONFLICT (execution_id) DO NOTHING
+RETURNING execution_id
+"""
+
+# -- read_reservation --
+READ_RESERVATION = """
+SELECT execution_id, flow, input_hash, started_by, created_at FROM leases_startreservation WHERE execution_id = %s
+"""
+
+# -- reserved_ids -- (no lock: a reservation deleted meanwhile is simply not released twice)
+RESERVED_IDS = "SELECT execution_id FROM leases_startreservation ORDER BY created_at, execution_id LIMIT %s"
+
+# -- release_reservation --
+RELEASE_RESERVATION = "DELETE FROM leases_startreservation WHERE execution_id = %s"
+
+# -- prune_reservations -- (each backend formats it with its journal store's EXECUTION_EXISTS hook)
+PRUNE_RESERVATIONS = "DELETE FROM leases_startreservation WHERE {begun}"
+

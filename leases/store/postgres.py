@@ -12,6 +12,7 @@ touching the same rows wait for each other instead of deadlocking.
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Sequence
 
@@ -20,7 +21,8 @@ from django.db import transaction
 from journal.flows.ownership import Companion
 from journal.store import postgres as journal_sql
 from journal.store import store_for as journal_store
-from leases.store.base import Item, LeaseStore, Takeover
+from leases.store import base
+from leases.store.base import DueSchedule, Item, LeaseStore, Takeover
 
 # -- acquire --
 # Group-committed acquire of many leases. A row is written only when the token is the execution's
@@ -231,6 +233,77 @@ WHERE w.seen_at < now() - %(older)s::float8 * interval '1 second'
 """
 
 
+# == schedules (leases/schedules.py) ===================================================================
+
+# -- schedule: save --
+# An upsert by name. The row's next tick survives an update (a worker restart re-saves every code
+# schedule) unless the cron changed or a disabled schedule is enabled again; then the new definition's
+# first tick replaces it, so the missed ticks of a disabled schedule are never caught up.
+SAVE_SCHEDULE = """
+INSERT INTO leases_schedule AS s (name, cron, flow, input, catch_up, queue, enabled, source, next_tick_at,
+                                  last_tick_at, last_execution_id, created_at, updated_at)
+VALUES (%(name)s, %(cron)s, %(flow)s, %(input)s::jsonb, %(catch_up)s, %(queue)s, %(enabled)s, %(source)s,
+        %(next)s, NULL, '', now(), now())
+ON CONFLICT (name) DO UPDATE SET cron = EXCLUDED.cron, flow = EXCLUDED.flow, input = EXCLUDED.input,
+    catch_up = EXCLUDED.catch_up, queue = EXCLUDED.queue, enabled = EXCLUDED.enabled, source = EXCLUDED.source,
+    next_tick_at = CASE WHEN s.cron = EXCLUDED.cron AND (s.enabled OR NOT EXCLUDED.enabled)
+                        THEN s.next_tick_at ELSE EXCLUDED.next_tick_at END,
+    updated_at = now()
+"""
+
+# -- schedule: claim due --
+# The due schedules of the flows this worker can start, oldest tick first. FOR UPDATE SKIP LOCKED:
+# a schedule another worker is ticking is passed over, not waited for: that worker advances its next
+# tick before it commits, so by then the row is no longer due and waiting would only re-read it. The
+# lock is held until the caller's transaction commits its starts and the advance together, so two
+# workers never both start the ticks of one schedule (and if they did, the tick's execution id,
+# derived from the schedule and the tick, would make the second start a no-op). now() is the
+# transaction's start, the one clock every host shares.
+CLAIM_DUE_SCHEDULES = """
+SELECT name, cron, flow, input, catch_up, queue, next_tick_at, now() FROM leases_schedule
+WHERE enabled AND next_tick_at <= now() AND (%(any_flow)s OR flow = ANY(%(flows)s::text[]))
+ORDER BY next_tick_at, name
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+# -- schedule: now -- (the clock a claim that found nothing due compared against)
+DATABASE_NOW = "SELECT now()"
+
+# -- schedule: advance --
+# Under the claim's row lock (same transaction).
+ADVANCE_SCHEDULE = """
+UPDATE leases_schedule SET next_tick_at = %(next)s, last_tick_at = COALESCE(%(last)s, last_tick_at),
+    last_execution_id = COALESCE(%(eid)s, last_execution_id), updated_at = now()
+WHERE name = %(name)s
+"""
+
+
+def _schedule_params(row) -> dict:
+    return {"name": row.name, "cron": row.cron, "flow": row.flow, "input": row.input, "catch_up": row.catch_up,
+            "queue": row.queue, "enabled": row.enabled, "source": row.source, "next": row.next_tick_at}
+
+
+class PostgresSchedules:
+    """The schedule statements of PostgresLeaseStore (mixed in below)."""
+
+    def save_schedule(self, row):
+        self._count(SAVE_SCHEDULE, _schedule_params(row))
+
+    def claim_due_schedules(self, limit, flows=None):
+        rows = self._rows(CLAIM_DUE_SCHEDULES, {"limit": limit, "any_flow": flows is None, "flows": list(flows or [])})
+        if not rows:
+            return self._rows(DATABASE_NOW, [])[0][0], []
+        # Django's psycopg loaders hand jsonb back as its text (the JSONField decodes it): decode here too.
+        return rows[0][7], [DueSchedule(name, cron, flow, json.loads(data) if isinstance(data, str) else data,
+                                        catch_up, queue, due)
+                            for name, cron, flow, data, catch_up, queue, due, _ in rows]
+
+    def advance_schedule(self, name, next_tick_at, last_tick_at, last_execution_id):
+        self._count(ADVANCE_SCHEDULE, {"name": name, "next": next_tick_at, "last": last_tick_at,
+                                       "eid": last_execution_id})
+
+
 _prepared: weakref.WeakSet = weakref.WeakSet()  # raw connections already tuned
 
 
@@ -238,7 +311,16 @@ def _split(items: Sequence[Item]) -> tuple[list[str], list[int]]:
     return [i[0] for i in items], [i[1] for i in items]
 
 
-class PostgresLeaseStore(LeaseStore):
+# -- prune_reservations --
+# The reservations whose execution began (leases/store/base.py PRUNE_RESERVATIONS), with this backend's
+# journal hook for "the execution has a header": one statement, no lock (a header is never deleted).
+PRUNE_RESERVATIONS = base.PRUNE_RESERVATIONS.format(
+    begun=journal_sql.EXECUTION_EXISTS.format(eid="leases_startreservation.execution_id"))
+
+
+class PostgresLeaseStore(PostgresSchedules, LeaseStore):
+    prune_reservations_sql = PRUNE_RESERVATIONS
+
     vendor = "postgresql"
     companion = COMPANION
 
@@ -319,3 +401,4 @@ class PostgresLeaseStore(LeaseStore):
     def stop_worker(self, worker_id):
         with self.connection.cursor() as cursor:
             cursor.execute(STOP_WORKER, [worker_id])
+

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
+from django.utils.dateparse import parse_datetime
 
 from journal.store import sqlite as journal_sql
 from journal.store import store_for as journal_store
-from leases.store.base import Item, LeaseStore, Takeover
+from leases.store import base
+from leases.store.base import DueSchedule, Item, LeaseStore, Reservation, Takeover
 
 PAIRS = "SELECT json_extract(value, '$[0]') AS eid, json_extract(value, '$[1]') AS tok FROM json_each(%(items)s)"
 IDS = "SELECT value FROM json_each(%(eids)s)"
@@ -114,7 +116,85 @@ def _pairs(items: Sequence[Item]) -> str:
     return json.dumps([[eid, tok] for eid, tok in items])
 
 
-class SqliteLeaseStore(LeaseStore):
+# == schedules (leases/schedules.py) ===================================================================
+# See leases/store/postgres.py for what each statement does. No row locks: the tick's transaction
+# began IMMEDIATE (the database's write lock), so a second ticker's claim waits for the first one's
+# commit and then finds the advanced, no longer due, next tick.
+
+# -- schedule: save --
+SAVE_SCHEDULE = """
+INSERT INTO leases_schedule (name, cron, flow, input, catch_up, queue, enabled, source, next_tick_at,
+                             last_tick_at, last_execution_id, created_at, updated_at)
+VALUES (%(name)s, %(cron)s, %(flow)s, %(input)s, %(catch_up)s, %(queue)s, %(enabled)s, %(source)s, %(next)s,
+        NULL, '', %(now)s, %(now)s)
+ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, flow = excluded.flow, input = excluded.input,
+    catch_up = excluded.catch_up, queue = excluded.queue, enabled = excluded.enabled, source = excluded.source,
+    next_tick_at = CASE WHEN leases_schedule.cron = excluded.cron AND (leases_schedule.enabled OR NOT excluded.enabled)
+                        THEN leases_schedule.next_tick_at ELSE excluded.next_tick_at END,
+    updated_at = excluded.updated_at
+"""
+
+# -- schedule: claim due -- (under the write lock of the caller's transaction)
+CLAIM_DUE_SCHEDULES = """
+SELECT name, cron, flow, input, catch_up, queue, next_tick_at FROM leases_schedule
+WHERE enabled AND next_tick_at <= %(now)s AND (%(any_flow)s OR flow IN (SELECT value FROM json_each(%(flows)s)))
+ORDER BY next_tick_at, name
+LIMIT %(limit)s
+"""
+
+# -- schedule: advance --
+ADVANCE_SCHEDULE = """
+UPDATE leases_schedule SET next_tick_at = %(next)s, last_tick_at = COALESCE(%(last)s, last_tick_at),
+    last_execution_id = COALESCE(%(eid)s, last_execution_id), updated_at = %(now)s
+WHERE name = %(name)s
+"""
+
+
+def _moment(value) -> datetime:
+    """A datetime column read back through a raw cursor: Django's UTC text, or already a datetime."""
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+class SqliteSchedules:
+    """The schedule statements of SqliteLeaseStore (mixed in below)."""
+
+    def save_schedule(self, row):
+        self._count(SAVE_SCHEDULE, {"name": row.name, "cron": row.cron, "flow": row.flow, "input": row.input,
+                                    "catch_up": row.catch_up, "queue": row.queue, "enabled": row.enabled,
+                                    "source": row.source, "next": stamp(row.next_tick_at), "now": stamp(_now())})
+
+    def claim_due_schedules(self, limit, flows=None):
+        now = _now()
+        rows = self._rows(CLAIM_DUE_SCHEDULES, {"now": stamp(now), "limit": limit, "any_flow": flows is None,
+                                                "flows": json.dumps(list(flows or []))})
+        return now, [DueSchedule(name, cron, flow, json.loads(data) if isinstance(data, str) else data, catch_up,
+                                 queue, _moment(due))
+                     for name, cron, flow, data, catch_up, queue, due in rows]
+
+    def advance_schedule(self, name, next_tick_at, last_tick_at, last_execution_id):
+        self._count(ADVANCE_SCHEDULE, {"name": name, "next": stamp(next_tick_at), "now": stamp(_now()),
+                                       "last": None if last_tick_at is None else stamp(last_tick_at),
+                                       "eid": last_execution_id})
+
+
+# -- prune_reservations --
+# The reservations whose execution began (leases/store/base.py PRUNE_RESERVATIONS), with this backend's
+# journal hook for "the execution has a header": one statement, no lock (a header is never deleted).
+PRUNE_RESERVATIONS = base.PRUNE_RESERVATIONS.format(
+    begun=journal_sql.EXECUTION_EXISTS.format(eid="leases_startreservation.execution_id"))
+
+
+class SqliteLeaseStore(SqliteSchedules, LeaseStore):
+    prune_reservations_sql = PRUNE_RESERVATIONS
+
+    def _reservation(self, row: tuple) -> Reservation:
+        # created_at is the column default's text (UTC): the same aware datetime the ORM reads.
+        created = parse_datetime(row[4]) if isinstance(row[4], str) else row[4]
+        if created is not None and created.tzinfo is None:
+            created = created.replace(tzinfo=UTC)
+        return Reservation(*row[:4], created)
+
     vendor = "sqlite"
 
     @staticmethod

@@ -10,6 +10,8 @@ from journal.models import Execution
 from journal.store import store_for as journal_store_for
 from leases.models import Lease, Worker
 from tests.conformance import StoreContract
+from tests.conformance.schedules import COVERS as SCHEDULE_COVERS
+from tests.conformance.schedules import SchedulesContract
 
 TTL = 30.0
 LONG = 3600.0  # an orphan_after no execution of a test reaches
@@ -27,7 +29,7 @@ def holder(eid: str) -> tuple[str, int] | None:
     return None if lease is None else (lease.owner_id, lease.fence_token)
 
 
-class LeaseStoreContract(StoreContract):
+class LeaseStoreContract(SchedulesContract, StoreContract):
     """What every lease backend does (leases.store.base.LeaseStore). Real commits: the backends read
     the database's clock per statement, so expiry is observed across statements, not inside one."""
 
@@ -44,6 +46,10 @@ class LeaseStoreContract(StoreContract):
         "expire_many": "expire_many", "takeover": "takeover", "touch_worker": "touch_worker",
         "prune_workers": "prune_workers", "stop_worker": "stop_worker",
         "count_leases": "count_leases", "delete_leases": "delete_leases",
+        "reserve_start": "reserve_start", "reservation": "reservation",
+        "release_reservation": "release_reservation", "prune_reservations": "prune_reservations",
+        "reserved_ids": "reserved_ids",
+        **SCHEDULE_COVERS,  # tests/conformance/schedules.py
     }
 
     # -- acquire --------------------------------------------------------------------------------
@@ -188,6 +194,67 @@ class LeaseStoreContract(StoreContract):
         assert store.prune_workers(LONG) == 0
         assert store.prune_workers(-60.0) == 1
         assert list(Worker.objects.values_list("id", flat=True)) == ["holding"]
+
+    # -- start reservations -----------------------------------------------------------------------
+    def test_a_start_reserves_its_id_once_and_a_repeat_reads_the_holder(self, store):
+        assert store.reserve_start("r-1", "f.one", "h1", "ann") == (True, None)
+        reserved, holder = store.reserve_start("r-1", "f.two", "h2", "bob")
+        assert reserved is False and (holder.execution_id, holder.flow, holder.started_by) == ("r-1", "f.one", "ann")
+        assert holder.matches("f.one", "h1", "ann") and not holder.matches("f.one", "h1", "bob")
+        assert holder.created_at.tzinfo is not None  # an aware datetime on every backend, as the ORM reads it
+        assert store.reservation("r-1") == holder and store.reservation("r-unknown") is None
+
+    def test_release_deletes_only_that_reservation(self, store):
+        for eid in ("r-a", "r-b"):
+            store.reserve_start(eid, "f", "h", "")
+        assert store.release_reservation("r-a") == 1 and store.release_reservation("r-a") == 0
+        assert store.reservation("r-a") is None and store.reservation("r-b") is not None
+        assert store.reserve_start("r-a", "f", "h", "") == (True, None)  # a released id is free again
+
+    def test_prune_deletes_only_reservations_whose_execution_began(self, store):
+        for eid in ("r-began", "r-queued"):
+            store.reserve_start(eid, "conformance.flow", "h", "")
+        running("r-began")
+        assert store.prune_reservations() == 1
+        assert store.reservation("r-began") is None and store.reservation("r-queued") is not None
+
+    def test_reserved_ids_lists_the_reservations_oldest_first_up_to_the_limit(self, store):
+        assert store.reserved_ids(10) == []
+        for eid in ("r-3", "r-1", "r-2"):
+            store.reserve_start(eid, "f", "h", "")
+        listed = store.reserved_ids(10)
+        assert sorted(listed) == ["r-1", "r-2", "r-3"] and len(store.reserved_ids(2)) == 2
+        store.release_reservation(listed[0])
+        assert listed[0] not in store.reserved_ids(10)
+
+    def test_concurrent_starts_of_one_id_reserve_it_exactly_once(self, store):
+        """Eight threads, each on its own connection and transaction, reserve one id: one wins, seven read it."""
+        import threading
+
+        from django.db import connections, transaction
+
+        barrier, results, errors = threading.Barrier(8), [], []
+
+        def reserve(n: int) -> None:
+            try:
+                barrier.wait()
+                with transaction.atomic(using=store.alias):
+                    results.append(store.reserve_start("r-race", "f", f"h{n}", ""))
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=reserve, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        winners = [r for r in results if r[0]]
+        assert len(winners) == 1 and len(results) == 8
+        holder = store.reservation("r-race")
+        assert all(h == holder for won, h in results if not won)
 
     # -- benchmarks and tests -------------------------------------------------------------------
     def test_the_benchmarks_count_and_delete_only_the_leases_under_their_prefix(self, store):

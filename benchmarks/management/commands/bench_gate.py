@@ -19,6 +19,7 @@ from benchmarks.arguments import positive_int
 from benchmarks.command import BenchCommand
 from benchmarks.compare import Cell
 from benchmarks.gate import evaluate, rules_for
+from benchmarks.sections import THROUGHPUT_SECTIONS
 
 GATE_REPEATS = 5
 
@@ -26,11 +27,7 @@ GATE_REPEATS = 5
 class Command(BenchCommand):
     help = ("Fail (exit 1) when a ratio measured within this run (append overhead against the raw driver, "
             "coalescing gain at 64 writers, eager lease cost) misses its limit; every run is recorded.")
-    sections = {
-        "append": "benchmarks.sections.append",
-        "coalesced": "benchmarks.sections.coalesced",
-        "lease": "benchmarks.sections.lease",
-    }
+    sections = {name: THROUGHPUT_SECTIONS[name] for name in ("append", "coalesced", "lease")}
 
     def add_arguments(self, parser) -> None:
         super().add_arguments(parser)

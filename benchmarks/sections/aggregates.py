@@ -19,19 +19,16 @@ from dataclasses import dataclass, field
 
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
-from pydantic import BaseModel, Field
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int
-from journal.aggregates import (
-    Invariant,
-    InvariantViolated,
-    State,
-    cache,
-    do,
-    do_with_retry,
-    load,
-)
+from benchmarks.cells import raise_errors
+from benchmarks.domains import calculator as calculator_domain
+from benchmarks.domains import counter as counter_domain
+from benchmarks.domains import inventory as inventory_domain
+from benchmarks.domains import ticket as ticket_domain
+from benchmarks.domains.calculator import KEYS
+from journal.aggregates import InvariantViolated, cache, do, do_with_retry, load
 from journal.envelopes import Envelope
 from journal.models import Event
 
@@ -39,227 +36,17 @@ SCENARIOS = ("raw-append", "single-commit", "single-commit-versioned", "warm-loa
              "fanout-50", "contended-20", "ticket-workflow", "shared-inventory", "calculator-session")
 
 
-# -- the bench domain ------------------------------------------------------------------------------------
-class Counter(BaseModel):
-    count: int = 0
-
-
-class Incremented(BaseModel):
-    by: int
-
-
-class Increment(BaseModel):
-    by: int = Field(default=1, gt=0)
-
-
-counter = State("BenchCounter", Counter, prefix="bench:")
-
-
-@counter.on(Incremented)
-def _incremented(state: Counter, e: Incremented) -> dict:
-    return {"count": state.count + e.by}
-
-
-@counter.action(Increment)
-def increment(state: Counter, cmd: Increment) -> Incremented:
-    return Incremented(by=cmd.by)
-
-
-# The same counter with a deprecated v1 in its registry (emits the current v2): the versioning check
-# runs on every commit; the reference measured it as free, this cell checks that here.
-versioned = State("BenchVersionedCounter", Counter, prefix="bench:")
-
-
-@versioned.upcast(Incremented, name="Incremented")
-def _v1_to_v2(payload: dict) -> dict:
-    return {"by": payload["by"], "source": "v1"}
-
-
-class IncrementedV2(BaseModel):
-    by: int
-    source: str = "v2"
-
-
-@versioned.on(IncrementedV2, name="Incremented_v2")
-def _incremented_v2(state: Counter, e: IncrementedV2) -> dict:
-    return {"count": state.count + e.by}
-
-
-@versioned.action(Increment, name="IncrementV2")
-def increment_v2(state: Counter, cmd: Increment) -> IncrementedV2:
-    return IncrementedV2(by=cmd.by)
-
-
-class Ticket(BaseModel):
-    status: str = "new"
-    title: str = ""
-    assignee: str | None = None
-
-
-class TicketOpened(BaseModel):
-    title: str = Field(min_length=1)
-
-
-class TicketAssigned(BaseModel):
-    to: str = Field(min_length=1)
-
-
-class TicketClosed(BaseModel):
-    resolution: str
-
-
-class OpenTicket(BaseModel):
-    title: str = Field(min_length=1)
-
-
-class AssignTicket(BaseModel):
-    to: str = Field(min_length=1)
-
-
-class CloseTicket(BaseModel):
-    resolution: str = "done"
-
-
-ticket = State("BenchTicket", Ticket, prefix="bench:")
-is_open = Invariant("ticket is open", lambda s: s.status == "open")
-is_assigned = Invariant("ticket is assigned", lambda s: s.assignee is not None)
-
-
-@ticket.on(TicketOpened)
-def _opened(state: Ticket, e: TicketOpened) -> dict:
-    return {"status": "open", "title": e.title}
-
-
-@ticket.on(TicketAssigned)
-def _assigned(state: Ticket, e: TicketAssigned) -> dict:
-    return {"assignee": e.to}
-
-
-@ticket.on(TicketClosed)
-def _closed(state: Ticket, e: TicketClosed) -> dict:
-    return {"status": "closed"}
-
-
-@ticket.action(OpenTicket)
-def open_ticket(state: Ticket, cmd: OpenTicket) -> TicketOpened:
-    return TicketOpened(title=cmd.title)
-
-
-@ticket.action(AssignTicket, given=[is_open])
-def assign(state: Ticket, cmd: AssignTicket) -> TicketAssigned:
-    return TicketAssigned(to=cmd.to)
-
-
-@ticket.action(CloseTicket, given=[is_open, is_assigned])
-def close(state: Ticket, cmd: CloseTicket) -> TicketClosed:
-    return TicketClosed(resolution=cmd.resolution)
-
-
-class Stock(BaseModel):
-    stock: int = 0
-
-
-class Restocked(BaseModel):
-    quantity: int = Field(gt=0)
-
-
-class Reserved(BaseModel):
-    request: str
-
-
-class Restock(BaseModel):
-    quantity: int = Field(gt=0)
-
-
-class Reserve(BaseModel):
-    request: str
-
-
-inventory = State("BenchInventory", Stock, prefix="bench:")
-
-
-@inventory.on(Restocked)
-def _restocked(state: Stock, e: Restocked) -> dict:
-    return {"stock": state.stock + e.quantity}
-
-
-@inventory.on(Reserved)
-def _reserved(state: Stock, e: Reserved) -> dict:
-    return {"stock": state.stock - 1}
-
-
-@inventory.action(Restock)
-def restock(state: Stock, cmd: Restock) -> Restocked:
-    return Restocked(quantity=cmd.quantity)
-
-
-@inventory.action(Reserve, given=[Invariant("stock > 0", lambda s: s.stock > 0)])
-def reserve(state: Stock, cmd: Reserve) -> Reserved:
-    return Reserved(request=cmd.request)
-
-
-class Calculator(BaseModel):
-    display: str = "0"
-    accumulator: float = 0.0
-    operator: str | None = None
-    fresh: bool = True  # the next digit starts a new number
-
-
-class DigitPressed(BaseModel):
-    digit: int = Field(ge=0, le=9)
-
-
-class OperatorPressed(BaseModel):
-    operator: str = Field(pattern=r"^[-+*/=]$")
-
-
-class PressDigit(BaseModel):
-    digit: int = Field(ge=0, le=9)
-
-
-class PressOperator(BaseModel):
-    operator: str = Field(pattern=r"^[-+*/=]$")
-
-
-calculator = State("BenchCalculator", Calculator, prefix="bench:")
-
-
-def _compute(acc: float, op: str | None, value: float) -> float:
-    if op == "+":
-        return acc + value
-    if op == "-":
-        return acc - value
-    if op == "*":
-        return acc * value
-    if op == "/":
-        return acc / value if value else 0.0
-    return value
-
-
-@calculator.on(DigitPressed)
-def _digit(state: Calculator, e: DigitPressed) -> dict:
-    display = str(e.digit) if state.fresh or state.display == "0" else state.display + str(e.digit)
-    return {"display": display, "fresh": False}
-
-
-@calculator.on(OperatorPressed)
-def _operator(state: Calculator, e: OperatorPressed) -> dict:
-    result = _compute(state.accumulator, state.operator, float(state.display))
-    return {"accumulator": result, "display": f"{result:g}", "operator": None if e.operator == "=" else e.operator,
-            "fresh": True}
-
-
-@calculator.action(PressDigit, given=[Invariant("display has room", lambda s: len(s.display) < 16)])
-def press_digit(state: Calculator, cmd: PressDigit) -> DigitPressed:
-    return DigitPressed(digit=cmd.digit)
-
-
-@calculator.action(PressOperator)
-def press_operator(state: Calculator, cmd: PressOperator) -> OperatorPressed:
-    return OperatorPressed(operator=cmd.operator)
-
-
-KEYS = ("1", "2", "+", "3", "4", "=", "*", "2", "=", "5")  # ten presses; the display ends at "5", 92 before
+# -- the bench's states of the example domains (benchmarks/domains); prefix "bench:" so a run removes them --
+_counter = counter_domain.declare("BenchCounter", prefix="bench:")
+counter, increment = _counter.state, _counter.increment
+_versioned = counter_domain.declare_versioned("BenchVersionedCounter", prefix="bench:")
+versioned, increment_v2 = _versioned.state, _versioned.increment
+_ticket = ticket_domain.declare("BenchTicket", prefix="bench:")
+ticket, open_ticket, assign, close = _ticket.state, _ticket.open_ticket, _ticket.assign, _ticket.close
+_inventory = inventory_domain.declare("BenchInventory", prefix="bench:")
+inventory, restock, reserve = _inventory.state, _inventory.restock, _inventory.reserve
+_calculator = calculator_domain.declare("BenchCalculator", prefix="bench:")
+calculator, press_digit, press_operator = _calculator.state, _calculator.press_digit, _calculator.press_operator
 
 
 # -- driving -------------------------------------------------------------------------------------------
@@ -286,6 +73,18 @@ class Batches:
     @property
     def wall_s(self) -> float:
         return sum(self.latencies_ms) / 1000
+
+
+class Tally:
+    """A count the worker threads add to (conflicts retried, reservations refused); `add` fits on_conflict."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def add(self, *_) -> None:
+        with self._lock:
+            self.count += 1
 
 
 def run_rounds(threads: int, rounds: int, op: Callable[[int, int], int], bar) -> Batches:
@@ -445,8 +244,7 @@ def commit_load(ctx, base: str) -> None:
 
 
 def _batch(ctx, scenario: str, params: dict, batches: Batches, per_batch: int, **extra) -> None:
-    if batches.errors:
-        raise RuntimeError(f"{scenario}: {len(batches.errors)} errors, e.g. {batches.errors[:3]}")
+    raise_errors(f"{scenario}: {len(batches.errors)} errors, e.g.", batches.errors)
     rounds = len(batches.latencies_ms)
     ctx.record(scenario, params, throughput=rounds / batches.wall_s, unit="batches/s",
                latencies_ms=batches.latencies_ms, count=batches.units,
@@ -465,15 +263,10 @@ def fanout(ctx, base: str) -> None:
 
 def contended(ctx, base: str) -> None:
     threads, rounds = ctx.options["contenders"], ctx.options["rounds"]
-    conflicts = [0]
-    lock = threading.Lock()
-
-    def counted(attempt, exc) -> None:
-        with lock:
-            conflicts[0] += 1
+    conflicts = Tally()
 
     def op(w: int, r: int) -> int:
-        do_with_retry(increment, f"{base}{r}", {"by": 1}, attempts=200, backoff_ms=0.5, on_conflict=counted)
+        do_with_retry(increment, f"{base}{r}", {"by": 1}, attempts=200, backoff_ms=0.5, on_conflict=conflicts.add)
         return 1
 
     batches = run_rounds(threads, rounds, op, ctx.progress(rounds, f"{threads} contended commits"))
@@ -483,7 +276,7 @@ def contended(ctx, base: str) -> None:
     for r in range(rounds):
         ctx.verify(f"contended-20: round {r} events", threads, Event.objects.tip(counter.stream(f"{base}{r}")) + 1)
     _batch(ctx, "contended-20", {"threads": threads, "rounds": rounds}, batches, threads,
-           verified_rows=batches.units, retries=conflicts[0], retries_per_commit=conflicts[0] / batches.units)
+           verified_rows=batches.units, retries=conflicts.count, retries_per_commit=conflicts.count / batches.units)
 
 
 def ticket_workflow(ctx, base: str) -> None:
@@ -509,28 +302,21 @@ def shared_inventory(ctx, base: str) -> None:
     threads, rounds, stock = ctx.options["reservations"], ctx.options["rounds"], ctx.options["stock"]
     for r in range(rounds):
         do(restock, f"{base}{r}", {"quantity": stock})
-    refused = [0]
-    conflicts = [0]
-    lock = threading.Lock()
-
-    def counted(attempt, exc) -> None:
-        with lock:
-            conflicts[0] += 1
+    refused, conflicts = Tally(), Tally()
 
     def op(w: int, r: int) -> int:
         try:
             do_with_retry(reserve, f"{base}{r}", {"request": f"{r}-{w}"}, attempts=200, backoff_ms=0.5,
-                          on_conflict=counted)
+                          on_conflict=conflicts.add)
         except InvariantViolated:
-            with lock:
-                refused[0] += 1
+            refused.add()
             return 0
         return 1
 
     batches = run_rounds(threads, rounds, op, ctx.progress(rounds, f"{threads} contending reservations"))
     granted = min(threads, stock)
     ctx.verify("shared-inventory: reservations committed", rounds * granted, batches.units)
-    ctx.verify("shared-inventory: refused by the invariant", rounds * max(0, threads - stock), refused[0])
+    ctx.verify("shared-inventory: refused by the invariant", rounds * max(0, threads - stock), refused.count)
     ctx.verify("shared-inventory: journal rows", rounds * (1 + granted), streams.count_events(f"bench:{base}"))
     ctx.verify("shared-inventory: streams with gaps", 0, streams.check_contiguous(f"bench:{base}"))
     cache.clear()
@@ -538,7 +324,7 @@ def shared_inventory(ctx, base: str) -> None:
     ctx.verify("shared-inventory: stock left per round", stock - granted, min(left))
     ctx.verify("shared-inventory: stock never below zero", 1, int(min(left) >= 0 and len(left) == 1))
     _batch(ctx, "shared-inventory", {"threads": threads, "rounds": rounds, "stock": stock}, batches, granted,
-           verified_rows=batches.units, refused=refused[0], retries=conflicts[0])
+           verified_rows=batches.units, refused=refused.count, retries=conflicts.count)
 
 
 def calculator_session(ctx, base: str) -> None:

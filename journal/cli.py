@@ -1,0 +1,443 @@
+"""The verbs of `manage.py loom` (journal/management/commands/loom.py parses, this module acts).
+
+    manage.py loom executions list --status failed --since 2h --json
+    manage.py loom executions show ID | steps ID | cancel ID | resume ID | retry ID | fork ID --from-step N
+    manage.py loom queues
+    manage.py loom schedules
+
+Every verb returns a `Reply`: the data (what `--json` prints) and the lines a person reads. Refusals
+are our errors, turned into a `Refused` with the exit code scripts rely on (docs/cli.md):
+
+    0 done; 1 refused or not found (NotResumable, ExecutionBusy, UnknownExecution...);
+    2 usage (bad option, bad --since); 3 not available in this installation (fork without the
+    flows-that-wait work, queues without the queues app).
+
+Everything goes through journal.flows (cancel, hand_over, retry_execution) and the models' reads, on
+the database alias given (--database), never a default assumed. With LOOM_SHARDS and no --database, a
+verb on one execution acts on its shard (journal/shards.py) and `executions list` and `queues` read every
+shard (docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.apps import apps
+from django.db import DEFAULT_DB_ALIAS
+from django.utils import timezone
+
+from journal import shards
+from journal.timestamps import stamp
+
+OK, REFUSED, USAGE, UNAVAILABLE = 0, 1, 2, 3
+MAX_LIMIT = 10_000
+SINCE = re.compile(r"(\d+)([smhd])\Z")
+UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+@dataclass
+class Reply:
+    """What a verb answers: `data` for --json, `lines` for a person."""
+
+    data: Any
+    lines: list[str] = field(default_factory=list)
+
+
+class Refused(Exception):
+    """A verb that did nothing: the message and the exit code (1 refused/not found, 2 usage, 3 unavailable)."""
+
+    def __init__(self, message: str, code: int = REFUSED, kind: str = ""):
+        self.code, self.kind = code, kind
+        super().__init__(message)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """`30s`, `15m`, `2h`, `7d` ago, or an ISO 8601 time (UTC unless it says otherwise); Refused (usage)."""
+    match = SINCE.match(text.strip())
+    if match:
+        try:
+            return (now or timezone.now()) - timedelta(**{UNITS[match[2]]: int(match[1])})
+        except OverflowError:
+            raise Refused(f"--since {text!r}: further back than a datetime goes", USAGE) from None
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise Refused(f"--since {text!r}: an ISO time (2026-12-01T10:00) or an age (30s, 15m, 2h, 7d)", USAGE) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def acting(fn):
+    """Turn our errors into Refused (exit 1): the verbs let journal.flows decide what is allowed."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from journal.flows.errors import UnknownExecution
+
+        try:
+            return fn(*args, **kwargs)
+        except Refused:
+            raise
+        except UnknownExecution as exc:
+            raise Refused(str(exc), REFUSED, "UnknownExecution") from None
+        except _refusals() as exc:
+            raise Refused(str(exc), REFUSED, type(exc).__name__) from None
+
+    return wrapper
+
+
+def _refusals() -> tuple[type[Exception], ...]:
+    """Our errors (the journal's; the queues app's when installed): a refusal, never a traceback."""
+    from journal.exceptions import JournalError
+
+    if apps.is_installed("queues"):
+        from queues.exceptions import QueueError
+
+        return (JournalError, QueueError)
+    return (JournalError,)
+
+
+def _flows_alias(using: str) -> None:
+    """journal.flows reads and writes the journal where the routers put it: acting on another alias
+    would silently act on that one, so it is refused."""
+    from django.db import router
+
+    from journal.models import Execution
+
+    if using != router.db_for_write(Execution):
+        raise Refused(f"--database {using!r}: this verb goes through journal.flows, which uses the database "
+                      f"{router.db_for_write(Execution)!r} (the routers decide)", USAGE)
+
+
+def _home(using: str | None, execution_id: str) -> str:
+    """The database of one execution's rows (header, lease, queue entry): its shard with LOOM_SHARDS (a
+    --database naming another shard is refused: nothing of it is there), else the alias given."""
+    _check_id(execution_id)
+    if not shards.sharded():
+        alias = using or DEFAULT_DB_ALIAS
+        _flows_alias(alias)
+        return alias
+    alias = shards.shard_for(execution_id)
+    if using is not None and using != alias:
+        raise Refused(f"--database {using!r}: execution {execution_id!r} lives on shard {alias!r} (LOOM_SHARDS); "
+                      "leave --database out", USAGE)
+    return alias
+
+
+def _aliases(using: str | None) -> list[str]:
+    """The databases a listing reads: the alias given, else every shard (the default database unsharded)."""
+    if using is not None:
+        return [using]
+    return shards.shards() if shards.sharded() else [DEFAULT_DB_ALIAS]
+
+
+def _check_id(execution_id: str) -> str:
+    return _check_text("execution id", execution_id)
+
+
+def _check_text(what: str, value: str) -> str:
+    """A name or id the database can hold as text (no NUL, no lone surrogate from a mangled argv, at
+    most 200 characters): anything else is a usage error, before any query."""
+    from journal.ids import stored_id_problem
+
+    problem = stored_id_problem(value)
+    if problem is not None:
+        raise Refused(f"{what} {ascii(value)[:80]}: {problem}", USAGE)
+    return value
+
+
+def _unstorable(text: str) -> bool:
+    """Free text the database cannot hold: a NUL, or a lone surrogate (argv bytes that are not UTF-8)."""
+    return "\x00" in text or any("\ud800" <= ch <= "\udfff" for ch in text)
+
+
+def check_alias(using: str | None) -> str | None:
+    """A database alias of the settings (an unknown one is a usage error, not a traceback); None: not given."""
+    from django.db import connections
+
+    if using is not None and using not in connections.settings:
+        raise Refused(f"--database {using!r}: not in DATABASES ({', '.join(connections.settings)})", USAGE)
+    return using
+
+
+# -- executions list ------------------------------------------------------------------------------------
+def list_executions(using: str | None, *, status: str | None = None, flow: str | None = None, queue: str | None = None,
+                    schedule: str | None = None, since: str | None = None, stuck: bool = False,
+                    limit: int = 50) -> Reply:
+    """The newest executions matching every filter given (`--stuck`: recovery gave up, or running
+    with a lease that expired and nobody took over yet). With LOOM_SHARDS and no alias: every shard's
+    newest `limit`, merged newest first (each row names its shard)."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise Refused(f"--limit is 1 to {MAX_LIMIT}", USAGE)
+    for option, value in (("--flow", flow), ("--queue", queue), ("--schedule", schedule)):
+        if value is not None:
+            _check_text(option, value)
+    since_at = parse_since(since) if since else None
+    found = []
+    for alias in _aliases(using):
+        rows = _matching(alias, status, flow, queue, schedule, since_at, stuck)
+        found += [{**row, "shard": alias} if shards.sharded() else row
+                  for row in rows.values("id", "flow", "status", "created_at", "finished_at", "recoveries")[:limit]]
+    found.sort(key=lambda row: row["id"])
+    found.sort(key=lambda row: row["created_at"], reverse=True)  # stable: newest first, then by id
+    found = found[:limit]
+    data = [{**row, "created_at": _iso(row["created_at"]), "finished_at": _iso(row["finished_at"])} for row in found]
+    lines = _table(["id", "flow", "status", "created", "finished"],
+                   [[r["id"], r["flow"], r["status"], stamp(r["created_at"]), stamp(r["finished_at"]) or "-"]
+                    for r in found])
+    if len(found) == limit:
+        lines.append(f"(the newest {limit}; --limit to see more)")
+    return Reply(data, lines or ["no executions"])
+
+
+def _matching(using: str, status: str | None, flow: str | None, queue: str | None, schedule: str | None,
+              since: datetime | None, stuck: bool):
+    """One database's executions matching the filters, newest first (a queue entry is on its execution's
+    database, so the queue filter is one subquery there)."""
+    from django.db.models import Q
+
+    from journal.models import Execution
+
+    rows = Execution.objects.using(using).order_by("-created_at", "id")
+    if status:
+        if status not in Execution.Status.values:
+            raise Refused(f"--status {status!r}: one of {', '.join(Execution.Status.values)}", USAGE)
+        rows = rows.filter(status=status)
+    if flow:
+        rows = rows.filter(flow=flow)
+    if since:
+        rows = rows.filter(created_at__gte=since)
+    if schedule:
+        from leases.schedules import ID_PREFIX
+
+        rows = rows.filter(id__startswith=f"{ID_PREFIX}{schedule}:")
+    if queue:
+        rows = rows.filter(pk__in=_queue_entries(using).filter(queue_id=queue).values("execution_id"))
+    if stuck:
+        lapsed = Q(status="running")
+        if apps.is_installed("leases"):
+            lapsed &= Q(lease__expires_at__lt=timezone.now())
+        rows = rows.filter(Q(status="stuck") | lapsed)
+    return rows
+
+
+def _queue_entries(using: str):
+    if not apps.is_installed("queues"):
+        raise Refused("--queue needs the queues app (add \"queues\" to INSTALLED_APPS)", UNAVAILABLE)
+    from queues.models import QueueEntry
+
+    return QueueEntry.objects.using(using)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    if not rows:
+        return []
+    widths = [max(len(str(v)) for v in col) for col in zip(head, *rows, strict=True)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*head).rstrip(), *(fmt.format(*map(str, row)).rstrip() for row in rows)]
+
+
+# -- show / steps -----------------------------------------------------------------------------------------
+@acting
+def show(using: str | None, execution_id: str) -> Reply:
+    """Header, lease, fence, queue entry and timeline of one execution."""
+    using = _home(using, execution_id)
+    view = _describe(using, execution_id)
+    lease = _lease(using, execution_id)
+    entry = _entry(using, execution_id)
+    data = {
+        "execution_id": execution_id, "flow": view["flow"], "status": view["status"],
+        "header_status": view["header_status"], "input": view["input"], "result": view["result"],
+        "error": view["error"], "created_at": _iso(view["created_at"]), "finished_at": _iso(view["finished_at"]),
+        "fence": view["fence"], "snapshot_seq": view["snapshot_seq"], "lease": lease, "queue": entry,
+        "schedule": _schedule_of(execution_id), "steps": _steps(view["steps"]),
+    }
+    if shards.sharded():
+        data["shard"] = using
+    lines = [f"execution {execution_id}", f"  flow      {data['flow']}", f"  status    {data['status']}",
+             f"  created   {stamp(view['created_at'])}", f"  finished  {stamp(view['finished_at']) or '-'}",
+             f"  fence     {data['fence']}"]
+    if lease:
+        lines.append(f"  lease     {lease['owner']} at fence {lease['fence_token']}, expires {lease['expires_at']}"
+                     + (" (expired)" if lease["expired"] else ""))
+    else:
+        lines.append("  lease     none")
+    if entry:
+        lines.append(f"  queue     {entry['queue']} ({entry['state']})")
+    if data["schedule"]:
+        lines.append(f"  schedule  {data['schedule']['name']} (tick {data['schedule']['tick']})")
+    if data["error"]:
+        lines.append(f"  error     {data['error']}")
+    lines += ["", "timeline:", *_step_lines(data["steps"])]
+    return Reply(data, lines)
+
+
+@acting
+def steps(using: str | None, execution_id: str) -> Reply:
+    """The timeline of one execution: one row per step attempt."""
+    rows = _steps(_describe(_home(using, execution_id), execution_id)["steps"])
+    return Reply(rows, _step_lines(rows))
+
+
+def _describe(using: str, execution_id: str) -> dict:
+    from journal.flows.describe import describe
+
+    return describe(_check_id(execution_id))  # on its shard (describe binds it); `using` is that shard
+
+
+def _steps(rows: list[dict]) -> list[dict]:
+    return [{"pos": r["pos"], "step": r["step"], "attempt": r["attempt"], "status": r["status"], "ms": r["ms"],
+             "started_at": _iso(r.get("started_at")), "result": r["result"], "error": r["error"], "note": r["note"]}
+            for r in rows]
+
+
+def _step_lines(rows: list[dict]) -> list[str]:
+    table = _table(["pos", "step", "attempt", "status", "ms", "note"],
+                   [[r["pos"], r["step"], r["attempt"], r["status"], "" if r["ms"] is None else r["ms"],
+                     r["error"] or r["note"]] for r in rows])
+    return table or ["(no steps)"]
+
+
+def _lease(using: str, execution_id: str) -> dict | None:
+    if not apps.is_installed("leases"):
+        return None
+    from leases.models import Lease
+
+    lease = Lease.objects.using(using).filter(execution_id=execution_id).first()
+    if lease is None:
+        return None
+    return {"owner": lease.owner_id, "fence_token": lease.fence_token, "expires_at": _iso(lease.expires_at),
+            "expired": lease.expires_at < timezone.now()}
+
+
+def _entry(using: str, execution_id: str) -> dict | None:
+    if not apps.is_installed("queues"):
+        return None
+    from queues.models import QueueEntry
+
+    entry = QueueEntry.objects.using(using).filter(execution_id=execution_id).first()
+    if entry is None:
+        return None
+    return {"queue": entry.queue_id, "state": entry.state, "priority": entry.priority,
+            "partition_key": entry.partition_key or None, "enqueued_at": _iso(entry.enqueued_at)}
+
+
+def _schedule_of(execution_id: str) -> dict | None:
+    from leases.schedules import ID_PREFIX
+
+    if not execution_id.startswith(ID_PREFIX) or execution_id.count(":") < 2:
+        return None
+    name, _, tick = execution_id[len(ID_PREFIX):].partition(":")
+    return {"name": name, "tick": tick}
+
+
+# -- cancel / resume / retry / fork ------------------------------------------------------------------------
+@acting
+def cancel(using: str | None, execution_id: str, reason: str = "") -> Reply:
+    """Cancel through journal.flows.cancel (a pending queue entry is cancelled before it starts)."""
+    from journal.flows import cancel as cancel_execution
+    from journal.flows.writer import header_status
+
+    using = _home(using, execution_id)
+    if _unstorable(reason):
+        raise Refused("--reason: text the database can hold (no NUL, no lone surrogate)", USAGE)
+    if header_status(execution_id) is None and apps.is_installed("queues"):
+        from queues.store import store_for
+
+        if store_for(using).cancel_pending(execution_id):
+            return Reply({"execution_id": execution_id, "status": "cancelled", "queued": True},
+                         [f"cancelled {execution_id} (it was queued, not started)"])
+        entry = _entry(using, execution_id)
+        if entry is not None and entry["state"] == "started" and header_status(execution_id) is None:
+            # Begun by its worker (cancel_pending refuses once the runner's begin won) but its run has not
+            # written its first event yet: there is nothing to cancel yet. Say so (not "does not exist").
+            raise Refused(f"execution {execution_id!r} was just taken from queue {entry['queue']!r} by a worker "
+                          "and has not begun; cancel it again in a moment, once it exists", REFUSED, "NotBegun")
+    out = cancel_execution(execution_id, reason or "cancelled from the command line (manage.py loom)")
+    return Reply({"execution_id": execution_id, "status": out.status, "reason": out.error},
+                 [f"{execution_id}: {out.status}"])
+
+
+@acting
+def resume(using: str | None, execution_id: str, force: bool = False) -> Reply:
+    """Hand the execution to a worker (journal.flows.hand_over): never run in this process."""
+    from journal.flows import hand_over
+
+    _home(using, execution_id)
+    token = hand_over(_check_id(execution_id), force=force)
+    return Reply({"execution_id": execution_id, "handed_over": True, "fence": token, "forced": force},
+                 [f"{execution_id}: handed over to a worker (from fence {token})" + (" [forced]" if force else "")])
+
+
+@acting
+def retry(using: str | None, execution_id: str, actor: str = "") -> Reply:
+    """A new attempt of a failed execution, recorded in its log, handed to a worker."""
+    from journal.flows.runtime import retry as retry_execution
+
+    _home(using, execution_id)
+    retry_execution(_check_id(execution_id), actor=actor or "manage.py loom", handoff=True)
+    return Reply({"execution_id": execution_id, "retried": True, "handed_over": True},
+                 [f"{execution_id}: a new attempt was recorded and handed over to a worker"])
+
+
+@acting
+def fork(using: str | None, execution_id: str, from_step: int, new_id: str | None = None) -> Reply:
+    """A new execution replaying the first `from_step` steps (the flows-that-wait work's journal.flows.fork)."""
+    import journal.flows as flows
+
+    try:
+        fork_execution = flows.fork
+    except AttributeError:
+        raise Refused("fork is not available in this installation: it comes with durable flows that wait "
+                      "(journal.flows.fork, issue 17), which is not installed here", UNAVAILABLE) from None
+    if from_step < 0:
+        raise Refused("--from-step is 0 or more", USAGE)
+    _home(using, execution_id)
+    if new_id is not None:
+        _check_text("--new-id", new_id)
+    forked = fork_execution(_check_id(execution_id), from_step, new_id)
+    return Reply({"execution_id": execution_id, "forked": forked, "from_step": from_step},
+                 [f"{execution_id}: forked as {forked} from step {from_step}"])
+
+
+# -- queues / schedules ---------------------------------------------------------------------------------------
+def queues(using: str | None) -> Reply:
+    """Every queue: caps, depth and running count (the queues app's stats; with LOOM_SHARDS and no alias,
+    every shard's counts added up, the caps each shard's)."""
+    if not apps.is_installed("queues"):
+        raise Refused("no queues: the queues app is not installed (add \"queues\" to INSTALLED_APPS)", UNAVAILABLE)
+    import queues as queue_app
+
+    data = [{"name": q.name, "concurrency": q.concurrency, "partition_concurrency": q.partition_concurrency,
+             "rate_limit": q.rate_limit, "rate_period": q.rate_period, "pending": q.pending, "ready": q.ready,
+             "running": q.running} for q in queue_app.stats(using)]
+    lines = _table(["queue", "running", "cap", "pending", "ready", "per partition", "rate"],
+                   [[q["name"], q["running"], q["concurrency"], q["pending"], q["ready"],
+                     q["partition_concurrency"] or "-",
+                     f"{q['rate_limit']}/{q['rate_period']:g}s" if q["rate_limit"] else "-"] for q in data])
+    return Reply(data, lines or ["no queues"])
+
+
+def schedules(using: str | None) -> Reply:
+    """Every schedule: cron, flow, catch-up policy, next and last tick (on one database with LOOM_SHARDS:
+    the router's alias of leases.Schedule)."""
+    from django.db import router
+
+    from leases.models import Schedule
+
+    rows = list(Schedule.objects.using(using or router.db_for_read(Schedule)).order_by("name"))
+    data = [{"name": s.name, "cron": s.cron, "flow": s.flow, "input": s.input, "catch_up": s.catch_up,
+             "queue": s.queue or None, "enabled": s.enabled, "source": s.source,
+             "next_tick_at": _iso(s.next_tick_at), "last_tick_at": _iso(s.last_tick_at),
+             "last_execution_id": s.last_execution_id or None} for s in rows]
+    lines = _table(["schedule", "cron", "flow", "catch-up", "next tick", "last tick", "enabled"],
+                   [[s.name, s.cron, s.flow, s.catch_up, stamp(s.next_tick_at), stamp(s.last_tick_at) or "-",
+                     "yes" if s.enabled else "no"] for s in rows])
+    return Reply(data, lines or ["no schedules"])

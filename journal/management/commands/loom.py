@@ -1,0 +1,103 @@
+"""`manage.py loom`: inspect and operate executions, queues and schedules from a terminal.
+
+    manage.py loom executions list [--status S] [--flow F] [--queue Q] [--schedule NAME] [--since 2h] [--stuck]
+    manage.py loom executions show|steps|cancel|resume|retry ID
+    manage.py loom executions fork ID --from-step N
+    manage.py loom queues
+    manage.py loom schedules
+
+`--json` on every verb prints one JSON document on stdout (an error too: {"ok": false, ...}). Exit
+codes: 0 done, 1 refused or not found, 2 usage, 3 not available here (docs/cli.md). The verbs live
+in journal/cli.py; this module only parses.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from journal import cli
+
+ACTIONS = ("show", "steps", "cancel", "resume", "retry", "fork")
+
+
+class Command(BaseCommand):
+    help = "Inspect and operate executions, queues and schedules (docs/cli.md). Exit codes: 0 ok, 1 refused " \
+           "or not found, 2 usage, 3 not available."
+
+    def add_arguments(self, parser) -> None:
+        common = {"json": ("--json", {"action": "store_true", "help": "Print one JSON document."}),
+                  "database": ("--database", {"default": None, "help": "The database alias (default: the default "
+                                          "database; with LOOM_SHARDS an execution's shard, every shard "
+                                          "for lists)."})}
+
+        def options(sub):
+            for flag, kwargs in common.values():
+                sub.add_argument(flag, **kwargs)
+            return sub
+
+        nouns = parser.add_subparsers(dest="noun", required=True, metavar="{executions,queues,schedules}")
+        executions = nouns.add_parser("executions", help="List, show and operate executions.")
+        verbs = executions.add_subparsers(dest="verb", required=True,
+                                          metavar="{list,show,steps,cancel,resume,retry,fork}")
+        listing = options(verbs.add_parser("list", help="The newest executions matching the filters."))
+        listing.add_argument("--status", help="running, completed, failed, cancelled, stuck, suspended")
+        listing.add_argument("--flow", help="Only this flow.")
+        listing.add_argument("--queue", help="Only executions enqueued on this queue.")
+        listing.add_argument("--schedule", help="Only executions started by this schedule.")
+        listing.add_argument("--since", help="Created since: an age (30s, 15m, 2h, 7d) or an ISO time.")
+        listing.add_argument("--stuck", action="store_true",
+                             help="Stuck (recovery gave up) or running with an expired lease.")
+        listing.add_argument("--limit", type=int, default=50, help="At most this many (default 50).")
+        for verb, text in (("show", "Header, lease, fence, queue and timeline."), ("steps", "The timeline."),
+                           ("cancel", "Cancel (recorded as EXECUTION_CANCELLED)."),
+                           ("resume", "Hand the execution to a worker, which continues it from its log."),
+                           ("retry", "A new attempt of a failed execution, handed to a worker."),
+                           ("fork", "A new execution replaying the first N steps (needs flows that wait).")):
+            sub = options(verbs.add_parser(verb, help=text))
+            sub.add_argument("execution_id", metavar="ID")
+            if verb == "cancel":
+                sub.add_argument("--reason", default="", help="Recorded with the cancel.")
+            if verb == "resume":
+                sub.add_argument("--force", action="store_true",
+                                 help="Take it over even from a live owner (its in-flight step may run twice).")
+            if verb == "fork":
+                sub.add_argument("--from-step", type=int, required=True, dest="from_step")
+                sub.add_argument("--new-id", dest="new_id", help="The new execution's id (default: minted).")
+        options(nouns.add_parser("queues", help="Queues: running, cap, depth."))
+        options(nouns.add_parser("schedules", help="Schedules: cron, flow, next and last tick."))
+
+    def handle(self, *args, **options) -> None:
+        as_json, using = options["json"], options["database"]
+        try:
+            reply = self.dispatch(options, cli.check_alias(using))
+        except cli.Refused as refused:
+            if as_json:
+                self.stdout.write(json.dumps({"ok": False, "error": str(refused), "type": refused.kind or None,
+                                              "exit": refused.code}, ensure_ascii=False))
+            raise CommandError(str(refused), returncode=refused.code) from None
+        if as_json:
+            self.stdout.write(json.dumps(reply.data, indent=2, ensure_ascii=False, default=str))
+        else:
+            self.stdout.write("\n".join(reply.lines))
+
+    def dispatch(self, options: dict, using: str | None) -> cli.Reply:
+        noun = options["noun"]
+        if noun == "queues":
+            return cli.queues(using)
+        if noun == "schedules":
+            return cli.schedules(using)
+        verb, eid = options["verb"], options.get("execution_id")
+        if verb == "list":
+            return cli.list_executions(using, status=options["status"], flow=options["flow"], queue=options["queue"],
+                                       schedule=options["schedule"], since=options["since"], stuck=options["stuck"],
+                                       limit=options["limit"])
+        if verb == "cancel":
+            return cli.cancel(using, eid, options["reason"])
+        if verb == "resume":
+            return cli.resume(using, eid, options["force"])
+        if verb == "fork":
+            return cli.fork(using, eid, options["from_step"], options["new_id"])
+        return getattr(cli, verb)(using, eid)
+

@@ -1,0 +1,91 @@
+"""Admin: cron schedules (leases/schedules.py). A schedule made here is validated by
+leases.schedules.define (the cron by cronsim, the flow registered, the input by the flow, the queue
+declared) and written through the lease store, never by the ORM's save(); the workers tick it from
+its row. The list shows each schedule's next and last tick and its catch-up policy, and links to
+the executions it started (the executions list filtered by schedule)."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.urls import reverse
+from django.utils.html import format_html
+
+from journal.admin_base import RefuseUnstorableFilters
+from journal.flows.errors import FlowError
+from journal.timestamps import stamp
+from leases import schedules as sc
+from leases.models import Schedule
+
+
+class ScheduleForm(forms.ModelForm):
+    """The admin's form: every refusal of leases.schedules.validate becomes a form error (nothing written)."""
+
+    class Meta:
+        model = Schedule
+        fields = ("name", "cron", "flow", "input", "catch_up", "queue", "enabled")
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        name = self.instance.name if self.instance and self.instance.pk else data.get("name")
+        try:
+            self.spec = sc.validate(name, data.get("cron"), data.get("flow") or "", data.get("input"),
+                                    data.get("catch_up"), data.get("queue") or "", data.get("enabled", True))
+        except FlowError as exc:  # InvalidSchedule, UnknownFlow, InvalidInput: our errors, named
+            raise forms.ValidationError(f"{type(exc).__name__}: {exc}") from None
+        return data
+
+    def validate_unique(self):
+        """An existing name is updated by define(), as in code (the add page says so)."""
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(RefuseUnstorableFilters, admin.ModelAdmin):
+    form = ScheduleForm
+    list_display = ("name", "cron", "flow", "catch_up", "queue_name", "enabled", "next_tick", "last_tick",
+                    "last_execution", "source")
+    list_filter = ("enabled", "catch_up", "source")
+    search_fields = ("name", "flow")
+    actions = None
+
+    def get_readonly_fields(self, request, obj=None):
+        shown = ("source", "next_tick", "last_tick", "last_execution", "executions")
+        return ("name", *shown) if obj is not None else ()
+
+    def get_fields(self, request, obj=None):
+        fields = ["name", "cron", "flow", "input", "catch_up", "queue", "enabled"]
+        if obj is not None:
+            fields += ["source", "next_tick", "last_tick", "last_execution", "executions"]
+        return fields
+
+    @admin.display(description="queue")
+    def queue_name(self, schedule) -> str:
+        return schedule.queue or "-"
+
+    @admin.display(description="next tick", ordering="next_tick_at")
+    def next_tick(self, schedule) -> str:
+        return stamp(schedule.next_tick_at) if schedule.enabled else f"(disabled) {stamp(schedule.next_tick_at)}"
+
+    @admin.display(description="last tick", ordering="last_tick_at")
+    def last_tick(self, schedule) -> str:
+        return stamp(schedule.last_tick_at) or "-"
+
+    @admin.display(description="last execution")
+    def last_execution(self, schedule) -> str:
+        if not schedule.last_execution_id:
+            return "-"
+        url = reverse("admin:journal_execution_change", args=[quote(schedule.last_execution_id)])
+        return format_html('<a href="{}">{}</a>', url, schedule.last_execution_id)
+
+    @admin.display(description="executions")
+    def executions(self, schedule) -> str:
+        url = reverse("admin:journal_execution_changelist")
+        return format_html('<a href="{}?schedule={}">executions started by {}</a>', url, schedule.name, schedule.name)
+
+    def save_model(self, request, obj, form, change):
+        spec = form.spec
+        sc.define(spec.name, spec.cron, spec.flow, spec.input, spec.catch_up, spec.queue, spec.enabled,
+                  source="admin")

@@ -1,0 +1,90 @@
+"""The queue tables: declared queues with their caps (Queue) and queued starts (QueueEntry).
+
+Rows are written by queues/store (named SQL per backend), never by the ORM's save(): the models exist
+for the admin, the command line and reads. A queue's caps live in its row, so every worker process on
+every host enforces the same caps (declarations in settings or code are upserted into the row).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+PENDING, STARTED, DONE, CANCELLED = "pending", "started", "done", "cancelled"
+LIVE = (PENDING, STARTED)  # the states in which a dedup id is held
+
+
+class Queue(models.Model):
+    """A named queue and its caps, as the last process that declared it wrote them."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    concurrency = models.IntegerField(help_text="Most executions of the queue running at once, on all workers.")
+    partition_concurrency = models.IntegerField(
+        null=True, blank=True, help_text="Most running at once per partition key (empty: no per-partition cap).")
+    rate_limit = models.IntegerField(null=True, blank=True,
+                                     help_text="Most starts per rate_period seconds (empty: no rate limit).")
+    rate_period = models.FloatField(null=True, blank=True, help_text="Seconds of the rate limit's sliding window.")
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class QueueEntry(models.Model):
+    """One queued start: its execution id is fixed at enqueue, so running it twice is a no-op."""
+
+    STATES = [(PENDING, "pending"), (STARTED, "started"), (DONE, "done"), (CANCELLED, "cancelled")]
+
+    id = models.BigAutoField(primary_key=True)
+    # db_constraint: a queue row is never deleted while entries name it (PROTECT), and the FK keeps the
+    # admin's links; the index is the partial ones below.
+    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, db_index=False, related_name="entries")
+    execution_id = models.CharField(max_length=200, unique=True)
+    flow = models.CharField(max_length=200)
+    input = models.TextField(help_text="The flow's input as JSON text (journal/jsonvalues.py rules).")
+    meta = models.TextField(blank=True, default="", help_text="$meta of the start as JSON text, or empty.")
+    partition_key = models.CharField(max_length=200, null=True, blank=True)
+    priority = models.SmallIntegerField(default=0, help_text="-100..100; higher starts first.")
+    dedup_id = models.CharField(max_length=200, null=True, blank=True)
+    state = models.CharField(max_length=10, choices=STATES, default=PENDING)
+    run_after = models.DateTimeField(help_text="Not started before this time.")
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True, help_text="When a worker last claimed it.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True, default="", help_text="The worker that claimed it.")
+    begun_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the claimer's runner began it (until then a cancel still stops it; review R4).")
+    attempts = models.IntegerField(default=0, help_text="Claims (more than one: re-offered after a lost claim).")
+
+    class Meta:
+        ordering = ["-id"]
+        db_table = "queues_entry"
+        verbose_name_plural = "queue entries"
+        indexes = [
+            # The dequeue's candidates: pending entries of a queue in start order.
+            models.Index("queue", models.F("priority").desc(), "id", name="queues_entry_pending",
+                         condition=Q(state=PENDING)),
+            # Which pending entries are due (run_after <= now): a range of this index, so entries deferred
+            # to a later time are never read by the readiness probe, the candidates or the ready count
+            # (review R1: 100,000 deferred entries made each of them scan the whole pending set).
+            models.Index("queue", "run_after", name="queues_entry_due", condition=Q(state=PENDING)),
+            # The running count (per partition) under the queue's lock.
+            models.Index("queue", "partition_key", name="queues_entry_started", condition=Q(state=STARTED)),
+            # Entries offered again after a lost claim (normally none): the dequeue adopts the late starters.
+            models.Index("queue", name="queues_entry_reoffered", condition=Q(state=PENDING, attempts__gt=0)),
+            # The rate limit's window of recent starts.
+            models.Index("queue", "started_at", name="queues_entry_recent"),
+        ]
+        constraints = [
+            # A dedup id is held by one live entry per queue: a racing second enqueue loses the insert.
+            models.UniqueConstraint("queue", "dedup_id", name="queues_entry_dedup",
+                                    condition=Q(state__in=LIVE, dedup_id__isnull=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} {self.execution_id} ({self.state})"

@@ -1,0 +1,233 @@
+"""The queue dispatcher of a loom_worker: claims queued starts within their queues' caps and runs
+them in a small thread pool of this process.
+
+One dispatcher thread per worker process polls every LOOM_QUEUE_POLL seconds (at once when a run
+ends or when its last poll claimed something): it asks which queues have work it could claim (of
+flows registered here), and for each claims at most as many entries as it has free threads. Every
+cap is decided by the store's dequeue, serialised per queue in the database, never here: this
+process's memory holds only how many of its own threads are free.
+
+A run is `journal.flows.start` under the execution id fixed at enqueue, with a lease like any run:
+if this process dies, its executions are running executions whose leases expire, and any worker's
+recovery sweep takes them over (they keep their queue slot until they settle). A claim whose
+execution never began is offered again after LOOM_QUEUE_CLAIM_TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import DatabaseError, connections, router
+
+from queues import conf
+
+log = logging.getLogger("loom.queues")
+TASKS_BACKEND = "journal.tasks.LoomBackend"
+BUSY_RETRY = 0.005  # seconds before looking again at a queue another worker was claiming from
+PRUNE_EVERY = 60.0  # seconds between two prunings of finished entries by one worker
+
+
+_worker_id: str | None = None  # the worker id of this process's dispatcher (a label for results)
+
+
+def worker_id() -> str | None:
+    """The id of the loom_worker whose dispatcher runs in this process (None: none does)."""
+    return _worker_id
+
+
+def import_task_flows() -> None:
+    """Register the Tasks backend's flow in this process when a TASKS backend is Loom's (a worker must
+    know the flow of the entries it claims)."""
+    backends = getattr(settings, "TASKS", None) or {}
+    if any(isinstance(cfg, dict) and cfg.get("BACKEND") == TASKS_BACKEND for cfg in backends.values()):
+        import journal.tasks  # noqa: F401
+
+
+def run_claimed(claimed, using: str | None = None) -> str:
+    """Run one claimed entry to its end in this thread; its status (or "cancelled": cancelled before it
+    began, or no longer this claim's; "duplicate", "halted", "error")."""
+    from journal.flows import ExecutionExists, OwnershipLost, start
+    from queues.models import QueueEntry
+    from queues.store import store_for
+
+    # Begin only if the claim still stands (review R4): a cancel that came first wins, and from here on
+    # a cancel is refused (the execution's own cancel applies).
+    if not store_for(using or router.db_for_write(QueueEntry)).begin(claimed.execution_id, claimed.worker,
+                                                                     claimed.attempts):
+        log.info("not started execution=%s flow=%s: cancelled or offered again since the claim",
+                 claimed.execution_id, claimed.flow)
+        return "cancelled"
+    began = time.monotonic()
+    log.info("start execution=%s flow=%s attempt=%d (queued)", claimed.execution_id, claimed.flow, claimed.attempts)
+    try:
+        outcome = start(claimed.flow, claimed.input, execution_id=claimed.execution_id, meta=claimed.meta)
+    except ExecutionExists as exists:
+        log.info("duplicate execution=%s flow=%s: already %s, nothing to do", claimed.execution_id, claimed.flow,
+                 exists.status)
+        return "duplicate"
+    except OwnershipLost as lost:
+        log.warning("halted execution=%s flow=%s: %s", claimed.execution_id, claimed.flow, lost)
+        return "halted"
+    except Exception:
+        log.exception("error execution=%s flow=%s duration=%.3fs", claimed.execution_id, claimed.flow,
+                      time.monotonic() - began)
+        return "error"
+    level = logging.WARNING if outcome.status == "failed" else logging.INFO
+    log.log(level, "%s execution=%s flow=%s duration=%.3fs", outcome.status, claimed.execution_id, claimed.flow,
+            time.monotonic() - began)
+    return outcome.status
+
+
+class QueueService:
+    """The worker service (leases.worker.register_service): dispatcher thread + runner pool.
+
+    With LOOM_SHARDS one dispatcher serves every shard: each pass claims from each shard's queues in turn
+    (an entry lives on its execution's shard, docs/queues.md), with one pool of runner threads; a shard
+    that is down is skipped, logged, and asked again next pass."""
+
+    name = "queue-dispatcher"
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self.wake = threading.Event()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self.free = 0
+        self.claimed = 0  # entries this process claimed (tests, logs)
+        self.prune_at = 0.0  # monotonic time of the next pruning of finished entries
+        self.hot: dict[str, list[str]] = {}  # per database: the queues this dispatcher's last pass claimed from
+
+    def start(self, worker) -> None:
+        from journal import shards
+        from queues.declarations import write_declared
+        from queues.models import QueueEntry
+
+        global _worker_id
+        self.owner = _worker_id = worker.worker_id
+        self.aliases = shards.shards() if shards.sharded() else [router.db_for_write(QueueEntry)]
+        self.alias = self.aliases[0]
+        threads = conf.get("LOOM_QUEUE_THREADS")
+        if threads == 0:
+            log.info("queue dispatcher of %s: disabled (LOOM_QUEUE_THREADS=0)", self.owner)
+            return
+        names: list[str] = []
+        for alias in self.aliases:  # every shard counts its own caps: each has the declared queues
+            try:
+                names = write_declared(alias)
+            except DatabaseError:
+                log.exception("queue dispatcher of %s: could not write the declared queues on %s; they are "
+                              "written at their first enqueue", self.owner, alias)
+            finally:
+                connections[alias].close()
+        self.free = threads
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="loom-queue")
+        self.thread = threading.Thread(target=self._loop, name="loom-queue-dispatcher", daemon=True)
+        self.thread.start()
+        log.info("queue dispatcher of %s: %d thread(s) over %s, declared queues: %s", self.owner, threads,
+                 ", ".join(self.aliases), ", ".join(names) or "none")
+
+    def _loop(self) -> None:
+        from journal.flows import registry
+        from queues.store import store_for
+
+        try:
+            while not self.stopping.is_set():
+                got_any = busy = failed = False
+                prune = time.monotonic() >= self.prune_at
+                if prune:
+                    self.prune_at = time.monotonic() + PRUNE_EVERY
+                for alias in self.aliases:
+                    store = store_for(alias)
+                    if self.free > 0:
+                        try:
+                            got, held = self._dispatch(alias, store, sorted(registry.registered()))
+                        except DatabaseError:
+                            log.exception("queue dispatcher of %s: database error on %s; retrying", self.owner,
+                                          alias)
+                            connections[alias].close()
+                            failed = True
+                            continue
+                        got_any, busy = got_any or got, busy or held
+                    if prune:
+                        self._prune(alias, store)
+                if failed and not got_any:
+                    self.stopping.wait(min(1.0, 10 * conf.get("LOOM_QUEUE_POLL")))
+                    continue
+                if not got_any:
+                    # A queue another worker was claiming from may have slots left once it is done:
+                    # look again soon rather than after a whole poll interval.
+                    poll = conf.get("LOOM_QUEUE_POLL")
+                    self.wake.wait(min(BUSY_RETRY, poll) if busy else poll)
+                    self.wake.clear()
+        finally:
+            for alias in self.aliases:
+                connections[alias].close()
+
+    def _prune(self, alias: str, store) -> None:
+        try:
+            pruned = store.prune_entries(conf.get("LOOM_QUEUE_RETENTION"))
+        except DatabaseError:
+            log.exception("queue dispatcher of %s: pruning finished entries on %s failed", self.owner, alias)
+            connections[alias].close()
+        else:
+            if pruned:
+                log.info("pruned %d finished queue entr%s on %s", pruned, "y" if pruned == 1 else "ies", alias)
+
+    def _dispatch(self, alias: str, store, flows: list[str]) -> tuple[bool, bool]:
+        """One pass over the queues of one database with work: (claimed anything, found a queue another
+        worker held). The queues that gave entries last time are tried first, without asking which have work."""
+        if not flows:
+            return False, False
+        timeout = conf.claim_timeout()
+        got_any, busy = self._claim_from(alias, store, self.hot.get(alias, []), flows, timeout)
+        if got_any:
+            return True, busy
+        names = store.ready_queues(flows, timeout)
+        random.shuffle(names)  # no queue always first: each gets its turn at this worker's free threads
+        return self._claim_from(alias, store, names, flows, timeout)
+
+    def _claim_from(self, alias: str, store, names: list[str], flows: list[str], timeout: float
+                    ) -> tuple[bool, bool]:
+        got_any = busy = False
+        hot = []
+        for name in names:
+            if self.free <= 0 or self.stopping.is_set():
+                break
+            claimed = store.dequeue(name, self.owner, self.free, flows, timeout)
+            if claimed is None:
+                busy = True
+                continue
+            for entry in claimed:
+                with self.lock:
+                    self.free -= 1
+                    self.claimed += 1
+                self.pool.submit(self._run, entry, alias)
+            if claimed:
+                hot.append(name)
+                got_any = True
+        self.hot[alias] = hot
+        return got_any, busy
+
+    def _run(self, entry, alias: str) -> None:
+        try:
+            run_claimed(entry, alias)
+        finally:
+            with self.lock:
+                self.free += 1
+            self.wake.set()  # its slot is free in the database once the next dequeue sees the settled header
+
+    def stop(self, timeout: float) -> None:
+        self.stopping.set()
+        self.wake.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
+        if self.pool is not None:
+            # Runs in flight stop at their next step once the heartbeat hands their leases back (it stops
+            # after us); their entries stay started and the executions are recovered by other workers.
+            self.pool.shutdown(wait=False, cancel_futures=True)

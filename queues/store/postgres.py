@@ -1,0 +1,303 @@
+"""Queues on PostgreSQL: every statement, named, with the reason for each lock.
+
+Times come from the database clock (now()): workers on several hosts share the tables, and a
+not-before time, a claim's age or a rate window must mean the same to all of them.
+
+Lock order: a dequeue locks its queue's row, then candidate entry rows (SKIP LOCKED), then updates
+started entries; an enqueue and a cancel lock one entry row each and never a queue row; an upsert of
+a queue locks only its row. No statement waits for a queue row while holding an entry row, so they
+cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from journal.store.base import EXECUTION_STATUS_OF
+from queues.store.base import SETTLED, Caps, Claimed, Existing, QueueStats, QueueStore, check_room, decode
+
+STATUS = EXECUTION_STATUS_OF.format(eid="q.execution_id")
+SETTLED_SQL = "(" + ", ".join(f"'{s}'" for s in SETTLED) + ")"
+
+# -- has_queue --
+HAS_QUEUE = "SELECT 1 FROM queues_queue WHERE name = %s"
+
+# -- upsert_queue --
+# A declaration replaces the caps (the last process that declared the queue wins). It waits for a
+# dequeue holding the row: the new caps apply from the next dequeue on.
+UPSERT_QUEUE = """
+INSERT INTO queues_queue (name, concurrency, partition_concurrency, rate_limit, rate_period, updated_at)
+VALUES (%(name)s, %(concurrency)s, %(partition)s, %(rate)s, %(period)s, now())
+ON CONFLICT (name) DO UPDATE SET concurrency = EXCLUDED.concurrency,
+    partition_concurrency = EXCLUDED.partition_concurrency, rate_limit = EXCLUDED.rate_limit,
+    rate_period = EXCLUDED.rate_period, updated_at = now()
+"""
+
+# -- enqueue: free the dedup id --
+# A started entry whose execution settled no longer holds its dedup id, even before a dequeue marked
+# it done: mark it now, so that the insert below is not refused by a finished execution.
+FREE_DEDUP = f"""
+UPDATE queues_entry q SET state = 'done', finished_at = now()
+WHERE q.queue_id = %(queue)s AND q.dedup_id = %(dedup)s AND q.state = 'started' AND {STATUS} IN {SETTLED_SQL}
+"""
+
+# -- enqueue: insert --
+# ON CONFLICT DO NOTHING (no target: every unique index arbitrates): the unique execution id and the
+# partial unique (queue, dedup_id) of live entries. Two racing enqueues of one dedup id or id: the
+# second waits for the first's row to commit, then inserts nothing and reads the winner below.
+# The queue row is created from the enqueuer's declaration if it is missing (DO NOTHING: an existing
+# row is neither changed nor locked, so an enqueue never waits for a dequeue holding it); the caps
+# of an existing row change only through upsert_queue.
+INSERT_ENTRY = """
+WITH queue_row AS (
+    INSERT INTO queues_queue (name, concurrency, partition_concurrency, rate_limit, rate_period, updated_at)
+    SELECT %(queue)s, %(concurrency)s, %(partition_cap)s, %(rate)s, %(period)s, now()
+    WHERE %(concurrency)s::int IS NOT NULL
+    ON CONFLICT (name) DO NOTHING
+)
+INSERT INTO queues_entry (queue_id, execution_id, flow, input, meta, partition_key, priority, dedup_id, state,
+                          run_after, enqueued_at, worker, attempts)
+VALUES (%(queue)s, %(eid)s, %(flow)s, %(input)s, %(meta)s, %(partition)s, %(priority)s, %(dedup)s, 'pending',
+        COALESCE(%(run_after)s, now()), now(), '', 0)
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+
+# -- enqueue: existing --
+# The entry that won: the live holder of the dedup id first, else the entry of the execution id.
+EXISTING_ENTRY = """
+SELECT execution_id, flow, input, (%(dedup)s::text IS NOT NULL AND dedup_id = %(dedup)s AND queue_id = %(queue)s
+                                   AND state IN ('pending', 'started')) AS by_dedup
+FROM queues_entry
+WHERE execution_id = %(eid)s
+   OR (%(dedup)s::text IS NOT NULL AND queue_id = %(queue)s AND dedup_id = %(dedup)s
+       AND state IN ('pending', 'started'))
+ORDER BY by_dedup DESC
+LIMIT 1
+"""
+
+# -- ready_queues --
+# Per queue row, one probe of the due index (queues_entry_due: the range run_after <= now(), so entries
+# deferred to later are never read; stops at the first due entry of a known flow) and one
+# of the started index (a claim whose execution never began). No lock: the dequeue decides.
+READY_QUEUES = f"""
+SELECT qq.name FROM queues_queue qq
+WHERE EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'
+              AND q.run_after <= now() AND q.flow = ANY(%(flows)s::text[]))
+   OR EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'started'
+              AND q.started_at < now() - %(timeout)s::float8 * interval '1 second' AND {STATUS} IS NULL)
+"""
+
+# -- dequeue: lock the queue --
+# FOR UPDATE: the queue's claimers are serialised on its row, so the running count read below and
+# the claim that follows are one atomic decision across every process and host (two claimers that
+# each counted 7 of 8 cannot both claim the eighth). SKIP LOCKED: a dispatcher that finds another
+# claiming from this queue skips it (that one is filling the free slots) instead of queueing
+# behind it; it comes back at its next poll.
+LOCK_QUEUE = """
+SELECT concurrency, partition_concurrency, rate_limit, rate_period FROM queues_queue WHERE name = %(queue)s
+FOR UPDATE SKIP LOCKED
+"""
+
+# -- dequeue: sync --
+# One pass over the queue's started entries and its re-offered ones (normally none), each decided by
+# its execution's header, in one statement:
+# - settle: started, and the execution settled (completed, failed, cancelled, stuck): done, its slot
+#   is free. A running execution whose worker died keeps its slot until the recovery sweep's resume
+#   settles it;
+# - re-offer: started, and no execution `timeout` after the claim (its worker died between the claim
+#   and the execution's first write): pending again. The fixed execution id makes a late start of the
+#   first claimer and a second run one execution (the second start is refused, ExecutionExists);
+# - adopt: re-offered, and its first claimer began it late after all: started again (counted), or done.
+SYNC = f"""
+UPDATE queues_entry q SET state = y.next, finished_at = CASE WHEN y.next = 'done' THEN now() ELSE q.finished_at END
+FROM (
+    SELECT x.id, CASE
+        WHEN x.status IN {SETTLED_SQL} THEN 'done'
+        WHEN x.state = 'started' AND x.status IS NULL
+             AND x.started_at < now() - %(timeout)s::float8 * interval '1 second' THEN 'pending'
+        WHEN x.state = 'pending' AND x.status IS NOT NULL THEN 'started'
+    END AS next
+    FROM (SELECT q.id, q.state, q.started_at, {STATUS} AS status FROM queues_entry q
+          WHERE q.queue_id = %(queue)s AND (q.state = 'started' OR (q.state = 'pending' AND q.attempts > 0))) x
+) y
+WHERE q.id = y.id AND y.next IS NOT NULL AND y.next <> q.state
+"""
+
+# -- dequeue: running --
+RUNNING = """
+SELECT partition_key, count(*) FROM queues_entry WHERE queue_id = %(queue)s AND state = 'started' GROUP BY partition_key
+"""
+
+# -- dequeue: rate window --
+# Starts (claims) of the queue in the last `period` seconds: a sliding window.
+RECENT = """
+SELECT count(*) FROM queues_entry
+WHERE queue_id = %(queue)s AND started_at > now() - %(period)s::float8 * interval '1 second'
+"""
+
+# -- dequeue: candidates --
+# Pending, due entries of flows this worker has, in start order (priority, then FIFO), one keyset page
+# (the planner reads the due index's range when few are due, the pending index's order when many are)
+# at a time. FOR UPDATE SKIP LOCKED: a row locked by a concurrent cancel or enqueue is passed over
+# rather than waited for (the queue row already keeps other claimers out).
+CANDIDATES = """
+SELECT id, partition_key, priority FROM queues_entry
+WHERE queue_id = %(queue)s AND state = 'pending' AND run_after <= now() AND flow = ANY(%(flows)s::text[])
+  AND (priority < %(after_priority)s OR (priority = %(after_priority)s AND id > %(after_id)s))
+ORDER BY priority DESC, id
+LIMIT %(page)s
+FOR UPDATE SKIP LOCKED
+"""
+
+# -- dequeue: claim --
+CLAIM = """
+UPDATE queues_entry SET state = 'started', started_at = now(), worker = %(owner)s, attempts = attempts + 1,
+    begun_at = NULL
+WHERE id = ANY(%(ids)s::bigint[])
+RETURNING id, execution_id, flow, input, meta, attempts
+"""
+
+# -- queue_stats --
+# Admin and command line only (never on a worker's poll): "pending" counts every waiting entry, the
+# deferred ones too, so it reads the pending set once (one grouped pass, not a subquery per queue row).
+QUEUE_STATS = f"""
+WITH waiting AS (
+    SELECT queue_id, count(*) AS pending, count(*) FILTER (WHERE run_after <= now()) AS ready
+    FROM queues_entry WHERE state = 'pending' GROUP BY queue_id
+)
+SELECT qq.name, qq.concurrency, qq.partition_concurrency, qq.rate_limit, qq.rate_period,
+    COALESCE(w.pending, 0), COALESCE(w.ready, 0),
+    (SELECT count(*) FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'started'
+        AND COALESCE({STATUS}, 'running') NOT IN {SETTLED_SQL})
+FROM queues_queue qq LEFT JOIN waiting w ON w.queue_id = qq.name ORDER BY qq.name
+"""
+
+# -- prune_entries --
+# Finished entries past the retention; never one its queue's rate window still counts. No lock beyond
+# the delete's own: a finished entry is read by nobody who decides anything but the rate window.
+PRUNE_ENTRIES = """
+DELETE FROM queues_entry q USING queues_queue qq
+WHERE qq.name = q.queue_id AND q.state IN ('done', 'cancelled')
+  AND q.finished_at < now() - %(older)s::float8 * interval '1 second'
+  AND (q.started_at IS NULL OR q.started_at < now() - COALESCE(qq.rate_period, 0) * interval '1 second')
+"""
+
+# -- cancel_pending --
+# Pending, or claimed and not begun (no begin, no header). The UPDATE locks the entry row: it waits for
+# a dequeue that locked the row as a candidate, or for the runner's begin; either way the WHERE is
+# re-checked on the row they committed, so a cancel and a begin never both succeed.
+CANCEL_PENDING = f"""
+UPDATE queues_entry q SET state = 'cancelled', finished_at = now()
+WHERE q.execution_id = %s AND (q.state = 'pending'
+    OR (q.state = 'started' AND q.begun_at IS NULL AND {STATUS} IS NULL))
+"""
+
+# -- begin --
+# The runner's start is conditional on its claim still standing: the entry row lock orders it with a
+# cancel (above) and with a re-offer (SYNC): the later one re-checks its WHERE and does nothing.
+BEGIN = """
+UPDATE queues_entry SET begun_at = now()
+WHERE execution_id = %s AND state = 'started' AND worker = %s AND attempts = %s AND begun_at IS NULL
+"""
+
+# -- reopen: the entry --
+# No lock: the queue row is locked next, then the entry re-checked by the update's WHERE.
+DONE_ENTRY = "SELECT id, queue_id, partition_key FROM queues_entry WHERE execution_id = %s AND state = 'done'"
+
+# -- reopen: lock the queue --
+# FOR UPDATE (waiting, not SKIP LOCKED): a retry is counted and decided like a claim, serialised with
+# the queue's dequeues (same lock order: the queue row, then its entries).
+LOCK_QUEUE_WAIT = """
+SELECT concurrency, partition_concurrency, rate_limit, rate_period FROM queues_queue WHERE name = %(queue)s FOR UPDATE
+"""
+
+# -- reopen: started again --
+REOPEN = """
+UPDATE queues_entry SET state = 'started', finished_at = NULL WHERE id = %(id)s AND state = 'done'
+"""
+
+NO_KEY = (101, 0)  # a keyset position before every priority (-100..100)
+
+
+class PostgresQueueStore(QueueStore):
+    vendor = "postgresql"
+    CANDIDATES = CANDIDATES
+
+    def has_queue(self, name):
+        return bool(self._rows(HAS_QUEUE, [name]))
+
+    def upsert_queue(self, spec):
+        self._count(UPSERT_QUEUE, {"name": spec.name, "concurrency": spec.concurrency,
+                                   "partition": spec.partition_concurrency, "rate": spec.rate_limit,
+                                   "period": spec.rate_period})
+
+    def insert_entry(self, entry):
+        params = {"queue": entry.queue, "eid": entry.execution_id, "flow": entry.flow, "input": entry.input,
+                  "meta": entry.meta, "partition": entry.partition_key, "priority": entry.priority,
+                  "dedup": entry.dedup_id, "run_after": entry.run_after,
+                  **dict(zip(("concurrency", "partition_cap", "rate", "period"), entry.caps or (None,) * 4,
+                             strict=True))}
+        for _ in range(3):  # the entry that refused us may finish before we read it: insert again
+            with transaction.atomic(using=self.alias):
+                if entry.dedup_id is not None:
+                    self._count(FREE_DEDUP, params)
+                if self._rows(INSERT_ENTRY, params):
+                    return None
+                found = self._rows(EXISTING_ENTRY, params)
+            if found:
+                eid, flow, text, by_dedup = found[0]
+                return Existing(eid, flow, decode(text), bool(by_dedup))
+        raise RuntimeError(f"enqueue of {entry.execution_id!r} kept conflicting with entries that vanished")
+
+    def ready_queues(self, flows, claim_timeout):
+        return [r[0] for r in self._rows(READY_QUEUES, {"flows": list(flows), "timeout": claim_timeout})]
+
+    def dequeue(self, queue, owner, limit, flows, claim_timeout):
+        if limit <= 0:
+            return []
+        params = {"queue": queue, "timeout": claim_timeout, "flows": list(flows), "owner": owner}
+        with transaction.atomic(using=self.alias):
+            row = self._rows(LOCK_QUEUE, params)
+            if not row:
+                return None  # another worker is claiming from it right now (or the queue has no row)
+            caps = Caps(*row[0])
+            self._count(SYNC, params)
+            caps.running = {key: n for key, n in self._rows(RUNNING, params)}
+            want = min(limit, caps.concurrency - caps.total)
+            if caps.rate_limit is not None and want > 0:
+                recent = self._rows(RECENT, {**params, "period": caps.rate_period})[0][0]
+                want = min(want, caps.rate_limit - recent)
+            if want <= 0:
+                return []
+            ids = self._candidates(caps, params, want, NO_KEY)
+            if not ids:
+                return []
+            rows = self._rows(CLAIM, {"ids": ids, "owner": owner})
+        by_id = {r[0]: r for r in rows}
+        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner) for r in (by_id[i] for i in ids)]
+
+    def queue_stats(self):
+        return [QueueStats(*r) for r in self._rows(QUEUE_STATS, [])]
+
+    def reopen(self, execution_id):
+        found = self._rows(DONE_ENTRY, [execution_id])
+        if not found:
+            return False
+        entry_id, queue, key = found[0]
+        params = {"queue": queue, "timeout": 1e9, "id": entry_id}
+        with transaction.atomic(using=self.alias):
+            caps = Caps(*self._rows(LOCK_QUEUE_WAIT, params)[0])
+            self._count(SYNC, params)
+            caps.running = {k: n for k, n in self._rows(RUNNING, params)}
+            check_room(queue, key, caps)
+            return self._count(REOPEN, params) == 1
+
+    def prune_entries(self, older_than):
+        return self._count(PRUNE_ENTRIES, {"older": older_than})
+
+    def cancel_pending(self, execution_id):
+        return self._count(CANCEL_PENDING, [execution_id]) == 1
+
+    def begin(self, execution_id, worker, attempts):
+        return self._count(BEGIN, [execution_id, worker, attempts]) == 1

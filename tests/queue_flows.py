@@ -1,0 +1,61 @@
+"""Flows and Django tasks of the queue tests, in a module that worker processes import
+(LOOM_FLOW_MODULES=tests.queue_flows). Imported by test modules after Django is set up."""
+
+from __future__ import annotations
+
+import time
+
+from journal.flows import flow
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
+
+
+@flow("queues.test.double")
+def double(ctx, value):
+    return ctx.step("double", lambda: value["n"] * 2)
+
+
+@flow("queues.test.nap")
+def nap(ctx, value):
+    """One step that sleeps: long enough for a sampler to see the queue at its cap."""
+    return ctx.step("nap", time.sleep, value.get("seconds", 0.2))
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(priority=5)
+def shout(text: str) -> str:
+    return text.upper()
+
+
+@task
+def explode(message: str) -> None:
+    raise ValueError(message)
+
+
+FLAKY_CALLS: dict[str, int] = {}
+
+
+@task(takes_context=True)
+def flaky(context, key: str) -> int:
+    """Fails on its first attempt, succeeds on the next: returns the attempt number from its context."""
+    FLAKY_CALLS[key] = FLAKY_CALLS.get(key, 0) + 1
+    if FLAKY_CALLS[key] == 1:
+        raise RuntimeError(f"first attempt of {key}")
+    return context.attempt
+
+
+@task
+async def asleep(n: int) -> int:
+    return n + 1
+
+
+@task
+def unreturnable() -> object:
+    return object()

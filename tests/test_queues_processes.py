@@ -1,0 +1,177 @@
+"""Queues with real loom_worker processes on PostgreSQL: the global cap is never exceeded by four
+workers racing for the same queue, including while one of them is SIGKILLed mid-run (its running
+execution keeps its slot until the recovery sweep finishes it elsewhere); racing enqueues of one dedup
+id or one execution id make one entry; Django tasks run in a worker process.
+
+The running count is sampled independently of the queue's own bookkeeping: executions whose journal
+header says running (journal store count_executions), every 10 ms, while the workers run.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+from django.db import connection, connections
+
+from journal.models import Execution
+from journal.store import store_for as journal_store
+from queues import declare_queue, enqueue
+from queues.declarations import forget
+from queues.models import QueueEntry
+from tests import queue_flows
+from tests.test_worker_processes import cleanup, output, spawn_worker, wait_until
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+CAP = 3
+QUEUE = "t-procs"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def stop_the_process_lease_keeper():
+    """Runs here start the process's lease keeper thread; stop it at the end of the module, so that its
+    connection does not outlive the test database."""
+    yield
+    from leases.keeper import get_keeper, reset_keeper
+
+    get_keeper().shutdown()
+    reset_keeper(None)
+
+
+@pytest.fixture
+def env(child_env, tmp_path):
+    child_env.update({
+        "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
+        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_FLOW_MODULES": "tests.queue_flows", "LOOM_LEASE_MODE": "lazy",
+        "LOOM_QUEUES": json.dumps({QUEUE: {"concurrency": CAP}}), "LOOM_QUEUE_THREADS": "3",
+        "LOOM_QUEUE_POLL": "0.02", "LOOM_TEST_LOGS": str(tmp_path), "PYTHONFAULTHANDLER": "1",
+    })
+    return child_env
+
+
+@pytest.fixture
+def queue():
+    declare_queue(QUEUE, concurrency=CAP)
+    yield QUEUE
+    forget(QUEUE)
+
+
+class Sampler(threading.Thread):
+    """Counts the running executions under a prefix every 10 ms; keeps the maximum and the samples."""
+
+    def __init__(self, prefix: str):
+        super().__init__(daemon=True)
+        self.prefix, self.samples, self.stopping = prefix, [], threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.wait(0.01):
+                self.samples.append(journal_store().count_executions(self.prefix, "running"))
+        finally:
+            connection.close()
+
+    def stop(self) -> int:
+        self.stopping.set()
+        self.join()
+        return max(self.samples)
+
+
+def completed(prefix: str) -> int:
+    return journal_store().count_executions(prefix, "completed")
+
+
+def test_four_workers_never_run_more_than_the_cap_even_while_one_is_killed(env, queue):
+    total = 24
+    ids = [enqueue("queues.test.nap", {"seconds": 0.5}, queue=queue, execution_id=f"qp-{n:03}").execution_id
+           for n in range(total)]
+    sampler = Sampler("qp-")
+    sampler.start()
+    workers = [spawn_worker(env, f"qw{n}") for n in range(4)]
+    try:
+        wait_until(lambda: completed("qp-") >= 3, "the workers started the queue", proc=workers[0])
+        # Kill a worker that is running one of them right now (its execution stays running, leased by nobody).
+        victim = None
+        deadline = time.monotonic() + 30
+        while victim is None and time.monotonic() < deadline:
+            busy = set(Execution.objects.filter(pk__in=ids, status="running").values_list("pk", flat=True))
+            owners = set(QueueEntry.objects.filter(execution_id__in=busy).values_list("worker", flat=True))
+            victim = next((w for w in workers if w.args[-1] in owners), None)
+        assert victim is not None, "no worker was running anything"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        wait_until(lambda: completed("qp-") == total, "every queued execution completed", timeout=90)
+        highest = sampler.stop()
+    finally:
+        if sampler.is_alive():
+            sampler.stop()
+        for worker in workers:
+            cleanup(worker)
+    assert highest <= CAP, f"{highest} executions ran at once on a queue capped at {CAP}"
+    # ... and the sampler saw the queue at its cap (review R6): twelve runner threads and half-second naps
+    # fill it, so a dispatcher that ran one at a time, or a sampler blind to running headers, fails here.
+    assert highest == CAP, f"the queue never reached its cap of {CAP} (at most {highest} running)"
+    assert len(sampler.samples) > 10
+    entries = QueueEntry.objects.filter(queue_id=queue)
+    assert entries.count() == total and not entries.exclude(state__in=["done", "started"]).exists()
+    # The killed worker's run was taken over by another worker's recovery sweep and finished there.
+    recovered = Execution.objects.filter(pk__in=ids, recoveries__gt=0)
+    assert recovered.exists(), "\n".join(output(w) for w in workers)
+
+
+def test_racing_enqueues_of_one_dedup_id_make_one_entry(queue):
+    barrier = threading.Barrier(8)
+    got: list[str] = []
+
+    def racer(n: int) -> None:
+        try:
+            barrier.wait()
+            got.append(enqueue("queues.test.double", {"n": n}, queue=queue, dedup_id="one").execution_id)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=racer, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(got) == 8 and len(set(got)) == 1
+    assert QueueEntry.objects.filter(queue_id=queue, dedup_id="one").count() == 1
+
+
+def test_racing_enqueues_of_one_execution_id_make_one_entry(queue):
+    barrier = threading.Barrier(8)
+    created: list[bool] = []
+
+    def racer() -> None:
+        try:
+            barrier.wait()
+            created.append(enqueue("queues.test.double", {"n": 1}, queue=queue, execution_id="race-1").created)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=racer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(created) == [False] * 7 + [True]
+    assert QueueEntry.objects.filter(execution_id="race-1").count() == 1
+
+
+def test_django_tasks_run_in_a_worker_process(env):
+    results = [queue_flows.add.enqueue(n, n) for n in range(5)]
+    failing = queue_flows.explode.enqueue("in a worker")
+    worker = spawn_worker(env, "tw0")
+    try:
+        wait_until(lambda: all(r.task.get_result(r.id).is_finished for r in [*results, failing]),
+                   "the tasks finished", proc=worker)
+    finally:
+        cleanup(worker)
+    assert [queue_flows.add.get_result(r.id).return_value for r in results] == [0, 2, 4, 6, 8]
+    failed = queue_flows.explode.get_result(failing.id)
+    assert failed.errors[0].exception_class_path == "builtins.ValueError"
+    assert all(queue_flows.add.get_result(r.id).worker_ids == ["tw0"] for r in results)
