@@ -208,8 +208,17 @@ def forget_code_schedule(name: str) -> None:
     _CODE.pop(name, None)
 
 
-def sync_code_schedules(using: str = "default") -> int:
+def _schedules_alias() -> str:
+    """The one database of the schedules: the routers' choice for leases.Schedule (with LOOM_SHARDS the
+    default database: the shard router leaves it there)."""
+    from leases.models import Schedule
+
+    return router.db_for_write(Schedule)
+
+
+def sync_code_schedules(using: str | None = None) -> int:
     """Write every code schedule of this process to the database (a worker does it at start)."""
+    using = using or _schedules_alias()
     for spec in _CODE.values():
         define(spec.name, spec.cron, spec.flow, spec.input, spec.catch_up, spec.queue, spec.enabled,
                source="code", using=using)
@@ -234,12 +243,13 @@ def plan(cron: str, due: datetime, now: datetime, catch_up: str, grace: float, l
     return [latest], upcoming, 0
 
 
-def tick(using: str = "default", *, limit: int | None = None, flows: Sequence[str] | None = None
+def tick(using: str | None = None, *, limit: int | None = None, flows: Sequence[str] | None = None
          ) -> list[Started]:
     """Start the due ticks of the due schedules (at most `limit` schedules) in one transaction; what
     was started. Only schedules of flows registered in this process are claimed (None: those)."""
     from leases.store import store_for
 
+    using = using or _schedules_alias()
     store = store_for(using)
     limit = limit or conf.get("LOOM_SCHEDULE_BATCH")
     grace, most = conf.get("LOOM_SCHEDULE_GRACE"), conf.get("LOOM_SCHEDULE_CATCH_UP_MAX")
