@@ -52,7 +52,7 @@ PLAN: tuple[Entry, ...] = (
            "--effect-ms", "0", "--sweep-concurrency", "2", "--flow-concurrency", "1,2", "--flow-executions", "6",
            "--transient-calls", "50", "--transient-repeats", "2", "--read-concurrency", "2", "--read-ops", "5",
            "--lease-concurrency", "2", "--lease-repeats", "2", "--lease-execs", "4", "--peer-concurrency", "1,2",
-           "--peer-ops", "3", "--peer-repeats", "2")),
+           "--peer-ops", "3", "--peer-repeats", "2", "--growth-sizes", "2000,4000", "--growth-ops", "20")),
     Entry("append-interleaved", "append, interleaved repeats", "bench_throughput",
           ("--section", "append", "--append-repeats", "5", "--concurrency", "1,8,32"),
           ("--section", "append", "--append-repeats", "2", "--concurrency", "1,2", "--ops", "16")),

@@ -103,6 +103,65 @@ def coalesced_over_ceiling(results: Sequence) -> Verdict:
     return Verdict(f"{text} events/s vs ceiling {ceiling:,.0f}", MET if min(ours.values()) > ceiling else NOT_MET)
 
 
+# -- the write path at its ceilings (issue 16) --------------------------------------------------------
+def over_raw_coalescer(results: Sequence, at_least: float = 1.0) -> Verdict:
+    """Our coalesced cells at 64 writers over the raw-psycopg coalescer of the same run (vs_raw_coalescer)."""
+    cells, missing = _at_writers(results)
+    if missing:
+        return missing
+    ratios = {c.scenario: c.metrics.get("vs_raw_coalescer") for c in cells if c.scenario.startswith("coalesced-")}
+    ratios = {k: v for k, v in ratios.items() if v is not None}
+    if not ratios:
+        return Verdict("no coalesced cell with vs_raw_coalescer (no raw-coalescer row)", NOT_MEASURED)
+    text = ", ".join(f"{k} {_x(v)}" for k, v in sorted(ratios.items()))
+    return Verdict(f"{text} the raw coalescer", MET if max(ratios.values()) >= at_least else NOT_MET)
+
+
+def lone_writer(results: Sequence, at_least: float = 0.95) -> Verdict:
+    """A single writer through the coalescer over a direct per-event append, same run."""
+    cells = cells_of(results, "coalesced", "coalesced-16", writers=1)
+    ratio = cells[0].metrics.get("vs_per_event") if cells else None
+    if ratio is None:
+        return Verdict("no single-writer coalesced cell", NOT_MEASURED)
+    return Verdict(f"{_x(ratio)} a direct append", MET if ratio >= at_least else NOT_MET)
+
+
+def versus_minimal(scenario: str, at_most: float) -> Callable[[Sequence], Verdict]:
+    """minimal / ours at 1 writer (the append section's `minimal` row) within `at_most`."""
+    def evaluate(results: Sequence) -> Verdict:
+        cells = cells_of(results, "append", scenario, concurrency=1)
+        ratio = cells[0].metrics.get("vs_minimal") if cells else None
+        if not ratio:
+            return Verdict(f"no {scenario} cell with vs_minimal at 1 writer", NOT_MEASURED)
+        return Verdict(f"minimal/{scenario} = {_x(1 / ratio)} at 1 writer", MET if 1 / ratio <= at_most else NOT_MET)
+    return evaluate
+
+
+def default_is_best(results: Sequence, conc: int = 64, at_least: float = 0.9) -> Verdict:
+    """Durable 1-step at 64 concurrent: the default settings against the best configuration, same run."""
+    cells = cells_of(results, "durable", "1-step", concurrency=conc)
+    by_config: dict[str, list[float]] = {}
+    for c in cells:
+        by_config.setdefault(c.params.get("config") or ("on" if c.params.get("coalesce") else "off"),
+                             []).append(c.throughput or 0.0)
+    if "default" not in by_config or len(by_config) < 2:
+        return Verdict("no default cell beside off/on at 64 concurrent", NOT_MEASURED)
+    best = {k: max(v) for k, v in by_config.items()}
+    text = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(best.items()))
+    return Verdict(f"{text} exec/s", MET if best["default"] >= at_least * max(best.values()) else NOT_MET)
+
+
+def growth_flat(results: Sequence, at_most: float = 1.3) -> Verdict:
+    """Per-op cost at the largest journal size over the smallest (growth_ratio), every operation."""
+    ratios = {c.scenario: c.metrics.get("growth_ratio") for c in cells_of(results, "growth")}
+    ratios = {k: v for k, v in ratios.items() if v is not None}
+    if not ratios:
+        return Verdict("no growth cell with growth_ratio", NOT_MEASURED)
+    over = sorted(k for k, v in ratios.items() if v > at_most)
+    text = ", ".join(f"{k} {_x(v)}" for k, v in sorted(ratios.items()))
+    return Verdict(text + (f" (over: {', '.join(over)})" if over else ""), NOT_MET if over else MET)
+
+
 # -- durable flows, transient calls, reads (issue 3, 7, 15) -------------------------------------------
 def durable_rate(results: Sequence, conc: int = 64, at_least: float = 1500.0) -> Verdict:
     cells = cells_of(results, "durable", "1-step", concurrency=conc)
@@ -242,6 +301,16 @@ GOALS: tuple[Goal, ...] = (
     Goal("coalesced appends above the raw one-row-per-transaction ceiling at 64 writers", "issue 7",
          "throughput", coalesced_over_ceiling),
     Goal("durable 1-step executions at 64 concurrent ≥ 1,500 exec/s", "issue 7", "throughput", durable_rate),
+    Goal("coalesced appends at 64 writers ≥ 1.0x a raw-psycopg coalescer", "issue 16", "throughput",
+         over_raw_coalescer),
+    Goal("a lone writer through the coalescer ≥ 0.95x a direct append", "issue 16", "throughput", lone_writer),
+    Goal("per-event append at 1 writer ≤ 1.5x the minimal fenced INSERT + notify", "issue 16", "throughput",
+         versus_minimal("per-event", 1.5)),
+    Goal("our APPEND statement ≤ 1.3x the minimal one (raw driver, 1 writer)", "issue 16", "throughput",
+         versus_minimal("ceiling", 1.3)),
+    Goal("durable 1-step at 64 concurrent: default settings ≥ 0.9x the best configuration", "issue 16",
+         "throughput", default_is_best),
+    Goal("growth: per-op cost at the largest journal ≤ 1.3x the smallest", "issue 16", "throughput", growth_flat),
     Goal("transient calls ≥ 100,000/s on one core, nothing written", "issue 3", "throughput", transient_rate),
     Goal("load of a long running execution (102 events) ≤ 1.3x a short one (4 events)", "issues 3, 15",
          "throughput", read_ratio),

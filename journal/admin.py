@@ -37,7 +37,8 @@ from journal.admin_base import ReadOnlyAdmin, SafeChangeList, ShardedChangeList,
 from journal.admin_filters import QueueFilter, ScheduleFilter
 from journal.aggregates.admin import AggregateAdmin
 from journal.ids import stored_id_problem
-from journal.models import AggregateStream, Event, Execution, Fence, Snapshot
+from journal.models import AggregateStream, DataKey, Event, Execution, Fence, Snapshot
+from journal.privacy import Reader, reader_for_user
 from journal.timestamps import stamp
 
 VERBS = ("resume", "retry", "cancel")
@@ -278,7 +279,7 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         execution_id = unquote(object_id)
         extra_context = dict(extra_context or {})
         try:
-            view = describe(execution_id)
+            view = describe(execution_id, reader_for_user(request.user))
         except (UnknownExecution, InvalidStream):  # an id the database cannot hold is no execution either
             view = None
         if view is not None:
@@ -312,9 +313,57 @@ class EventAdmin(SafeChangeList, ReadOnlyAdmin):
     def recorded(self, event) -> str:
         return stamp(event.recorded_at)
 
+    def get_object(self, request, object_id, from_field=None):
+        event = super().get_object(request, object_id, from_field)
+        if event is not None:  # sensitive fields as this user may see them (docs/privacy.md)
+            event.reader = reader_for_user(request.user)
+        return event
+
     @admin.display(description="payload")
     def payload_json(self, event) -> str:
-        return format_html("<pre>{}</pre>", _json(event.payload))
+        from journal.envelopes import StoredEvent
+        from journal.store import store_for
+
+        stored = StoredEvent(event.stream_id, event.seq, event.type, event.payload, event.recorded_at, event.id)
+        reader = getattr(event, "reader", Reader("", frozenset()))  # no reader known: withhold everything
+        shown = store_for(event._state.db or "default").reveal([stored], reader)[0]
+        return format_html("<pre>{}</pre>", _json(shown.payload))
+
+
+@admin.register(DataKey)
+class DataKeyAdmin(SafeChangeList, ReadOnlyAdmin):
+    """Data subjects (docs/privacy.md): whose key is held, who forgot whom. The wrapped key is never shown."""
+
+    list_display = ("subject", "state", "master_id", "created_at", "forgotten_at", "forgotten_by")
+    search_fields = ("subject",)
+    fields = readonly_fields = ("subject", "state", "master_id", "created_at", "forgotten_at", "forgotten_by")
+    actions = ["forget_subjects"]
+    show_full_result_count = False
+
+    @admin.display(description="key")
+    def state(self, subject) -> str:
+        return "forgotten" if subject.wrapped is None else "held"
+
+    def has_forget_permission(self, request) -> bool:
+        return request.user.has_perm("journal.forget_subject")
+
+    @admin.action(description="Forget selected subjects (destroy their keys)", permissions=["forget"])
+    def forget_subjects(self, request, queryset):
+        from journal.privacy import forget
+
+        subjects = list(queryset[:500])
+        if request.POST.get("post") == "yes":
+            by = f"admin:{request.user.get_username()}"
+            for subject in subjects:
+                # With shards a subject's keys are on every shard its data is on: forget on all of them.
+                forget(subject.pk, by=by, alias=None if shards.sharded() else queryset.db)
+            messages.success(request, f"forgotten: {', '.join(s.pk for s in subjects)}")
+            return None
+        context = {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "subjects": subjects,
+            "title": "Forget these data subjects?", "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "journal/datakey_forget_confirm.html", context)
 
 
 @admin.register(Fence)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from base64 import b64decode
+
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 from django.db import connections
@@ -74,3 +76,60 @@ def check_shards(app_configs=None, **kwargs) -> list:
             hint='Add DATABASE_ROUTERS = ["journal.shards.ShardRouter"] (first, before routers of your own).',
             id="loom.E021"))
     return messages
+
+
+@register()
+def check_master_keys(app_configs=None, **kwargs) -> list:
+    """loom.E030: fields are marked sensitive but there is no master key to seal them with.
+    loom.E031: a stored data key names a master key LOOM_KEYS lacks, or LOOM_KEYS holds another key under
+    its id: reads would fail (never show garbage), so the process refuses to start instead.
+
+    The second needs the database: it runs only when a master key is configured, reads one wrapped key
+    per master id (journal_datakey, through the journal store) and unwraps it."""
+    from django.db import DatabaseError
+
+    from journal.exceptions import MasterKeyError
+    from journal.privacy import keys, marking
+    from journal.store import store_for
+
+    entries, service = conf.get_safe("LOOM_KEYS", None), conf.get_safe("LOOM_KEY_SERVICE", "")
+    if entries is None or keys.keys_problem(entries) is not None:
+        return []  # malformed: loom.E001 says why
+    if not entries and not service:
+        if marking.MARKED:
+            return [Error(f"fields of {', '.join(sorted(marking.MARKED)[:5])} are marked sensitive but LOOM_KEYS is "
+                          "empty", hint="Set LOOM_KEYS to id:base64-key (`manage.py loom_keys new`); docs/privacy.md.",
+                          id="loom.E030")]
+        return []
+    messages = []
+    for alias in settings.DATABASES:
+        try:
+            if "journal_datakey" not in connections[alias].introspection.table_names():
+                continue
+            in_use = store_for(alias).master_key_ids()
+        except (DatabaseError, NotImplementedError):
+            continue  # an unreachable database is not a key problem; the worker reports it
+        for master_id, (wrapped, subject) in sorted(in_use.items()):
+            try:
+                keys.unwrap_for(keys.service(), master_id, b64decode(wrapped), subject)
+            except MasterKeyError as exc:
+                messages.append(Error(f"database {alias!r}: {exc}", id="loom.E031",
+                                      hint="Give LOOM_KEYS every master key id still in use (docs/privacy.md, "
+                                           "'Rotating the master key')."))
+    return messages
+
+
+@register()
+def check_content_dir(app_configs=None, **kwargs) -> list:
+    """loom.W032: the default content store's directory is relative: it follows each process's working
+    directory, so a worker started elsewhere than the web server reads a different store (ContentMissing) and a
+    forget erases blobs only in its own."""
+    import os
+
+    from journal.privacy import content
+
+    if conf.get_safe("LOOM_CONTENT_STORAGE", "") or os.path.isabs(content.directory()):
+        return []
+    return [Warning(f"LOOM_CONTENT_DIR is the relative path {content.directory()!r}",
+                    hint="Give an absolute path, or leave it empty with settings.BASE_DIR set "
+                         "(<BASE_DIR>/var/loom-content); docs/privacy.md, 'The content store'.", id="loom.W032")]

@@ -23,10 +23,13 @@ Per-caller outcomes: a caller never sees another caller's failure. Requests the 
 RETRY are written again without the failed ones, in a new statement; when an executor cannot say
 who failed (every request RETRY), each request is written alone.
 
-Inert unless used: nothing starts until the first request; `shared_coalescer()` is what durable
-flows use when LOOM_COALESCE is on. A caller inside a transaction (atomic block) is not
-coalesced: its rows must commit or roll back with its transaction, so its request runs through
-the same executor, alone, on its own connection.
+Adaptive: a caller that finds the coalescer idle (nothing queued, no statement in flight) writes
+its own request at once on its own connection, so a lone caller pays no hand-off; only callers
+that arrive while a statement is in flight queue for the flush threads. Nothing starts until a
+request has to queue. `shared_coalescer()` is what `Event.objects.append`, aggregates' do() and
+durable flows use while LOOM_COALESCE is on (the default). A caller inside a transaction (atomic
+block) is not coalesced: its rows must commit or roll back with its transaction, so its request
+runs through the same executor, alone, on its own connection.
 """
 
 from __future__ import annotations
@@ -34,11 +37,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from _thread import allocate_lock as _allocate_lock
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from django.core.signals import setting_changed
 from django.db import connections
+from django.dispatch import receiver
 
 from journal import conf, shards
 from journal.envelopes import Appended, AppendItem, Envelope
@@ -86,6 +92,31 @@ def refusal_outcomes(keys: Sequence[str], errors: dict[str, BaseException]) -> l
     return [errors.get(key, RETRY) for key in keys]
 
 
+class _Done:
+    """A one-shot completion flag: one bare lock, held until the outcome is in.
+
+    Cheaper than a threading.Event (a Condition, two locks and Python-level bookkeeping per
+    request): setting it is one C-level release, waiting one C-level acquire. Per request that is
+    the least a hand-off between two threads can cost.
+    """
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = _allocate_lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        self._lock.release()
+
+    def wait(self) -> None:
+        self._lock.acquire()
+        self._lock.release()
+
+    def is_set(self) -> bool:
+        return not self._lock.locked()
+
+
 class _Request:
     """One caller's write, waiting for its flush; `done` is set once result or error is in."""
 
@@ -95,7 +126,7 @@ class _Request:
         self.kind, self.key, self.payload = kind, key, payload
         self.result: Any = None
         self.error: BaseException | None = None
-        self.done = threading.Event()
+        self.done = _Done()
 
 
 def run_alone(kind: str, payload: Any, using: str | None = None) -> Any:
@@ -120,7 +151,8 @@ class Coalescer:
     """Merge requests from many threads into one statement per batch and kind (see the module doc).
 
     max_batch: most requests (streams) per statement; default LOOM_COALESCE_MAX_BATCH.
-    flushers: flush threads, each with its own connection; default LOOM_COALESCE_FLUSHERS.
+    flushers: flush threads, each with its own connection, and the most statements the coalescer
+    has in flight at once (a lone caller's own included); default LOOM_COALESCE_FLUSHERS.
     """
 
     def __init__(self, using: str | None = None, max_batch: int | None = None, flushers: int | None = None):
@@ -133,38 +165,76 @@ class Coalescer:
             raise ValueError("max_batch and flushers must be at least 1")
         self._pending: deque[_Request] = deque()
         self._inflight: set[str] = set()  # streams being written now: their next request waits
+        self._active = 0  # statements in flight (flush threads' and lone callers'): at most `flushers`
         self._cond = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._pid = os.getpid()
         # Counters for benchmarks and tests: statements run, requests in them, retry rounds after a
-        # refusal, the same per kind, and the flush threads' time inside statements.
+        # refusal, the same per kind, the flush threads' time inside statements, and the requests a
+        # lone caller wrote itself (no hand-off). All updated under `_cond`, which is held anyway.
         self.statements = 0
         self.batched_requests = 0
         self.retries = 0
+        self.direct = 0
         self.kind_statements: dict[str, int] = {}
         self.kind_requests: dict[str, int] = {}
         self.busy_s = 0.0
-        self._counts = threading.Lock()
 
     # -- the caller's side ----------------------------------------------------------------------
     def submit(self, kind: str, key: str, payload: Any) -> Any:
         """Write one request of `kind` for stream `key` through a shared statement; block until it
-        committed or failed; return its value or raise the caller's own exception."""
-        _executor(kind)
+        committed or failed; return its value or raise the caller's own exception.
+
+        Adaptive: a caller that finds the coalescer idle (nothing queued, no statement in flight)
+        writes its request itself, at once, on its own connection, exactly as without coalescing:
+        a lone caller pays no hand-off. Otherwise it queues and a flush thread merges it with
+        whatever else is waiting. Only one caller at a time writes alone, so under load the
+        writes go to the flush threads' connections.
+        """
+        executor = _executor(kind)
         if connections[self.using].in_atomic_block:
             return run_alone(kind, payload, self.using)
-        request = _Request(kind, key, payload)
         with self._cond:
             if self._closed:
                 raise CoalescerClosed("the coalescer is closed")
-            self._start_locked()
-            self._pending.append(request)
-            self._cond.notify()
+            if self._pid != os.getpid():
+                self._forked_locked()
+            alone = self._active == 0 and not self._pending
+            if alone:
+                self._active += 1
+                self._inflight.add(key)
+                self._count_locked(kind, 1)
+                self.direct += 1
+            else:
+                request = _Request(kind, key, payload)
+                self._start_locked()
+                self._pending.append(request)
+                self._cond.notify()
+        if alone:
+            return self._write_alone(executor, kind, key, payload)
         request.done.wait()
         if request.error is not None:
             raise request.error
         return request.result
+
+    def _write_alone(self, executor: Executor, kind: str, key: str, payload: Any) -> Any:
+        """The lone caller's request, through its kind's executor on the caller's own connection."""
+        began = time.perf_counter()
+        try:
+            outcome = executor(self.using, [payload])[0]
+        finally:
+            with self._cond:
+                self.busy_s += time.perf_counter() - began
+                self._active -= 1
+                self._inflight.discard(key)
+                if self._pending:
+                    self._cond.notify()
+        if outcome is RETRY:
+            raise JournalError(f"the {kind} executor asked to retry a request that was alone in its statement")
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def append(self, stream_id: str, envelopes: Iterable[Envelope] | Envelope, *, fence_token: int | None = None,
                expected_seq: int | None = None) -> Appended:
@@ -198,9 +268,19 @@ class Coalescer:
         self.close()
 
     # -- the flush threads ----------------------------------------------------------------------
+    def _forked_locked(self) -> None:
+        """After a fork the parent's threads do not exist here: start afresh."""
+        self._pid, self._threads, self._inflight, self._active = os.getpid(), [], set(), 0
+
+    def _count_locked(self, kind: str, requests: int) -> None:
+        self.statements += 1
+        self.batched_requests += requests
+        self.kind_statements[kind] = self.kind_statements.get(kind, 0) + 1
+        self.kind_requests[kind] = self.kind_requests.get(kind, 0) + requests
+
     def _start_locked(self) -> None:
-        if self._pid != os.getpid():  # forked: the parent's threads do not exist here
-            self._pid, self._threads, self._inflight = os.getpid(), [], set()
+        if self._pid != os.getpid():
+            self._forked_locked()
         if self._threads:
             return
         for n in range(self.flushers):
@@ -210,19 +290,36 @@ class Coalescer:
 
     def _take_locked(self) -> list[_Request]:
         """Up to max_batch waiting requests of one kind (the oldest eligible one's), at most one per
-        stream, in arrival order.
+        stream, in arrival order. The caller (a flush thread) checks that a statement slot is free.
 
-        A request whose stream is already in this batch or in another flusher's statement stays
+        A request whose stream is already in this batch or in another statement in flight stays
         queued (in order) for a later batch: one statement cannot hold a stream twice. A request of
         another kind stays queued too, and blocks later requests of its stream: a stream's requests
         are written in the order they arrived.
         """
+        if not self._pending:
+            return []
+        pending = self._pending
+        inflight = self._inflight
+        first = pending[0]
+        if first.key not in inflight and len(pending) <= self.max_batch:
+            # The common case under load: every waiting request is of one kind and stream-distinct.
+            kind, keys = first.kind, set()
+            for request in pending:
+                if request.kind != kind or request.key in keys or request.key in inflight:
+                    break
+                keys.add(request.key)
+            else:
+                batch = list(pending)
+                pending.clear()
+                inflight |= keys
+                return batch
         batch: list[_Request] = []
         held: list[_Request] = []
-        blocked = set(self._inflight)
+        blocked = set(inflight)
         kind = None
-        while self._pending and len(batch) < self.max_batch:
-            request = self._pending.popleft()
+        while pending and len(batch) < self.max_batch:
+            request = pending.popleft()
             if request.key in blocked or (kind is not None and request.kind != kind):
                 blocked.add(request.key)
                 held.append(request)
@@ -230,28 +327,29 @@ class Coalescer:
             kind = request.kind
             blocked.add(request.key)
             batch.append(request)
-        self._pending.extendleft(reversed(held))
-        self._inflight.update(request.key for request in batch)
+        pending.extendleft(reversed(held))
+        inflight.update(request.key for request in batch)
         return batch
 
     def _run(self) -> None:
+        batch: list[_Request] = []
         try:
             while True:
                 with self._cond:
-                    batch = self._take_locked()
+                    if batch:  # the previous batch is written: its streams and its slot are free
+                        for request in batch:
+                            self._inflight.discard(request.key)
+                        self._active -= 1
+                    batch = self._take_locked() if self._active < self.flushers else []
                     while not batch:
                         if self._closed and not self._pending:
                             return
                         self._cond.wait()
-                        batch = self._take_locked()
-                try:
-                    self._flush(batch)
-                finally:
-                    with self._cond:
-                        for request in batch:
-                            self._inflight.discard(request.key)
-                        if self._pending:  # held requests of these streams may go now
-                            self._cond.notify()
+                        batch = self._take_locked() if self._active < self.flushers else []
+                    self._active += 1
+                    if self._pending:  # more than this batch waits: another flush thread may take it
+                        self._cond.notify()
+                self._flush(batch)
         finally:
             connections[self.using].close()
 
@@ -261,11 +359,8 @@ class Coalescer:
         executor = _executor(kind)
         remaining = batch
         while remaining:
-            with self._counts:
-                self.statements += 1
-                self.batched_requests += len(remaining)
-                self.kind_statements[kind] = self.kind_statements.get(kind, 0) + 1
-                self.kind_requests[kind] = self.kind_requests.get(kind, 0) + len(remaining)
+            with self._cond:
+                self._count_locked(kind, len(remaining))
             began = time.perf_counter()
             try:
                 outcomes = executor(self.using, [r.payload for r in remaining])
@@ -274,12 +369,11 @@ class Coalescer:
                                        f"{len(remaining)} requests")
             except BaseException as exc:  # database down, connection lost...: everyone in it, as direct
                 connections[self.using].close_if_unusable_or_obsolete()
+                self._add_busy(began)
                 for request in remaining:
                     self._finish(request, error=exc)
                 return
-            finally:
-                with self._counts:
-                    self.busy_s += time.perf_counter() - began
+            self._add_busy(began)
             retry = [r for r, outcome in zip(remaining, outcomes, strict=True) if outcome is RETRY]
             if len(retry) == len(remaining):  # nobody was told apart: each alone
                 if len(remaining) == 1:
@@ -289,17 +383,23 @@ class Coalescer:
                 for request in remaining:
                     self._flush([request])
                 return
+            # Hand the outcomes back in one pass: each caller's result or error, then its wake-up.
             for request, outcome in zip(remaining, outcomes, strict=True):
                 if outcome is RETRY:
                     continue
                 if isinstance(outcome, BaseException):
-                    self._finish(request, error=outcome)
+                    request.error = outcome
                 else:
-                    self._finish(request, result=outcome)
+                    request.result = outcome
+                request.done.set()
             if retry:
-                with self._counts:
+                with self._cond:
                     self.retries += 1
             remaining = retry
+
+    def _add_busy(self, began: float) -> None:
+        with self._cond:
+            self.busy_s += time.perf_counter() - began
 
     @staticmethod
     def _finish(request: _Request, result: Any = None, error: BaseException | None = None) -> None:
@@ -336,7 +436,7 @@ _shared_lock = threading.Lock()
 
 
 def enabled() -> bool:
-    """Whether durable flows route their writes through the coalescer (LOOM_COALESCE)."""
+    """Whether appends and durable flows route their writes through the coalescer (LOOM_COALESCE)."""
     return conf.get("LOOM_COALESCE")
 
 
@@ -353,6 +453,14 @@ def shared_coalescer(using: str | None = None) -> Coalescer:
 
 
 shared_appender = shared_coalescer
+
+
+@receiver(setting_changed)
+def _follow_settings(setting: str, **kwargs: Any) -> None:
+    """The shared coalescers follow LOOM_COALESCE_* (tests and benchmarks change them at run time):
+    a change closes them, and the next request creates one with the new values."""
+    if setting.startswith("LOOM_COALESCE_"):
+        close_shared()
 
 
 def running(using: str | None = None) -> Coalescer | None:

@@ -72,3 +72,29 @@ class ShardsPartlyWritten(BatchRefused):
 
 ConcurrencyError = SequenceConflict
 """Optimistic-concurrency failure as aggregates name it: another commit won the race."""
+
+
+# -- personal data (journal/privacy) -----------------------------------------------------------------
+
+
+class PrivacyError(JournalError):
+    """Base class of the errors of sensitive fields, keys and the content store (docs/privacy.md)."""
+
+
+class MasterKeyError(PrivacyError):
+    """A data key cannot be unwrapped: its master key id is missing from LOOM_KEYS, or the key given under
+    that id is not the one that wrapped it (system check loom.E031 reports this at start-up)."""
+
+
+class TamperedCiphertext(PrivacyError):
+    """An encrypted field failed its AES-GCM authentication: the stored ciphertext (or the subject or
+    field it is bound to) was changed after it was written."""
+
+
+class ForgottenData(PrivacyError):
+    """A state needs a field whose data subject was forgotten, and its schema asks for an error
+    (`Sensitive(..., forgotten="error")`) rather than the marker."""
+
+
+class ContentMissing(PrivacyError):
+    """An event refers to content (SHA-256) that the content store no longer holds, or holds changed."""

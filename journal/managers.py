@@ -1,7 +1,10 @@
 """The only write path of the log: `Event.objects.append()` and `append_batch()`.
 
 The managers are thin: they validate and hand over to the store of the database they are bound
-to (journal/store), where the SQL of each backend lives.
+to (journal/store), where the SQL of each backend lives. `append` goes through the process's
+cross-stream coalescer (journal/coalesce.py, LOOM_COALESCE, on by default): a caller alone, or
+inside a transaction, appends directly on its own connection; appends of many threads at once
+share statements.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ class EventManager(models.Manager):
                expected_seq: int | None = None) -> Appended:
         """Append events to one stream at its next seqs, guarded by fence token and/or expected tip."""
         item = AppendItem.build(stream_id, envelopes, fence_token, expected_seq)
+        from journal import coalesce, shards
+
+        if coalesce.enabled():  # adaptive: alone (or in a transaction) it is the direct append below
+            return coalesce.shared_coalescer(self._db or shards.shard_for(stream_id)).append_item(item)
         return self._store(stream_id).append_batch([item])[0]
 
     def append_batch(self, items: Sequence[AppendItem | tuple]) -> list[Appended]:
@@ -61,7 +68,7 @@ class EventManager(models.Manager):
         item = AppendItem.build(stream_id, envelopes)
         return self._store(stream_id).open_stream(item)
 
-    def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None) -> list[StoredEvent]:
+    def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None, *, reader=None) -> list[StoredEvent]:
         """The stream's events after `after_seq`, in seq order (at most `limit`).
 
         Reads check their arguments like writes do (InvalidStream, InvalidGuard), so a bad id gets
@@ -69,7 +76,7 @@ class EventManager(models.Manager):
         check_stream_id(stream_id)
         check_token(after_seq, "after_seq", stream_id, minimum=-1)
         check_token(limit, "limit", stream_id, minimum=0)
-        return self._store(stream_id).read(stream_id, after_seq, limit)
+        return self._store(stream_id).read(stream_id, after_seq, limit, reader)
 
     def tip(self, stream_id: str) -> int:
         """The seq of the stream's last event, -1 if it has none."""

@@ -105,3 +105,36 @@ class AggregateStream(Event):
         proxy = True
         verbose_name = "aggregate stream"
         verbose_name_plural = "aggregates"
+
+
+class DataKey(models.Model):
+    """A data subject's key (journal/privacy/keys.py), wrapped by the master key `master_id`. Forgetting
+    the subject sets `wrapped` to NULL: the row stays as the tombstone that keeps the subject forgotten."""
+
+    subject = models.CharField(max_length=200, primary_key=True)
+    master_id = models.CharField(max_length=64, blank=True, default="")
+    wrapped = models.TextField(null=True, blank=True)  # base64 of nonce + AES-GCM(master, data key)
+    created_at = models.DateTimeField(db_default=Now())
+    forgotten_at = models.DateTimeField(null=True, blank=True)
+    forgotten_by = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        verbose_name = "data subject"
+        permissions = [("forget_subject", "Can forget a data subject (destroy its key)"),
+                       ("disclose_personal_data", "Can read every sensitive field")]
+
+    def __str__(self) -> str:
+        return f"{self.subject} ({'forgotten' if self.wrapped is None else 'key held'})"
+
+
+class ContentLink(models.Model):
+    """Content in the content store and the subject whose sealed blob it is ('' for none): `forget`
+    erases the blobs of its subject (journal/privacy/content.py)."""
+
+    sha256 = models.CharField(max_length=64)
+    subject = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["sha256", "subject"], name="journal_contentlink_sha_subject")]
+        indexes = [models.Index(fields=["subject"], name="journal_contentlink_subject")]

@@ -282,16 +282,21 @@ def append_per_shard(items: list) -> list:
     shard does not stop the others; it raises BatchRefused when nothing was written anywhere, else
     ShardsPartlyWritten naming what was written."""
     from journal.exceptions import AppendRefused, BatchRefused, InvalidPayload, ShardsPartlyWritten
-    from journal.store import JournalStore, store_for
+    from journal.store import store_for
 
     ids = [item.stream_id for item in items]
     if len(set(ids)) < len(ids):
         twice = next(i for n, i in enumerate(ids) if i in ids[:n])
         raise InvalidPayload(f"stream {twice} appears twice in one batch; merge its envelopes")
-    encoded = JournalStore.encode(items)  # every payload checked before any shard is written
+    groups = split(ids)
+    encoded: list = [None] * len(items)
+    for alias, positions in groups.items():  # every payload checked (and sealed) before any shard is written
+        # each shard's store seals its part: a subject's data key lives on the shard of its events
+        for i, texts in zip(positions, store_for(alias).encode([items[i] for i in positions]), strict=True):
+            encoded[i] = texts
     results: list = [None] * len(items)
     errors: dict = {}
-    for alias, positions in split(ids).items():
+    for alias, positions in groups.items():
         try:
             written = store_for(alias).append_encoded([items[i] for i in positions], [encoded[i] for i in positions])
         except BatchRefused as exc:

@@ -55,8 +55,23 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     started by other means) does nothing and reports its status: if that run's worker died, the
     recovery sweep finishes it."""
     from journal.flows import ExecutionExists, OwnershipLost, start
+    from journal.flows.runtime import unseal_started
+    from journal.privacy.codec import Sealed
 
-    refused = _foreign_start(flow, input, execution_id, meta)
+    # A flow with marked input is queued sealed (reserve_and_enqueue): the reservation's hash is of the input.
+    # Sealed with the subject's key on the execution's shard (data keys live per shard): read there.
+    plain = input
+    if isinstance(input, Sealed) and isinstance(execution_id, str) and execution_id and "\x00" not in execution_id:
+        with shards.on_stream(execution_id):
+            plain = unseal_started(input)
+    elif isinstance(input, Sealed):
+        plain = unseal_started(input)
+    if plain is not input and _forgotten(flow, plain):
+        release_reservation(execution_id)  # the start will never run: its id is free again
+        log.warning("refused execution=%s flow=%s: its input's data subject was forgotten", execution_id, flow)
+        return {"execution_id": execution_id, "status": "refused", "duplicate": False,
+                "error": "the data subject of the input was forgotten before the start ran; nothing was started"}
+    refused = _foreign_start(flow, plain, execution_id, meta)
     if refused is not None:
         log.warning("refused execution=%s flow=%s: %s", execution_id, flow, refused)
         return {"execution_id": execution_id, "status": "refused", "duplicate": True, "error": refused}
@@ -87,6 +102,17 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
         log.info("%s execution=%s flow=%s fence=1 duration=%.3fs", outcome.status, outcome.execution_id, flow,
                  duration)
     return {"execution_id": outcome.execution_id, "status": outcome.status}
+
+
+def _forgotten(flow: str, plain: Any) -> bool:
+    """Whether a marked field of a queued start's input reads as FORGOTTEN (its subject was forgotten while the
+    start was queued)."""
+    from journal.flows import events as ev
+    from journal.privacy import FORGOTTEN, marking
+
+    payload = {"flow": flow, "input": plain}
+    return any(marking.get(payload, f.path) == FORGOTTEN for f in marking.fields_for(ev.EXECUTION_STARTED, payload)
+               if f.subject is not None)
 
 
 def enqueue_start(flow: str, input: Any, execution_id: str | None = None, meta: dict | None = None) -> str:
@@ -138,11 +164,16 @@ def reserve_and_enqueue(flow: str, stored: Any, execution_id: str, meta: dict | 
     from django_q.conf import Conf
     from django_q.tasks import async_task
 
+    from journal.flows.runtime import seal_started
     from journal.flows.writer import header_status
 
     alias = _alias()
     digest, starter = input_hash(stored), _starter(meta)
-    task = ("leases.tasks.run_start", flow, stored, execution_id, meta)
+    # Marked input fields are sealed before the input reaches the broker: django-q2 keeps its tasks' args
+    # (pickled and signed, not encrypted) in its queue and task rows, where `forget` cannot reach them.
+    with shards.on_stream(execution_id):  # sealed with the subject's key on the execution's shard
+        sealed = seal_started(flow, stored)
+    task = ("leases.tasks.run_start", flow, sealed, execution_id, meta)
     options = {"task_name": f"start {flow} {execution_id}"[:100], "q_options": {"timeout": -1}}
     with transaction.atomic(using=alias):
         reserved, holder = store_for(alias).reserve_start(execution_id, flow, digest, starter)

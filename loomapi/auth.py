@@ -31,7 +31,7 @@ from journal import conf
 from loomapi.errors import Forbidden, Unauthorized
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="loom"'}
-_ENTRY_KEYS = {"token", "name", "flows", "read"}
+_ENTRY_KEYS = {"token", "name", "flows", "read", "roles"}
 
 
 class TokenConfigError(ValueError):
@@ -45,6 +45,14 @@ class Principal:
     name: str
     flows: tuple[str, ...] = ("*",)
     read_all: bool = True
+    roles: tuple[str, ...] = ()  # disclosure roles (docs/privacy.md): sensitive fields this token may read
+
+    def reader(self):
+        """The disclosure reader of this token: its name (the owner of its own data) and roles; None (the
+        system, everything) only for ANONYMOUS, when LOOM_API_AUTH is off."""
+        from journal.privacy import Reader
+
+        return None if self is ANONYMOUS else Reader(self.name, frozenset(self.roles))
 
     def may_use(self, flow: str) -> bool:
         return any(fnmatch.fnmatchcase(flow, pattern) for pattern in self.flows)
@@ -89,7 +97,10 @@ def _entry(raw: object) -> TokenEntry:
     name = raw.get("name", token_name(token))
     if not isinstance(name, str) or not name:
         raise TokenConfigError("'name' of a LOOM_API_TOKENS entry is a non-empty string")
-    return TokenEntry(token.encode(), Principal(name, tuple(flows), read == "all"))
+    roles = raw.get("roles", [])
+    if isinstance(roles, str) or not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+        raise TokenConfigError("'roles' of a LOOM_API_TOKENS entry is a list of role names")
+    return TokenEntry(token.encode(), Principal(name, tuple(flows), read == "all", tuple(roles)))
 
 
 def token_entries() -> list[TokenEntry]:

@@ -292,7 +292,7 @@ def _describe(request, execution_id: str) -> HttpResponse:
     if queued is not None:
         return queued
     _readable_header(request.loom_principal, execution_id)
-    return json_response(describe(execution_id))
+    return json_response(describe(execution_id, request.loom_principal.reader()))
 
 
 def _queued(principal: Principal, execution_id: str) -> HttpResponse | None:
@@ -385,8 +385,9 @@ def _started_payload(execution_id: str) -> dict:
     """The EXECUTION_STARTED payload of an execution (its first event): flow, input and $meta."""
     from journal.models import Event
 
-    payload = (Event.objects.using(shards.shard_for(execution_id)).filter(stream_id=execution_id, seq=0)
-               .values_list("payload", flat=True).first())
+    # Through the journal's read: sealed input fields (docs/privacy.md) are compared in clear.
+    events = Event.objects.read(execution_id, limit=1)
+    payload = events[0].payload if events and events[0].seq == 0 else None
     return payload if isinstance(payload, dict) else {}
 
 

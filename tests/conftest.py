@@ -25,6 +25,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs PostgreSQL (run with DATABASE_URL=postgres://...)")
 
 
+@pytest.fixture(autouse=True)
+def _close_shared_coalescers():
+    """LOOM_COALESCE is on by default: appends of a test's threads that piled up started the process's
+    coalescer, whose flush threads keep their connections; close it after each test so that none
+    outlives its test (the test database is flushed between tests and dropped at the end)."""
+    yield
+    from journal import coalesce
+
+    coalesce.close_shared()
+
+
 @pytest.fixture
 def child_env(settings) -> dict[str, str]:
     """Environment for a child process that must use this test's database and LOOM_* settings."""

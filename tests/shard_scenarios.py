@@ -530,6 +530,56 @@ def queues_over_shards(arg) -> dict:
     }
 
 
+def privacy_over_shards(arg) -> dict:
+    """Personal data over two shards: a subject's data sealed on both shards with each shard's key, a queued
+    start's sealed input unsealed on its execution's shard, and one forget tombstoning it on both."""
+    from django.db import connections
+
+    from journal import shards
+    from journal.envelopes import Envelope
+    from journal.flows import describe, start
+    from journal.flows.runtime import seal_started
+    from journal.models import DataKey, Event
+    from journal.privacy import FORGOTTEN, forget
+    from tests import privacy_fixtures  # noqa: F401  (PrivacyOrder, test.privacy.signup)
+
+    run = arg["run"]
+    subject, only0 = f"{run}-ann", f"{run}-bob"
+    streams = ids_on_each_shard(f"{run}-o", 1)
+    for sid in streams:
+        Event.objects.append(sid, Envelope("PrivacyOrder", {"customer_id": subject, "email": "ann@example.org"}))
+    first = next(s for s in streams if shards.shard_for(s) == shards.shards()[0])
+    second = next(s for s in streams if shards.shard_for(s) == shards.shards()[1])
+    Event.objects.append(first, Envelope("PrivacyOrder", {"customer_id": only0, "email": "bob@example.org"}))
+    queued = next(e for e in ids_on_each_shard(f"{run}-q", 1) if shards.shard_for(e) == shards.shards()[1])
+    with shards.on_stream(queued):  # as leases.tasks.reserve_and_enqueue seals a queued start's input
+        sealed = seal_started("test.privacy.signup", {"customer_id": subject, "email": "ann@example.org"})
+    status = start("test.privacy.signup", sealed, execution_id=queued).status
+
+    def clear_on(alias: str) -> bool:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM journal_event WHERE payload::text LIKE %s", ["%ann@example.org%"])
+            return cursor.fetchone()[0] > 0
+
+    def keys_held(who: str) -> dict:
+        return {a: DataKey.objects.using(a).filter(subject=who).values_list("wrapped", flat=True).first() is not None
+                for a in shards.shards()}
+
+    before = {"reads": [Event.objects.read(s)[0].payload["email"] for s in streams],
+              "input": describe(queued)["input"]["email"], "status": status,
+              "clear": [clear_on(a) for a in shards.shards()], "keys": keys_held(subject)}
+    forget(subject, by="dpo")
+    forget(only0, by="dpo")
+    Event.objects.append(second, Envelope("PrivacyOrder", {"customer_id": only0, "email": "bob@example.org"}))
+    after = {"reads": [Event.objects.read(s)[0].payload["email"] for s in streams],
+             "input": describe(queued)["input"]["email"],
+             "tombstones": {who: {a: DataKey.objects.using(a).filter(subject=who, wrapped__isnull=True).exists()
+                                  for a in shards.shards()} for who in (subject, only0)},
+             "bob_on_second": Event.objects.read(second)[-1].payload["email"],
+             "forgotten": FORGOTTEN}
+    return {"before": before, "after": after}
+
+
 def main() -> None:
     django.setup()
     name = sys.argv[1]

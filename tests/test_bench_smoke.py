@@ -30,6 +30,7 @@ TINY_THROUGHPUT = [
     "--flow-concurrency", "1,2", "--flow-executions", "6", "--transient-calls", "50", "--transient-repeats", "2",
     "--read-concurrency", "2", "--read-ops", "5", "--lease-concurrency", "2", "--lease-repeats", "2",
     "--lease-execs", "4", "--peer-concurrency", "1,2", "--peer-ops", "3", "--peer-repeats", "2",
+    "--growth-sizes", "2000,4000", "--growth-ops", "20",
 ]
 
 
@@ -82,7 +83,10 @@ def test_bench_throughput_runs_every_section():
     run, output = run_command("bench_throughput", *TINY_THROUGHPUT, *[f"--section={name}" for name in chosen])
     found = assert_every_section(run, set(chosen))
     append = {(r.scenario, r.params["concurrency"]) for r in found["append"]}
-    assert append == {(v, c) for v in ("per-event", "batch", "ceiling") for c in (1, 2)}
+    assert append == {(v, c) for v in ("per-event", "batch", "ceiling", "minimal") for c in (1, 2)}
+    coalesced = {r.scenario for r in found["coalesced"] if r.params["writers"] == 3}
+    assert "raw-coalescer" in coalesced and all(
+        r.metrics["vs_raw_coalescer"] for r in found["coalesced"] if r.params["writers"] == 3)
     assert all(r.metrics["verified_rows"] == r.count for r in found["append"])
     assert all(len(r.metrics["runs"]) == 2 for r in found["append"])  # the spread of the repeats
     # Every statement is counted on both backends (the coalescer's alone showed 0.00 on SQLite):
@@ -181,6 +185,29 @@ def test_read_section_counts_the_statements_and_rows_of_loading_running_executio
     assert long.metrics["snapshot_seq"] >= 0 and long.metrics["rows_per_read"] == 1 + long.metrics["tail_rows"]
     assert long.metrics["tail_rows"] < 16
     assert cells["long/short p50"].metrics["ratio"] is not None
+
+
+def test_bench_privacy_records_overheads_forget_and_content_loads():
+    """bench_privacy at tiny sizes: sealed vs plain append and load with their overhead, a forget that wrote
+    one event and rewrote none, and a content-store load of one batched call and no extra statement."""
+    run, _ = run_command("bench_privacy", "--privacy-writers", "2", "--privacy-ops", "5", "--privacy-loads", "3",
+                         "--privacy-repeats", "2", "--forget-events", "200")
+    cells = {(r.scenario, r.params.get("variant")): r for r in run.results.filter(section="privacy")}
+    assert set(cells) == {("append", "plain"), ("append", "sealed"), ("load", "plain"), ("load", "sealed"),
+                          ("forget", None), ("content-load", "plain"), ("content-load", "big")}
+    assert cells[("append", "sealed")].metrics["overhead"] is not None
+    # the keys of the read's subjects: in the read's own statement on PostgreSQL, one statement more on SQLite
+    assert cells[("load", "sealed")].metrics["statements_per_load"] == (1.0 if connection.vendor == "postgresql"
+                                                                         else 2.0)
+    assert cells[("load", "plain")].metrics["statements_per_load"] == 1.0
+    forgot = cells[("forget", None)].metrics
+    assert forgot["events_written"] == 1 and forgot["event_rows_rewritten"] == 0
+    big = cells[("content-load", "big")].metrics
+    assert big["content_calls_per_load"] == 1.0 and big["extra_statements"] == 0.0
+    from journal.models import ContentLink, DataKey
+
+    assert not DataKey.objects.filter(subject__startswith=f"bench:{run.pk}:").exists()  # its rows are removed
+    assert not ContentLink.objects.filter(subject__startswith=f"bench:{run.pk}:").exists()
 
 
 def test_bench_lease_runs_both_shapes_and_id_styles():

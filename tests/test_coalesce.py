@@ -124,20 +124,26 @@ def test_closed_coalescer_refuses_appends():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_inert_by_default(settings):
-    """Without LOOM_COALESCE the flows' append point writes directly: no coalescer, no thread."""
+def test_on_by_default_and_a_lone_caller_starts_no_thread(settings):
+    """LOOM_COALESCE is on by default (issue 16) and adaptive: a caller alone writes its request
+    itself, counted by the shared coalescer, and no flush thread starts; LOOM_COALESCE=false writes
+    directly with no coalescer at all."""
     coalesce.close_shared()
-    assert coalesce.enabled() is False
-    coalesce.append_item(AppendItem.build("plain", Envelope("Step")))
-    assert coalesce._shared == {}
-    assert not [t for t in threading.enumerate() if t.name.startswith("loom-coalesce")]
-    settings.LOOM_COALESCE = True
+    assert coalesce.enabled() is True
     try:
-        assert coalesce.append_item(AppendItem.build("plain", Envelope("Step"))).first_seq == 1
-        assert coalesce.shared_appender().statements == 1
+        assert coalesce.append_item(AppendItem.build("plain", Envelope("Step"))).first_seq == 0
+        assert Event.objects.append("plain", Envelope("Step")).first_seq == 1
+        shared = coalesce.running()
+        assert shared is not None and (shared.statements, shared.direct) == (2, 2)
+        assert not [t for t in threading.enumerate() if t.name.startswith("loom-coalesce")]
     finally:
         coalesce.close_shared()
-    assert rows("plain") == [("plain", 0), ("plain", 1)]
+    settings.LOOM_COALESCE = False
+    assert coalesce.enabled() is False
+    coalesce.append_item(AppendItem.build("plain", Envelope("Step")))
+    Event.objects.append("plain", Envelope("Step"))
+    assert coalesce._shared == {}
+    assert rows("plain") == [("plain", n) for n in range(4)]
 
 
 @pytest.mark.postgres

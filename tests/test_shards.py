@@ -184,6 +184,21 @@ def test_queues_schedules_the_cli_and_tasks_act_on_each_executions_shard(shard_e
     assert facts["pruned"] == [2, ["qs-not-begun"]]  # reservations of shard1's begun executions pruned
 
 
+def test_a_subjects_keys_live_on_each_shard_and_one_forget_tombstones_it_on_every_shard(shard_env):
+    key = "ka:" + "A" * 43 + "="  # 32 bytes, base64
+    facts = scenario(shard_env, "privacy_over_shards", {"run": "pv"}, LOOM_KEYS=key)
+    before, after = facts["before"], facts["after"]
+    assert before["reads"] == ["ann@example.org"] * 2 and before["input"] == "ann@example.org"
+    assert before["status"] == "completed"  # a sealed queued input, unsealed on its execution's shard
+    assert before["clear"] == [False, False]  # sealed on both shards
+    assert before["keys"] == {"default": True, "shard1": True}  # one key of the subject on each shard
+    forgotten = after["forgotten"]
+    assert after["reads"] == [forgotten] * 2 and after["input"] == forgotten
+    assert after["tombstones"] == {"pv-ann": {"default": True, "shard1": True},
+                                   "pv-bob": {"default": True, "shard1": True}}  # even where it had no key
+    assert after["bob_on_second"] == forgotten  # no shard made a new key for a forgotten subject
+
+
 def test_a_worker_sigkilled_while_owning_runs_on_both_shards_is_recovered_by_another(shard_env, tmp_path):
     eids = [f"kill-{i}" for i in range(40)]
     eids = scenario(shard_env, "status", {"eids": eids})["executions"]

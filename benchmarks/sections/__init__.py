@@ -20,6 +20,7 @@ THROUGHPUT_SECTIONS: dict[str, str] = {
     "lease": "benchmarks.sections.lease",  # short version; the full method is `manage.py bench_lease`
     "peers": "benchmarks.sections.peers",  # eventsourcing and DBOS beside us (optional extra `peers`)
     "shards": "benchmarks.sections.shards",  # 1 vs 2 PostgreSQL servers, PgBouncer vs direct (docs/scaling.md)
+    "growth": "benchmarks.sections.growth",  # per-op cost as the journal grows (pre-filled 10^5..10^7)
 }
 
 LEASE_SECTIONS: dict[str, str] = {"lease": "benchmarks.sections.lease"}
@@ -40,3 +41,6 @@ HTTP_SECTIONS: dict[str, str] = {"http": "loomapi.bench"}
 QUEUE_SECTIONS: dict[str, str] = {"queues": "benchmarks.sections.queues"}
 
 SCHEDULE_SECTIONS: dict[str, str] = {"schedules": "benchmarks.sections.schedules"}
+
+# Sections of `manage.py bench_privacy` (personal data: sealed fields, forget, the content store; docs/privacy.md).
+PRIVACY_SECTIONS: dict[str, str] = {"privacy": "benchmarks.sections.privacy"}

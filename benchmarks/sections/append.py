@@ -1,11 +1,17 @@
 """Section `append`: N concurrent writers, each on its own fenced stream.
 
-Three variants in the same run, so that our overhead is a ratio and not a guess:
-- per-event: `Event.objects.append` of one event per call;
+Four variants in the same run, so that our overhead is a ratio and not a guess:
+- per-event: `Event.objects.append` of one event per call, direct (LOOM_COALESCE off: one statement
+  per event; the coalescer, on by default, is measured by the `coalesced` section);
 - batch: `append_batch` with 16 events of the writer's stream per call;
 - ceiling: the very statement of the per-event append, issued with the raw driver (psycopg or
   sqlite3), no Django, parameters prepared once. On PostgreSQL that is the fenced INSERT with its
   pg_notify; on SQLite the same BEGIN IMMEDIATE / guard reads / INSERT / COMMIT sequence.
+- minimal: the least a fenced, notified append can be (`MINIMAL_APPEND` of the journal store):
+  the fence check, one INSERT at a seq the writer tracks itself, one pg_notify, in one statement,
+  through the raw driver; the floor under `ceiling` (which is our own, verdict-returning statement).
+Recorded beside each cell: `vs_minimal` and `vs_ceiling` (this cell's throughput over theirs: ours
+÷ ceiling), so every run shows our overhead as ratios.
 
 Concurrency: default 1,8,32,64 (the main job's default run stays short on SQLite); `--full`
 sweeps 1,8,32,64,128,256, or pass `--concurrency`. PostgreSQL allows only so many connections
@@ -21,6 +27,7 @@ import queue
 import sqlite3
 import statistics
 import threading
+from contextlib import nullcontext
 
 from django.db import connection, connections
 
@@ -68,7 +75,7 @@ def payload(size: int) -> dict:
     return {"data": "x" * max(0, size - base)}
 
 
-VARIANTS = ("per-event", "batch", "ceiling")
+VARIANTS = ("per-event", "batch", "ceiling", "minimal")
 
 
 def run(ctx) -> None:
@@ -82,14 +89,19 @@ def run(ctx) -> None:
     for conc in concurrencies(opts):
         outcomes: dict[str, list] = {v: [] for v in VARIANTS}
         for rep in range(repeats):
-            for variant in VARIANTS[rep % 3:] + VARIANTS[:rep % 3]:
+            turn = rep % len(VARIANTS)
+            for variant in VARIANTS[turn:] + VARIANTS[:turn]:
                 outcomes[variant].append(_cell(ctx, variant, conc, ops, body, rep))
         ceiling = statistics.median(o.throughput for o in outcomes["ceiling"])
+        minimal = statistics.median(o.throughput for o in outcomes["minimal"])
         for variant in VARIANTS:
             runs = outcomes[variant]
             throughput = statistics.median(o.throughput for o in runs)
             units = sum(o.units for o in runs)
-            extra = {} if variant == "ceiling" else {"ceiling_over_this": round(ceiling / throughput, 3)}
+            extra = {"vs_minimal": round(throughput / minimal, 3) if minimal else None,
+                     "vs_ceiling": round(throughput / ceiling, 3) if ceiling else None}
+            if variant not in ("ceiling", "minimal"):
+                extra["ceiling_over_this"] = round(ceiling / throughput, 3)
             ctx.record(variant, {"concurrency": conc, "payload_bytes": opts["payload_bytes"],
                                  "events_per_call": BATCH if variant == "batch" else 1,
                                  "connections": connection_cap(ctx, conc) or conc},
@@ -122,13 +134,22 @@ def _cell(ctx, variant: str, conc: int, ops: int, body: dict, rep: int = 0):
             return BATCH
         op, setup, teardown = pooled(op, pool)
     else:
-        op, setup, teardown = _ceiling(ctx, ids, body, pool)
+        op, setup, teardown = _ceiling(ctx, ids, body, pool, minimal=variant == "minimal")
 
-    outcome = drive(ctx, f"{variant} c={conc}", conc, calls, op, total=conc * ops, per_call=per_call,
-                    setup=setup, teardown=teardown)
+    with direct() if variant == "per-event" else nullcontext():
+        outcome = drive(ctx, f"{variant} c={conc}", conc, calls, op, total=conc * ops, per_call=per_call,
+                        setup=setup, teardown=teardown)
     verify_written(ctx, f"{variant} c={conc}", pfx, outcome.units, opened=conc)
     tidy(ctx, pfx)
     return outcome
+
+
+def direct():
+    """LOOM_COALESCE off for the block: `Event.objects.append` writes its own statement, whatever the
+    default (per-event rows measure one statement per event; the coalescer has its own rows)."""
+    from django.test.utils import override_settings
+
+    return override_settings(LOOM_COALESCE=False)
 
 
 def connection_cap(ctx, writers: int) -> int | None:
@@ -179,8 +200,11 @@ def pooled(op, pool: int | None):
     return borrowed, setup, teardown
 
 
-def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
-    """The per-event statement through the raw driver: one connection per writer (or a shared pool)."""
+def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None, minimal: bool = False):
+    """The per-event statement through the raw driver: one connection per writer (or a shared pool).
+
+    minimal: the store's MINIMAL_APPEND instead of our APPEND (each writer counts its own seq: the
+    stream was opened at seq 0 and only this writer appends to it)."""
     text = json.dumps(body, separators=(",", ":"))
     conns: dict[int, object] = {}
     settings = connection.settings_dict
@@ -198,12 +222,27 @@ def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
              "types": ["BenchEvent"], "payloads": [text], "channel": channel}
             for sid in ids
         ]
+        if minimal:
+            from journal.store.postgres import MINIMAL_APPEND
+
+            sql = MINIMAL_APPEND
+            params = [{"sid": sid, "token": 1, "seq": 0, "type": "BenchEvent", "payload": text, "channel": channel}
+                      for sid in ids]
+
+        def execute(conn, w: int, i: int) -> None:
+            if minimal:
+                params[w]["seq"] = i + 1
+            conn.execute(sql, params[w], prepare=True).fetchall()
+
+        from journal.store.postgres import PLAN_CACHE_MODE
 
         def connect():
-            return psycopg.connect(
+            conn = psycopg.connect(
                 host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432, dbname=settings["NAME"],
                 user=settings["USER"] or None, password=settings["PASSWORD"] or None, autocommit=True,
             )
+            conn.execute(PLAN_CACHE_MODE)  # as the journal's connections run their prepared statements
+            return conn
 
         if pool is not None:  # more writers than connections: borrow one per statement
             free: queue.SimpleQueue = queue.SimpleQueue()
@@ -216,7 +255,7 @@ def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
             def op(w: int, i: int) -> int:
                 conn = free.get()
                 try:
-                    conn.execute(sql, params[w]).fetchall()
+                    execute(conn, w, i)
                 finally:
                     free.put(conn)
                 return 1
@@ -233,7 +272,7 @@ def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
             conns[w] = connect()
 
         def op(w: int, i: int) -> int:
-            conns[w].execute(sql, params[w]).fetchall()
+            execute(conns[w], w, i)
             return 1
     else:
         from journal.store import sqlite as q
@@ -251,6 +290,11 @@ def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None):
         def op(w: int, i: int) -> int:
             conn = conns[w]
             sid = ids[w]
+            if minimal:
+                if conn.execute(q.MINIMAL_APPEND, [i + 1, "BenchEvent", text, "2026-01-01 00:00:00", sid, 1]
+                                ).rowcount != 1:
+                    raise RuntimeError("minimal: fence refused")
+                return 1
             conn.execute("BEGIN IMMEDIATE")
             try:
                 token = conn.execute(fences, [sid]).fetchone()

@@ -6,10 +6,12 @@ journal cost. Events per execution (2n+2) are asserted against the rows actually
 events/s cannot drift from what the database holds. Whatever ownership is installed
 (LOOM_LEASE_MODE) is used, and recorded with the cell.
 
-`--flow-coalesce off,on` (the default) runs every cell without and with LOOM_COALESCE, one after
-the other, so both are recorded in the same run. Off: each thread writes on its own connection.
-On: every write of a fresh run goes through the process's coalescer (on PostgreSQL the bootstrap
-and settle too), whose flush threads own the connections; the cell records the coalescer's
+`--flow-coalesce default,off,on` (the default) runs every cell with the settings as they are
+(`default`: LOOM_COALESCE untouched, on unless the project turned it off), then without and with
+LOOM_COALESCE forced, one after the other, so all three are recorded in the same run (param
+`config`). Off: each thread writes on its own connection. On: every write of a fresh run goes
+through the process's coalescer (on PostgreSQL the bootstrap and settle too); a caller that finds
+it idle writes itself, the others queue for its flush threads; the cell records the coalescer's
 statements per execution and requests per statement.
 """
 
@@ -50,16 +52,21 @@ def add_arguments(parser) -> None:
                         help=f"Comma-separated thread counts for the durable section (default {DEFAULT_CONCURRENCY}).")
     parser.add_argument("--flow-executions", type=positive_int, default=3000,
                         help="Executions per durable cell, spread over its threads (default 3000).")
-    parser.add_argument("--flow-coalesce", type=choice_list("off", "on"), default="off,on",
-                        help="LOOM_COALESCE variants of each durable cell, in order: off, on or off,on (default).")
+    parser.add_argument("--flow-coalesce", type=choice_list("default", "off", "on"), default="default,off,on",
+                        help="LOOM_COALESCE variants of each durable cell, in order, out of default (the settings as"
+                             " they are), off, on (default: default,off,on).")
+    parser.add_argument("--flow-repeats", type=positive_int, default=1,
+                        help="Rounds of the durable variants, rotating their order (each round recorded; default 1).")
 
 
 def run(ctx) -> None:
-    variants = [name == "on" for name in ctx.options.get("flow_coalesce") or ("off", "on")]
+    variants = ctx.options.get("flow_coalesce") or ("default", "off", "on")
     for conc in ctx.options["flow_concurrency"]:
         for steps, name in ((1, "bench.noop1"), (3, "bench.noop3")):
-            for coalesced in variants:  # interleaved: off and on of one cell back to back
-                _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc), coalesced)
+            for rep in range(ctx.options.get("flow_repeats") or 1):  # rotating: none always first
+                turn = rep % len(variants)
+                for config in variants[turn:] + variants[:turn]:  # the variants of one cell back to back
+                    _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc), config, rep)
 
 
 def _counters() -> tuple[int, int]:
@@ -77,9 +84,10 @@ def remove_headers(pfx: str) -> None:
     store_for().delete_executions(pfx)
 
 
-def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, coalesced: bool) -> None:
-    pfx = streams.prefix(ctx.run_id, "durable", steps, conc, "co" if coalesced else "direct")
-    bar = ctx.progress(conc * per_worker, f"{steps}-step c={conc} coalesce={'on' if coalesced else 'off'}")
+def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, config: str, rep: int = 0) -> None:
+    coalesced = conf.get("LOOM_COALESCE") if config == "default" else config == "on"
+    pfx = streams.prefix(ctx.run_id, "durable", steps, conc, config, rep)
+    bar = ctx.progress(conc * per_worker, f"{steps}-step c={conc} coalesce={config}")
 
     def op(w: int, i: int) -> int:
         out = start(name, {}, execution_id=f"{pfx}{w}:{i}")
@@ -88,7 +96,8 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, coalesced: boo
         return 1
 
     coalesce.close_shared()
-    with override_settings(LOOM_COALESCE=coalesced), counting_statements() as counter:
+    overrides = {} if config == "default" else {"LOOM_COALESCE": coalesced}
+    with override_settings(**overrides), counting_statements() as counter:
         try:
             start("bench.noop1", {}, execution_id=f"{pfx}warmup")  # first use (imports, flush threads) untimed
             before, counted_before = _counters(), counter.snapshot()
@@ -110,7 +119,8 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, coalesced: boo
     all_statements = counted_after[0] - counted_before[0]
     control = counted_after[1] - counted_before[1]
     ctx.record(f"{steps}-step", {"concurrency": conc, "steps": steps, "events_per_execution": per_exec,
-                                 "coalesce": coalesced, "lease_mode": conf.get("LOOM_LEASE_MODE"),
+                                 "coalesce": coalesced, "config": config, "round": rep + 1,
+                                 "lease_mode": conf.get("LOOM_LEASE_MODE"),
                                  "ownership": type(get_ownership()).__name__,
                                  "snapshot_every": conf.get("LOOM_SNAPSHOT_EVERY")},
                throughput=outcome.throughput, unit="exec/s", latencies_ms=outcome.latencies_ms,

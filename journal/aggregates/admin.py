@@ -25,8 +25,11 @@ from django.urls import path, reverse
 from journal.admin_base import ReadOnlyAdmin
 from journal.aggregates.declarations import State, states
 from journal.aggregates.errors import AggregateError
-from journal.aggregates.runtime import META, replay
+from journal.aggregates.runtime import META, fold_events, replay
+from journal.exceptions import PrivacyError
 from journal.models import AggregateStream, Event
+from journal.privacy import Reader, reader_for_user
+from journal.privacy.codec import disclose_model
 from journal.timestamps import stamp
 
 STREAMS_PER_PAGE = 50
@@ -99,11 +102,19 @@ def stream_detail(request: HttpRequest, state: str, id: str) -> HttpResponse:
     total = Event.objects.filter(stream_id=stream).count()
     if not total:
         raise Http404(f"stream {stream} has no events")
-    events = Event.objects.read(stream, after_seq=max(-1, total - 1 - EVENTS_SHOWN))
+    reader = reader_for_user(request.user)  # sensitive fields as this user may see them (docs/privacy.md)
+    events = Event.objects.read(stream, after_seq=max(-1, total - 1 - EVENTS_SHOWN), reader=reader)
     try:
         agg = replay(st, id)
-        current, error = json.dumps(agg.state.model_dump(mode="json"), indent=2, sort_keys=True), ""
-    except AggregateError as exc:  # a stream that no longer folds is shown, with the reason
+        state = agg.state
+        if st.sensitive:  # folded from the events as this user sees them: a value it may not see is not in it
+            state = _fold_as(st, stream, reader)
+        shown = disclose_model(st.schema, state.model_dump(mode="json"), reader) if state is not None else None
+        current, error = json.dumps(shown, indent=2, sort_keys=True), ""
+        if shown is None:
+            error = ("The current state is withheld: it folds personal data this user may not see "
+                     "(docs/privacy.md, disclosure).")
+    except (AggregateError, PrivacyError) as exc:  # a stream that no longer folds is shown, with the reason
         agg, current, error = None, "", str(exc)
     rows = []
     for ev in events:
@@ -117,6 +128,16 @@ def stream_detail(request: HttpRequest, state: str, id: str) -> HttpResponse:
         "title": f"{st.name} {id}", "state": st, "id": id, "stream": stream, "agg": agg, "current": current,
         "error": error, "events": rows, "total": total, "truncated": total > len(rows), "crumbs": _crumbs(st, id),
     })
+
+
+def _fold_as(st, stream: str, reader: Reader):
+    """The state of a sensitive aggregate folded from its events as `reader` sees them (WITHHELD where it may
+    not see a field), or None when those events do not fold (a withheld value where the state needs, say, an
+    int): the state is then withheld whole."""
+    try:
+        return fold_events(st, stream, Event.objects.read(stream, reader=reader))
+    except AggregateError:
+        return None
 
 
 class AggregateAdmin(ReadOnlyAdmin):

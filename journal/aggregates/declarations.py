@@ -33,6 +33,7 @@ from journal import conf
 from journal.aggregates import versioning
 from journal.aggregates.errors import DeclarationError
 from journal.envelopes import TYPE_NAME
+from journal.privacy import marking
 
 S = TypeVar("S", bound=BaseModel)
 C = TypeVar("C", bound=BaseModel)
@@ -128,10 +129,25 @@ class State(Generic[S]):
         self.deprecated: frozenset[str] = frozenset()
         self.successor: dict[str, str] = {}
         self._checked = False
+        self._schema_marked = bool(marking.fields_of_model(schema))
+        self._sensitive: tuple[frozenset[str] | None, bool] = (None, False)
         register(self)
 
     def __repr__(self) -> str:
         return f"<State {self.name}>"
+
+    @property
+    def sensitive(self) -> bool:
+        """Whether the state holds personal data: its schema has marks, or one of its event types is marked (on
+        its schema, or by declare(), maybe after this state was built). Such a state is never snapshotted nor
+        cached in memory (docs/privacy.md): a checkpoint would keep in clear what the log keeps sealed, and
+        outlive a forget. Decided at use, again whenever the registry of marked types changed."""
+        marked = marking.MARKED
+        seen, sensitive = self._sensitive
+        if seen is not marked:
+            sensitive = self._schema_marked or not marked.isdisjoint(self.events)
+            self._sensitive = (marked, sensitive)
+        return sensitive
 
     def stream(self, id: str) -> str:
         """The journal stream id of aggregate `id`."""
@@ -198,6 +214,9 @@ class State(Generic[S]):
         if event.name in self.events:
             raise DeclarationError(f"state {self.name} already declares event {event.name}")
         self.events[event.name] = event
+        # Marked fields (journal/privacy) of the payload schema are sealed on every append of this type.
+        marking.declare_model(event.name, event.schema)
+        self._sensitive = (None, False)  # decided again at the next use
         # A schema class used under one name is emitted by returning an instance of it; a class
         # shared by several names must be emitted as a (name, payload) pair.
         self._names_by_class[event.schema] = "" if event.schema in self._names_by_class else event.name

@@ -39,8 +39,11 @@ from journal.aggregates.errors import (
     UnknownEvent,
 )
 from journal.envelopes import Envelope, StoredEvent
+from journal.exceptions import ForgottenData
 from journal.ids import check_stored_id
 from journal.models import Event, Snapshot
+from journal.privacy import marking
+from journal.privacy.codec import FORGOTTEN
 from journal.store import store_for
 
 logger = logging.getLogger("journal.aggregates")
@@ -97,6 +100,11 @@ def _apply_stored(st: State, current: BaseModel, stream: str, seq: int, type_: s
         raise UnknownEvent(st.name, stream, seq, type_)
     if isinstance(payload, dict) and META in payload:
         payload = {k: v for k, v in payload.items() if k != META}
+    if st.sensitive and type_ in marking.MARKED:
+        for f in marking.fields_for(type_, payload):
+            if f.forgotten == "error" and marking.get(payload, f.path) == FORGOTTEN:
+                raise ForgottenData(f"{stream}#{seq}: field {'.'.join(f.path)} of {type_} belongs to a forgotten "
+                                    f"subject, and {st.name} declares Sensitive(forgotten='error')")
     while event.patch is None:  # only old versions declared with an upcaster have no patch
         assert event.upcast is not None
         payload = event.upcast(payload)
@@ -115,6 +123,12 @@ def _fold(st: State, current: BaseModel, stream: str, events: Iterable[StoredEve
         current = _apply_stored(st, current, stream, ev.seq, ev.type, ev.payload)
         count, last = count + 1, ev.seq
     return current, (-1 if last is None else last), count
+
+
+def fold_events(st: State, stream: str, events: Iterable[StoredEvent]) -> BaseModel:
+    """The state folded from the initial one over `events` (read as someone sees them: the admin's view of a
+    sensitive aggregate for a reader without disclosure)."""
+    return _fold(st, st.initial, stream, events)[0]
 
 
 # -- loading ------------------------------------------------------------------------------------------
@@ -137,6 +151,8 @@ def _remember(st: State, agg: Aggregate) -> None:
     appends); caching it before the commit could serve a state that a rollback un-writes.
     """
     key = (st.name, agg.stream)
+    if st.sensitive:  # personal data is not kept in memory beyond the call (a forget must take effect)
+        return
     if _in_transaction():
         transaction.on_commit(lambda: cache.put(key, agg, agg.version), using=Event.objects.db)
     else:
@@ -145,7 +161,7 @@ def _remember(st: State, agg: Aggregate) -> None:
 
 def _from_snapshot(st: State, stream: str) -> tuple[BaseModel, int]:
     """The newest snapshot's state and seq, or the initial state at -1 (also if the schema moved on)."""
-    snap = Snapshot.objects.latest(stream)
+    snap = None if st.sensitive else Snapshot.objects.latest(stream)
     if snap is None:
         return st.initial, -1
     try:
@@ -192,7 +208,8 @@ def load(st: State[S], id: str, *, fresh: bool = False) -> Aggregate[S]:
     """
     st.check()
     id, stream = _stream_of(st, id)
-    got = cache.get((st.name, stream))
+    # A state that became sensitive (a later declare()) ignores what was cached before it did.
+    got = None if st.sensitive else cache.get((st.name, stream))
     if got is not None:
         cached, stale = got
         if not (stale or fresh):
@@ -260,6 +277,8 @@ def _current_name(st: State, name: str) -> str:
 
 def _snapshot(st: State, stream: str, version: int, state: BaseModel) -> bool:
     """Checkpoint a state; a failure is logged, not raised: the events are the truth, this only speeds reads."""
+    if st.sensitive:  # a checkpoint would hold in clear what the log holds sealed
+        return False
     try:
         with transaction.atomic(using=Snapshot.objects.db):  # a savepoint inside a caller's transaction
             Snapshot.objects.save_state(stream, version, state.model_dump(mode="json"))

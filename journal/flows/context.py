@@ -44,8 +44,30 @@ class Context:
         raise NotImplementedError
 
 
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:2000]
+def _error_text(exc: BaseException, secrets: list[str] | None = None) -> str:
+    """What the log keeps of a failure: type and message. `secrets` (not None: the run holds marked data,
+    journal/privacy) are the marked values the run knows in clear; they are cut out of the text, and a pydantic
+    ValidationError is described without its input values (errors(include_input=False))."""
+    if secrets is None:
+        return f"{type(exc).__name__}: {exc}"[:2000]
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        described = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']} [type={e['type']}]"
+                              for e in exc.errors(include_url=False, include_input=False, include_context=False))
+        text = f"{type(exc).__name__}: {exc.error_count()} validation error(s) for {exc.title}: {described}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return _scrub(text, secrets)
+
+
+def _scrub(text: str, secrets: list[str]) -> str:
+    """`text` with every one of `secrets` (longest first: a value inside another is cut with it) withheld."""
+    from journal.privacy.codec import WITHHELD
+
+    for secret in secrets:
+        text = text.replace(secret, WITHHELD)
+    return text[:2000]
 
 
 def _jsonable(value: Any) -> str | None:
@@ -99,7 +121,11 @@ class DurableContext(Context):
             except Exception as exc:
                 ms = round((time.perf_counter() - began) * 1000, 3)
                 again = not isinstance(exc, StepFailed) and policy.retries(exc, attempt)
-                error = exc.error if isinstance(exc, StepFailed) else _error_text(exc)
+                secrets = runner.secrets(name)
+                if isinstance(exc, StepFailed):
+                    error = exc.error if secrets is None else _scrub(exc.error, secrets)
+                else:
+                    error = _error_text(exc, secrets)
                 runner.emit(ev.STEP_FAILED, {"step": name, "pos": pos, "attempt": attempt, "error": error,
                                              "retry": again, "ms": ms})
                 if not again:

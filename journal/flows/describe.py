@@ -60,11 +60,12 @@ def timeline(events) -> list[dict[str, Any]]:
 
 
 @shards.by_stream
-def describe(execution_id: str) -> dict[str, Any]:
-    """Everything known about an execution (reads the whole log: for people, not for the hot path)."""
+def describe(execution_id: str, reader=None) -> dict[str, Any]:
+    """Everything known about an execution (reads the whole log: for people, not for the hot path).
+    `reader` (journal.privacy.Reader): sensitive fields as that reader may see them; None: the system."""
     from journal.models import Event, Execution, Fence, Snapshot
 
-    events = Event.objects.read(execution_id)
+    events = Event.objects.read(execution_id, reader=reader)
     if not events:
         raise UnknownExecution(execution_id)
     state = ExecutionState(execution_id)

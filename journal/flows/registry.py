@@ -67,6 +67,10 @@ def flow(name: str | Callable | None = None, *, input_model: type | None = None,
             raise ValueError(f"flow {flow_name!r} is already registered by "
                              f"{existing.fn.__module__}.{existing.fn.__qualname__}")
         defined = Flow(flow_name, fn, input_model, retry or NO_RETRY)
+        if input_model is not None:  # marked input fields (journal/privacy) are sealed in EXECUTION_STARTED
+            from journal.privacy import marking
+
+            marking.declare_model("EXECUTION_STARTED", input_model, ("input",), (("flow",), flow_name))
         _REGISTRY[flow_name] = defined
         return defined
 

@@ -10,6 +10,7 @@ header. No read happens on that path. Every write goes through journal/flows/wri
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from django.db import transaction
@@ -42,10 +43,13 @@ from journal.flows.state import (
     ExecutionState,
     checkpoint,
     load_state,
+    marked_values,
     snapshot_every,
 )
 from journal.flows.state import FAILED as FAILED_STEP
 from journal.identity import node_identity
+from journal.privacy.codec import Sealed
+from journal.store import store_for
 
 
 class Runner:
@@ -103,6 +107,11 @@ class Runner:
         if self.every is not None:
             checkpoint(self.state)
 
+    def secrets(self, step: str | None = None) -> list[str] | None:
+        """The marked values this run holds in clear (its input's, its marked steps' results), longest first,
+        for cutting out of failure text; None when the run holds no marked data (`step`: the failing one)."""
+        return marked_values(self.state, step)
+
     def boundary(self) -> None:
         """A step boundary: stop if the claim was lost."""
         if self.claim is not None and self.claim.lost:
@@ -135,7 +144,7 @@ class Runner:
             except Halt:
                 raise
             except Exception as exc:
-                error = _error_text(exc)
+                error = _error_text(exc, self.secrets())
                 self.boundary()
                 self.emit(ev.EXECUTION_FAILED, {"error": error})
                 self.flush(writer.Settle("failed", None, error))
@@ -198,19 +207,55 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
     With no id a ULID is minted; a caller-chosen id makes the start idempotent: a second start of
     the same id (even racing from another process) raises ExecutionExists before any step runs.
     """
+    sealed = input if isinstance(input, Sealed) else None
+    if sealed is not None:  # a queued start: its input was sealed before it went to the broker (leases/tasks.py)
+        # sealed with the subject's key of the execution's shard (data keys live per shard), unsealed there
+        with shards.on_stream(execution_id) if _placeable(execution_id) else nullcontext():
+            input = unseal_started(sealed)
     definition, value, stored, execution_id = prepare_start(flow, input, execution_id)
     with shards.on_stream(execution_id):
-        return _start(definition, value, stored, execution_id, meta)
+        return _start(definition, value, stored, execution_id, meta, sealed)
 
 
-def _start(definition: Flow, value: Any, stored: Any, execution_id: str, meta: dict | None) -> Outcome:
+def _placeable(execution_id: Any) -> bool:
+    """An id shard_for can place (prepare_start refuses the others with its own error)."""
+    return isinstance(execution_id, str) and bool(execution_id) and "\x00" not in execution_id
+
+
+def _start(definition: Flow, value: Any, stored: Any, execution_id: str, meta: dict | None,
+           sealed: Sealed | None = None) -> Outcome:
     state = ExecutionState(execution_id)
     runner = Runner(writer.RunHandle(execution_id, definition.name, stored), state, None)
-    started = {"flow": definition.name, "input": stored}
+    if sealed is not None:
+        if sealed.get("flow") != definition.name:
+            raise InvalidInput(f"a sealed input of flow {sealed.get('flow')!r} cannot start {definition.name!r}")
+        started: dict = Sealed(sealed)  # written as it is: sealed once, not again
+    else:
+        started = {"flow": definition.name, "input": stored}
     if meta:
         started["$meta"] = meta  # who started it and under which trace (the HTTP API records these)
     runner.emit(ev.EXECUTION_STARTED, started)
+    state.input = stored  # the run's own copy in clear (failure text is cut by its marked values), never written
     return runner.drive(definition, value)
+
+
+def seal_started(flow: str, stored: Any) -> Any:
+    """The input of a start to be queued, as the broker may keep it: a flow whose input has marked fields gets
+    its EXECUTION_STARTED payload sealed now (a `Sealed`, which `start` writes as it is); others as given."""
+    from journal.models import Event
+    from journal.privacy import codec, marking
+
+    if ev.EXECUTION_STARTED not in marking.MARKED or not marking.fields_for(ev.EXECUTION_STARTED, {"flow": flow}):
+        return stored
+    return codec.seal_payload(store_for(Event.objects.db), ev.EXECUTION_STARTED, {"flow": flow, "input": stored})
+
+
+def unseal_started(sealed: Sealed) -> Any:
+    """The input a `seal_started` payload holds, as the system reads it (FORGOTTEN for a forgotten subject)."""
+    from journal.models import Event
+    from journal.privacy import codec
+
+    return codec.unseal(store_for(Event.objects.db), ev.EXECUTION_STARTED, sealed).get("input")
 
 
 def _take_over(execution_id: str, expected_fence: int | None = None) -> tuple[int, ExecutionState]:

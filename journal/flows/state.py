@@ -9,6 +9,7 @@ once a snapshot exists.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,8 +113,58 @@ def checkpoint(state: ExecutionState) -> bool:
     every = snapshot_every()
     if every is None or state.seq - state.snapshot_seq < every:
         return False
+    if _holds_marked(state):
+        return False  # personal data (journal/privacy) is never checkpointed in clear: replay the log instead
     from journal.models import Snapshot
 
     Snapshot.objects.save_state(state.execution_id, state.seq, state.to_json())
     state.snapshot_seq = state.seq
     return True
+
+
+def _holds_marked(state: ExecutionState) -> bool:
+    """Whether the state holds marked fields (journal/privacy): its flow's input, or a recorded step's result."""
+    from journal.privacy import marking
+
+    if not marking.MARKED:
+        return False
+    if marking.fields_for(ev.EXECUTION_STARTED, {"flow": state.flow}):
+        return True
+    return ev.STEP_COMPLETED in marking.MARKED and any(
+        step and marking.fields_for(ev.STEP_COMPLETED, {"step": step[0]}) for step in state.steps)
+
+
+def marked_values(state: ExecutionState, step: str | None = None) -> list[str] | None:
+    """The marked values (journal/privacy) a run holds in clear, as text, longest first: its input's and its
+    recorded marked steps' results; None when the run holds no marked data (nor is `step` a marked step).
+    Failure text is cut by them (journal/flows/context.py). Values under 3 characters are not cut (they would
+    cut words of the message, and say little alone)."""
+    from journal.privacy import marking
+
+    if not marking.MARKED or not (_holds_marked(state) or (
+            step is not None and marking.fields_for(ev.STEP_COMPLETED, {"step": step}))):
+        return None
+    found: set[str] = set()
+
+    def take(type_: str, payload: dict) -> None:
+        for f in marking.fields_for(type_, payload):
+            value = marking.get(payload, f.path)
+            if f.subject is None or value is None:
+                continue
+            texts = {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False), str(value)}
+            stack = [value]
+            while stack:  # the leaves of a marked object or list too
+                node = stack.pop()
+                if isinstance(node, dict):
+                    stack.extend(node.values())
+                elif isinstance(node, list):
+                    stack.extend(node)
+                elif node is not None:
+                    texts.add(str(node))
+            found.update(t for t in texts if len(t) >= 3)
+
+    take(ev.EXECUTION_STARTED, {"flow": state.flow, "input": state.input})
+    for entry in state.steps:
+        if entry and entry[1] == COMPLETED:
+            take(ev.STEP_COMPLETED, {"step": entry[0], "result": entry[2]})
+    return sorted(found, key=len, reverse=True)

@@ -12,11 +12,12 @@ Three kinds of write, chosen by the run's state:
 - append: the run's events, fenced and at the expected tip;
 - settle (a terminal header change given): the append plus the header update, together.
 
-The cross-stream coalescer (LOOM_COALESCE, journal/coalesce.py) plugs in here: mid-run appends go
-through it as the journal's `append` kind; on a store whose bootstrap and settle are single
-statements (`one_statement_executions`: PostgreSQL) so do the bootstrap and the settle, as the two
-kinds registered below (`flows.bootstrap`, `flows.settle`). On SQLite they stay direct (one writer
-at a time: nothing to save by merging).
+The cross-stream coalescer (LOOM_COALESCE, on by default, journal/coalesce.py) plugs in here:
+mid-run appends go through it as the journal's `append` kind, and the bootstrap and the settle as
+the two kinds registered below (`flows.bootstrap`, `flows.settle`). On PostgreSQL each batch is
+one statement (`one_statement_executions`); on SQLite one IMMEDIATE transaction for the whole batch
+(group commit: one write-lock hand-off and one commit for every waiting run instead of one each).
+A run that finds the coalescer idle writes directly, exactly as without it.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from typing import Any
 from journal import coalesce, jsonvalues, shards
 from journal.envelopes import Appended, AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused
+from journal.flows import events as ev
 from journal.flows.ownership import Companion, InlineLease
 from journal.ids import check_stored_id
 from journal.models import Event
+from journal.privacy.codec import withhold
 from journal.store import store_for
 from journal.store.base import ExecutionBoot, ExecutionSettle
 
@@ -93,11 +96,13 @@ def _bootstrap(run: RunHandle, envelopes: list[Envelope], settle: Settle | None)
     lease = run.lease if run.companion is not None else None
     boot = ExecutionBoot(
         item, store.encode([item])[0], run.flow, settle.status if settle else "running",
-        jsonvalues.dumps(run.input, "execution input"),  # JSON null is 'null': the column is NOT NULL
+        # JSON null is 'null': the column is NOT NULL. Marked fields are withheld: the log holds them sealed.
+        jsonvalues.dumps(withhold(ev.EXECUTION_STARTED, {"flow": run.flow, "input": run.input})["input"],
+                         "execution input"),
         _json(settle.result) if settle else None, settle.error if settle else "", settle is not None,
         run.companion if lease else None, lease.owner if lease else None, lease.ttl if lease else None,
     )
-    if store.one_statement_executions and coalesce.enabled():  # merged with other executions' bootstraps
+    if coalesce.enabled():  # merged with other executions' bootstraps (adaptive: alone, direct)
         return coalesce.submit(BOOTSTRAP, run.execution_id, boot, store.alias)
     return store.bootstrap_execution(boot)
 
@@ -108,7 +113,7 @@ def _settle(run: RunHandle, envelopes: list[Envelope], settle: Settle) -> Append
     companion = settle.companion if settle.lease_owner and store.one_statement_executions else None
     request = ExecutionSettle(item, store.encode([item])[0], settle.status, _json(settle.result), settle.error,
                               companion, settle.lease_owner if companion else None)
-    if store.one_statement_executions and coalesce.enabled():  # merged with other executions' settles
+    if coalesce.enabled():  # merged with other executions' settles (adaptive: alone, direct)
         appended = coalesce.submit(SETTLE, run.execution_id, request, store.alias)
     else:
         appended = store.settle_execution(request)
@@ -142,8 +147,11 @@ def _outcomes(keys: Sequence[str], write_many: Callable[[], list[Any]]) -> list[
 
 def _boot_many(using: str, boots: list[ExecutionBoot]) -> list[Any]:
     """JournalStore.bootstrap_many: the executions that won their fence start (token 1); the others
-    get StreamExists."""
-    return _outcomes([b.item.stream_id for b in boots], lambda: store_for(using).bootstrap_many(boots))
+    get StreamExists. One boot alone is the direct bootstrap (the same statements as uncoalesced)."""
+    store = store_for(using)
+    if len(boots) == 1:
+        return _outcomes([boots[0].item.stream_id], lambda: [store.bootstrap_execution(boots[0])])
+    return _outcomes([b.item.stream_id for b in boots], lambda: store.bootstrap_many(boots))
 
 
 def _settle_many(using: str, settles: list[ExecutionSettle]) -> list[Any]:

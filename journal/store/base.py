@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from journal.exceptions import (
     StreamExists,
     UnknownStream,
 )
+from journal.privacy import codec
 
 if TYPE_CHECKING:
     from journal.flows.ownership import Companion
@@ -121,8 +122,154 @@ class DatabaseBound:
     def connection(self):
         return connections[self.alias]
 
+    def bulk_load(self, table: str, columns: Sequence[str], rows: Iterable[tuple]) -> None:
+        """Benchmarks only (the `growth` section's pre-filled tables): load `rows` into a table of the
+        calling store's own app in one transaction, as fast as the backend allows: COPY on PostgreSQL,
+        one executemany on SQLite. The caller names its own table (each app's store passes its own),
+        so the rule of one owner per table holds."""
+        cols = ", ".join(columns)
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            if self.connection.vendor == "postgresql":
+                with cursor.cursor.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+            else:
+                cursor.executemany(f"INSERT INTO {table} ({cols}) VALUES ({', '.join(['%s'] * len(columns))})",
+                                   rows)
 
-class JournalStore(DatabaseBound, ABC):
+
+    def analyze(self, *tables: str) -> None:
+        """Benchmarks only: refresh the planner's statistics of the caller's own tables after a
+        bulk load (autovacuum would, later), so the plans measured are the ones a live system has."""
+        with self.connection.cursor() as cursor:
+            for table in tables:
+                cursor.execute(f"ANALYZE {table}")
+
+# == personal data: data keys and content links (journal/privacy) ====================================
+# One row per data subject in journal_datakey; forgetting writes that one row whatever the number of
+# events, and nothing in journal_event. The statements are the same text on both backends (SQLite
+# has had ON CONFLICT and RETURNING since 3.24 and 3.35).
+
+class PrivacyStatements:
+    """The journal store's personal-data section (a mixin of JournalStore)."""
+
+    def data_keys(self, subjects: Sequence[str]) -> dict[str, tuple[str, str | None]]:
+        """subject -> (master id, wrapped key or None if forgotten) of every subject that has a row."""
+        out: dict[str, tuple[str, str | None]] = {}
+        with self.connection.cursor() as cursor:
+            for start in range(0, len(subjects), 500):
+                part = list(subjects[start:start + 500])
+                cursor.execute(DATA_KEYS.format(marks=", ".join(["%s"] * len(part))), part)
+                out.update({row[0]: (row[1], row[2]) for row in cursor.fetchall()})
+        return out
+
+    def create_data_keys(self, rows: Sequence[tuple[str, str, str]]) -> None:
+        """Insert (subject, master id, wrapped) for subjects that have no row; a row already there (another
+        writer's key, or a forgotten subject's tombstone) is kept."""
+        with self.guarded(), self.connection.cursor() as cursor:
+            for subject, master_id, wrapped in rows:
+                cursor.execute(CREATE_DATA_KEY, [subject, master_id, wrapped, self.now()])
+
+    def forget_subject(self, subject: str, by: str) -> list[str]:
+        """Destroy the subject's data key (a tombstone row if it had none); the content it owned is
+        unlinked and returned (SHA-256s no other subject links), for the caller to erase."""
+        with self.guarded(), self.connection.cursor() as cursor:
+            now = self.now()
+            cursor.execute(FORGET_SUBJECT, [subject, now, now, by[:200]])
+            cursor.execute(UNLINK_CONTENT, [subject])
+            shas = sorted({row[0] for row in cursor.fetchall()})
+            if not shas:
+                return []
+            cursor.execute(STILL_LINKED.format(marks=", ".join(["%s"] * len(shas))), shas)
+            kept = {row[0] for row in cursor.fetchall()}
+        return [sha for sha in shas if sha not in kept]
+
+    def data_keys_to_rotate(self, current: str, limit: int) -> list[tuple[str, str, str]]:
+        """(subject, master id, wrapped) of live keys not wrapped by the `current` master key."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(KEYS_TO_ROTATE, [current, limit])
+            return cursor.fetchall()
+
+    def rewrap_data_key(self, subject: str, old_wrapped: str, master_id: str, wrapped: str) -> int:
+        """Replace one subject's wrapped key if it is still `old_wrapped` (not forgotten meanwhile)."""
+        with self.guarded(), self.connection.cursor() as cursor:
+            cursor.execute(REWRAP_DATA_KEY, [master_id, wrapped, subject, old_wrapped])
+            return cursor.rowcount
+
+    def master_key_ids(self) -> dict[str, tuple[str, str]]:
+        """Each master key id in use, with one wrapped key of it and that key's subject (the start-up check
+        unwraps it: a wrapped key is bound to its subject)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(MASTER_KEY_IDS)
+            return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+
+    def delete_privacy_rows(self, subject_prefix: str, shas: Sequence[str] = ()) -> None:
+        """Benchmarks and tests only: delete the key rows of the subjects under `subject_prefix` and the content
+        links of theirs and of `shas` (maintenance of their own rows; the write path never deletes a key row)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(DELETE_DATA_KEYS, [subject_prefix + "%"])
+            cursor.execute(DELETE_CONTENT_LINKS, [subject_prefix + "%"])
+            for start in range(0, len(shas), 500):
+                part = list(shas[start:start + 500])
+                cursor.execute(DELETE_CONTENT_LINKS_OF.format(marks=", ".join(["%s"] * len(part))), part)
+
+    def link_content(self, links: Sequence[tuple[str, str]]) -> None:
+        """Record (sha256, subject) links of content just stored (once each)."""
+        with self.guarded(), self.connection.cursor() as cursor:
+            for sha, subject in sorted(set(links)):
+                cursor.execute(LINK_CONTENT, [sha, subject, self.now()])
+
+
+# -- data_keys -- (one statement per read batch: every subject of the batch)
+DATA_KEYS = "SELECT subject, master_id, wrapped FROM journal_datakey WHERE subject IN ({marks})"
+
+# -- create_data_key -- a race for a new subject has one winner; a tombstone is never replaced, so a
+# forgotten subject cannot be given a fresh key by a writer that did not see the forget yet.
+CREATE_DATA_KEY = """
+INSERT INTO journal_datakey (subject, master_id, wrapped, created_at, forgotten_by)
+VALUES (%s, %s, %s, %s, '') ON CONFLICT (subject) DO NOTHING
+"""
+
+# -- forget_subject -- the key is destroyed by overwriting its only copy; the row stays as a tombstone.
+FORGET_SUBJECT = """
+INSERT INTO journal_datakey (subject, master_id, wrapped, created_at, forgotten_at, forgotten_by)
+VALUES (%s, '', NULL, %s, %s, %s)
+ON CONFLICT (subject) DO UPDATE SET master_id = '', wrapped = NULL, forgotten_at = excluded.forgotten_at,
+    forgotten_by = excluded.forgotten_by
+"""
+
+# -- unlink_content / still_linked --
+UNLINK_CONTENT = "DELETE FROM journal_contentlink WHERE subject = %s RETURNING sha256"
+STILL_LINKED = "SELECT DISTINCT sha256 FROM journal_contentlink WHERE sha256 IN ({marks})"
+
+# -- link_content --
+LINK_CONTENT = """
+INSERT INTO journal_contentlink (sha256, subject, created_at) VALUES (%s, %s, %s)
+ON CONFLICT (sha256, subject) DO NOTHING
+"""
+
+# -- keys_to_rotate / rewrap_data_key -- compare-and-set on the wrapped text: a forget in between wins.
+KEYS_TO_ROTATE = """
+SELECT subject, master_id, wrapped FROM journal_datakey
+WHERE wrapped IS NOT NULL AND master_id <> %s ORDER BY subject LIMIT %s
+"""
+REWRAP_DATA_KEY = "UPDATE journal_datakey SET master_id = %s, wrapped = %s WHERE subject = %s AND wrapped = %s"
+
+# -- delete_privacy_rows -- (benchmarks and tests: their own subjects and content only)
+DELETE_DATA_KEYS = "DELETE FROM journal_datakey WHERE subject LIKE %s"
+DELETE_CONTENT_LINKS = "DELETE FROM journal_contentlink WHERE subject LIKE %s"
+DELETE_CONTENT_LINKS_OF = "DELETE FROM journal_contentlink WHERE sha256 IN ({marks})"
+
+# -- master_key_ids --
+MASTER_KEY_IDS = """
+SELECT k.master_id, k.wrapped, MIN(k.subject) FROM journal_datakey k
+JOIN (SELECT master_id, MIN(wrapped) AS wrapped FROM journal_datakey WHERE wrapped IS NOT NULL GROUP BY master_id) m
+  ON k.master_id = m.master_id AND k.wrapped = m.wrapped
+GROUP BY k.master_id, k.wrapped
+"""
+
+
+class JournalStore(DatabaseBound, PrivacyStatements, ABC):
 
     # -- writes ---------------------------------------------------------------------------------
     def append_batch(self, items: Sequence[AppendItem]) -> list[Appended]:
@@ -137,11 +284,21 @@ class JournalStore(DatabaseBound, ABC):
                 seen.add(item.stream_id)
         return self.append_encoded(items, self.encode(items))
 
-    @staticmethod
-    def encode(items: Sequence[AppendItem]) -> list[list[str]]:
-        """Validate and encode every payload (before any SQL); raises InvalidPayload."""
+    def encode(self, items: Sequence[AppendItem]) -> list[list[str]]:
+        """Validate and encode every payload (before any SQL); raises InvalidPayload. Marked fields are
+        sealed here (journal/privacy: one set lookup per batch when nothing is marked)."""
         limit = conf.get("LOOM_MAX_PAYLOAD_BYTES")
-        return [[env.encode(limit) for env in item.envelopes] for item in items]
+        if codec.needs_seal(items):
+            return [[env.encode(limit) for env in codec.seal(self, item.envelopes)] for item in items]
+        refuse = codec.refuse_reserved  # a payload we did not seal may not look sealed (every append: one set test)
+        encoded = []
+        for item in items:
+            texts = []
+            for env in item.envelopes:
+                refuse(env.type, env.payload)
+                texts.append(env.encode(limit))
+            encoded.append(texts)
+        return encoded
 
     def append_encoded(self, items: Sequence[AppendItem], encoded: list[list[str]]) -> list[Appended]:
         """The guarded statement for items already validated by `encode` (distinct streams).
@@ -166,7 +323,7 @@ class JournalStore(DatabaseBound, ABC):
 
     def open_stream(self, item: AppendItem) -> tuple[int, Appended]:
         """Write seq 0.. of a new single-writer stream with fence token 1, or refuse if it exists."""
-        encoded = [env.encode() for env in item.envelopes]
+        encoded = self.encode([item])[0]
         try:
             opened = self._open(item, encoded)
         except IntegrityError:
@@ -213,7 +370,8 @@ class JournalStore(DatabaseBound, ABC):
 
     #: True: a bootstrap and a settle are each ONE statement, which may carry an ownership's companion
     #: CTEs (the inline lease), and many executions' merge into one (the coalescer's flows kinds).
-    #: False: each is a short transaction of plain statements; no companion, nothing worth merging.
+    #: False: each is a short transaction of plain statements, no companion; many executions' merge
+    #: into ONE transaction (the coalescer's flows kinds: group commit under the write lock).
     one_statement_executions = False
 
     def bootstrap_execution(self, boot: ExecutionBoot) -> int:
@@ -284,7 +442,9 @@ class JournalStore(DatabaseBound, ABC):
         (and the companion's lease deletes); one verdict per settle, in order."""
 
     # -- reads ----------------------------------------------------------------------------------
-    def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None) -> list[StoredEvent]:
+    def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None,
+             reader: codec.Reader | None = None) -> list[StoredEvent]:
+        """Events of a stream after `after_seq`, as `reader` may see them (None: the system)."""
         sql = ("SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event"
                " WHERE stream_id = %s AND seq > %s ORDER BY seq")
         params: list = [stream_id, after_seq]
@@ -293,7 +453,21 @@ class JournalStore(DatabaseBound, ABC):
             params.append(limit)
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return [self._event(row) for row in cursor.fetchall()]
+            events = [self._event(row) for row in cursor.fetchall()]
+        return self.reveal(events, reader)
+
+    def reveal(self, events: list[StoredEvent], reader: codec.Reader | None = None) -> list[StoredEvent]:
+        """THE decode boundary of every read: sealed fields decrypted (or marked), stored-away content
+        resolved, a whole batch at once (journal/privacy/codec.py); nothing to do when nothing is sealed."""
+        return codec.reveal(self, events, reader) if events and codec.active() else events
+
+    def reveal_found(self, found: dict) -> dict:
+        """`reveal` of read_after's answer, every list in one batch."""
+        if not found or not codec.active():
+            return found
+        flat = [e for events in found.values() for e in events]
+        shown = iter(codec.reveal(self, flat))
+        return {pair: [next(shown) for _ in events] for pair, events in found.items()}
 
     def _event(self, row: tuple) -> StoredEvent:
         return StoredEvent.from_row(row)
@@ -487,6 +661,18 @@ class JournalStore(DatabaseBound, ABC):
         """Delete the execution headers under `prefix` (or named in `ids`)."""
         self._delete(DELETE_EXECUTIONS, prefix, ids)
 
+    def fill_growth(self, prefix: str, first: int, count: int, per_stream: int, payload: str) -> None:
+        """Benchmarks only: streams `prefix{n}` for n in first..first+count-1, each with `per_stream`
+        events (seq 0..), fence token 1 and a running execution header, bulk loaded (bulk_load)."""
+        now = self.now()
+        ids = [f"{prefix}{n}" for n in range(first, first + count)]
+        self.bulk_load(*FILL_EVENTS, ((sid, seq, "BenchFilled", payload, now) for sid in ids
+                                      for seq in range(per_stream)))
+        self.bulk_load(*FILL_FENCES, ((sid, 1, now) for sid in ids))
+        self.bulk_load(*FILL_EXECUTIONS, ((sid, "bench.growth", "running", "{}", None, "", 0, now, now, None)
+                                          for sid in ids))
+        self.analyze(FILL_EVENTS[0], FILL_FENCES[0], FILL_EXECUTIONS[0])
+
     def _one(self, sql: str, params) -> int:
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -522,6 +708,12 @@ SELECT count(DISTINCT stream_id), min(n), max(n) FROM (SELECT stream_id, count(*
 FROM journal_event WHERE stream_id LIKE %s GROUP BY stream_id) s
 """
 COUNT_EXECUTIONS = "SELECT count(*) FROM journal_execution WHERE id LIKE %s AND status = %s"
+
+# -- fill_growth -- (benchmarks: the growth section's pre-filled journal, through bulk_load)
+FILL_EVENTS = ("journal_event", ("stream_id", "seq", "type", "payload", "recorded_at"))
+FILL_FENCES = ("journal_fence", ("stream_id", "token", "created_at"))
+FILL_EXECUTIONS = ("journal_execution", ("id", "flow", "status", "input", "result", "error", "recoveries",
+                                         "created_at", "updated_at", "finished_at"))
 
 # -- delete_streams / delete_executions -- (benchmarks, tests: maintenance of their own rows only)
 DELETE_STREAMS = (

@@ -8,14 +8,17 @@ size and psycopg prepares it once per connection.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from functools import lru_cache
 
 import psycopg
 from django.db.backends.utils import CursorDebugWrapper
+from psycopg.pq import TransactionStatus
 
 from journal import conf, jsonvalues
 from journal.envelopes import AppendItem, SnapshotRecord, StoredEvent
+from journal.privacy import codec
 from journal.store.base import ExecutionBoot, ExecutionSettle, JournalStore, Verdict
 
 # -- notify --
@@ -78,6 +81,23 @@ WITH streams AS (
     RETURNING stream_id, seq, type
 )%(ctes)s%(notify)s
 SELECT v.stream_id, v.tip, v.fence_ok, v.expected%(notified)s FROM verdict v
+"""
+
+# -- bench: MINIMAL_APPEND --
+# Benchmarks only (the `append` section's `minimal` row, the floor our APPEND is measured against):
+# the least a fenced, notified one-event append can be, in ONE statement. The fence row read FOR KEY
+# SHARE (the same lock as APPEND, for the same reason: a takeover's FOR UPDATE waits for it), one
+# INSERT at a seq the writer tracks itself (the unique (stream_id, seq) index is its sequence
+# guard), one pg_notify. No verdicts, no tip probe: a refused row simply inserts nothing.
+MINIMAL_APPEND = """
+WITH f AS (
+    SELECT stream_id FROM journal_fence WHERE stream_id = %(sid)s AND token = %(token)s FOR KEY SHARE
+), ins AS (
+    INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at)
+    SELECT f.stream_id, %(seq)s, %(type)s, %(payload)s::jsonb, now() FROM f
+    RETURNING seq
+)
+SELECT pg_notify(%(channel)s, %(sid)s || ':' || seq) FROM ins
 """
 
 # -- open_stream --
@@ -316,6 +336,28 @@ ORDER BY e.stream_id, c.at, e.seq
 """
 
 
+# -- read_sealed -- (only when journal/privacy is in use: codec.active())
+# A stream's events AND the key rows of the data subjects their sealed fields name, in one round trip:
+# a load of sealed events costs no statement more than a plain one. The subjects are read from each
+# payload's "$sealed" header ([[path, subject], ...]); a payload without one adds none. Key rows come
+# last (flag 1), events in seq order.
+READ_SEALED = """
+WITH ev AS (
+    SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event
+    WHERE stream_id = %(stream)s AND seq > %(after)s ORDER BY seq LIMIT %(limit)s
+), named AS (
+    SELECT DISTINCT h.entry->>1 AS subject
+    FROM ev CROSS JOIN LATERAL jsonb_array_elements(
+        CASE WHEN jsonb_typeof(ev.payload->'$sealed') = 'array' THEN ev.payload->'$sealed' ELSE '[]'::jsonb END
+    ) AS h(entry)
+)
+SELECT 0 AS flag, id, stream_id, seq, type, payload, recorded_at, NULL AS wrapped FROM ev
+UNION ALL
+SELECT 1, NULL, k.subject, NULL, k.master_id, NULL, NULL, k.wrapped FROM journal_datakey k JOIN named USING (subject)
+ORDER BY flag, seq
+"""
+
+
 class PostgresStore(JournalStore):
     vendor = "postgresql"
 
@@ -448,6 +490,17 @@ class PostgresStore(JournalStore):
             cursor.execute(ADVANCE_FENCES, {"sids": list(stream_ids), "expected": expected_token})
             return cursor.fetchall()
 
+    def read(self, stream_id, after_seq=-1, limit=None, reader=None):
+        """The shared read; with sealed data in use, READ_SEALED brings the subjects' keys along."""
+        if not codec.active():
+            return super().read(stream_id, after_seq, limit, reader)
+        with self.connection.cursor() as cursor:
+            cursor.execute(READ_SEALED, {"stream": stream_id, "after": after_seq, "limit": limit})
+            rows = cursor.fetchall()
+        events = [StoredEvent.from_row(row[1:7]) for row in rows if row[0] == 0]
+        key_rows = {row[2]: (row[4], row[7]) for row in rows if row[0] == 1}
+        return codec.reveal(self, events, reader, key_rows) if events else events
+
     def read_after(self, pairs, batch):
         pairs = sorted(set(pairs))
         found: dict[tuple[str, int], list[StoredEvent]] = {p: [] for p in pairs}
@@ -457,10 +510,12 @@ class PostgresStore(JournalStore):
                                             "batch": batch})
                 for row in cursor.fetchall():
                     found[(row[2], row[0])].append(StoredEvent.from_row(row[1:]))
-        return found
+        return self.reveal_found(found)
 
 
 _ONLY_WHEN_ASKED = 2**31
+PLAN_CACHE_MODE = "SET plan_cache_mode = force_generic_plan"
+_generic: weakref.WeakSet = weakref.WeakSet()  # connections whose session has PLAN_CACHE_MODE
 
 
 def may_prepare(connection) -> bool:
@@ -498,6 +553,18 @@ def execute_prepared(connection, cursor, sql: str, params) -> None:
         # None disables even an explicit prepare=True; a threshold no other query reaches keeps
         # Django's own queries unprepared (as Django intends) and lets ours ask for it.
         raw.connection.prepare_threshold = _ONLY_WHEN_ASKED
+    if raw.connection not in _generic and raw.connection.info.transaction_status == TransactionStatus.IDLE:
+        # -- session: plan_cache_mode = force_generic_plan (issue 16) --
+        # A prepared statement is still planned again at every execution while PostgreSQL prefers
+        # custom plans, and it did for APPEND: 0.22 ms of planning per append for 0.09 ms of
+        # execution (EXPLAIN ANALYZE EXECUTE, 10th run). Our statements take arrays, whose values a
+        # custom plan cannot use, so the generic plan is the same plan without the planning. Only
+        # prepared statements are affected, and only ours are prepared on this connection (above).
+        # Set outside any transaction, so that a rollback cannot undo it; sent through libpq like
+        # the driver's own session set-up (a connection's one-time set-up, not one of its statements).
+        result = raw.connection.pgconn.exec_(PLAN_CACHE_MODE.encode())
+        if result.status == psycopg.pq.ExecStatus.COMMAND_OK:
+            _generic.add(raw.connection)
     connection.validate_no_broken_transaction()
     if isinstance(cursor, CursorDebugWrapper):
         with cursor.debug_sql(sql, params), connection.wrap_database_errors:

@@ -31,6 +31,15 @@ TIPS = "SELECT stream_id, MAX(seq) FROM journal_event WHERE stream_id IN ({marks
 # One multi-row INSERT for the whole batch, in (stream_id, seq) order.
 INSERT = "INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at) VALUES {rows}"
 
+# -- bench: MINIMAL_APPEND --
+# Benchmarks only (the `append` section's `minimal` row): one fenced event in one autocommit
+# statement (SQLite takes its write lock for it), at a seq the writer tracks itself; the unique
+# (stream_id, seq) index is the sequence guard. Raw sqlite3 placeholders.
+MINIMAL_APPEND = """
+INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at)
+SELECT stream_id, ?, ?, ?, ? FROM journal_fence WHERE stream_id = ? AND token = ?
+"""
+
 # -- open_stream --
 # The fence row first: its primary key refuses a second opener, and the seq-0 insert after it
 # refuses a stream that already has events (an aggregate).
@@ -241,7 +250,7 @@ class SqliteStore(JournalStore):
             for pair in sorted(set(pairs)):
                 cursor.execute(READ_AFTER, [*pair, batch])
                 found[pair] = [self._event(row) for row in cursor.fetchall()]
-        return found
+        return self.reveal_found(found)
 
     def _event(self, row: tuple):
         from journal.envelopes import StoredEvent

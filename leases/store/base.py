@@ -6,7 +6,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+
+from django.utils import timezone
 
 from journal.flows.ownership import Companion
 from journal.store.base import DatabaseBound
@@ -206,12 +208,23 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
             cursor.execute(COUNT_LEASES, [prefix + "%"])
             return cursor.fetchone()[0]
 
+    def fill_leases(self, owner: str, execution_ids: Sequence[str], token: int, expires_in: float) -> None:
+        """Benchmarks only: a lease of `owner` at `token` on each execution, expiring `expires_in`
+        seconds from now (negative: expired), bulk loaded (journal's bulk_load, this app's table)."""
+        now = timezone.now()
+        at = self.connection.ops.adapt_datetimefield_value
+        acquired, expires = at(now), at(now + timedelta(seconds=expires_in))
+        self.bulk_load(*FILL_LEASES, ((eid, owner, token, acquired, acquired, expires) for eid in execution_ids))
+        self.analyze(FILL_LEASES[0])
+
     def delete_leases(self, prefix: str) -> int:
         """Delete the lease rows of the executions under `prefix` (maintenance of bench/test rows)."""
         return self._count(DELETE_LEASES, [prefix + "%"])
 
 
 # -- count_leases / delete_leases -- (benchmarks, tests)
+# -- fill_leases -- (benchmarks: the growth section's recovery sweep, through bulk_load)
+FILL_LEASES = ("leases_lease", ("execution_id", "owner", "fence_token", "acquired_at", "renewed_at", "expires_at"))
 COUNT_LEASES = "SELECT count(*) FROM leases_lease WHERE execution_id LIKE %s"
 DELETE_LEASES = "DELETE FROM leases_lease WHERE execution_id LIKE %s"
 

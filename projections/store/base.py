@@ -148,6 +148,20 @@ class ProjectionStore(DatabaseBound, ABC):
                                [v for r in chunk for v in r])
 
 
+    def analyze_subscriptions(self) -> None:
+        """Refresh the planner's statistics of the subscriptions after a bulk insert (benchmarks)."""
+        self.analyze("projections_subscription")
+
+    def delete_consumer(self, consumer: str) -> int:
+        """Delete every subscription of `consumer` (maintenance of a benchmark's own rows)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(DELETE_CONSUMER, [consumer])
+            return cursor.rowcount
+
+
+# -- delete_consumer -- (benchmarks, tests)
+DELETE_CONSUMER = "DELETE FROM projections_subscription WHERE consumer = %s"
+
 # -- insert_caught_up -- (benchmarks, tests)
 INSERT_SUBSCRIPTIONS = """
 INSERT INTO projections_subscription (consumer, stream, source, lane, priority, at, tip, lease, retries, blocked,

@@ -63,7 +63,10 @@ CLAIM = """
 UPDATE projections_subscription SET lease = lease + 1, leased_by = %s, leased_until = %s
 WHERE id IN (
     SELECT id FROM projections_subscription
-    WHERE tip > at AND NOT blocked AND lane = %s AND consumer IN ({marks})
+    -- Spelled as the partial index's own predicate ("blocked" = 0 AND "tip" > "at"): SQLite uses a
+    -- partial index only when the WHERE implies it term by term, and `NOT blocked` does not (it
+    -- scanned every subscription: 5.3x the cost at 10^5 subscriptions than at 10^4, issue 16 growth).
+    WHERE blocked = 0 AND tip > at AND lane = %s AND consumer IN ({marks})
       AND (leased_until IS NULL OR leased_until < %s)
     ORDER BY priority DESC, leased_until, id
     LIMIT %s

@@ -386,7 +386,60 @@ class ForOtherAppsContract:
         assert store.count_executions("bench-", "running") == 1 and store.tip("keep") == 0
 
 
-class JournalStoreContract(AppendsContract, ExecutionsContract, ForOtherAppsContract):
-    """What every journal backend does (journal.store.base.JournalStore): the three parts above."""
+class PrivacyContract:
+    """The personal-data section (journal_datakey, journal_contentlink: journal/privacy); mixed into
+    JournalStoreContract. A data key row is created once (a second writer keeps the first key), forgetting
+    overwrites it to a tombstone that no later create replaces, and rotation is a compare-and-set."""
 
-    covers = {**AppendsContract.covers, **ExecutionsContract.covers, **ForOtherAppsContract.covers}
+    covers = {
+        "data_keys": "data_keys", "create_data_keys": "create_data_keys", "forget_subject": "forget_subject",
+        "data_keys_to_rotate": "data_keys_to_rotate", "rewrap_data_key": "rewrap_data_key",
+        "master_key_ids": "master_key_ids", "link_content": "link_content", "reveal": "reveal",
+        "delete_privacy_rows": "delete_privacy_rows",
+    }
+
+    def test_a_data_key_is_created_once_and_a_forgotten_subject_stays_forgotten(self, store):
+        assert store.data_keys(["s1", "s2"]) == {}
+        store.create_data_keys([("s1", "m1", "w1"), ("s2", "m1", "w2")])
+        store.create_data_keys([("s1", "m2", "other")])  # a racing writer: the first key stays
+        assert store.data_keys(["s1", "s2", "s3"]) == {"s1": ("m1", "w1"), "s2": ("m1", "w2")}
+        assert store.forget_subject("s1", "ops") == []
+        assert store.forget_subject("s9", "ops") == []  # never had a key: a tombstone all the same
+        store.create_data_keys([("s1", "m1", "again"), ("s9", "m1", "new")])
+        assert store.data_keys(["s1", "s9"]) == {"s1": ("", None), "s9": ("", None)}
+        assert store.master_key_ids() == {"m1": ("w2", "s2")}
+
+    def test_rotation_rewraps_only_keys_still_as_they_were_read(self, store):
+        store.create_data_keys([("a", "old", "wa"), ("b", "old", "wb"), ("c", "new", "wc")])
+        assert store.data_keys_to_rotate("new", 10) == [("a", "old", "wa"), ("b", "old", "wb")]
+        assert store.rewrap_data_key("a", "wa", "new", "wa2") == 1
+        store.forget_subject("b", "ops")
+        assert store.rewrap_data_key("b", "wb", "new", "wb2") == 0  # forgotten meanwhile: the forget wins
+        assert store.data_keys_to_rotate("new", 10) == []
+        assert store.data_keys(["a", "b"]) == {"a": ("new", "wa2"), "b": ("", None)}
+
+    def test_forget_unlinks_the_subjects_content_and_names_what_no_one_else_links(self, store):
+        store.link_content([("h1", "s1"), ("h2", "s1"), ("h2", "s2"), ("h3", ""), ("h1", "s1")])
+        assert store.forget_subject("s1", "ops") == ["h1"]  # h2 is still linked by s2
+        assert store.forget_subject("s1", "ops") == []
+
+    def test_the_benchmarks_clean_up_removes_only_their_subjects_and_content(self, store):
+        store.create_data_keys([("bench:1:a", "m", "w"), ("keep", "m", "w")])
+        store.link_content([("h1", "bench:1:a"), ("h2", ""), ("h3", "")])
+        store.delete_privacy_rows("bench:1:", ["h2"])
+        assert store.data_keys(["bench:1:a", "keep"]) == {"keep": ("m", "w")}
+        assert store.forget_subject("x", "ops") == [] and store.master_key_ids() == {"m": ("w", "keep")}
+        store.link_content([("h3", "y")])
+        assert store.forget_subject("y", "ops") == []  # h3 is still linked by '' (not deleted)
+
+    def test_reveal_leaves_plain_events_as_they_are(self, store):
+        store.append_batch([item("plain", "A", "B")])
+        events = store.read("plain")
+        assert store.reveal(events) == events and store.reveal([]) == []
+
+
+class JournalStoreContract(AppendsContract, ExecutionsContract, ForOtherAppsContract, PrivacyContract):
+    """What every journal backend does (journal.store.base.JournalStore): the four parts above."""
+
+    covers = {**AppendsContract.covers, **ExecutionsContract.covers, **ForOtherAppsContract.covers,
+              **PrivacyContract.covers}
