@@ -10,6 +10,19 @@ journal.cancel_execution, journal.retry_execution; viewing needs journal.view_ex
 - retry (a failed execution): a new attempt recorded in its log, handed to a worker;
 - cancel: recorded as EXECUTION_CANCELLED, after a confirmation page.
 
+Flows that wait (issue 17) add, each under its own permission (journal.wake_execution,
+journal.message_execution, journal.suspend_execution, journal.fork_execution):
+
+- wake now (a waiting execution): its wait is due at once (journal.flows.wake_now); a worker's waker
+  resumes it, never the web request;
+- send message: a form (topic, JSON payload, optional message id) that journal.flows.send records;
+- suspend (after a confirmation page): no lease, no wait, no worker until someone resumes it (the
+  Resume button, which hands it to a worker);
+- fork (a form: from which step): a new execution reusing the recorded steps before it.
+
+The page of a waiting execution says what it waits for (timer due at, topic, child) and lists the
+messages kept for it that no recv has consumed yet.
+
 Bulk actions show a page that lists what will happen to each selected execution before anything
 is done. Ids are unquoted the way the admin quotes them (order_42, ids with / or :).
 """
@@ -41,7 +54,10 @@ from journal.models import AggregateStream, DataKey, Event, Execution, Fence, Sn
 from journal.privacy import Reader, reader_for_user
 from journal.timestamps import stamp
 
-VERBS = ("resume", "retry", "cancel")
+VERBS = ("resume", "retry", "cancel", "wake", "suspend", "message", "fork")
+FORMS = ("message", "fork")  # verbs whose confirmation page is a form with fields
+CONFIRMED = ("cancel", "suspend", *FORMS)  # verbs that act only after their confirmation page
+UNSETTLED = ("running", "stuck", "waiting", "suspended")
 
 
 def plan(execution: Execution, verb: str, force: bool = False) -> tuple[bool, str]:
@@ -49,17 +65,40 @@ def plan(execution: Execution, verb: str, force: bool = False) -> tuple[bool, st
     from journal.flows import ownership
 
     status = execution.status
+    if verb == "wake":
+        if status == "waiting":
+            return True, "its wait ends now (recorded as WAIT_WOKEN); a worker's waker resumes it"
+        return False, f"nothing: only a waiting execution can be woken (this one is {status})"
+    if verb == "message":
+        if status in ("running", "waiting", "suspended"):
+            return True, ("the message is kept until the flow receives it on its topic (once); "
+                          "a flow waiting on it wakes")
+        return False, f"nothing: a {status} execution receives no more messages"
+    if verb == "fork":
+        return True, ("a new execution of the same flow and input: the steps before the one you choose are "
+                      "reused from this log, the rest run again on a worker")
+    if verb == "suspend":
+        if status not in ("running", "stuck", "waiting"):
+            return False, f"nothing: already {status}"
+        holder = ownership.live_owner(execution.pk) if status == "running" else None
+        if holder is not None and not force:
+            return False, f"refused: running under {holder} (force it from the execution's page)"
+        if holder is not None:
+            return True, f"FORCED: fences off the run of {holder} (it stops at its next step), then suspends"
+        return True, "will be suspended: no lease, no wait, no worker until someone resumes it"
     if verb == "cancel":
-        if status in ("running", "stuck", "suspended"):
+        if status in UNSETTLED:
             return True, "will be cancelled (EXECUTION_CANCELLED); a run in progress stops at its next step"
         return False, f"nothing: already {status}"
     if verb == "retry":
         if status == "failed":
             return True, "a new attempt from its last completed step, recorded in its log, handed to a worker"
         return False, f"nothing: only a failed execution can be retried (this one is {status})"
-    if status not in ("running", "stuck"):
+    if status == "waiting":
+        return False, "nothing: it is waiting (wake it now instead, or let its wait come due)"
+    if status not in ("running", "stuck", "suspended"):
         return False, f"nothing: already {status}"
-    holder = ownership.live_owner(execution.pk)
+    holder = ownership.live_owner(execution.pk) if status != "suspended" else None
     if holder is not None and not force:
         return False, f"refused: running under {holder} (force it from the execution's page)"
     if holder is not None:
@@ -67,14 +106,32 @@ def plan(execution: Execution, verb: str, force: bool = False) -> tuple[bool, st
     return True, "handed to a worker, which takes a new fence and continues from the log"
 
 
-def act(request: HttpRequest, execution_id: str, verb: str, force: bool = False) -> bool:
-    """Do one verb through journal.flows; the outcome becomes a message (never a 500)."""
+def act(request: HttpRequest, execution_id: str, verb: str, force: bool = False, fields: dict | None = None) -> bool:
+    """Do one verb through journal.flows; the outcome becomes a message (never a 500).
+
+    `fields` carries a form verb's checked values (message: topic, payload, message_id; fork:
+    from_step, new_id)."""
+    from journal import flows
     from journal.flows import cancel, hand_over
     from journal.flows.runtime import retry
 
     actor = request.user.get_username()
+    fields = fields or {}
     try:
-        if verb == "resume":
+        if verb == "wake":
+            woke = flows.wake_now(execution_id)
+            text = (f"wake {execution_id}: its wait ends now; a worker resumes it" if woke
+                    else f"wake {execution_id}: nothing to do, it was not waiting")
+        elif verb == "suspend":
+            out = flows.suspend(execution_id, force=force, reason=f"suspended by {actor} in the admin")
+            text = f"suspend {execution_id}: {out.status}" + (" [forced]" if force else "")
+        elif verb == "message":
+            sent = flows.send(execution_id, fields["topic"], fields["payload"], message_id=fields.get("message_id"))
+            text = f"message {sent} on topic {fields['topic']!r} sent to {execution_id}"
+        elif verb == "fork":
+            new_id = flows.fork(execution_id, fields["from_step"], fields.get("new_id"))
+            text = f"fork {execution_id} from step {fields['from_step']}: new execution {new_id}, handed to a worker"
+        elif verb == "resume":
             token = hand_over(execution_id, force=force)
             text = f"resume {execution_id}: handed over to a worker (from fence {token})"
             text += " [forced]" if force else ""
@@ -96,12 +153,7 @@ def _json(value: Any) -> str:
 
 
 class StatusFilter(admin.ChoicesFieldListFilter):
-    """The statuses an execution can have today (no "suspended": nothing suspends yet)."""
-
-    def choices(self, changelist):
-        for choice in super().choices(changelist):
-            if "suspended" not in str(choice.get("display", "")).lower():
-                yield choice
+    """Every status an execution can have (waiting and suspended are set since flows can wait)."""
 
 
 @admin.register(Execution)
@@ -112,7 +164,8 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     readonly_fields = ("id", "flow", "status", "input_json", "result_json", "error", "recoveries", "created",
                        "updated", "finished")
     fields = readonly_fields  # and the panels other apps add (journal.admin_base.add_execution_panel)
-    actions = ("resume_executions", "retry_executions", "cancel_executions")
+    actions = ("resume_executions", "retry_executions", "cancel_executions", "wake_executions",
+               "suspend_executions")
     change_form_template = "journal/execution_change_form.html"
     list_per_page = 50
     show_full_result_count = False  # no count(*) over a large table on every page
@@ -126,6 +179,18 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
 
     def has_cancel_permission(self, request, obj=None) -> bool:
         return request.user.has_perm("journal.cancel_execution")
+
+    def has_wake_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("journal.wake_execution")
+
+    def has_suspend_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("journal.suspend_execution")
+
+    def has_message_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("journal.message_execution")
+
+    def has_fork_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("journal.fork_execution")
 
     def may(self, request, verb: str) -> bool:
         return getattr(self, f"has_{verb}_permission")(request)
@@ -199,6 +264,14 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     def cancel_executions(self, request, queryset):
         return self._bulk(request, queryset, "cancel")
 
+    @admin.action(description="Wake selected waiting executions now", permissions=["wake"])
+    def wake_executions(self, request, queryset):
+        return self._bulk(request, queryset, "wake")
+
+    @admin.action(description="Suspend selected executions (no worker until resumed)", permissions=["suspend"])
+    def suspend_executions(self, request, queryset):
+        return self._bulk(request, queryset, "suspend")
+
     def _bulk(self, request, queryset, verb: str):
         # The selection on every shard (the action's queryset is one database's); each act() runs on its shard.
         executions = list(ShardedRows(queryset, shards.shards())[:500]) if shards.sharded() else list(queryset[:500])
@@ -245,15 +318,19 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
                 return HttpResponseRedirect(url)
             force = request.POST.get("force") == "yes" or request.GET.get("force") == "yes"
             confirmed = request.POST.get("confirm") == "yes"
-            needs_confirmation = verb == "cancel" or force
-            if request.method == "POST" and (confirmed or not needs_confirmation):
-                act(request, execution.pk, verb, force=force)
+            needs_confirmation = verb in CONFIRMED or force
+            fields, problem = ({}, None)
+            if verb in FORMS and request.method == "POST":
+                fields, problem = form_fields(verb, request.POST)
+            if request.method == "POST" and (confirmed or not needs_confirmation) and problem is None:
+                act(request, execution.pk, verb, force=force, fields=fields)
                 return HttpResponseRedirect(url)
             will, what = plan(execution, verb, force=force)
             context = {
                 **self.admin_site.each_context(request), "opts": self.model._meta, "original": execution,
                 "title": f"{verb.capitalize()} {execution.pk}?", "verb": verb, "force": force, "will": will,
                 "what": what, "change_url": url, **_crumbs(execution, verb.capitalize()),
+                "problem": problem, "form": request.POST if request.method == "POST" else {},
             }
             return TemplateResponse(request, "journal/execution_confirm.html", context)
 
@@ -283,6 +360,9 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         except (UnknownExecution, InvalidStream):  # an id the database cannot hold is no execution either
             view = None
         if view is not None:
+            if view.get("header_status") in ("waiting", "suspended"):
+                # Parked or suspended is the header's word (the wait row's); the log's fold says running.
+                view["status"] = view["header_status"]
             for event in view["events"]:
                 event["json"] = json.dumps(event["payload"], sort_keys=True, ensure_ascii=False)
                 event["when"] = stamp(event["recorded_at"])
@@ -294,9 +374,12 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
             view["running_for"] = (f"{(timezone.now() - created).total_seconds():.1f} s"
                                    if running and created else "")
             view["holder"] = ownership.live_owner(execution_id) if running else None
+            view["waiting"] = waiting_for(execution_id) if view["status"] == "waiting" else None
+            view["messages"] = pending(execution_id) if view["status"] in UNSETTLED else []
         extra_context["execution_view"] = view
         extra_context["may"] = {verb: self.may(request, verb) for verb in VERBS}
-        extra_context["refresh"] = view is not None and view["status"] == "running" and IS_POPUP_VAR not in request.GET
+        extra_context["refresh"] = (view is not None and view["status"] in ("running", "waiting")
+                                    and IS_POPUP_VAR not in request.GET)
         return super().change_view(request, object_id, form_url, extra_context)
 
 
@@ -386,6 +469,55 @@ def execution_url(execution_id: str) -> str:
 
 
 admin.site.register(AggregateStream, AggregateAdmin)  # the aggregates' pages, listed on the admin index
+
+
+def form_fields(verb: str, data) -> tuple[dict, str | None]:
+    """The checked fields of a form verb's page, or the problem to show on the form again (nothing is
+    done then). The runtime checks them once more (journal.flows.send / fork refuse with our errors)."""
+    if verb == "message":
+        topic = (data.get("topic") or "").strip()
+        if not topic:
+            return {}, "a topic is required"
+        try:
+            payload = json.loads(data.get("payload") or "", parse_constant=_no_constant)
+        except ValueError as exc:
+            return {}, f"the payload is not JSON: {exc}"
+        return {"topic": topic, "payload": payload, "message_id": (data.get("message_id") or "").strip() or None}, None
+    text = (data.get("from_step") or "").strip()
+    if not text.isdigit():
+        return {}, f"from step must be a step position (0, 1, 2...), got {text[:40]!r}"
+    return {"from_step": int(text), "new_id": (data.get("new_id") or "").strip() or None}, None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def waiting_for(execution_id: str) -> dict | None:
+    """What a waiting execution waits for, with its due time in the admin's one format."""
+    from journal.flows import waiting_on
+
+    found = waiting_on(execution_id)
+    if found is None:
+        return None
+    found = dict(found)
+    found["due"] = stamp(found.get("due_at")) if found.get("due_at") else ""
+    if found.get("child"):
+        found["child_url"] = execution_url(found["child"])
+    return found
+
+
+def pending(execution_id: str) -> list[dict]:
+    """The messages kept for an execution that no recv consumed yet (newest 50)."""
+    from journal.flows import pending_messages
+
+    rows = []
+    for row in pending_messages(execution_id):
+        row = dict(row)
+        row["json"] = json.dumps(row.get("payload"), sort_keys=True, ensure_ascii=False)
+        row["when"] = stamp(row.get("sent_at"))
+        rows.append(row)
+    return rows
 
 
 def _crumbs(execution: Execution | None, last: str) -> dict:

@@ -125,6 +125,20 @@ register(
     # flows
     Setting("LOOM_FLOW_MODULES", list, [], "Modules imported at start-up so that their flows are registered."),
     Setting("LOOM_WORKER_ID", str, "", "Name of this worker (default: host:pid)."),
+    # flows that wait (journal/flows/waits.py)
+    Setting("LOOM_WAIT_INLINE_MAX", float, 1.0,
+            "Waits (sleep, retry backoff) shorter than this many seconds sleep in the running thread; "
+            "longer ones park.",
+            0.0),
+    Setting("LOOM_WAIT_POLL", float, 1.0,
+            "Seconds between two polls of the waker for due waits (a fallback to NOTIFY), and of get_event on SQLite.",
+            0.01),
+    Setting("LOOM_WAIT_BATCH", int, 16, "Due waits one claim takes at most (and the waker's resume threads).", 1),
+    Setting("LOOM_WAIT_CHANNEL", str, "loom_waits",
+            "PostgreSQL channel on which waits made due and flow events are notified.", check=_channel_problem),
+    Setting("LOOM_WAIT_RECHECK", float, 60.0,
+            "A parent waiting for a child re-checks it at least this often (a net: the child's settle wakes "
+            "it in the same transaction).", 0.01),
     # aggregates
     Setting("LOOM_AGGREGATE_CACHE_SIZE", int, 1000, "Aggregate states kept in each process's LRU cache.", 0),
     Setting("LOOM_AGGREGATE_MODULES", list, [], "Modules declaring aggregate states, imported for the admin."),

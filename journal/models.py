@@ -69,7 +69,8 @@ class Execution(models.Model):
 
     class Status(models.TextChoices):
         RUNNING = "running"
-        SUSPENDED = "suspended"
+        WAITING = "waiting"  # parked on a timer, a message or a child: no lease, no thread (journal_wait)
+        SUSPENDED = "suspended"  # suspend(): no lease, no wait, no worker until resume()
         COMPLETED = "completed"
         FAILED = "failed"
         CANCELLED = "cancelled"
@@ -91,10 +92,81 @@ class Execution(models.Model):
         # What an operator may do to an execution in the admin (and the API), besides viewing it.
         permissions = [("resume_execution", "Can resume an execution (hand it to a worker)"),
                        ("retry_execution", "Can retry a failed execution"),
-                       ("cancel_execution", "Can cancel an execution")]
+                       ("cancel_execution", "Can cancel an execution"),
+                       # flows that wait (journal/flows/waits.py)
+                       ("wake_execution", "Can wake a waiting execution now"),
+                       ("message_execution", "Can send a message to an execution"),
+                       ("suspend_execution", "Can suspend and resume an execution"),
+                       ("fork_execution", "Can fork an execution")]
 
     def __str__(self) -> str:
         return f"{self.flow} {self.id} ({self.status})"
+
+
+class Wait(models.Model):
+    """What a waiting execution waits for (one row per parked execution): the waker claims the rows
+    whose `due_at` has come (journal/flows/waits.py). `token` is the fence the run parked under: a
+    claim advances the fence only from it, so a wait outlived by a takeover wakes nothing."""
+
+    execution_id = models.CharField(max_length=200, primary_key=True)
+    flow = models.CharField(max_length=200)
+    kind = models.CharField(max_length=20)  # sleep, recv, child, start, retry
+    pos = models.IntegerField(default=-1)
+    token = models.BigIntegerField()
+    due_at = models.DateTimeField(null=True, blank=True)  # None: no timer (woken by a message or a child)
+    topic = models.CharField(max_length=200, blank=True, default="")
+    child = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        # A worker claims (and probes) the due waits of the flows it has registered, one range scan of
+        # this index per flow that stops after its limit: the cost grows neither with the number of
+        # pending waits nor with the due waits of flows it does not have (their number is unbounded:
+        # another service's, or a flow removed from the code). No index on due_at alone: the planner
+        # preferred walking it and filtering by flow (every foreign due row read on every claim).
+        indexes = [models.Index(fields=["flow", "due_at"], name="journal_wait_flow_due",
+                                condition=models.Q(due_at__isnull=False))]
+
+    def __str__(self) -> str:
+        return f"{self.execution_id} waits ({self.kind}) until {self.due_at}"
+
+
+class Message(models.Model):
+    """A message sent to an execution (send()); consumed once by a ctx.recv of its topic."""
+
+    id = models.BigAutoField(primary_key=True)
+    execution_id = models.CharField(max_length=200)
+    topic = models.CharField(max_length=200)
+    message_id = models.CharField(max_length=200)
+    payload = models.JSONField(null=True)
+    sent_at = models.DateTimeField(db_default=Now())
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    consumed_seq = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["execution_id", "message_id"],
+                                               name="journal_message_idempotent")]
+        # The oldest pending message of a topic: one probe of this index.
+        indexes = [models.Index(fields=["execution_id", "topic", "id"], name="journal_message_pending",
+                                condition=models.Q(consumed_at__isnull=True))]
+
+    def __str__(self) -> str:
+        return f"{self.execution_id} <- {self.topic} ({self.message_id})"
+
+
+class FlowEvent(models.Model):
+    """A value an execution published with ctx.set_event(key, value), read by get_event()."""
+
+    execution_id = models.CharField(max_length=200)
+    key = models.CharField(max_length=200)
+    value = models.JSONField(null=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["execution_id", "key"], name="journal_flowevent_key")]
+
+    def __str__(self) -> str:
+        return f"{self.execution_id}[{self.key}]"
 
 
 class AggregateStream(Event):

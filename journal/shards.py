@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import hashlib
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -136,13 +137,25 @@ def slot(key: str, count: int) -> int:
     return int.from_bytes(digest, "big") % count
 
 
+_FAMILY = re.compile(r"(?:~\d+|\.child-\d+)+\Z")
+
+
+def family(stream_id: str) -> str:
+    """The id a stream is placed by: itself, or for the runs of a continue_as_new chain (`<root>~<n>`) and
+    default child ids (`<parent>.child-<pos>`, nested too) their root, so that a chain's message carry and
+    a child's wake of its parent are statements on one shard (journal/flows/waits.py)."""
+    if "~" not in stream_id and ".child-" not in stream_id:
+        return stream_id
+    return _FAMILY.sub("", stream_id) or stream_id
+
+
 def placements(stream_id: str) -> list[str]:
     """Where the stream may live, newest placement first: under the current shard count, then under each
     earlier count of LOOM_SHARD_HISTORY (newest first), without repeats."""
     aliases = shards()
     if len(aliases) == 1:
         return aliases
-    key = key_function()(stream_id)
+    key = key_function()(family(stream_id))
     history = _setting("LOOM_SHARD_HISTORY", lambda: tuple(int(n) for n in conf.get("LOOM_SHARD_HISTORY")))
     counts = [len(aliases), *reversed(history)]
     found: list[str] = []

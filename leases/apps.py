@@ -10,6 +10,7 @@ class LeasesConfig(AppConfig):
         from leases import checks, conf  # noqa: F401  (registers the system checks and the LOOM_LEASE_* settings)
         from leases.ownership import install
         from leases.recovery import RecoveryService
+        from leases.waker import WakeService
         from leases.worker import HeartbeatService, register_service
 
         install()  # LOOM_LEASE_MODE decides; the keeper's thread starts with the first claim
@@ -18,6 +19,7 @@ class LeasesConfig(AppConfig):
         from leases.schedules import ScheduleService
 
         register_service(ScheduleService)  # cron schedules (leases/schedules.py)
+        register_service(WakeService)  # resumes parked executions when due (flows that wait)
         try:
             from django_q.signals import post_spawn
         except ImportError:  # django-q2 not installed: no queued starts, no cluster to watch

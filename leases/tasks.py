@@ -257,7 +257,27 @@ def recovery_sweep() -> int:
     from leases.schedules import tick
 
     tick()  # cron schedules too, minute-grained, for a deployment that runs only qcluster (docs/schedules.md)
+    wake_backstop()
     return count
+
+
+WAKE_BACKSTOP_LIMIT = 1000  # executions one backstop run wakes at most (the next minute takes the rest)
+
+
+def wake_backstop() -> int:
+    """Wake the parked executions that are due, here (the minute backstop of the waker service, for
+    deployments that run only qcluster: timers fire within a minute there, not milliseconds)."""
+    from journal.flows.waits import wake_due
+
+    woken = 0
+    while woken < WAKE_BACKSTOP_LIMIT:
+        outcomes = wake_due()
+        if not outcomes:
+            break
+        woken += len(outcomes)
+    if woken:
+        log.info("wake backstop: %d due execution(s) woken", woken)
+    return woken
 
 
 def ensure_schedule() -> None:

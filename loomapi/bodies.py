@@ -152,3 +152,60 @@ def wait_seconds(request) -> float:
         raise InvalidParameter(f"'wait' is a number of seconds from 0 to LOOM_API_MAX_WAIT={limit:g}, "
                                f"got {text[:40]!r}")
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class MessageBody:
+    """A message to a waiting (or running, or suspended) execution: `topic`, JSON `payload`, and an
+    optional caller-chosen `message_id`, the idempotency key of the send."""
+
+    topic: str
+    payload: Any
+    message_id: str | None = None
+
+
+_NAME_LIMIT = 200
+
+
+def _name(data: dict, key: str, required: bool) -> str | None:
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value or len(value) > _NAME_LIMIT:
+        raise InvalidBody(f"{key!r} must be a non-empty string of at most {_NAME_LIMIT} characters, "
+                          f"got {ascii(value)[:80]}")
+    return value
+
+
+def message_body(data: Any) -> MessageBody:
+    """{"topic": str, "payload": any JSON, "message_id": str (optional)}; 400 invalid_body otherwise."""
+    if not isinstance(data, dict):
+        raise InvalidBody(f"body must be a JSON object, got {type(data).__name__}")
+    allowed = {"topic", "payload", "message_id"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise InvalidBody(f"unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
+    if "payload" not in data:
+        raise InvalidBody("body must carry the message under 'payload' (null is a payload)")
+    topic = _name(data, "topic", required=True)
+    message_id = _name(data, "message_id", required=False)
+    if message_id is not None and (problem := id_problem(message_id)) is not None:
+        raise InvalidBody(f"'message_id' {ascii(message_id)[:80]} is refused: {problem}")
+    return MessageBody(topic, data["payload"], message_id)
+
+
+def timeout_seconds(request) -> float:
+    """The `timeout` query parameter of an event read: seconds to wait for the event (0: none),
+    bounded by LOOM_API_MAX_WAIT like a start's `wait`."""
+    text = request.GET.get("timeout", "")
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    limit = conf.get("LOOM_API_MAX_WAIT")
+    if not 0 <= value <= limit:  # also refuses nan
+        raise InvalidParameter(f"'timeout' is a number of seconds from 0 to LOOM_API_MAX_WAIT={limit:g}, "
+                               f"got {text[:40]!r}")
+    return value

@@ -92,6 +92,14 @@ class ExecutionConflict(ApiError):
     code = "execution_conflict"
 
 
+class ExecutionFinished(ApiError):
+    """A message to an execution that has settled (completed, failed or cancelled): nobody would
+    ever receive it, so it is refused and nothing is written."""
+
+    status = 409
+    code = "execution_finished"
+
+
 class PayloadTooLarge(ApiError):
     status = 413
     code = "payload_too_large"

@@ -15,6 +15,8 @@ urlpatterns = [
     path("flows/<str:name>/call", views.call, name="call"),
     path("flows/<str:name>/executions", views.start_execution, name="start"),
     path("executions/<path:execution_id>/retry", views.retry_execution, name="retry"),
+    path("executions/<path:execution_id>/messages", views.send_message, name="messages"),
+    path("executions/<path:execution_id>/events/<str:key>", views.get_event, name="event"),
     path("executions/<path:execution_id>", views.execution, name="execution"),
     path("<path:rest>", views.not_found),
     path("", views.not_found),

@@ -40,7 +40,16 @@ from journal.flows.writer import header_status
 from journal.ids import stored_id_problem
 from loomapi import errors, trace
 from loomapi.auth import Principal, authenticate, require_flow
-from loomapi.bodies import body_consumed, call_body, has_body, read_json, start_body, wait_seconds
+from loomapi.bodies import (
+    body_consumed,
+    call_body,
+    has_body,
+    message_body,
+    read_json,
+    start_body,
+    timeout_seconds,
+    wait_seconds,
+)
 from loomapi.calls import call_with_timeout
 from loomapi.state import flow_input, split_result
 
@@ -331,6 +340,67 @@ def retry_execution(request, execution_id: str):
                 current.trace_id)
     return json_response({"execution_id": execution_id, "flow": flow, "status": outcome.status, "retried": True},
                          status=202, headers={"Location": _location(execution_id)})
+
+
+@api_view("POST", "GET")
+def send_message(request, execution_id: str):
+    """POST: send a message to an execution (journal.flows.send); 202, idempotent by `message_id`.
+
+    The message is kept until the flow's `ctx.recv(topic)` consumes it (once); a flow waiting on
+    the topic is woken at once. GET: the execution whose id ends in "/messages", like any other."""
+    if request.method in ("GET", "HEAD"):
+        return _describe(request, f"{execution_id}/messages")
+    from journal.flows import send
+
+    body = message_body(read_json(request))
+    principal: Principal = request.loom_principal
+    flow = _readable_header(principal, execution_id)[1]
+    require_flow(principal, flow)
+    try:
+        message_id = send(execution_id, body.topic, body.payload, message_id=body.message_id)
+    except NotResumable as exc:  # ExecutionFinished: settled, nobody would ever receive it
+        raise errors.ExecutionFinished(str(exc)) from None
+    except FlowInvalidInput as exc:  # the runtime's own checks of topic, id and payload
+        raise errors.InvalidBody(str(exc)) from None
+    logger.info("message %s (topic %s) sent to execution %s by %s (trace %s)", message_id, body.topic,
+                execution_id, principal.name, trace.current().trace_id)
+    return json_response({"execution_id": execution_id, "topic": body.topic, "message_id": message_id,
+                          "status": "accepted"}, status=202, headers={"Location": _location(execution_id)})
+
+
+_UNSET = object()
+
+
+@api_view("GET")
+def get_event(request, execution_id: str, key: str):
+    """The value an execution published with `ctx.set_event(key, value)` (journal.flows.get_event).
+
+    `?timeout=<seconds>` (0 to LOOM_API_MAX_WAIT) waits for it, holding a request thread bounded like a
+    start's `?wait=` (at most --threads - 1 waiters per process; beyond that it answers at once).
+    200 `{"set": true, "value": ...}`, or `{"set": false, "value": null}` if still unset."""
+    from journal.flows import get_event as read_event
+
+    principal: Principal = request.loom_principal
+    timeout = timeout_seconds(request)
+    try:
+        flow = _readable_header(principal, execution_id)[1]
+    except errors.UnknownExecutionError:
+        whole = f"{execution_id}/events/{key}"  # ids may hold "/": the execution named by the whole path
+        if stored_id_problem(whole) is None and header_status(whole) is not None:
+            return _describe(request, whole)
+        raise
+    require_flow(principal, flow)
+    try:
+        if timeout and (waiting := waiter()):
+            with waiting:
+                value = read_event(execution_id, key, timeout=timeout, default=_UNSET)
+        else:
+            value = read_event(execution_id, key, timeout=None, default=_UNSET)
+    except FlowInvalidInput as exc:  # a key the runtime refuses
+        raise errors.InvalidParameter(str(exc)) from None
+    found = value is not _UNSET
+    return json_response({"execution_id": execution_id, "key": key, "set": found,
+                          "value": value if found else None})
 
 
 @api_view("GET", "POST", "PUT", "PATCH", "DELETE", auth=False)

@@ -62,3 +62,26 @@ def _seen(event, target) -> None:
 
 
 seen = projection("shard-seen", on=["Incremented"], handler=_seen)
+
+
+@flow("shards.recv")
+def recv_flow(ctx, value):
+    """Parks until a message on "go" (or a wake_now); publishes what it got."""
+    got = ctx.recv("go")
+    ctx.set_event("got", got)
+    return got
+
+
+@flow("shards.parent")
+def parent_flow(ctx, value):
+    """A child of the default id (`<parent>.child-0`: the parent's shard) or of the id given (any shard)."""
+    handle = ctx.start_child("shards.one", value["n"], execution_id=value.get("child"))
+    return {"child": handle.execution_id, "result": handle.result()}
+
+
+@flow("shards.chain")
+def chain_flow(ctx, value):
+    n = ctx.step("count", lambda: value["n"] + 1)
+    if n < value["until"]:
+        ctx.continue_as_new({"n": n, "until": value["until"]})
+    return n

@@ -580,6 +580,66 @@ def privacy_over_shards(arg) -> dict:
     return {"before": before, "after": after}
 
 
+def waits_over_shards(arg) -> dict:
+    """Flows that wait over two shards: one waker service runs every shard's due waits; send, get_event,
+    wake_now, suspend and fork act on the execution's shard; a chain's runs and a default child stay on
+    their root's shard; a child with an id on the other shard wakes its parent after its settle."""
+    from types import SimpleNamespace
+
+    from journal import shards
+    from journal.flows import fork, get_event, send, start, suspend, waiting_on, wake_now
+    from journal.flows.waits import chain_current
+    from journal.models import Execution
+    from leases.waker import WakeService
+
+    run = arg["run"]
+
+    def status(eid: str) -> tuple:
+        where = [a for a in shards.shards() if Execution.objects.using(a).filter(pk=eid).exists()]
+        header = Execution.objects.using(shards.shard_for(eid)).filter(pk=eid).values_list("status", "result").first()
+        return (where, shards.shard_for(eid), header[0] if header else None, header[1] if header else None)
+
+    receivers = ids_on_each_shard(f"{run}-r", 2)
+    parked = {eid: start("shards.recv", {}, execution_id=eid).status for eid in receivers}
+    waits = {eid: (waiting_on(eid) or {}).get("kind") for eid in receivers}
+    parents = ids_on_each_shard(f"{run}-p", 1)
+    for eid in parents:
+        start("shards.parent", {"n": 3}, execution_id=eid)
+    first, second = shards.shards()[:2]
+    cross_parent = next(e for e in ids_on_each_shard(f"{run}-x", 1) if shards.shard_for(e) == first)
+    cross_child = next(e for e in ids_on_each_shard(f"{run}-xc", 1) if shards.shard_for(e) == second)
+    start("shards.parent", {"n": 4, "child": cross_child}, execution_id=cross_parent)
+    chain = next(e for e in ids_on_each_shard(f"{run}-c", 1) if shards.shard_for(e) == second)
+    start("shards.chain", {"n": 0, "until": 3}, execution_id=chain)
+    service = WakeService()
+    service.start(SimpleNamespace(worker_id=f"{run}-waker"))
+    try:
+        by_send, by_wake, to_suspend = receivers[0], receivers[1], receivers[2]
+        send(by_send, "go", {"x": 1})
+        got = get_event(by_send, "got", timeout=60)
+        woken = wake_now(by_wake)
+        suspended = suspend(to_suspend).status
+        deadline = time.monotonic() + 90
+        watched = [by_send, by_wake, *parents, cross_parent]
+        while time.monotonic() < deadline:
+            if all(status(e)[2] == "completed" for e in watched) and status(chain_current(chain))[2] == "completed":
+                break
+            time.sleep(0.2)
+        forked = fork(by_send, 0)  # read on the original's shard, written on the new id's
+    finally:
+        service.stop(5)
+    last = chain_current(chain)
+    return {
+        "parked": parked, "waits": waits, "got": got, "woken": woken, "suspended": [suspended, status(to_suspend)],
+        "receivers": {e: status(e) for e in (by_send, by_wake)},
+        "parents": {e: status(e) for e in parents},
+        "children": {e: status(f"{e}.child-0") for e in parents},
+        "cross": [status(cross_parent), status(cross_child)],
+        "chain": [last, status(last), [status(f"{chain}~{k}")[0] for k in (1, 2)]],
+        "fork": status(forked)[:2], "woken_count": service.woken,
+    }
+
+
 def main() -> None:
     django.setup()
     name = sys.argv[1]

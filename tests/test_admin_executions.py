@@ -332,9 +332,10 @@ def test_list_filters_with_nul_answer_the_invalid_filter_redirect(admin_client, 
         assert response.status_code == 302 and response["Location"].endswith("?e=1"), url
 
 
-def test_no_dead_suspended_filter(admin_client):
+def test_the_status_filter_offers_waiting_and_suspended_now_that_flows_set_them(admin_client):
     page = admin_client.get("/admin/journal/execution/")
-    assert b"status__exact=running" in page.content and b"status__exact=suspended" not in page.content
+    assert b"status__exact=running" in page.content
+    assert b"status__exact=waiting" in page.content and b"status__exact=suspended" in page.content
 
 
 # -- the execution list and page ------------------------------------------------------------------------

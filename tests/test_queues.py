@@ -65,6 +65,30 @@ def running(queue: str) -> int:
     return next(s.running for s in queue_stats() if s.name == queue)
 
 
+def test_start_with_a_queue_enqueues_and_runs_nothing_here(queue):
+    """journal.flows.start(..., queue=...) is queues.enqueue: an entry with its options, status queued, and a
+    second start with the same dedup id answers the live entry's execution; no event is written yet."""
+    declare_queue(queue, concurrency=2)
+    first = start("queues.test.double", {"n": 1}, queue=queue, priority=5, dedup_id="d-1", partition_key="p")
+    assert first.status == "queued" and not first.ok and not Execution.objects.filter(pk=first.execution_id).exists()
+    entry = QueueEntry.objects.get(execution_id=first.execution_id)
+    assert (entry.state, entry.priority, entry.partition_key, entry.dedup_id) == ("pending", 5, "p", "d-1")
+    again = start("queues.test.double", {"n": 2}, queue=queue, dedup_id="d-1")
+    assert again.execution_id == first.execution_id and QueueEntry.objects.filter(queue__name=queue).count() == 1
+    later = start("queues.test.double", {"n": 3}, queue=queue, delay=3600)
+    assert QueueEntry.objects.get(execution_id=later.execution_id).run_after > datetime.now(UTC) + timedelta(minutes=30)
+    assert [c.execution_id for c in claim(queue)] == [first.execution_id]  # the delayed one is not due
+
+
+def test_queue_options_without_a_queue_and_a_timeout_on_a_queue_are_refused(queue):
+    declare_queue(queue, concurrency=1)
+    with pytest.raises(InvalidInput, match="give queue="):
+        start("queues.test.double", {"n": 1}, dedup_id="x")
+    with pytest.raises(InvalidInput, match="no timeout"):
+        start("queues.test.double", {"n": 1}, queue=queue, timeout=5)
+    assert not QueueEntry.objects.filter(queue__name=queue).exists() and not Execution.objects.exists()
+
+
 def test_the_dequeue_takes_higher_priority_first_then_fifo(queue):
     declare_queue(queue, concurrency=10)
     for n, priority in [(0, 0), (1, 5), (2, 0), (3, 5), (4, -3)]:

@@ -199,6 +199,29 @@ def test_a_subjects_keys_live_on_each_shard_and_one_forget_tombstones_it_on_ever
     assert after["bob_on_second"] == forgotten  # no shard made a new key for a forgotten subject
 
 
+def test_flows_that_wait_park_wake_and_chain_on_their_own_shards(shard_env):
+    facts = scenario(shard_env, "waits_over_shards", {"run": "wt"}, LOOM_FLOW_MODULES="tests.shard_fixtures")
+    assert set(facts["parked"].values()) == {"waiting"} and set(facts["waits"].values()) == {"recv"}
+    assert facts["got"] == {"x": 1}  # send and get_event on the receiver's shard, woken by its shard's waker
+    assert facts["woken"] is True
+    assert facts["suspended"][0] == "suspended" and facts["suspended"][1][2] == "suspended"
+    for where, home, state, _ in facts["receivers"].values():
+        assert where == [home] and state == "completed"
+    assert {home for _, home, _, _ in facts["parents"].values()} == {"default", "shard1"}
+    for parent, (where, home, state, result) in facts["parents"].items():
+        child = facts["children"][parent]
+        assert where == [home] and state == "completed" and result["result"] == 3
+        assert child[0] == [home] and child[2] == "completed"  # a default child id lives with its parent
+    (pwhere, phome, pstate, presult), (cwhere, chome, cstate, _) = facts["cross"]
+    assert pwhere == [phome] and cwhere == [chome] and phome != chome  # a child with its own id: the other shard
+    assert pstate == "completed" and presult["result"] == 4 and cstate == "completed"  # woken after its settle
+    last, (where, home, state, result), links = facts["chain"]
+    assert last.endswith("~2") and state == "completed" and result == 3
+    assert where == [home] == ["shard1"] and links == [["shard1"], ["shard1"]]  # a chain stays on its root's shard
+    assert facts["fork"][0] == [facts["fork"][1]]  # the fork is written on its own id's shard
+    assert facts["woken_count"] >= 4
+
+
 def test_a_worker_sigkilled_while_owning_runs_on_both_shards_is_recovered_by_another(shard_env, tmp_path):
     eids = [f"kill-{i}" for i in range(40)]
     eids = scenario(shard_env, "status", {"eids": eids})["executions"]

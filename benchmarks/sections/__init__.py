@@ -44,3 +44,10 @@ SCHEDULE_SECTIONS: dict[str, str] = {"schedules": "benchmarks.sections.schedules
 
 # Sections of `manage.py bench_privacy` (personal data: sealed fields, forget, the content store; docs/privacy.md).
 PRIVACY_SECTIONS: dict[str, str] = {"privacy": "benchmarks.sections.privacy"}
+
+# Sections of `manage.py bench_waits` (flows that wait, issue 17): each wakes its flows with a real loom_worker.
+WAITS_SECTIONS: dict[str, str] = {
+    "timers": "benchmarks.sections.waits_timers",
+    "messages": "benchmarks.sections.waits_messages",
+    "idle": "benchmarks.sections.waits_idle",
+}

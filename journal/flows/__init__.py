@@ -13,7 +13,8 @@ Modules: registry (defining), context (what flow code calls), runtime (start/res
 handover (queue a resume for a worker). `retry_execution` is runtime.retry (journal.flows.retry is
 the retry-policy module),
 writer (the one write point), state (fold, snapshots, bounded load), ownership (lease hook),
-transient, describe, events (the event shape), errors. See docs/flows.md.
+transient, describe, events (the event shape), errors, waits (timers, messages, events, children,
+suspend, continue-as-new, fork: flows that wait). See docs/flows.md.
 
 Names that need the database (start, resume, cancel, describe, ...) load on first use, so a
 module may define flows before Django's app registry is ready.
@@ -25,10 +26,14 @@ from typing import TYPE_CHECKING
 
 from journal.flows.context import Context
 from journal.flows.errors import (
+    ChildFailed,
+    DeadlineExceeded,
     ExecutionBusy,
     ExecutionExists,
+    ExecutionFinished,
     FlowError,
     InvalidInput,
+    NeedsDurable,
     NonDeterminism,
     NonRetryableError,
     NotResumable,
@@ -47,12 +52,24 @@ if TYPE_CHECKING:
     from journal.flows.handover import hand_over
     from journal.flows.runtime import cancel, outcome_of, resume, retry_execution, start
     from journal.flows.state import load_state
+    from journal.flows.waits import (
+        fork,
+        get_event,
+        pending_messages,
+        send,
+        suspend,
+        waiting_on,
+        wake_due,
+        wake_now,
+    )
 
 _LAZY = {
     "start": "journal.flows.runtime", "resume": "journal.flows.runtime", "cancel": "journal.flows.runtime",
     "outcome_of": "journal.flows.runtime", "describe": "journal.flows.describe",
     "retry_execution": "journal.flows.runtime", "hand_over": "journal.flows.handover",
     "load_state": "journal.flows.state",
+    **{name: "journal.flows.waits" for name in ("send", "get_event", "suspend", "wake_now", "wake_due", "waiting_on",
+                                                "pending_messages", "fork")},
 }
 
 
@@ -68,8 +85,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Context", "ExecutionBusy", "ExecutionExists", "Flow", "FlowError", "InvalidInput", "NonDeterminism",
-    "NonRetryableError", "NotResumable", "Outcome", "OwnershipLost", "RetryPolicy", "StepFailed", "UnknownExecution",
-    "UnknownFlow", "cancel", "describe", "flow", "get_flow", "hand_over", "invoke_transient", "load_state",
-    "outcome_of", "resume", "retry_execution", "start",
+    "ChildFailed", "Context", "DeadlineExceeded", "ExecutionBusy", "ExecutionExists", "ExecutionFinished", "Flow",
+    "FlowError", "InvalidInput", "NeedsDurable", "NonDeterminism", "NonRetryableError", "NotResumable", "Outcome",
+    "OwnershipLost", "RetryPolicy", "StepFailed", "UnknownExecution", "UnknownFlow", "cancel", "describe", "flow",
+    "fork", "get_event", "get_flow", "hand_over", "invoke_transient", "load_state", "outcome_of", "pending_messages",
+    "resume", "retry_execution", "send", "start", "suspend", "waiting_on", "wake_due", "wake_now",
 ]

@@ -9,19 +9,37 @@ transaction, so a step whose effects are rows of this database happens exactly o
 
 On replay (resume), a position the log recorded as completed returns its recorded result without
 running; a different step name at a recorded position is NonDeterminism (never guessed).
+
+Flows that wait (journal/flows/waits.py): sleep, sleep_until, recv, set_event, start_child (and its
+handle's result), continue_as_new. A step's `timeout` cannot interrupt a running function (a thread
+cannot be stopped safely): an attempt that returns late counts as failed (DeadlineExceeded, the retry
+policy decides), and a resume finding an attempt whose worker died past its deadline records the
+timeout instead of running it again.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from journal import jsonvalues
+from django.utils import timezone
+
+from journal import conf, jsonvalues
 from journal.flows import events as ev
-from journal.flows.errors import NonDeterminism, StepFailed
+from journal.flows.errors import (
+    ChildFailed,
+    DeadlineExceeded,
+    InvalidInput,
+    NeedsDurable,
+    NonDeterminism,
+    StepFailed,
+)
 from journal.flows.retry import RetryPolicy
-from journal.flows.state import COMPLETED, FAILED, RETRYING, ExecutionState
+from journal.flows.state import COMPLETED, FAILED, RETRYING, STARTED, WAITING, ExecutionState
 
 
 class Halt(BaseException):
@@ -33,6 +51,94 @@ class Halt(BaseException):
         super().__init__(str(error))
 
 
+@dataclass(slots=True)
+class WaitSpec:
+    """What a run parks on (journal/flows/waits.py writes it as the execution's wait row)."""
+
+    kind: str  # sleep, recv, child, start, retry
+    pos: int
+    due_at: datetime | None
+    topic: str = ""
+    child: str = ""
+
+
+class Park(BaseException):
+    """Unwinds the flow's code when it must wait longer than LOOM_WAIT_INLINE_MAX: the runner writes
+    what is pending, parks the execution (status waiting, a wait row) and gives up thread and lease.
+    A BaseException, so a flow's `except Exception` cannot swallow it."""
+
+    def __init__(self, spec: WaitSpec):
+        self.spec = spec
+        super().__init__(f"parked on {spec.kind} at position {spec.pos}")
+
+
+class ContinueAsNew(BaseException):
+    """ctx.continue_as_new(input): unwinds the flow's code; the runner starts the linked execution and
+    settles this one."""
+
+    def __init__(self, input: Any):
+        self.input = input
+        super().__init__("continue as new")
+
+
+def now() -> datetime:
+    return timezone.now()
+
+
+def iso(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+def parse_time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def check_seconds(value: Any, what: str) -> float:
+    """A finite number of seconds >= 0, else InvalidInput (before anything is written)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InvalidInput(f"{what} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def check_moment(value: Any, what: str) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise InvalidInput(f"{what} must be a timezone-aware datetime, got {value!r}")
+    return value
+
+
+def check_name(value: Any, what: str) -> str:
+    """A topic, message id or event key: what the database can hold as an id (journal/ids.py:
+    1 to 200 characters, no NUL, no lone surrogate), else InvalidInput."""
+    from journal.exceptions import InvalidStream
+    from journal.ids import check_stored_id
+
+    try:
+        return check_stored_id(value, what)
+    except InvalidStream as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def inline_max() -> float:
+    return conf.get("LOOM_WAIT_INLINE_MAX")
+
+
+class ChildHandle:
+    """A child flow started with ctx.start_child: its id, and `result()` to wait for it durably."""
+
+    __slots__ = ("_ctx", "execution_id")
+
+    def __init__(self, ctx: DurableContext, execution_id: str):
+        self._ctx, self.execution_id = ctx, execution_id
+
+    def result(self) -> Any:
+        """The child's result once it completed; ChildFailed if it failed or was cancelled. Waits
+        durably (the parent parks; the child's settle wakes it)."""
+        return self._ctx._await_child(self.execution_id)
+
+    def __repr__(self) -> str:
+        return f"<ChildHandle {self.execution_id}>"
+
+
 class Context:
     """The interface of both contexts. `transient` says whether anything is journaled."""
 
@@ -40,7 +146,7 @@ class Context:
     execution_id: str | None = None
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None,
-             atomic: bool = False) -> Any:
+             atomic: bool = False, timeout: float | None = None) -> Any:
         raise NotImplementedError
 
 
@@ -86,12 +192,15 @@ class DurableContext(Context):
         self.execution_id = state.execution_id
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None,
-             atomic: bool = False) -> Any:
+             atomic: bool = False, timeout: float | None = None) -> Any:
         runner = self._runner
+        if timeout is not None:
+            timeout = check_seconds(timeout, f"timeout of step {name!r}")
         pos = self._pos
         self._pos = pos + 1
         steps = self._state.steps
         attempt = 1
+        policy = retry or self._retry
         if pos < len(steps):
             recorded = steps[pos]
             if recorded[0] != name:
@@ -102,20 +211,36 @@ class DurableContext(Context):
             if status == FAILED:
                 raise StepFailed(name, pos, recorded[2], recorded[3])
             attempt = recorded[3] + (1 if status == RETRYING else 0)
-        policy = retry or self._retry
+            if status == RETRYING and len(recorded) > 4 and recorded[4]:
+                self._backoff(pos, parse_time(recorded[4]))  # the backoff its run parked on, if not over
+            elif (status == STARTED and isinstance(recorded[2], dict) and recorded[2].get("deadline")
+                  and now() >= parse_time(recorded[2]["deadline"])):  # its run died in it past its timeout
+                error = _error_text(DeadlineExceeded(f"deadline exceeded: step {name!r} ran past its timeout"))
+                again = policy.retries(DeadlineExceeded(error), attempt)
+                runner.emit(ev.STEP_FAILED, {"step": name, "pos": pos, "attempt": attempt, "error": error,
+                                             "retry": again, "ms": None, "timeout": True})
+                if not again:
+                    raise StepFailed(name, pos, error, attempt)
+                attempt = self._after_failure(pos, policy, attempt)
         while True:
-            runner.boundary()  # a lost claim stops the run here, before the step runs
-            runner.emit(ev.STEP_STARTED, {"step": name, "pos": pos, "attempt": attempt})
+            runner.before_work()  # a lost claim (or a passed deadline) stops the run here, before the step runs
+            started = {"step": name, "pos": pos, "attempt": attempt}
+            if timeout is not None:
+                started["deadline"] = iso(now() + timedelta(seconds=timeout))
+            runner.emit(ev.STEP_STARTED, started)
             runner.flush()  # durable before the step's function runs (the bootstrap, for the first)
             began = time.perf_counter()
             try:
                 if atomic:
-                    result = runner.atomic_step(name, pos, attempt, began, fn, args)
+                    result = runner.atomic_step(name, pos, attempt, began, fn, args, timeout)
                 else:
                     result = fn(*args)
                     problem = _jsonable(result)
                     if problem is not None:
                         raise StepFailed(name, pos, problem, attempt)
+                    if timeout is not None and time.perf_counter() - began > timeout:
+                        raise DeadlineExceeded(f"deadline exceeded: step {name!r} took longer than its timeout "
+                                               f"of {timeout} s")
             except Halt:
                 raise
             except Exception as exc:
@@ -126,20 +251,158 @@ class DurableContext(Context):
                     error = exc.error if secrets is None else _scrub(exc.error, secrets)
                 else:
                     error = _error_text(exc, secrets)
-                runner.emit(ev.STEP_FAILED, {"step": name, "pos": pos, "attempt": attempt, "error": error,
-                                             "retry": again, "ms": ms})
+                failed = {"step": name, "pos": pos, "attempt": attempt, "error": error, "retry": again, "ms": ms}
+                if isinstance(exc, DeadlineExceeded):
+                    failed["timeout"] = True
+                delay = policy.delay(attempt) if again else 0.0
+                if again and delay >= inline_max() and delay > 0:
+                    failed["due_at"] = iso(now() + timedelta(seconds=delay))  # a parked backoff: its end
+                runner.emit(ev.STEP_FAILED, failed)
                 if not again:
                     raise StepFailed(name, pos, error, attempt) from exc
-                delay = policy.delay(attempt)
-                if delay:
-                    runner.flush()  # record the failed attempt before waiting
-                    time.sleep(delay)
-                attempt += 1
+                attempt = self._after_failure(pos, policy, attempt, failed.get("due_at"))
                 continue
             if not atomic:
                 runner.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": attempt, "result": result,
                                                 "ms": round((time.perf_counter() - began) * 1000, 3)})
             return result
+
+    def _after_failure(self, pos: int, policy: RetryPolicy, attempt: int, due_at: str | None = None) -> int:
+        """The backoff after a failed attempt: slept here when short, parked on a timer when not."""
+        if due_at is not None:
+            self._runner.flush()  # the failed attempt and its backoff's end are durable before parking
+            self._backoff(pos, parse_time(due_at))
+        else:
+            delay = policy.delay(attempt)
+            if delay:
+                self._runner.flush()  # record the failed attempt before waiting
+                time.sleep(delay)
+        return attempt + 1
+
+    def _backoff(self, pos: int, due: datetime) -> None:
+        """Wait until a parked backoff's end (recorded in its STEP_FAILED): park, or return if over."""
+        record = self._state.steps[pos]
+        if len(record) > 4 and record[4] is None:  # woken early (wake_now)
+            return
+        remaining = (due - now()).total_seconds()
+        if remaining <= 0:
+            return
+        self._runner.before_work()  # woken at the execution's deadline: it passed, do not park again
+        if remaining < inline_max():
+            time.sleep(remaining)
+            return
+        raise Park(WaitSpec("retry", pos, self._runner.cap(due)))
+
+    # -- flows that wait ------------------------------------------------------------------------
+    def _position(self, name: str) -> tuple[int, list | None]:
+        """The next position and its record if the log has one (NonDeterminism if another name)."""
+        pos = self._pos
+        self._pos = pos + 1
+        steps = self._state.steps
+        if pos < len(steps):
+            recorded = steps[pos]
+            if recorded[0] != name:
+                raise Halt(NonDeterminism(self.execution_id, pos, recorded[0], name))
+            return pos, recorded
+        return pos, None
+
+    def _begin_wait(self, pos: int, name: str, kind: str, recorded: list | None, due: datetime | None,
+                    **extra: str) -> tuple[datetime | None, bool]:
+        """Record the wait (once: a replay finds it in the log); its due time and whether it was woken."""
+        self._runner.before_work()
+        if recorded is not None and recorded[1] == WAITING:
+            info = recorded[2] or {}
+            return parse_time(info.get("due_at")), bool(info.get("woken"))
+        self._runner.emit(ev.WAIT_STARTED, {"pos": pos, "step": name, "kind": kind,
+                                            "due_at": None if due is None else iso(due), **extra})
+        return due, False
+
+    def _end_wait(self, pos: int, name: str, result: Any = None) -> Any:
+        self._runner.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": 1, "result": result, "ms": None})
+        return result
+
+    def sleep(self, seconds: float) -> None:
+        """Wait `seconds` durably: the due time is recorded; a long wait parks (no thread, no lease)
+        and any worker wakes it; a replay never sleeps again for time that has passed."""
+        seconds = check_seconds(seconds, "sleep")
+        self._sleep_until(now() + timedelta(seconds=seconds))
+
+    def sleep_until(self, when: datetime) -> None:
+        """Wait until `when` (an aware datetime) durably, as sleep()."""
+        self._sleep_until(check_moment(when, "sleep_until"))
+
+    def _sleep_until(self, due: datetime) -> None:
+        name = "$sleep"
+        pos, recorded = self._position(name)
+        if recorded is not None and recorded[1] == COMPLETED:
+            return
+        due, woken = self._begin_wait(pos, name, "sleep", recorded, due)
+        remaining = (due - now()).total_seconds()
+        if not woken and remaining > 0:
+            if remaining >= inline_max():
+                raise Park(WaitSpec("sleep", pos, self._runner.cap(due)))
+            self._runner.flush()
+            time.sleep(remaining)
+        self._end_wait(pos, name)
+
+    def recv(self, topic: str, timeout: float | None = None) -> Any:
+        """The payload of the next message sent to this execution on `topic`, consumed exactly once
+        (its consumption commits with this wait's record); None once `timeout` seconds passed."""
+        topic = check_name(topic, "topic")
+        due = None if timeout is None else now() + timedelta(seconds=check_seconds(timeout, "recv timeout"))
+        name = f"$recv:{topic}"
+        pos, recorded = self._position(name)
+        if recorded is not None and recorded[1] == COMPLETED:
+            return recorded[2]
+        due, woken = self._begin_wait(pos, name, "recv", recorded, due, topic=topic)
+        found = self._runner.take_message(pos, name, topic)
+        if found is not None:
+            return found[0]
+        if woken or (due is not None and now() >= due):
+            return self._end_wait(pos, name, None)
+        raise Park(WaitSpec("recv", pos, self._runner.cap(due), topic=topic))
+
+    def set_event(self, key: str, value: Any) -> None:
+        """Publish `value` under `key` for get_event() callers; journaled (a replay does not set it
+        again) and written with its step record in one transaction."""
+        key = check_name(key, "event key")
+        problem = jsonvalues.problem(value, "event value")
+        if problem is not None:
+            raise InvalidInput(problem)
+        self.step(f"$set_event:{key}", self._runner.put_event, key, value, atomic=True)
+
+    def start_child(self, flow: Any, input: Any, execution_id: str | None = None) -> ChildHandle:
+        """Start a child execution (run by a worker); the child id is deterministic (this execution's
+        id and the step position), so a replay never starts a second child."""
+        from journal.flows.runtime import prepare_start
+
+        pos = self._pos
+        child_id = execution_id or f"{self.execution_id}.child-{pos}"
+        definition, _, stored, child_id = prepare_start(flow, input, child_id)  # bad input: nothing written
+        started = self.step("$start_child", self._runner.spawn_child, definition.name, stored, child_id)
+        return ChildHandle(self, started)
+
+    def _await_child(self, child_id: str) -> Any:
+        name = f"$child:{child_id}"
+        pos, recorded = self._position(name)
+        if recorded is None or recorded[1] != COMPLETED:
+            self._begin_wait(pos, name, "child", recorded, None, child=child_id)
+            outcome, link = self._runner.child_outcome(child_id)
+            if outcome is None:  # wait for the run the child is now (the newest of a continue_as_new chain)
+                recheck = now() + timedelta(seconds=conf.get("LOOM_WAIT_RECHECK"))
+                raise Park(WaitSpec("child", pos, self._runner.cap(recheck), child=link))
+            recorded = [name, COMPLETED, self._end_wait(pos, name, outcome), 1]
+        outcome = recorded[2]
+        if outcome["status"] != "completed":
+            raise ChildFailed(child_id, outcome["status"], outcome.get("error"))
+        return outcome.get("result")
+
+    def continue_as_new(self, input: Any) -> None:
+        """End this run and start a fresh log under a linked id with `input` (never returns)."""
+        problem = jsonvalues.problem(input, "input")
+        if problem is not None:
+            raise InvalidInput(problem)
+        raise ContinueAsNew(input)
 
     def check_consumed(self) -> None:
         """On return of the flow: the log must not hold steps the code no longer asked for."""
@@ -157,8 +420,26 @@ class TransientContext(Context):
         self._retry = default_retry
         self._pos = 0
 
+    def sleep(self, seconds: float) -> None:
+        time.sleep(check_seconds(seconds, "sleep"))
+
+    def sleep_until(self, when: datetime) -> None:
+        time.sleep(max(0.0, (check_moment(when, "sleep_until") - now()).total_seconds()))
+
+    def set_event(self, key: str, value: Any) -> None:
+        """Nothing to publish to: a transient call has no execution."""
+
+    def recv(self, topic: str, timeout: float | None = None) -> Any:
+        raise NeedsDurable("ctx.recv needs a durable execution (start() it), not invoke_transient")
+
+    def start_child(self, flow: Any, input: Any, execution_id: str | None = None):
+        raise NeedsDurable("ctx.start_child needs a durable execution (start() it), not invoke_transient")
+
+    def continue_as_new(self, input: Any) -> None:
+        raise NeedsDurable("ctx.continue_as_new needs a durable execution (start() it), not invoke_transient")
+
     def step(self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None,
-             atomic: bool = False) -> Any:
+             atomic: bool = False, timeout: float | None = None) -> Any:
         pos = self._pos
         self._pos = pos + 1
         policy = retry or self._retry

@@ -10,6 +10,8 @@ from journal.flows.errors import UnknownExecution
 from journal.flows.state import ExecutionState
 from journal.timestamps import stamp
 
+PARKED = frozenset({"waiting", "suspended"})
+
 
 def timeline(events) -> list[dict[str, Any]]:
     """One row per step attempt: step, position, attempt, status, duration (ms), result or error, and a
@@ -35,6 +37,17 @@ def timeline(events) -> list[dict[str, Any]]:
             pending_note = ""
             rows.append(row)
             open_rows[p.get("pos")] = row
+        elif event.type == ev.WAIT_STARTED:
+            # A wait of flows that wait: a row of its own, open until its STEP_COMPLETED.
+            row = {"pos": p.get("pos"), "step": p.get("step"), "attempt": 1, "status": "waiting",
+                   "started_at": event.recorded_at, "started_seq": event.seq, "ms": None, "result": None,
+                   "error": "", "note": _wait_note(p)}
+            rows.append(row)
+            open_rows[p.get("pos")] = row
+        elif event.type == ev.WAIT_WOKEN:
+            row = open_rows.get(p.get("pos"))
+            if row is not None:
+                row["note"] = f"{row['note']}; woken early by {p.get('by') or 'an operator'}"
         elif event.type in (ev.STEP_COMPLETED, ev.STEP_FAILED):
             row = open_rows.pop(p.get("pos"), None)
             if row is None:
@@ -59,6 +72,17 @@ def timeline(events) -> list[dict[str, Any]]:
     return rows
 
 
+def _wait_note(p: dict) -> str:
+    """What a wait waits for, for people."""
+    kind = p.get("kind")
+    due = f" until {p['due_at']}" if p.get("due_at") else ""
+    if kind == "recv":
+        return f"waits for a message on {p.get('topic')!r}" + (f" (timeout{due})" if due else "")
+    if kind == "child":
+        return f"waits for child {p.get('child')}"
+    return f"sleeps{due}"
+
+
 @shards.by_stream
 def describe(execution_id: str, reader=None) -> dict[str, Any]:
     """Everything known about an execution (reads the whole log: for people, not for the hot path).
@@ -76,7 +100,8 @@ def describe(execution_id: str, reader=None) -> dict[str, Any]:
     return {
         "execution_id": execution_id,
         "flow": state.flow,
-        "status": state.status,
+        # A parked execution's log says it is not settled; its header says how it waits.
+        "status": header.get("status") if not state.settled and header.get("status") in PARKED else state.status,
         "input": state.input,
         "result": state.result,
         "error": state.error or None,

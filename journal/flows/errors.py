@@ -84,3 +84,29 @@ class StepFailed(FlowError):
     def __init__(self, step: str, position: int, error: str, attempts: int):
         self.step, self.position, self.error, self.attempts = step, position, error, attempts
         super().__init__(f"step {step!r} (position {position}) failed after {attempts} attempt(s): {error}")
+
+
+class ExecutionFinished(NotResumable):
+    """The execution has settled (completed, failed or cancelled): it takes no message, wake-up or
+    suspend any more; nothing was written."""
+
+    def __init__(self, execution_id: str, status: str, what: str = "that"):
+        self.execution_id, self.status = execution_id, status
+        super().__init__(f"execution {execution_id!r} already {status}; {what} was refused and nothing written")
+
+
+class ChildFailed(FlowError):
+    """A child flow awaited with handle.result() failed or was cancelled."""
+
+    def __init__(self, child_id: str, status: str, error: str | None):
+        self.child_id, self.status, self.error = child_id, status, error
+        super().__init__(f"child execution {child_id!r} {status}: {error or 'no error recorded'}")
+
+
+class DeadlineExceeded(FlowError):
+    """An execution's deadline (start(..., timeout=)) or a step's (ctx.step(..., timeout=)) passed."""
+
+
+class NeedsDurable(FlowError):
+    """A primitive that waits for something outside the flow (recv, start_child, continue_as_new) was
+    called in a transient call (invoke_transient), which has no journal to wait in."""

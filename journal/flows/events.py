@@ -6,6 +6,17 @@ EXECUTION_STARTED {flow, input}
 EXECUTION_COMPLETED {result} | EXECUTION_FAILED {error} | EXECUTION_CANCELLED {reason}
 EXECUTION_RETRIED {attempt, actor, error, from_pos, steps}   (retry() of a failed execution: a new attempt)
 
+Flows that wait (journal/flows/waits.py). A wait primitive takes a step position like a step; its
+name starts with "$" ($sleep, $recv:<topic>, $child:<id>, $retry:<step>; $start_child and
+$set_event:<key> are ordinary steps):
+WAIT_STARTED {pos, step, kind, due_at (ISO or null), topic?, child?}   (the wait and its absolute due time)
+  ... STEP_COMPLETED {step, pos, attempt, result, ms}                  (the wait ended: its result)
+WAIT_WOKEN {pos, by}                          (wake_now(): the wait at pos ends at its next replay)
+EXECUTION_SUSPENDED {by, reason}  EXECUTION_RESUMED {by, from_status}
+EXECUTION_CONTINUED {next, result}            (continue_as_new: settles this run as completed)
+EXECUTION_STARTED may carry "$start_at", "$deadline" (ISO), "$parent", "$previous", "$root",
+"$forked_from" and "$steps" (the records a fork replays).
+
 n steps that succeed first time: exactly 2n + 2 events.
 """
 
@@ -18,4 +29,10 @@ EXECUTION_FAILED = "EXECUTION_FAILED"
 EXECUTION_CANCELLED = "EXECUTION_CANCELLED"
 EXECUTION_RETRIED = "EXECUTION_RETRIED"
 
-SETTLING = frozenset({EXECUTION_COMPLETED, EXECUTION_FAILED, EXECUTION_CANCELLED})
+WAIT_STARTED = "WAIT_STARTED"
+WAIT_WOKEN = "WAIT_WOKEN"
+EXECUTION_SUSPENDED = "EXECUTION_SUSPENDED"
+EXECUTION_RESUMED = "EXECUTION_RESUMED"
+EXECUTION_CONTINUED = "EXECUTION_CONTINUED"
+
+SETTLING = frozenset({EXECUTION_COMPLETED, EXECUTION_FAILED, EXECUTION_CANCELLED, EXECUTION_CONTINUED})

@@ -36,9 +36,11 @@ def hand_over(execution_id: str, *, force: bool = False) -> int:
     status, _, _, _ = header_of(execution_id)
     if status in TERMINAL:
         raise NotResumable(f"execution {execution_id!r} already {status}; nothing to resume")
+    # The fence as the liveness check saw it (read first): a waker's claim in between moves it, and the
+    # handed-over resume (expected_fence=token) is then refused instead of fencing off the woken run.
+    token = Fence.objects.current(execution_id)
     if not force:
         check_not_live(execution_id)
-    token = Fence.objects.current(execution_id)
     enqueue_resume(execution_id, token, force=force)
     return token
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -22,8 +23,23 @@ from journal.envelopes import Envelope, check_new_stream_id
 from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
 from journal.flows import ownership, writer
-from journal.flows.context import DurableContext, Halt, _error_text, _jsonable
+from journal.flows.context import (
+    ContinueAsNew,
+    DurableContext,
+    Halt,
+    Park,
+    WaitSpec,
+    _error_text,
+    _jsonable,
+    check_moment,
+    check_seconds,
+    inline_max,
+    iso,
+    now,
+    parse_time,
+)
 from journal.flows.errors import (
+    DeadlineExceeded,
     ExecutionBusy,
     ExecutionExists,
     InvalidInput,
@@ -37,6 +53,7 @@ from journal.flows.ownership import Claim, get_ownership
 from journal.flows.registry import Flow, get_flow
 from journal.flows.state import (
     CANCELLED,
+    COMPLETED,
     RUNNING,
     SETTLED_FAILED,
     TERMINAL,
@@ -55,7 +72,8 @@ from journal.store import store_for
 class Runner:
     """One run of one execution: its pending events, its folded state, its claim."""
 
-    __slots__ = ("claim", "every", "pending", "recovered", "released", "run", "state")
+    __slots__ = ("claim", "continued_to", "deadline_signalled", "every", "pending", "recovered", "released", "run",
+                 "state")
 
     def __init__(self, run: writer.RunHandle, state: ExecutionState, claim: Claim | None):
         self.run = run
@@ -64,6 +82,8 @@ class Runner:
         self.pending: list[Envelope] = []
         self.every = snapshot_every()
         self.released = False  # the settle statement deleted the run's lease row
+        self.deadline_signalled = False  # DeadlineExceeded was raised in this run (a handler may go on)
+        self.continued_to: str | None = None  # the next run of a continue_as_new (its settle carries messages)
         # A resume notes who took over in its first STEP_STARTED ("recovered_by": the admin's
         # timeline marks the attempt it interrupted); the event count does not change.
         self.recovered: dict | None = None
@@ -89,8 +109,20 @@ class Runner:
             owner = getattr(self.claim, "settle_owner", None)
             if owner is not None:  # ... and delete it in the settle statement
                 settle.companion, settle.lease_owner = ownership.companion(), owner
+        parent = self.state.meta.get("$parent") if settle is not None else None
+        onward = self.continued_to if settle is not None else None
         try:
-            writer.write(run, envelopes, settle)
+            if parent or onward:
+                from journal.flows import waits
+
+                with transaction.atomic(using=waits._alias()):
+                    writer.write(run, envelopes, settle)  # the header settles (locked) first: a send
+                    if onward:  # after it follows the chain; one before it is carried here
+                        waits.carry_messages(run.execution_id, onward)
+                    if parent:  # a child's settle wakes its parent in the same transaction (no crash gap)
+                        waits.wake_parent(parent, run.execution_id)
+            else:
+                writer.write(run, envelopes, settle)
         except StreamExists:
             raise Halt(_exists(run.execution_id)) from None
         except UnknownStream as exc:
@@ -117,15 +149,95 @@ class Runner:
         if self.claim is not None and self.claim.lost:
             raise Halt(OwnershipLost(self.run.execution_id, "its ownership claim was lost"))
 
-    def atomic_step(self, name: str, pos: int, attempt: int, began: float, fn, args) -> Any:
+    def before_work(self) -> None:
+        """Before a step runs or a wait begins: the claim holds and the execution's deadline has not
+        passed (DeadlineExceeded: the flow may catch it; uncaught, the execution fails)."""
+        self.boundary()
+        deadline = self.state.meta.get("$deadline")
+        if deadline and not self.deadline_signalled and now() >= parse_time(deadline):
+            # Raised once per run, at the first new work past the deadline (the same point on every
+            # replay): a flow that catches it may run its handler's steps and waits.
+            self.deadline_signalled = True
+            raise DeadlineExceeded(f"deadline exceeded: execution {self.run.execution_id!r} passed its deadline "
+                                   f"{deadline}")
+
+    def cap(self, due):
+        """A wait's due time, no later than the execution's deadline (so a waiting execution wakes to
+        fail at it, on any worker)."""
+        deadline = self.state.meta.get("$deadline")
+        if not deadline or self.deadline_signalled:
+            return due
+        deadline = parse_time(deadline)
+        return deadline if due is None or deadline < due else due
+
+    # -- what the wait primitives of DurableContext need (journal/flows/waits.py) --
+    def take_message(self, pos: int, name: str, topic: str) -> tuple[Any] | None:
+        """Consume the oldest pending message of `topic` and record it as the wait's result, in ONE
+        transaction (exactly once: a crash before the commit leaves both undone); (payload,) or None."""
+        from journal.flows import waits
+
+        return waits.take_message(self, pos, name, topic)
+
+    def put_event(self, key: str, value: Any) -> None:
+        from journal.flows import waits
+
+        waits.put_event(self.run.execution_id, key, value)
+
+    def spawn_child(self, flow: str, stored: Any, child_id: str) -> str:
+        from journal.flows import waits
+
+        return waits.spawn_child(self.run.execution_id, flow, stored, child_id)
+
+    def child_outcome(self, child_id: str) -> tuple[dict | None, str]:
+        from journal.flows import waits
+
+        return waits.child_outcome(child_id)
+
+    def park(self, spec: WaitSpec) -> Outcome:
+        """Write what is pending, then the wait row and status waiting; the thread and lease go."""
+        from journal.flows import waits
+
+        if self.pending:
+            self.flush()
+        waits.park(self.run, spec)
+        return Outcome(self.run.execution_id, "waiting", None, None)
+
+    def check_start(self) -> None:
+        """A scheduled start (start_at, delay, a child, a continuation, a fork) runs no step before its
+        time: park (or sleep, if short) until then."""
+        meta = self.state.meta
+        start_at = meta.get("$start_at")
+        if not start_at or self.state.steps or meta.get("$woken"):
+            return
+        remaining = (parse_time(start_at) - now()).total_seconds()
+        if remaining <= 0:
+            return
+        self.before_work()  # woken at its deadline before its start time: it fails, not parks again
+        if remaining >= inline_max():
+            raise Park(WaitSpec("start", -1, self.cap(parse_time(start_at))))
+        time.sleep(remaining)
+
+    def after_settle(self) -> None:
+        """A run that waited drops its wait row (best effort: a stale row is deleted by the next claim).
+        A child's settle woke its parent already, in its own transaction (flush)."""
+        from journal.flows import waits
+
+        waits.after_settle(self.state)
+
+    def atomic_step(self, name: str, pos: int, attempt: int, began: float, fn, args,
+                    timeout: float | None = None) -> Any:
         """Run fn and write its STEP_COMPLETED in one transaction: its database effects and the record
         that it completed commit together, or neither does."""
-        # On the execution's shard: a step's effects commit with its record only on that database.
-        with transaction.atomic(using=writer.Event.objects.db):
+        from journal.models import Event
+
+        # On the execution's shard (the bound alias): its effects commit with its record only on that database.
+        with transaction.atomic(using=Event.objects.db):
             result = fn(*args)
             problem = _jsonable(result)
             if problem is not None:
                 raise StepFailed(name, pos, problem, attempt)
+            if timeout is not None and time.perf_counter() - began > timeout:
+                raise DeadlineExceeded(f"deadline exceeded: step {name!r} took longer than its timeout of {timeout} s")
             self.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": attempt, "result": result,
                                           "ms": round((time.perf_counter() - began) * 1000, 3)})
             self.flush()
@@ -136,11 +248,35 @@ class Runner:
         ctx = DurableContext(self, self.state, flow.retry)
         try:
             try:
+                self.check_start()
                 result = flow.fn(ctx, value)
                 ctx.check_consumed()
                 problem = _jsonable(result)
                 if problem is not None:
                     raise TypeError(f"flow {flow.name} returned a value that is not storable: {problem}")
+            except Park as park:
+                return self.park(park.spec)
+            except ContinueAsNew as cont:
+                from journal.flows import waits
+
+                ctx.check_consumed()
+                self.boundary()
+                try:
+                    # The next run is written in the transaction of this run's settle: a run fenced off
+                    # meanwhile (a cancel took it) leaves no next run behind to run unowned.
+                    with transaction.atomic(using=waits._alias()):
+                        next_id = waits.continue_run(self.state, flow, cont.input)
+                        result = {"continued_as": next_id}
+                        self.continued_to = next_id
+                        self.emit(ev.EXECUTION_CONTINUED, {"next": next_id, "result": result})
+                        self.flush(writer.Settle("completed", result))
+                except (InvalidInput, ExecutionExists) as exc:
+                    error = _error_text(exc)
+                    self.emit(ev.EXECUTION_FAILED, {"error": error})
+                    self.flush(writer.Settle("failed", None, error))
+                    return Outcome(eid, "failed", None, error)
+                self.after_settle()
+                return Outcome(eid, "completed", result, None)
             except Halt:
                 raise
             except Exception as exc:
@@ -148,10 +284,12 @@ class Runner:
                 self.boundary()
                 self.emit(ev.EXECUTION_FAILED, {"error": error})
                 self.flush(writer.Settle("failed", None, error))
+                self.after_settle()
                 return Outcome(eid, "failed", None, error)
             self.boundary()
             self.emit(ev.EXECUTION_COMPLETED, {"result": result})
             self.flush(writer.Settle("completed", result))
+            self.after_settle()
             return Outcome(eid, "completed", result, None)
         except Halt as halt:
             return _halted(eid, halt.error)
@@ -201,20 +339,58 @@ def prepare_start(flow: str | Flow, input: Any, execution_id: str | None) -> tup
     return definition, value, stored, execution_id
 
 
-def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: dict | None = None) -> Outcome:
+# The queues app's enqueue (queues/apps.py puts it here): start(..., queue=...) hands the start to it,
+# so that the journal names no app above it. Empty: the queues app is not installed.
+QUEUE_STARTS: list = []
+
+
+def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: dict | None = None, *,
+          start_at=None, delay: float | None = None, timeout: float | None = None, queue: str | None = None,
+          partition_key: str | None = None, priority: int = 0, dedup_id: str | None = None) -> Outcome:
     """Start a durable execution and run it to completion in this thread.
 
     With no id a ULID is minted; a caller-chosen id makes the start idempotent: a second start of
     the same id (even racing from another process) raises ExecutionExists before any step runs.
+
+    start_at (an aware datetime) or delay (seconds): a scheduled start; the execution is written and
+    parked (Outcome status "waiting") and a worker's waker runs it when due. timeout (seconds): the
+    execution's deadline; past it, the next step or wait raises DeadlineExceeded and the execution
+    fails (a waiting execution is woken at its deadline, on any worker).
+
+    queue (and partition_key, priority, dedup_id): the start is queued on that queue (the queues app,
+    docs/queues.md) and a loom_worker runs it within the queue's caps; Outcome status "queued", with the
+    execution id (the existing one when dedup_id matched a live entry). start_at/delay become the
+    entry's not-before time.
     """
+    if queue is not None:
+        return _queued_start(flow, input, execution_id, meta, queue, start_at, delay, timeout,
+                             partition_key, priority, dedup_id)
+    if partition_key is not None or priority or dedup_id is not None:
+        raise InvalidInput("partition_key, priority and dedup_id are options of a queued start: give queue= too")
     sealed = input if isinstance(input, Sealed) else None
     if sealed is not None:  # a queued start: its input was sealed before it went to the broker (leases/tasks.py)
         # sealed with the subject's key of the execution's shard (data keys live per shard), unsealed there
         with shards.on_stream(execution_id) if _placeable(execution_id) else nullcontext():
             input = unseal_started(sealed)
+    if start_at is not None and delay is not None:
+        raise InvalidInput("start() takes start_at or delay, not both")
+    due = None
+    if start_at is not None:
+        due = check_moment(start_at, "start_at")
+    elif delay is not None:
+        due = now() + timedelta(seconds=check_seconds(delay, "delay"))
+    extra = {}
+    if timeout is not None:
+        extra["$deadline"] = iso(now() + timedelta(seconds=check_seconds(timeout, "timeout")))
     definition, value, stored, execution_id = prepare_start(flow, input, execution_id)
     with shards.on_stream(execution_id):
-        return _start(definition, value, stored, execution_id, meta, sealed)
+        if due is not None:
+            from journal.flows import waits
+
+            if meta:
+                extra["$meta"] = meta
+            return waits.schedule(definition.name, stored, execution_id, due, extra)
+        return _start(definition, value, stored, execution_id, meta, sealed, extra)
 
 
 def _placeable(execution_id: Any) -> bool:
@@ -223,20 +399,41 @@ def _placeable(execution_id: Any) -> bool:
 
 
 def _start(definition: Flow, value: Any, stored: Any, execution_id: str, meta: dict | None,
-           sealed: Sealed | None = None) -> Outcome:
+           sealed: Sealed | None = None, extra: dict | None = None) -> Outcome:
+    extra = extra or {}
     state = ExecutionState(execution_id)
     runner = Runner(writer.RunHandle(execution_id, definition.name, stored), state, None)
     if sealed is not None:
         if sealed.get("flow") != definition.name:
             raise InvalidInput(f"a sealed input of flow {sealed.get('flow')!r} cannot start {definition.name!r}")
         started: dict = Sealed(sealed)  # written as it is: sealed once, not again
+        started.update(extra)  # $deadline: not a sealed field
     else:
-        started = {"flow": definition.name, "input": stored}
+        started = {"flow": definition.name, "input": stored, **extra}
     if meta:
         started["$meta"] = meta  # who started it and under which trace (the HTTP API records these)
     runner.emit(ev.EXECUTION_STARTED, started)
     state.input = stored  # the run's own copy in clear (failure text is cut by its marked values), never written
     return runner.drive(definition, value)
+
+
+def _queued_start(flow, input, execution_id, meta, queue, start_at, delay, timeout, partition_key, priority,
+                  dedup_id) -> Outcome:
+    """start(..., queue=...): an entry on the queue, nothing run here (checked and written by the queues app)."""
+    if not QUEUE_STARTS:
+        raise InvalidInput("start(queue=...) needs the queues app in INSTALLED_APPS (docs/queues.md)")
+    if timeout is not None:
+        raise InvalidInput("a queued start takes no timeout= (start it with one from a flow, or without a queue)")
+    if start_at is not None and delay is not None:
+        raise InvalidInput("start() takes start_at or delay, not both")
+    run_after = None
+    if start_at is not None:
+        run_after = check_moment(start_at, "start_at")
+    elif delay is not None:
+        run_after = now() + timedelta(seconds=check_seconds(delay, "delay"))
+    queued = QUEUE_STARTS[0](flow, input, queue, execution_id=execution_id, partition_key=partition_key,
+                             priority=priority, dedup_id=dedup_id, run_after=run_after, meta=meta)
+    return Outcome(queued.execution_id, "queued")
 
 
 def seal_started(flow: str, stored: Any) -> Any:
@@ -258,21 +455,35 @@ def unseal_started(sealed: Sealed) -> Any:
     return codec.unseal(store_for(Event.objects.db), ev.EXECUTION_STARTED, sealed).get("input")
 
 
-def _take_over(execution_id: str, expected_fence: int | None = None) -> tuple[int, ExecutionState]:
+def _take_over(execution_id: str, expected_fence: int | None = None,
+               busy: bool = False) -> tuple[int, ExecutionState]:
     """A new fence first (every older owner is refused from here on), then the state.
 
     expected_fence: advance only from that token (a handed-over resume: if anyone took the
-    execution over since it was handed over, nothing is done)."""
+    execution over since it was handed over, nothing is done). A parked execution (waiting or
+    suspended) is running again from the same transaction on (its header locked first, the order
+    of park and send)."""
     from journal.models import Fence
+    from journal.store import store_for
 
+    store = store_for(Fence.objects.db)
     try:
-        token = Fence.objects.advance(execution_id, expected_fence)
+        with transaction.atomic(using=Fence.objects.db):
+            status = store.lock_execution(execution_id)
+            token = Fence.objects.advance(execution_id, expected_fence)
+            if status in PARKED:
+                store.set_execution_status(execution_id, token, RUNNING)
     except UnknownStream:
         raise UnknownExecution(execution_id) from None
     except StaleFence:
+        if busy:  # a run took it over since the liveness check (a waker's claim): it is live now
+            raise ExecutionBusy(execution_id, f"a run that took it over after fence {expected_fence}") from None
         raise NotResumable(f"execution {execution_id!r} was taken over since fence {expected_fence} "
                            f"(now {Fence.objects.current(execution_id)}); nothing done") from None
     return token, load_state(execution_id)
+
+
+PARKED = frozenset({"waiting", "suspended"})
 
 
 def _adopt(execution_id: str, token: int) -> ExecutionState:
@@ -330,10 +541,18 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
         if state.settled:
             return Outcome(execution_id, state.status, state.result, state.error or None)
     definition = get_flow(flow_name)
+    busy = False
     if not force:
+        if token is None and expected_fence is None:
+            # Advance only from the fence the liveness check saw: a waker's claim (or any takeover)
+            # between the check and the header lock makes the advance refuse (ExecutionBusy) instead of
+            # fencing off the run it just woke.
+            from journal.models import Fence
+
+            expected_fence, busy = Fence.objects.current(execution_id), True
         check_not_live(execution_id)
     if token is None:
-        token, state = _take_over(execution_id, expected_fence)
+        token, state = _take_over(execution_id, expected_fence, busy)
     else:
         state = _adopt(execution_id, token)
     if state.settled:
@@ -343,6 +562,8 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
     claim = get_ownership().begin(execution_id, token, fresh=False)
     runner = Runner(run, state, claim)
     runner.recovered = {"by": process_identity(), "fence": token}
+    if status == "suspended":  # the log says who let it go on (written with the run's next write)
+        runner.emit(ev.EXECUTION_RESUMED, {"by": process_identity(), "from_status": status})
     return runner.drive(definition, value)
 
 
@@ -437,7 +658,15 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
 def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     """Cancel an execution: take its fence (a running owner is refused at its next step boundary and
     stops) and record EXECUTION_CANCELLED. Cancelling a cancelled execution returns its outcome;
-    a completed or failed one raises NotResumable."""
+    a completed or failed one raises NotResumable. An execution that continued as new is cancelled in
+    the newest run of its chain (the id a caller knows stands for the whole chain, as for send())."""
+    from journal.flows import waits
+
+    header = writer.header_status(execution_id)
+    if header is not None and waits._continued(header):
+        current = waits.chain_current(execution_id)
+        if current != execution_id:
+            return cancel(current, reason)
     token, state = _take_over(execution_id)
     if state.settled:
         if state.status == CANCELLED:
@@ -447,18 +676,30 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     run = writer.RunHandle(execution_id, state.flow, state.input, token=token, tip=state.seq)
     runner = Runner(run, state, None)
     runner.emit(ev.EXECUTION_CANCELLED, {"reason": reason})
+    # Its children: those whose start completed, and (a run that died while starting one) the
+    # default id of a start not recorded as completed.
+    children = [record[2] if record[1] == COMPLETED else f"{execution_id}.child-{pos}"
+                for pos, record in enumerate(state.steps) if record[0] == "$start_child"]
     try:
         runner.flush(writer.Settle(CANCELLED, None, reason))
     except Halt as halt:
         raise halt.error from None
+    runner.after_settle()
+    waits.cancel_children(execution_id, children, reason)
     return Outcome(execution_id, CANCELLED, None, reason)
 
 
 @shards.by_stream
 def outcome_of(execution_id: str) -> Outcome:
-    """The outcome as the log says now (a bounded read); status running while it is not settled."""
+    """The outcome as the log says now (a bounded read); while it is not settled, running, or waiting /
+    suspended as its header says when it is parked."""
     state = load_state(execution_id)
-    return Outcome(execution_id, state.status, state.result, state.error or None)
+    status = state.status
+    if not state.settled:
+        header = writer.header_status(execution_id)
+        if header is not None and header[0] in PARKED:
+            status = header[0]
+    return Outcome(execution_id, status, state.result, state.error or None)
 
 
 retry_execution = retry  # exported as journal.flows.retry_execution (journal.flows.retry is the policy module)

@@ -19,6 +19,8 @@ from journal.flows.errors import UnknownExecution
 
 # Status of one step record (index 1 of a step record list).
 STARTED, COMPLETED, FAILED, RETRYING = "started", "completed", "failed", "retrying"
+# A wait primitive's record while it waits: [name, WAITING, {kind, due_at, topic?, child?, woken?}, 1].
+WAITING = "waiting"
 
 RUNNING, SETTLED_COMPLETED, SETTLED_FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
 TERMINAL = frozenset({SETTLED_COMPLETED, SETTLED_FAILED, CANCELLED})
@@ -37,19 +39,41 @@ class ExecutionState:
     error: str = ""
     seq: int = -1
     snapshot_seq: int = -1  # seq of the newest checkpoint (-1: none)
+    # What EXECUTION_STARTED carried besides flow and input ($start_at, $deadline, $parent, $previous,
+    # $root, $forked_from): a scheduled start, a deadline, the links of children and continuations.
+    meta: dict = field(default_factory=dict)
 
     def apply(self, seq: int, type_: str, p: dict) -> None:
         """Fold one event (in seq order)."""
         if type_ == ev.STEP_STARTED:
-            self._put(p["pos"], [p["step"], STARTED, None, p.get("attempt", 1)])
+            # A started record keeps the step's deadline (if it has a timeout) where a result goes.
+            deadline = p.get("deadline")
+            self._put(p["pos"], [p["step"], STARTED, {"deadline": deadline} if deadline else None,
+                                 p.get("attempt", 1)])
         elif type_ == ev.STEP_COMPLETED:
             self._put(p["pos"], [p["step"], COMPLETED, p.get("result"), p.get("attempt", 1)])
         elif type_ == ev.STEP_FAILED:
-            self._put(p["pos"], [p["step"], RETRYING if p.get("retry") else FAILED, p.get("error", ""),
-                                 p.get("attempt", 1)])
+            record = [p["step"], RETRYING if p.get("retry") else FAILED, p.get("error", ""), p.get("attempt", 1)]
+            if p.get("due_at"):
+                record.append(p["due_at"])  # a parked backoff: the next attempt not before then
+            self._put(p["pos"], record)
         elif type_ == ev.EXECUTION_STARTED:
             self.flow, self.input, self.status = p.get("flow", ""), p.get("input"), RUNNING
-        elif type_ == ev.EXECUTION_COMPLETED:
+            self.meta = {k: v for k, v in p.items() if k.startswith("$") and k not in ("$meta", "$steps")}
+            if p.get("$steps"):  # a fork: the records it replays
+                self.steps = [list(record) for record in p["$steps"]]
+        elif type_ == ev.WAIT_STARTED:
+            info = {k: p[k] for k in ("kind", "due_at", "topic", "child") if p.get(k) is not None}
+            self._put(p["pos"], [p["step"], WAITING, info, p.get("attempt", 1)])
+        elif type_ == ev.WAIT_WOKEN:
+            pos = p.get("pos", -1)
+            if 0 <= pos < len(self.steps) and self.steps[pos][1] == WAITING:
+                self.steps[pos][2] = {**self.steps[pos][2], "woken": True}
+            elif 0 <= pos < len(self.steps) and len(self.steps[pos]) > 4:
+                self.steps[pos][4] = None  # a parked backoff ends now
+            elif pos == -1:
+                self.meta["$woken"] = True  # a scheduled start made due now
+        elif type_ == ev.EXECUTION_CONTINUED or type_ == ev.EXECUTION_COMPLETED:
             self.status, self.result = SETTLED_COMPLETED, p.get("result")
         elif type_ == ev.EXECUTION_FAILED:
             self.status, self.error = SETTLED_FAILED, p.get("error", "")
@@ -78,12 +102,13 @@ class ExecutionState:
         parsing every step's result; describe() reads the log itself for the timeline."""
         steps = None if self.status in TERMINAL else self.steps
         return {"flow": self.flow, "input": self.input, "status": self.status, "steps": steps,
-                "step_count": len(self.steps), "result": self.result, "error": self.error, "seq": self.seq}
+                "step_count": len(self.steps), "result": self.result, "error": self.error, "seq": self.seq,
+                "meta": self.meta}
 
     @classmethod
     def from_json(cls, execution_id: str, data: dict, snapshot_seq: int) -> ExecutionState:
         return cls(execution_id, data["flow"], data["input"], data["status"], data["steps"] or [],
-                   data["result"], data["error"], data["seq"], snapshot_seq)
+                   data["result"], data["error"], data["seq"], snapshot_seq, data.get("meta") or {})
 
 
 def snapshot_every() -> int | None:

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
@@ -89,6 +90,35 @@ class ExecutionSettle:
     # for a store with `one_statement_executions`).
     companion: Companion | None = None
     lease_owner: str | None = None
+
+
+#: Header statuses after which an execution takes no message, wake-up or suspend.
+SETTLED_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+
+@dataclass(slots=True)
+class WaitRecord:
+    """What a parked execution waits for (a row of journal_wait)."""
+
+    execution_id: str
+    flow: str
+    kind: str  # sleep, recv, child, start, retry
+    pos: int
+    token: int
+    due_at: datetime | None
+    topic: str = ""
+    child: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedWait:
+    """A wait a claim took: the execution now runs under `token` (the fence the claim advanced to)."""
+
+    execution_id: str
+    token: int
+    flow: str
+    kind: str
+    pos: int
 
 
 # -- execution_status --
@@ -441,6 +471,103 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         """The guarded append of the settling events and, only if every guard passed, the headers
         (and the companion's lease deletes); one verdict per settle, in order."""
 
+    # == waits (flows that wait: journal/flows/waits.py) ==========================================
+    # A parked execution has one row in journal_wait (what it waits for, until when, under which
+    # fence); messages wait in journal_message until a recv consumes them; ctx.set_event values live in
+    # journal_flowevent. A header lock orders park, send and a child's wake-up (see each backend):
+    # a message or a settle that lands while an execution parks is either seen by the park or wakes
+    # the row the park committed, never lost in between.
+
+    #: Whether this backend notifies waits made due and flow events (PostgreSQL NOTIFY on
+    #: LOOM_WAIT_CHANNEL); without it the waker and get_event poll.
+    wait_notifications = False
+
+    @abstractmethod
+    def lock_execution(self, execution_id: str) -> str | None:
+        """Lock the execution's header in the caller's transaction (the first lock of park, send and
+        a takeover of a parked execution: one order, no deadlock); its status, None if unknown."""
+
+    @abstractmethod
+    def park(self, wait: WaitRecord, status: str) -> datetime | bool | None:
+        """Under the run's fence (`wait.token`), in one transaction: lock the header, upsert the wait
+        row and set the header to `status` (waiting). A recv whose topic already has a pending message,
+        or a child wait whose child has settled, is parked due now. Returns the due time written (None:
+        no timer), or False if the fence moved on (nothing written)."""
+
+    @abstractmethod
+    def claim_due_waits(self, now: datetime, limit: int, flows: Sequence[str] | None) -> list[ClaimedWait]:
+        """Take up to `limit` waits due at `now` (of `flows`; None: any): each row deleted, its fence
+        advanced from the parked token and its header set running (updated_at now), in one
+        transaction. Two claimers never take the same row. Rows outlived by a takeover (fence moved)
+        are deleted and not returned."""
+
+    @abstractmethod
+    def next_wait_due(self, flows: Sequence[str] | None = None) -> datetime | None:
+        """The earliest due time of the waits of `flows` (one probe of the (flow, due_at) index per flow;
+        None: of any flow, maintenance and tests only: it sorts every timer row), or None."""
+
+    @abstractmethod
+    def explain_due_waits(self, flows: Sequence[str] | None = None) -> dict:
+        """The plans of the waker's due statements for `flows` (None: those registered in this process)
+        (claim and next due), explained, never
+        run (the bench records their growth with the number of waits): {"plan", "cost", "next_due_plan",
+        "next_due_cost"}; PostgreSQL: EXPLAIN (FORMAT JSON), cost the top node's total; SQLite: EXPLAIN
+        QUERY PLAN, cost None."""
+
+    @abstractmethod
+    def carry_messages(self, from_id: str, to_id: str, now: datetime) -> int:
+        """In a continue_as_new's settle transaction: move `from_id`'s unconsumed messages to the next
+        run `to_id` (ids and message_ids kept; one `to_id` has already stays), waking its recv of their
+        topics, and copy its flow events (`to_id`'s own win); returns the number of topics moved."""
+
+    @abstractmethod
+    def wake_wait(self, execution_id: str, now: datetime, *, topic: str | None = None,
+                  child: str | None = None) -> bool:
+        """Make the execution's wait due now (only a recv of `topic`, or a wait for `child`, if given),
+        under its header lock; False if it waits for nothing of the kind."""
+
+    @abstractmethod
+    def drop_wait(self, execution_id: str) -> None:
+        """Delete the execution's wait row, if any (it settled, or was suspended)."""
+
+    @abstractmethod
+    def wait_of(self, execution_id: str) -> dict | None:
+        """The wait row as a dict (kind, pos, token, due_at, topic, child, flow), or None."""
+
+    @abstractmethod
+    def set_execution_status(self, execution_id: str, token: int, status: str) -> bool:
+        """Set a header's status (running, waiting, suspended) if the fence is still `token`, in the
+        caller's transaction; False (nothing written) otherwise."""
+
+    @abstractmethod
+    def send_message(self, execution_id: str, topic: str, message_id: str, payload: str,
+                     now: datetime) -> tuple[str | None, bool]:
+        """(header status, inserted): under the recipient's header lock, keep the message (JSON text)
+        unless the recipient is unknown (status None) or settled, or `message_id` was sent before
+        (inserted False); wake a recv of its topic. Nothing is written in the refused cases."""
+
+    @abstractmethod
+    def pending_message(self, execution_id: str, topic: str) -> tuple[int, str, Any] | None:
+        """(row id, message_id, payload) of the oldest unconsumed message of the topic, or None."""
+
+    @abstractmethod
+    def consume_message(self, row_id: int, seq: int, now: datetime) -> bool:
+        """Mark a message consumed (by the event at `seq`), in the caller's transaction; False if
+        it was consumed already."""
+
+    @abstractmethod
+    def messages_of(self, execution_id: str, limit: int) -> list[dict]:
+        """The newest messages of an execution (admin): message_id, topic, payload, sent_at, consumed_at."""
+
+    @abstractmethod
+    def put_flow_event(self, execution_id: str, key: str, value: str) -> None:
+        """Set (or overwrite) an execution's event `key` (JSON text), in the caller's transaction;
+        notified on LOOM_WAIT_CHANNEL where the backend can."""
+
+    @abstractmethod
+    def flow_event(self, execution_id: str, key: str) -> tuple[bool, Any]:
+        """(found, value) of an execution's event `key`."""
+
     # -- reads ----------------------------------------------------------------------------------
     def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None,
              reader: codec.Reader | None = None) -> list[StoredEvent]:
@@ -601,8 +728,13 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         return self._run_count(self.sql["mark_recovered"], execution_ids)
 
     def mark_stuck(self, execution_ids: Sequence[str]) -> int:
-        """Mark the executions stuck: recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS."""
-        return self._run_count(self.sql["mark_stuck"], execution_ids)
+        """Mark the executions stuck: recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS. A parent waiting
+        for one of them is made due now (a stuck child ends its wait: ChildFailed 'stuck'), not left to
+        its LOOM_WAIT_RECHECK."""
+        count = self._run_count(self.sql["mark_stuck"], execution_ids)
+        if count:
+            self._run_count(self.sql["wake_stuck_parents"], execution_ids)
+        return count
 
     def _run_count(self, sql: str, execution_ids: Sequence[str]) -> int:
         if not execution_ids:
@@ -658,7 +790,8 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         self._delete(DELETE_STREAMS, prefix, ids)
 
     def delete_executions(self, prefix: str | None = None, ids: Sequence[str] | None = None) -> None:
-        """Delete the execution headers under `prefix` (or named in `ids`)."""
+        """Delete the execution headers under `prefix` (or named in `ids`), with their wait rows,
+        messages and flow events."""
         self._delete(DELETE_EXECUTIONS, prefix, ids)
 
     def fill_growth(self, prefix: str, first: int, count: int, per_stream: int, payload: str) -> None:
@@ -721,7 +854,14 @@ DELETE_STREAMS = (
     "DELETE FROM journal_fence WHERE stream_id {where}",
     "DELETE FROM journal_snapshot WHERE stream_id {where}",
 )
-DELETE_EXECUTIONS = ("DELETE FROM journal_execution WHERE id {where}",)
+# An execution's wait row, messages and flow events go with its header: a wait row left behind would
+# be claimed (and refused) by every later waker.
+DELETE_EXECUTIONS = (
+    "DELETE FROM journal_wait WHERE execution_id {where}",
+    "DELETE FROM journal_message WHERE execution_id {where}",
+    "DELETE FROM journal_flowevent WHERE execution_id {where}",
+    "DELETE FROM journal_execution WHERE id {where}",
+)
 
 
 def _detail(exc: BaseException) -> str:

@@ -8,18 +8,28 @@ size and psycopg prepares it once per connection.
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Sequence
 from functools import lru_cache
 
 import psycopg
+from django.db import transaction
 from django.db.backends.utils import CursorDebugWrapper
+from django.utils import timezone
 from psycopg.pq import TransactionStatus
 
 from journal import conf, jsonvalues
 from journal.envelopes import AppendItem, SnapshotRecord, StoredEvent
 from journal.privacy import codec
-from journal.store.base import ExecutionBoot, ExecutionSettle, JournalStore, Verdict
+from journal.store.base import (
+    SETTLED_STATUSES,
+    ClaimedWait,
+    ExecutionBoot,
+    ExecutionSettle,
+    JournalStore,
+    Verdict,
+)
 
 # -- notify --
 # One notification per statement, carrying the new tip of every stream it wrote and the distinct
@@ -322,6 +332,12 @@ UPDATE journal_execution SET status = 'stuck', updated_at = now(),
 WHERE id = ANY(%(eids)s::text[])
 """
 
+# -- mark_stuck: wake_stuck_parents -- the child waits on them due now (the wait row's own lock only).
+WAKE_STUCK_PARENTS = """
+UPDATE journal_wait SET due_at = now()
+WHERE kind = 'child' AND child = ANY(%(eids)s::text[]) AND (due_at IS NULL OR due_at > now())
+"""
+
 # -- read_after --
 # Each (stream, seq) pair from ITS OWN watermark: one LATERAL probe of the (stream_id, seq) unique index
 # per pair, all in one round trip; each probe stops after `batch` rows (projections' READ, issue 11).
@@ -356,6 +372,208 @@ UNION ALL
 SELECT 1, NULL, k.subject, NULL, k.master_id, NULL, NULL, k.wrapped FROM journal_datakey k JOIN named USING (subject)
 ORDER BY flag, seq
 """
+
+# == waits (flows that wait) ===========================================================================
+# Every wait statement that must see a message or a settle committed by another transaction runs
+# AFTER the header lock (LOCK_HEADER) in its own statement: under READ COMMITTED each statement reads
+# a fresh snapshot, so what committed before we got the lock is visible to it.
+
+# -- lock_header --
+# FOR UPDATE of one execution header: park, send_message and wake_wait all take it first, so the three
+# are ordered per execution (a message sent while the execution parks is seen by the park, or the
+# send's wake-up finds the row the park committed). Returns the status (no row: unknown execution).
+LOCK_HEADER = "SELECT status FROM journal_execution WHERE id = %(eid)s FOR UPDATE"
+
+# -- park --
+# Under the run's fence (FOR KEY SHARE as in APPEND: a takeover's FOR UPDATE waits for us, or we see
+# its new token and write nothing): upsert the wait row, due now if what it waits for is already
+# there (a pending message of its topic; its child settled), then the header's status. A NOTIFY on
+# LOOM_WAIT_CHANNEL carries the due time (epoch seconds) so that wakers sleeping longer wake for it.
+PARK = """
+WITH fenced AS (
+    SELECT stream_id FROM journal_fence WHERE stream_id = %(eid)s AND token = %(token)s FOR KEY SHARE
+), ready AS (
+    SELECT CASE
+        WHEN %(kind)s = 'recv' AND EXISTS (
+            SELECT 1 FROM journal_message m
+            WHERE m.execution_id = %(eid)s AND m.topic = %(topic)s AND m.consumed_at IS NULL) THEN %(now)s
+        WHEN %(kind)s = 'child' AND EXISTS (
+            SELECT 1 FROM journal_execution c
+            WHERE c.id = %(child)s AND c.status IN ('completed', 'failed', 'cancelled', 'stuck')) THEN %(now)s
+        ELSE %(due)s::timestamptz END AS due
+), up AS (
+    INSERT INTO journal_wait (execution_id, flow, kind, pos, token, due_at, topic, child, created_at)
+    SELECT %(eid)s, %(flow)s, %(kind)s, %(pos)s, %(token)s, r.due, %(topic)s, %(child)s, now()
+    FROM fenced, ready r
+    ON CONFLICT (execution_id) DO UPDATE SET flow = EXCLUDED.flow, kind = EXCLUDED.kind, pos = EXCLUDED.pos,
+        token = EXCLUDED.token, due_at = EXCLUDED.due_at, topic = EXCLUDED.topic, child = EXCLUDED.child,
+        created_at = EXCLUDED.created_at
+    RETURNING due_at
+), hdr AS (
+    UPDATE journal_execution SET status = %(status)s, updated_at = now()
+    WHERE id = %(eid)s AND EXISTS (SELECT 1 FROM up)
+), note AS (
+    SELECT pg_notify(%(channel)s, extract(epoch FROM due_at)::text) FROM up WHERE due_at IS NOT NULL
+)
+SELECT due_at, (SELECT count(*) FROM note) FROM up
+"""
+
+# -- claim_due_waits: take --
+# CLAIM_DUE_ANY (flows None: maintenance and tests, never a worker) reads the timer rows of every flow
+# in due order (no index on due_at alone: a sort of them all). FOR UPDATE OF the wait
+# row AND its header, SKIP LOCKED: two wakers racing for the same due rows take disjoint ones and
+# neither waits, so a due wait wakes ONE run; a row whose header a send, park or wake holds right now
+# is skipped (taken by the next round) instead of waited for, so the lock orders cannot cross (they
+# take the header first, then the wait row or the fence). The rows are deleted in the same statement
+# and commit with the fence advance below.
+CLAIM_DUE_ANY = """
+WITH due AS (
+    SELECT w.execution_id FROM journal_wait w JOIN journal_execution e ON e.id = w.execution_id
+    WHERE w.due_at <= %(now)s
+    ORDER BY w.due_at
+    LIMIT %(limit)s
+    FOR UPDATE OF w, e SKIP LOCKED
+)
+DELETE FROM journal_wait w USING due d WHERE w.execution_id = d.execution_id
+RETURNING w.execution_id, w.token, w.flow, w.kind, w.pos
+"""
+
+# -- claim_due_waits (of the flows registered here) -- as CLAIM_DUE_ANY, but one range scan of the
+# (flow, due_at) index per flow (LATERAL), each stopping after `limit` rows, then the earliest `limit`
+# of those: due waits of flows this worker does not have are never read (a filter on the due index
+# would read every one of them on every claim). Rows locked by the lateral scans but not among the
+# earliest `limit` stay untouched (unlocked at commit).
+CLAIM_DUE = """
+WITH due AS (
+    SELECT c.execution_id FROM unnest(%(flows)s::text[]) AS f(flow)
+    CROSS JOIN LATERAL (
+        SELECT w.execution_id, w.due_at FROM journal_wait w JOIN journal_execution e ON e.id = w.execution_id
+        WHERE w.flow = f.flow AND w.due_at <= %(now)s
+        ORDER BY w.due_at
+        LIMIT %(limit)s
+        FOR UPDATE OF w, e SKIP LOCKED
+    ) c
+    ORDER BY c.due_at
+    LIMIT %(limit)s
+)
+DELETE FROM journal_wait w USING due d WHERE w.execution_id = d.execution_id
+RETURNING w.execution_id, w.token, w.flow, w.kind, w.pos
+"""
+
+# -- claim_due_waits: fence --
+# Each claimed execution's fence advances only from the token it parked under (a takeover since then
+# left the row stale: it is deleted above and wakes nothing). FOR UPDATE in stream order, as
+# ADVANCE_FENCES: concurrent advancers queue instead of deadlocking.
+CLAIM_FENCES = """
+UPDATE journal_fence f SET token = f.token + 1 FROM (
+    SELECT fe.stream_id FROM journal_fence fe
+    JOIN unnest(%(sids)s::text[], %(tokens)s::bigint[]) AS c(sid, token) ON fe.stream_id = c.sid AND fe.token = c.token
+    ORDER BY fe.stream_id FOR UPDATE OF fe
+) c WHERE f.stream_id = c.stream_id
+RETURNING f.stream_id, f.token
+"""
+
+# -- claim_due_waits: headers -- running again, updated_at now (the recovery sweep's orphan clock
+# starts here: a waker that dies before its run leases the execution is recovered like any orphan).
+CLAIM_HEADERS = """
+UPDATE journal_execution SET status = 'running', updated_at = now() WHERE id = ANY(%(eids)s::text[])
+"""
+
+# -- next_wait_due -- (any flow: maintenance and tests; a sort of all timer rows)
+NEXT_DUE = "SELECT due_at FROM journal_wait WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
+# ... of the given flows: one probe of the (flow, due_at) index per flow.
+NEXT_DUE_OF = """
+SELECT min(n.due_at) FROM unnest(%(flows)s::text[]) AS f(flow) CROSS JOIN LATERAL (
+    SELECT w.due_at FROM journal_wait w WHERE w.flow = f.flow AND w.due_at IS NOT NULL ORDER BY w.due_at LIMIT 1
+) n
+"""
+
+# -- carry_messages -- (after LOCK_HEADER of the next run, in the continuing run's settle transaction,
+# whose header update holds the old run's header: a send to it waits, then follows the chain) the
+# unconsumed messages move to the next run, keeping their ids (order) and message_id (a message_id
+# the next run has already is not moved twice); the next run's recv waits on their topics are woken.
+CARRY_MESSAGES = """
+WITH moved AS (
+    UPDATE journal_message m SET execution_id = %(to)s
+    WHERE m.execution_id = %(from)s AND m.consumed_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM journal_message n WHERE n.execution_id = %(to)s AND n.message_id = m.message_id)
+    RETURNING m.topic
+)
+SELECT DISTINCT topic FROM moved
+"""
+# ... and the flow events are copied (the next run's own, if it set one already, win).
+CARRY_FLOW_EVENTS = """
+INSERT INTO journal_flowevent (execution_id, key, value, updated_at)
+SELECT %(to)s, key, value, updated_at FROM journal_flowevent WHERE execution_id = %(from)s
+ON CONFLICT (execution_id, key) DO NOTHING
+"""
+
+# -- wake_wait -- (after LOCK_HEADER) due now, only if not due already; notified.
+WAKE = """
+WITH up AS (
+    UPDATE journal_wait SET due_at = %(now)s
+    WHERE execution_id = %(eid)s AND (due_at IS NULL OR due_at > %(now)s)
+      AND (%(topic)s::text IS NULL OR (kind = 'recv' AND topic = %(topic)s::text))
+      AND (%(child)s::text IS NULL OR (kind = 'child' AND child = %(child)s::text))
+    RETURNING due_at
+), note AS (
+    SELECT pg_notify(%(channel)s, extract(epoch FROM due_at)::text) FROM up
+)
+SELECT count(*), (SELECT count(*) FROM note) FROM up
+"""
+
+# -- lock_execution -- (LOCK_HEADER) for a takeover of a parked execution (resume, suspend, cancel):
+# header first, then the fence, the same order as park.
+
+# -- drop_wait / wait_of --
+DROP_WAIT = "DELETE FROM journal_wait WHERE execution_id = %s"
+WAIT_OF = """
+SELECT kind, pos, token, due_at, topic, child, flow FROM journal_wait WHERE execution_id = %s
+"""
+
+# -- set_execution_status -- only at the current fence: a run fenced off cannot change the header.
+SET_STATUS = """
+UPDATE journal_execution SET status = %(status)s, updated_at = now()
+WHERE id = %(eid)s AND EXISTS (SELECT 1 FROM journal_fence f WHERE f.stream_id = %(eid)s AND f.token = %(token)s)
+"""
+
+# -- send_message -- (after LOCK_HEADER) idempotent by (execution_id, message_id): a second send of
+# the same id inserts nothing (ON CONFLICT DO NOTHING waits for a racing first send's commit).
+SEND = """
+INSERT INTO journal_message (execution_id, topic, message_id, payload, sent_at)
+VALUES (%(eid)s, %(topic)s, %(mid)s, %(payload)s::jsonb, now())
+ON CONFLICT (execution_id, message_id) DO NOTHING
+RETURNING id
+"""
+
+# -- pending_message -- the oldest unconsumed message of a topic: one probe of journal_message_pending.
+PENDING_MESSAGE = """
+SELECT id, message_id, payload FROM journal_message
+WHERE execution_id = %s AND topic = %s AND consumed_at IS NULL ORDER BY id LIMIT 1
+"""
+
+# -- consume_message -- in the recv's journal transaction; the IS NULL guard makes it once only.
+CONSUME = "UPDATE journal_message SET consumed_at = %s, consumed_seq = %s WHERE id = %s AND consumed_at IS NULL"
+
+# -- messages_of -- (admin)
+MESSAGES_OF = """
+SELECT message_id, topic, payload, sent_at, consumed_at FROM journal_message
+WHERE execution_id = %s ORDER BY id DESC LIMIT %s
+"""
+
+# -- put_flow_event -- upsert, notified ("<execution_id>" as payload: get_event callers re-read).
+PUT_FLOW_EVENT = """
+WITH up AS (
+    INSERT INTO journal_flowevent (execution_id, key, value, updated_at)
+    VALUES (%(eid)s, %(key)s, %(value)s::jsonb, now())
+    ON CONFLICT (execution_id, key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at
+    RETURNING execution_id
+)
+SELECT pg_notify(%(channel)s, 'event:' || execution_id) FROM up
+"""
+
+# -- flow_event --
+FLOW_EVENT = "SELECT value FROM journal_flowevent WHERE execution_id = %s AND key = %s"
 
 
 class PostgresStore(JournalStore):
@@ -477,13 +695,144 @@ class PostgresStore(JournalStore):
         by_stream = {row[0]: Verdict(row[0], row[1], row[2], row[3]) for row in rows}
         return [by_stream[item.stream_id] for item in items]
 
+    # == waits ==
+    wait_notifications = True
+
+    def _lock_header(self, cursor, execution_id: str) -> str | None:
+        cursor.execute(LOCK_HEADER, {"eid": execution_id})
+        row = cursor.fetchone()
+        return None if row is None else row[0]
+
+    def lock_execution(self, execution_id):
+        with self.connection.cursor() as cursor:
+            return self._lock_header(cursor, execution_id)
+
+    def park(self, wait, status):
+        params = {"eid": wait.execution_id, "flow": wait.flow, "kind": wait.kind, "pos": wait.pos,
+                  "token": wait.token, "due": wait.due_at, "topic": wait.topic, "child": wait.child,
+                  "status": status, "now": timezone.now(), "channel": conf.get("LOOM_WAIT_CHANNEL")}
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            self._lock_header(cursor, wait.execution_id)
+            cursor.execute(PARK, params)
+            row = cursor.fetchone()
+        return False if row is None else row[0]
+
+    def claim_due_waits(self, now, limit, flows):
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(CLAIM_DUE_ANY if flows is None else CLAIM_DUE,
+                           {"now": now, "limit": limit, "flows": list(flows or [])})
+            taken = cursor.fetchall()
+            if not taken:
+                return []
+            cursor.execute(CLAIM_FENCES, {"sids": [r[0] for r in taken], "tokens": [r[1] for r in taken]})
+            tokens = dict(cursor.fetchall())
+            if tokens:
+                cursor.execute(CLAIM_HEADERS, {"eids": sorted(tokens)})
+        return [ClaimedWait(r[0], tokens[r[0]], r[2], r[3], r[4]) for r in sorted(taken) if r[0] in tokens]
+
+    def next_wait_due(self, flows=None):
+        with self.connection.cursor() as cursor:
+            cursor.execute(NEXT_DUE if flows is None else NEXT_DUE_OF, {"flows": list(flows or [])})
+            row = cursor.fetchone()
+        return None if row is None else row[0]
+
+    def explain_due_waits(self, flows=None):
+        if flows is None:  # the flows this process would claim for (what its waker runs)
+            from journal.flows import registry
+
+            flows = sorted(registry.registered())
+        params = {"now": timezone.now(), "limit": conf.get("LOOM_WAIT_BATCH"), "flows": list(flows)}
+        with self.connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (FORMAT JSON) " + CLAIM_DUE, params)  # explained only: nothing is claimed
+            claim = _plan_line(cursor.fetchone()[0])
+            cursor.execute("EXPLAIN (FORMAT JSON) " + NEXT_DUE_OF, params)
+            probe = _plan_line(cursor.fetchone()[0])
+        return {"plan": claim[0], "cost": claim[1], "next_due_plan": probe[0], "next_due_cost": probe[1]}
+
+    def carry_messages(self, from_id, to_id, now):
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            self._lock_header(cursor, to_id)
+            cursor.execute(CARRY_MESSAGES, {"from": from_id, "to": to_id})
+            topics = [row[0] for row in cursor.fetchall()]
+            cursor.execute(CARRY_FLOW_EVENTS, {"from": from_id, "to": to_id})
+            for topic in topics:
+                cursor.execute(WAKE, {"eid": to_id, "now": now, "topic": topic, "child": None,
+                                      "channel": conf.get("LOOM_WAIT_CHANNEL")})
+        return len(topics)
+
+    def wake_wait(self, execution_id, now, *, topic=None, child=None):
+        params = {"eid": execution_id, "now": now, "topic": topic, "child": child,
+                  "channel": conf.get("LOOM_WAIT_CHANNEL")}
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            self._lock_header(cursor, execution_id)
+            cursor.execute(WAKE, params)
+            return cursor.fetchone()[0] > 0
+
+    def drop_wait(self, execution_id):
+        with self.connection.cursor() as cursor:
+            cursor.execute(DROP_WAIT, [execution_id])
+
+    def wait_of(self, execution_id):
+        with self.connection.cursor() as cursor:
+            cursor.execute(WAIT_OF, [execution_id])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        return dict(zip(("kind", "pos", "token", "due_at", "topic", "child", "flow"), row, strict=True))
+
+    def set_execution_status(self, execution_id, token, status):
+        with self.connection.cursor() as cursor:
+            cursor.execute(SET_STATUS, {"eid": execution_id, "token": token, "status": status})
+            return cursor.rowcount > 0
+
+    def send_message(self, execution_id, topic, message_id, payload, now):
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            status = self._lock_header(cursor, execution_id)
+            if status is None or status in SETTLED_STATUSES:
+                return status, False
+            cursor.execute(SEND, {"eid": execution_id, "topic": topic, "mid": message_id, "payload": payload})
+            inserted = cursor.fetchone() is not None
+            if inserted:
+                cursor.execute(WAKE, {"eid": execution_id, "now": now, "topic": topic, "child": None,
+                                      "channel": conf.get("LOOM_WAIT_CHANNEL")})
+        return status, inserted
+
+    def pending_message(self, execution_id, topic):
+        with self.connection.cursor() as cursor:
+            cursor.execute(PENDING_MESSAGE, [execution_id, topic])
+            row = cursor.fetchone()
+        return None if row is None else (row[0], row[1], _json_value(row[2]))
+
+    def consume_message(self, row_id, seq, now):
+        with self.connection.cursor() as cursor:
+            cursor.execute(CONSUME, [now, seq, row_id])
+            return cursor.rowcount == 1
+
+    def messages_of(self, execution_id, limit):
+        with self.connection.cursor() as cursor:
+            cursor.execute(MESSAGES_OF, [execution_id, limit])
+            rows = cursor.fetchall()
+        return [{"message_id": r[0], "topic": r[1], "payload": _json_value(r[2]), "sent_at": r[3],
+                 "consumed_at": r[4]} for r in rows]
+
+    def put_flow_event(self, execution_id, key, value):
+        with self.connection.cursor() as cursor:
+            cursor.execute(PUT_FLOW_EVENT, {"eid": execution_id, "key": key, "value": value,
+                                            "channel": conf.get("LOOM_WAIT_CHANNEL")})
+
+    def flow_event(self, execution_id, key):
+        with self.connection.cursor() as cursor:
+            cursor.execute(FLOW_EVENT, [execution_id, key])
+            row = cursor.fetchone()
+        return (False, None) if row is None else (True, _json_value(row[0]))
+
     def save_snapshot(self, snapshot: SnapshotRecord) -> None:
         state = jsonvalues.dumps(snapshot.state, f"snapshot state of {snapshot.stream_id}")
         with self.guarded(), self.connection.cursor() as cursor:
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state])
 
     # == for other apps: fences, executions recovery, event reads ==
-    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK}
+    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK, "wake_stuck_parents": WAKE_STUCK_PARENTS}
 
     def _advance_fences(self, stream_ids, expected_token):
         with self.connection.cursor() as cursor:
@@ -511,6 +860,11 @@ class PostgresStore(JournalStore):
                 for row in cursor.fetchall():
                     found[(row[2], row[0])].append(StoredEvent.from_row(row[1:]))
         return self.reveal_found(found)
+
+
+def _json_value(value):
+    """A jsonb column's value (psycopg decodes jsonb; a text fallback for other adapters)."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 _ONLY_WHEN_ASKED = 2**31
@@ -572,3 +926,15 @@ def execute_prepared(connection, cursor, sql: str, params) -> None:
         return
     with connection.wrap_database_errors:
         raw.execute(sql, params, prepare=True)
+
+
+def _plan_line(value) -> tuple[str, float | None]:
+    """A JSON plan as one line (node types and the indexes they use, nested) and its total cost."""
+    plan = (json.loads(value) if isinstance(value, str) else value)[0]["Plan"]
+
+    def line(node: dict) -> str:
+        text = node["Node Type"] + (f" using {node['Index Name']}" if node.get("Index Name") else "")
+        children = node.get("Plans") or []
+        return text + (f" [{', '.join(line(child) for child in children)}]" if children else "")
+
+    return line(plan), plan.get("Total Cost")

@@ -14,10 +14,18 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from journal import jsonvalues
 from journal.envelopes import AppendItem, SnapshotRecord
-from journal.store.base import ExecutionBoot, ExecutionSettle, JournalStore, Verdict
+from journal.store.base import (
+    SETTLED_STATUSES,
+    ClaimedWait,
+    ExecutionBoot,
+    ExecutionSettle,
+    JournalStore,
+    Verdict,
+)
 
 # -- append: fences --
 # The current token of each fenced stream in the batch (read under the write lock).
@@ -116,9 +124,125 @@ UPDATE journal_execution SET status = 'stuck', updated_at = %(now)s,
 WHERE id IN (SELECT value FROM json_each(%(eids)s))
 """
 
+# -- mark_stuck: wake_stuck_parents -- the child waits on them due now.
+WAKE_STUCK_PARENTS = """
+UPDATE journal_wait SET due_at = %(now)s
+WHERE kind = 'child' AND child IN (SELECT value FROM json_each(%(eids)s)) AND (due_at IS NULL OR due_at > %(now)s)
+"""
+
 # -- read_after -- one query per distinct (stream, seq) pair (see postgres.READ_AFTER).
 READ_AFTER = ("SELECT id, stream_id, seq, type, payload, recorded_at FROM journal_event"
               " WHERE stream_id = %s AND seq > %s ORDER BY seq LIMIT %s")
+
+
+# == waits (flows that wait) ===========================================================================
+# Every statement below runs in a transaction that holds SQLite's write lock (BEGIN IMMEDIATE): park,
+# send, wake and claim of one database run one after the other, so a message that lands while an
+# execution parks is seen by the park or wakes the row it committed. No SKIP LOCKED: two claimers
+# take turns on the lock, and the second finds the first's rows deleted. Times are stored as Django
+# stores them (UTC text), so comparisons are text comparisons of one format.
+
+# -- lock_execution -- nothing to lock under the write lock: the status only.
+HEADER_STATUS = "SELECT status FROM journal_execution WHERE id = %s"
+
+# -- park --
+PARK_FENCED = "SELECT 1 FROM journal_fence WHERE stream_id = %s AND token = %s"
+PARK_MESSAGE_READY = """
+SELECT 1 FROM journal_message WHERE execution_id = %s AND topic = %s AND consumed_at IS NULL LIMIT 1
+"""
+PARK_CHILD_READY = """
+SELECT 1 FROM journal_execution WHERE id = %s AND status IN ('completed', 'failed', 'cancelled', 'stuck')
+"""
+PARK_UPSERT = """
+INSERT INTO journal_wait (execution_id, flow, kind, pos, token, due_at, topic, child, created_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (execution_id) DO UPDATE SET flow = excluded.flow, kind = excluded.kind, pos = excluded.pos,
+    token = excluded.token, due_at = excluded.due_at, topic = excluded.topic, child = excluded.child,
+    created_at = excluded.created_at
+"""
+PARK_HEADER = "UPDATE journal_execution SET status = %s, updated_at = %s WHERE id = %s"
+
+# -- claim_due_waits -- the due rows in due order (any flow: maintenance and tests, a sort of all timer
+# rows), then
+# each deleted, its fence advanced only from its parked token, its header running.
+CLAIM_DUE_ANY = """
+SELECT execution_id, token, flow, kind, pos, due_at FROM journal_wait
+WHERE due_at IS NOT NULL AND due_at <= %(now)s
+ORDER BY due_at LIMIT %(limit)s
+"""
+# ... of one registered flow (what a worker runs: once per flow, the earliest `limit` of all kept): a
+# range scan of the (flow, due_at) index journal_wait_flow_due, so due waits of other flows are never read.
+CLAIM_DUE = """
+SELECT execution_id, token, flow, kind, pos, due_at FROM journal_wait
+WHERE flow = %(flow)s AND due_at IS NOT NULL AND due_at <= %(now)s
+ORDER BY due_at LIMIT %(limit)s
+"""
+CLAIM_DELETE = "DELETE FROM journal_wait WHERE execution_id IN (SELECT value FROM json_each(%s))"
+CLAIM_FENCE = "UPDATE journal_fence SET token = token + 1 WHERE stream_id = %s AND token = %s RETURNING token"
+CLAIM_HEADER = "UPDATE journal_execution SET status = 'running', updated_at = %s WHERE id = %s"
+
+# -- next_wait_due --
+NEXT_DUE = "SELECT due_at FROM journal_wait WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
+NEXT_DUE_OF = "SELECT due_at FROM journal_wait WHERE flow = %s AND due_at IS NOT NULL ORDER BY due_at LIMIT 1"
+
+# -- carry_messages -- (in the continuing run's settle transaction: under the write lock) the
+# unconsumed messages move to the next run, ids and message_ids kept (one the next run has already is
+# not moved twice); the topics moved, to wake the next run's recv.
+CARRY_MESSAGES = """
+UPDATE journal_message SET execution_id = %(to)s
+WHERE execution_id = %(from)s AND consumed_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM journal_message n WHERE n.execution_id = %(to)s
+                  AND n.message_id = journal_message.message_id)
+RETURNING topic
+"""
+# ... and the flow events are copied (the next run's own, if it set one already, win).
+CARRY_FLOW_EVENTS = """
+INSERT INTO journal_flowevent (execution_id, key, value, updated_at)
+SELECT %(to)s, key, value, updated_at FROM journal_flowevent WHERE execution_id = %(from)s
+ON CONFLICT (execution_id, key) DO NOTHING
+"""
+
+# -- wake_wait --
+WAKE = """
+UPDATE journal_wait SET due_at = %(now)s
+WHERE execution_id = %(eid)s AND (due_at IS NULL OR due_at > %(now)s)
+  AND (%(topic)s IS NULL OR (kind = 'recv' AND topic = %(topic)s))
+  AND (%(child)s IS NULL OR (kind = 'child' AND child = %(child)s))
+"""
+
+# -- drop_wait / wait_of --
+DROP_WAIT = "DELETE FROM journal_wait WHERE execution_id = %s"
+WAIT_OF = "SELECT kind, pos, token, due_at, topic, child, flow FROM journal_wait WHERE execution_id = %s"
+
+# -- set_execution_status -- only at the current fence.
+SET_STATUS = """
+UPDATE journal_execution SET status = %s, updated_at = %s
+WHERE id = %s AND EXISTS (SELECT 1 FROM journal_fence f WHERE f.stream_id = %s AND f.token = %s)
+"""
+
+# -- send_message -- idempotent by (execution_id, message_id).
+SEND = """
+INSERT INTO journal_message (execution_id, topic, message_id, payload, sent_at) VALUES (%s, %s, %s, %s, %s)
+ON CONFLICT (execution_id, message_id) DO NOTHING
+"""
+
+# -- pending_message / consume_message / messages_of --
+PENDING_MESSAGE = """
+SELECT id, message_id, payload FROM journal_message
+WHERE execution_id = %s AND topic = %s AND consumed_at IS NULL ORDER BY id LIMIT 1
+"""
+CONSUME = "UPDATE journal_message SET consumed_at = %s, consumed_seq = %s WHERE id = %s AND consumed_at IS NULL"
+MESSAGES_OF = """
+SELECT message_id, topic, payload, sent_at, consumed_at FROM journal_message
+WHERE execution_id = %s ORDER BY id DESC LIMIT %s
+"""
+
+# -- put_flow_event / flow_event --
+PUT_FLOW_EVENT = """
+INSERT INTO journal_flowevent (execution_id, key, value, updated_at) VALUES (%s, %s, %s, %s)
+ON CONFLICT (execution_id, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at
+"""
+FLOW_EVENT = "SELECT value FROM journal_flowevent WHERE execution_id = %s AND key = %s"
 
 
 class SqliteStore(JournalStore):
@@ -224,6 +348,169 @@ class SqliteStore(JournalStore):
                         cursor.execute(HEADER_SETTLE, [s.status, s.result, s.error, now, now, s.item.stream_id])
         return verdicts
 
+    # == waits ==
+    def _time(self, value):
+        return None if value is None else self.connection.ops.adapt_datetimefield_value(value)
+
+    @staticmethod
+    def _read_time(value):
+        if value is None or isinstance(value, datetime):
+            return value if value is None or value.tzinfo else value.replace(tzinfo=UTC)
+        parsed = datetime.fromisoformat(value)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+    def lock_execution(self, execution_id):
+        """The caller's transaction holds the write lock already (BEGIN IMMEDIATE): the status only."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(HEADER_STATUS, [execution_id])
+            row = cursor.fetchone()
+        return None if row is None else row[0]
+
+    def park(self, wait, status):
+        now = timezone.now()
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(PARK_FENCED, [wait.execution_id, wait.token])
+            if cursor.fetchone() is None:
+                return False
+            due = wait.due_at
+            if wait.kind == "recv":
+                cursor.execute(PARK_MESSAGE_READY, [wait.execution_id, wait.topic])
+                due = now if cursor.fetchone() is not None else due
+            elif wait.kind == "child":
+                cursor.execute(PARK_CHILD_READY, [wait.child])
+                due = now if cursor.fetchone() is not None else due
+            cursor.execute(PARK_UPSERT, [wait.execution_id, wait.flow, wait.kind, wait.pos, wait.token,
+                                         self._time(due), wait.topic, wait.child, self._time(now)])
+            cursor.execute(PARK_HEADER, [status, self._time(now), wait.execution_id])
+        return due
+
+    def claim_due_waits(self, now, limit, flows):
+        claimed = []
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            if flows is None:
+                cursor.execute(CLAIM_DUE_ANY, {"now": self._time(now), "limit": limit})
+                taken = cursor.fetchall()
+            else:
+                taken = []
+                for flow in flows:
+                    cursor.execute(CLAIM_DUE, {"now": self._time(now), "limit": limit, "flow": flow})
+                    taken.extend(cursor.fetchall())
+                taken = sorted(taken, key=lambda r: r[5])[:limit]
+            if not taken:
+                return []
+            taken = [r[:5] for r in taken]
+            cursor.execute(CLAIM_DELETE, [json.dumps([r[0] for r in taken])])
+            stamp = self._time(timezone.now())
+            for eid, token, flow, kind, pos in sorted(taken):
+                cursor.execute(CLAIM_FENCE, [eid, token])
+                row = cursor.fetchone()
+                if row is None:
+                    continue  # taken over since it parked: the stale row is gone, nothing wakes
+                cursor.execute(CLAIM_HEADER, [stamp, eid])
+                claimed.append(ClaimedWait(eid, row[0], flow, kind, pos))
+        return claimed
+
+    def next_wait_due(self, flows=None):
+        with self.connection.cursor() as cursor:
+            if flows is None:
+                cursor.execute(NEXT_DUE)
+                rows = cursor.fetchall()
+            else:
+                rows = []
+                for flow in flows:
+                    cursor.execute(NEXT_DUE_OF, [flow])
+                    rows.extend(cursor.fetchall())
+        times = [self._read_time(row[0]) for row in rows]
+        return min(times) if times else None
+
+    def explain_due_waits(self, flows=None):
+        if flows is None:  # the flows this process would claim for (what its waker runs)
+            from journal.flows import registry
+
+            flows = sorted(registry.registered())
+        flow = next(iter(flows), "")  # one statement per flow, each the same plan
+        with self.connection.cursor() as cursor:
+            cursor.execute("EXPLAIN QUERY PLAN " + CLAIM_DUE, {"now": self._time(timezone.now()), "limit": 16,
+                                                                "flow": flow})
+            claim = "; ".join(str(row[-1]) for row in cursor.fetchall())
+            cursor.execute("EXPLAIN QUERY PLAN " + NEXT_DUE_OF, [flow])
+            probe = "; ".join(str(row[-1]) for row in cursor.fetchall())
+        return {"plan": claim, "cost": None, "next_due_plan": probe, "next_due_cost": None}
+
+    def carry_messages(self, from_id, to_id, now):
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(CARRY_MESSAGES, {"from": from_id, "to": to_id})
+            topics = sorted({row[0] for row in cursor.fetchall()})
+            cursor.execute(CARRY_FLOW_EVENTS, {"from": from_id, "to": to_id})
+            for topic in topics:
+                cursor.execute(WAKE, {"eid": to_id, "now": self._time(now), "topic": topic, "child": None})
+        return len(topics)
+
+    def wake_wait(self, execution_id, now, *, topic=None, child=None):
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(WAKE, {"eid": execution_id, "now": self._time(now), "topic": topic, "child": child})
+            return cursor.rowcount > 0
+
+    def drop_wait(self, execution_id):
+        with self.connection.cursor() as cursor:
+            cursor.execute(DROP_WAIT, [execution_id])
+
+    def wait_of(self, execution_id):
+        with self.connection.cursor() as cursor:
+            cursor.execute(WAIT_OF, [execution_id])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        found = dict(zip(("kind", "pos", "token", "due_at", "topic", "child", "flow"), row, strict=True))
+        found["due_at"] = self._read_time(found["due_at"])
+        return found
+
+    def set_execution_status(self, execution_id, token, status):
+        with self.connection.cursor() as cursor:
+            cursor.execute(SET_STATUS, [status, self._time(timezone.now()), execution_id, execution_id, token])
+            return cursor.rowcount > 0
+
+    def send_message(self, execution_id, topic, message_id, payload, now):
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(HEADER_STATUS, [execution_id])
+            row = cursor.fetchone()
+            status = None if row is None else row[0]
+            if status is None or status in SETTLED_STATUSES:
+                return status, False
+            cursor.execute(SEND, [execution_id, topic, message_id, payload, self._time(now)])
+            inserted = cursor.rowcount > 0
+            if inserted:
+                cursor.execute(WAKE, {"eid": execution_id, "now": self._time(now), "topic": topic, "child": None})
+        return status, inserted
+
+    def pending_message(self, execution_id, topic):
+        with self.connection.cursor() as cursor:
+            cursor.execute(PENDING_MESSAGE, [execution_id, topic])
+            row = cursor.fetchone()
+        return None if row is None else (row[0], row[1], json.loads(row[2]))
+
+    def consume_message(self, row_id, seq, now):
+        with self.connection.cursor() as cursor:
+            cursor.execute(CONSUME, [self._time(now), seq, row_id])
+            return cursor.rowcount == 1
+
+    def messages_of(self, execution_id, limit):
+        with self.connection.cursor() as cursor:
+            cursor.execute(MESSAGES_OF, [execution_id, limit])
+            rows = cursor.fetchall()
+        return [{"message_id": r[0], "topic": r[1], "payload": json.loads(r[2]), "sent_at": self._read_time(r[3]),
+                 "consumed_at": self._read_time(r[4])} for r in rows]
+
+    def put_flow_event(self, execution_id, key, value):
+        with self.connection.cursor() as cursor:
+            cursor.execute(PUT_FLOW_EVENT, [execution_id, key, value, self._time(timezone.now())])
+
+    def flow_event(self, execution_id, key):
+        with self.connection.cursor() as cursor:
+            cursor.execute(FLOW_EVENT, [execution_id, key])
+            row = cursor.fetchone()
+        return (False, None) if row is None else (True, json.loads(row[0]))
+
     def lock_stream(self, stream_id: str) -> None:
         """Nothing to run: the caller's transaction began IMMEDIATE, so it already holds the database's
         write lock, which serialises every writer (and so every locker of any stream) until it ends."""
@@ -234,7 +521,7 @@ class SqliteStore(JournalStore):
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state, self.now()])
 
     # == for other apps: fences, executions recovery, event reads ==
-    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK}
+    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK, "wake_stuck_parents": WAKE_STUCK_PARENTS}
 
     def _id_list(self, ids):
         return json.dumps(list(ids))

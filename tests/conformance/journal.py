@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from journal.envelopes import AppendItem, Envelope, SnapshotRecord
 from journal.exceptions import (
@@ -19,7 +20,7 @@ from journal.exceptions import (
     UnknownStream,
 )
 from journal.models import Execution
-from journal.store.base import ExecutionBoot, ExecutionSettle
+from journal.store.base import ExecutionBoot, ExecutionSettle, WaitRecord
 from tests.conformance import StoreContract
 
 
@@ -385,6 +386,16 @@ class ForOtherAppsContract:
         assert store.count_events("bench-") == 0 and store.current_fence("bench-1") is None
         assert store.count_executions("bench-", "running") == 1 and store.tip("keep") == 0
 
+    def test_deleting_executions_deletes_their_waits_messages_and_events(self, store):
+        for eid in ("bench-w", "keep-w"):
+            parked(store, eid, due=timezone.now())
+            store.send_message(eid, "go", "m", "1", timezone.now())
+            store.put_flow_event(eid, "k", "2")
+        store.delete_executions(prefix="bench-")
+        assert store.wait_of("bench-w") is None and store.messages_of("bench-w", 5) == []
+        assert store.flow_event("bench-w", "k")[0] is False
+        assert store.wait_of("keep-w") is not None and len(store.messages_of("keep-w", 5)) == 1
+        assert store.flow_event("keep-w", "k") == (True, 2)
 
 class PrivacyContract:
     """The personal-data section (journal_datakey, journal_contentlink: journal/privacy); mixed into
@@ -438,8 +449,193 @@ class PrivacyContract:
         assert store.reveal(events) == events and store.reveal([]) == []
 
 
-class JournalStoreContract(AppendsContract, ExecutionsContract, ForOtherAppsContract, PrivacyContract):
-    """What every journal backend does (journal.store.base.JournalStore): the four parts above."""
+
+def parked(store, eid: str, *, due=None, kind: str = "sleep", topic: str = "", child: str = "",
+           flow: str = "conformance.flow") -> None:
+    """An execution as a run leaves it when it parks: its stream, header and wait row (fence 1)."""
+    store.bootstrap_execution(boot(eid, "EXECUTION_STARTED", flow=flow))
+    assert store.park(WaitRecord(eid, flow, kind, 0, 1, due, topic, child), "waiting") is not False
+
+
+class WaitsContract:
+    """Flows that wait (journal.store.base.JournalStore, waits section): wait rows parked under a fence
+    and claimed once, messages kept until consumed once, flow events; mixed into JournalStoreContract."""
+
+    covers = {
+        "lock_execution": "lock_execution", "park": "park", "claim_due_waits": "claim_due_waits",
+        "next_wait_due": "next_wait_due", "wake_wait": "wake_wait", "drop_wait": "drop_wait",
+        "wait_of": "wait_of", "set_execution_status": "set_execution_status", "send_message": "send_message",
+        "pending_message": "pending_message", "consume_message": "consume_message", "messages_of": "messages_of",
+        "put_flow_event": "put_flow_event", "flow_event": "flow_event", "carry_messages": "carry_messages",
+        "explain_due_waits": "explain_due_waits",
+    }
+
+    def test_park_writes_the_wait_and_the_status_under_the_fence_only(self, store):
+        due = timezone.now() + timedelta(hours=1)
+        parked(store, "w", due=due)
+        wait = store.wait_of("w")
+        assert (wait["kind"], wait["token"], wait["due_at"]) == ("sleep", 1, due)
+        assert store.execution_status("w")[0] == "waiting" and store.lock_execution("w") == "waiting"
+        assert store.lock_execution("nobody") is None
+        store.advance_fence("w")
+        assert store.park(WaitRecord("w", "conformance.flow", "sleep", 3, 1, None), "waiting") is False
+        assert store.wait_of("w")["pos"] == 0  # the stale park wrote nothing
+        assert store.set_execution_status("w", 1, "running") is False
+        assert store.set_execution_status("w", 2, "running") is True and store.execution_status("w")[0] == "running"
+
+    def test_claim_takes_due_waits_in_due_order_advances_fences_and_skips_stale_rows(self, store):
+        now = timezone.now()
+        parked(store, "late", due=now - timedelta(seconds=1))
+        parked(store, "early", due=now - timedelta(seconds=5))
+        parked(store, "future", due=now + timedelta(hours=1))
+        parked(store, "stale", due=now - timedelta(seconds=3))
+        store.advance_fence("stale")  # taken over since it parked: its row wakes nothing
+        assert store.next_wait_due() == now - timedelta(seconds=5)
+        claimed = store.claim_due_waits(now, 10, None)
+        assert [(c.execution_id, c.token, c.kind) for c in claimed] == [("early", 2, "sleep"), ("late", 2, "sleep")]
+        assert store.wait_of("stale") is None and store.wait_of("early") is None
+        assert store.execution_status("early")[0] == "running" and store.current_fence("early") == 2
+        assert store.claim_due_waits(now, 10, None) == [] and store.next_wait_due() == now + timedelta(hours=1)
+
+    def test_claim_takes_at_most_its_limit_and_only_the_flows_asked_for(self, store):
+        past = timezone.now() - timedelta(seconds=1)
+        for i in range(3):
+            parked(store, f"a{i}", due=past)
+        parked(store, "other", due=past, flow="other.flow")
+        assert len(store.claim_due_waits(timezone.now(), 2, ["conformance.flow"])) == 2
+        assert [c.execution_id for c in store.claim_due_waits(timezone.now(), 5, ["conformance.flow"])] == ["a2"]
+        assert store.wait_of("other") is not None
+
+    def test_claim_and_next_due_of_some_flows_never_see_other_flows_due_waits(self, store):
+        now = timezone.now()
+        parked(store, "other", due=now - timedelta(seconds=9), flow="other.flow")
+        parked(store, "mine", due=now + timedelta(hours=1))
+        parked(store, "soon", due=now - timedelta(seconds=1), flow="second.flow")
+        assert store.next_wait_due(["conformance.flow"]) == now + timedelta(hours=1)
+        assert store.next_wait_due(["conformance.flow", "second.flow"]) == now - timedelta(seconds=1)
+        assert store.next_wait_due() == now - timedelta(seconds=9) and store.next_wait_due(["none"]) is None
+        assert store.claim_due_waits(now, 5, ["conformance.flow"]) == []
+        assert [c.execution_id for c in store.claim_due_waits(now, 5, ["conformance.flow", "second.flow"])] == [
+            "soon"]
+        assert store.wait_of("other") is not None
+
+    def test_explain_due_waits_names_the_flow_due_index_and_claims_nothing(self, store):
+        parked(store, "x", due=timezone.now())
+        found = store.explain_due_waits(["conformance.flow"])
+        assert "journal_wait_flow_due" in found["plan"] and "journal_wait_flow_due" in found["next_due_plan"]
+        assert store.wait_of("x") is not None  # explained, not run
+
+    def test_carry_messages_moves_the_unconsumed_ones_to_the_next_run_and_wakes_its_recv(self, store):
+        store.bootstrap_execution(boot("old", "EXECUTION_STARTED"))
+        for mid in ("m1", "m2", "m3"):
+            store.send_message("old", "go", mid, f'"{mid}"', timezone.now())
+        row_id, _, _ = store.pending_message("old", "go")
+        store.consume_message(row_id, 4, timezone.now())  # m1 consumed by the old run: it stays
+        parked(store, "new", kind="recv", topic="go")
+        store.send_message("new", "go", "m3", '"again"', timezone.now())  # already there by its id
+        assert store.carry_messages("old", "new", timezone.now()) == 1
+        assert [(m["message_id"], m["payload"]) for m in store.messages_of("new", 10)] == [
+            ("m3", "again"), ("m2", "m2")]
+        assert store.pending_message("new", "go")[1] == "m2"  # the carried one first (its id is older)
+        assert [m["message_id"] for m in store.messages_of("old", 10)] == ["m3", "m1"]
+        assert store.wait_of("new")["due_at"] is not None
+        assert store.carry_messages("old", "new", timezone.now()) == 0
+
+    def test_carry_messages_copies_the_flow_events_the_next_run_has_not_set(self, store):
+        store.put_flow_event("old2", "progress", "1")
+        store.put_flow_event("old2", "stage", '"a"')
+        store.put_flow_event("new2", "stage", '"b"')
+        store.carry_messages("old2", "new2", timezone.now())
+        assert store.flow_event("new2", "progress") == (True, 1) and store.flow_event("new2", "stage") == (True, "b")
+
+    def test_a_message_is_kept_once_per_id_wakes_its_topic_and_is_consumed_once(self, store):
+        parked(store, "r", kind="recv", topic="go")
+        assert store.send_message("r", "other", "m0", '{"n": 0}', timezone.now()) == ("waiting", True)
+        assert store.wait_of("r")["due_at"] is None  # another topic wakes nothing
+        assert store.send_message("r", "go", "m1", '{"n": 1}', timezone.now()) == ("waiting", True)
+        assert store.send_message("r", "go", "m1", '{"n": 2}', timezone.now()) == ("waiting", False)
+        assert store.wait_of("r")["due_at"] is not None
+        row_id, message_id, payload = store.pending_message("r", "go")
+        assert (message_id, payload) == ("m1", {"n": 1})
+        assert store.consume_message(row_id, 5, timezone.now()) is True
+        assert store.consume_message(row_id, 6, timezone.now()) is False
+        assert store.pending_message("r", "go") is None
+        assert [(m["message_id"], m["consumed_at"] is not None) for m in store.messages_of("r", 10)] == [
+            ("m1", True), ("m0", False)]
+        assert store.send_message("nobody", "go", "m", "1", timezone.now()) == (None, False)
+
+    def test_a_settled_execution_takes_no_message(self, store):
+        store.bootstrap_execution(boot("done", "EXECUTION_STARTED", "EXECUTION_COMPLETED", status="completed",
+                                       finished=True))
+        assert store.send_message("done", "go", "m", "1", timezone.now()) == ("completed", False)
+        assert store.messages_of("done", 10) == []
+
+    def test_a_park_sees_a_pending_message_or_a_settled_child(self, store):
+        store.bootstrap_execution(boot("r", "EXECUTION_STARTED"))
+        store.send_message("r", "go", "m1", "1", timezone.now())
+        assert store.park(WaitRecord("r", "conformance.flow", "recv", 0, 1, None, "go"), "waiting") is not None
+        store.bootstrap_execution(boot("kid", "EXECUTION_STARTED", "EXECUTION_COMPLETED", status="completed",
+                                       finished=True))
+        store.bootstrap_execution(boot("p", "EXECUTION_STARTED"))
+        assert store.park(WaitRecord("p", "conformance.flow", "child", 0, 1, None, "", "kid"), "waiting") is not None
+        assert store.wait_of("p")["due_at"] is not None
+
+    def test_wake_makes_a_wait_due_now_and_drop_deletes_it(self, store):
+        parked(store, "c", kind="child", child="kid")
+        assert store.wake_wait("c", timezone.now(), child="someone-else") is False
+        assert store.wake_wait("c", timezone.now(), child="kid") is True
+        assert store.wake_wait("c", timezone.now() + timedelta(seconds=1)) is False  # due already
+        store.drop_wait("c")
+        assert store.wait_of("c") is None and store.wake_wait("c", timezone.now()) is False
+
+    def test_flow_events_are_set_overwritten_and_read(self, store):
+        assert store.flow_event("e", "k") == (False, None)
+        store.put_flow_event("e", "k", '{"a": 1}')
+        store.put_flow_event("e", "k", '"two"')
+        store.put_flow_event("e", "null", "null")
+        assert store.flow_event("e", "k") == (True, "two") and store.flow_event("e", "null") == (True, None)
+
+    @pytest.mark.parametrize("flows", [None, ["conformance.flow", "second.flow"]])
+    @pytest.mark.django_db(transaction=True)
+    def test_claimers_racing_for_due_waits_wake_each_once(self, flows):
+        """Four threads, each with its own connection, claim the same due rows (of any flow, or per flow
+        as a worker does): every wait is claimed by exactly one of them and its fence advanced once."""
+        store = self.make_store()
+        past = timezone.now() - timedelta(seconds=1)
+        ids = [f"race{i:02d}" for i in range(24)]
+        for i, eid in enumerate(ids):
+            parked(store, eid, due=past, flow="second.flow" if i % 3 == 0 else "conformance.flow")
+        connection.close()
+        claims, errors = [], []
+        barrier = threading.Barrier(4)
+
+        def claimer() -> None:
+            mine = self.make_store()
+            try:
+                barrier.wait()
+                while True:
+                    got = mine.claim_due_waits(timezone.now(), 3, flows)
+                    if not got:
+                        break
+                    claims.extend(c.execution_id for c in got)
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=claimer) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert sorted(claims) == ids
+        assert {store.current_fence(eid) for eid in ids} == {2}
+
+
+class JournalStoreContract(AppendsContract, ExecutionsContract, ForOtherAppsContract, WaitsContract,
+                           PrivacyContract):
+    """What every journal backend does (journal.store.base.JournalStore): the five parts above."""
 
     covers = {**AppendsContract.covers, **ExecutionsContract.covers, **ForOtherAppsContract.covers,
-              **PrivacyContract.covers}
+              **WaitsContract.covers, **PrivacyContract.covers}
