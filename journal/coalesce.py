@@ -27,9 +27,16 @@ Adaptive: a caller that finds the coalescer idle (nothing queued, no statement i
 its own request at once on its own connection, so a lone caller pays no hand-off; only callers
 that arrive while a statement is in flight queue for the flush threads. Nothing starts until a
 request has to queue. `shared_coalescer()` is what `Event.objects.append`, aggregates' do() and
-durable flows use while LOOM_COALESCE is on (the default). A caller inside a transaction (atomic
-block) is not coalesced: its rows must commit or roll back with its transaction, so its request
-runs through the same executor, alone, on its own connection.
+durable flows use while LOOM_COALESCE is on (the default). A caller inside a transaction (an
+atomic block, or autocommit turned off) is not coalesced: its rows must commit or roll back with
+its transaction, so its request runs through the same executor, alone, on its own connection.
+
+Faults (docs/coalescing.md, "Faults"): a flush statement waits at most FLUSH_LOCK_TIMEOUT_MS for
+a row lock another transaction holds; then the batch is written again request by request, and a
+request still blocked goes back to its caller, who writes it directly on its own thread (and waits
+there, as without coalescing), so one locked stream never stalls the others. Before each statement
+a flush thread checks its connection without a round trip and reconnects if the server dropped it
+(nothing was sent, so nothing is retried blindly). A forked child drops the parent's coalescers.
 """
 
 from __future__ import annotations
@@ -118,15 +125,43 @@ class _Done:
 
 
 class _Request:
-    """One caller's write, waiting for its flush; `done` is set once result or error is in."""
+    """One caller's write, waiting for its flush; `done` is set once result or error is in, or once
+    it is handed back (`handed_back`: its stream is locked elsewhere, the caller writes it itself)."""
 
-    __slots__ = ("done", "error", "key", "kind", "payload", "result")
+    __slots__ = ("done", "error", "handed_back", "key", "kind", "payload", "result")
 
     def __init__(self, kind: str, key: str, payload: Any):
         self.kind, self.key, self.payload = kind, key, payload
         self.result: Any = None
         self.error: BaseException | None = None
+        self.handed_back = False
         self.done = _Done()
+
+
+# How long a flush statement waits for a row lock held by another transaction (a stream appended
+# in someone's open transaction) before the batch is split; see `Coalescer._flush`. Short: a flush
+# statement carries other callers' rows, which must not wait for a stranger's commit.
+FLUSH_LOCK_TIMEOUT_MS = 100
+
+
+def _lock_timed_out(exc: BaseException) -> bool:
+    """Whether a statement failed because a lock wait exceeded lock_timeout (SQLSTATE 55P03)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the driver's error is the cause of Django's (a short chain; no cycles)
+        if seen is None:
+            return False
+        if getattr(seen, "sqlstate", None) == "55P03":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def in_transaction(using: str) -> bool:
+    """Whether the caller's connection is inside a transaction whose rows must stay on it: an atomic
+    block, or autocommit turned off (set_autocommit(False)). Never opens a connection: with none
+    open, autocommit cannot have been turned off."""
+    connection = connections[using]
+    return connection.in_atomic_block or (connection.connection is not None and not connection.autocommit)
 
 
 def run_alone(kind: str, payload: Any, using: str | None = None) -> Any:
@@ -152,7 +187,8 @@ class Coalescer:
 
     max_batch: most requests (streams) per statement; default LOOM_COALESCE_MAX_BATCH.
     flushers: flush threads, each with its own connection, and the most statements the coalescer
-    has in flight at once (a lone caller's own included); default LOOM_COALESCE_FLUSHERS.
+    has in flight at once (a lone caller's own included; a request handed back to its caller is
+    not); default LOOM_COALESCE_FLUSHERS.
     """
 
     def __init__(self, using: str | None = None, max_batch: int | None = None, flushers: int | None = None):
@@ -177,6 +213,8 @@ class Coalescer:
         self.batched_requests = 0
         self.retries = 0
         self.direct = 0
+        self.fallbacks = 0  # requests handed back to their caller (stream locked elsewhere)
+        self.reconnects = 0  # flush connections replaced after the server dropped them
         self.kind_statements: dict[str, int] = {}
         self.kind_requests: dict[str, int] = {}
         self.busy_s = 0.0
@@ -193,7 +231,7 @@ class Coalescer:
         writes go to the flush threads' connections.
         """
         executor = _executor(kind)
-        if connections[self.using].in_atomic_block:
+        if in_transaction(self.using):
             return run_alone(kind, payload, self.using)
         with self._cond:
             if self._closed:
@@ -214,9 +252,24 @@ class Coalescer:
         if alone:
             return self._write_alone(executor, kind, key, payload)
         request.done.wait()
+        if request.handed_back:
+            return self._write_handed_back(kind, key, payload)
         if request.error is not None:
             raise request.error
         return request.result
+
+    def _write_handed_back(self, kind: str, key: str, payload: Any) -> Any:
+        """A request a flush thread could not write because its stream's rows are locked by another
+        transaction: the caller writes it directly on its own connection and waits there, as
+        without coalescing, taking no statement slot. Its stream stays in flight until then, so
+        later requests of the stream still come after it."""
+        try:
+            return run_alone(kind, payload, self.using)
+        finally:
+            with self._cond:
+                self._inflight.discard(key)
+                if self._pending:
+                    self._cond.notify()
 
     def _write_alone(self, executor: Executor, kind: str, key: str, payload: Any) -> Any:
         """The lone caller's request, through its kind's executor on the caller's own connection."""
@@ -269,8 +322,10 @@ class Coalescer:
 
     # -- the flush threads ----------------------------------------------------------------------
     def _forked_locked(self) -> None:
-        """After a fork the parent's threads do not exist here: start afresh."""
+        """After a fork the parent's threads do not exist here: start afresh. The parent's queued
+        requests belong to callers that exist only in the parent: the parent writes them."""
         self._pid, self._threads, self._inflight, self._active = os.getpid(), [], set(), 0
+        self._pending = deque()
 
     def _count_locked(self, kind: str, requests: int) -> None:
         self.statements += 1
@@ -338,7 +393,8 @@ class Coalescer:
                 with self._cond:
                     if batch:  # the previous batch is written: its streams and its slot are free
                         for request in batch:
-                            self._inflight.discard(request.key)
+                            if not request.handed_back:  # else its caller frees it after writing
+                                self._inflight.discard(request.key)
                         self._active -= 1
                     batch = self._take_locked() if self._active < self.flushers else []
                     while not batch:
@@ -355,10 +411,23 @@ class Coalescer:
 
     def _flush(self, batch: list[_Request]) -> None:
         """Write the batch (one kind); requests marked RETRY are written again without the others."""
+        from journal.store import store_for
+
         kind = batch[0].kind
         executor = _executor(kind)
         remaining = batch
         while remaining:
+            try:
+                # A connection the server dropped while idle (restart, idle timeout, terminated) is
+                # replaced before anything is sent, so the batch is written, not failed; and the
+                # statement may wait only briefly for row locks (see FLUSH_LOCK_TIMEOUT_MS).
+                if store_for(self.using).prepare_flush_connection(FLUSH_LOCK_TIMEOUT_MS):
+                    with self._cond:
+                        self.reconnects += 1
+            except BaseException as exc:  # cannot connect: nothing was sent, nothing written
+                for request in remaining:
+                    self._finish(request, error=exc)
+                return
             with self._cond:
                 self._count_locked(kind, len(remaining))
             began = time.perf_counter()
@@ -367,9 +436,19 @@ class Coalescer:
                 if len(outcomes) != len(remaining):
                     raise JournalError(f"the {kind} executor returned {len(outcomes)} outcomes for "
                                        f"{len(remaining)} requests")
-            except BaseException as exc:  # database down, connection lost...: everyone in it, as direct
-                connections[self.using].close_if_unusable_or_obsolete()
+            except BaseException as exc:
                 self._add_busy(began)
+                if _lock_timed_out(exc):  # rolled back: nothing written; some stream is locked elsewhere
+                    if len(remaining) == 1:
+                        self._hand_back(remaining[0])
+                    else:  # each alone: the free ones are written, the locked ones handed back
+                        for request in remaining:
+                            self._flush([request])
+                    return
+                # Database down, connection lost mid-statement...: everyone in it, as direct. The
+                # outcome of a statement cut off after it was sent is unknown (it may have
+                # committed), so it is not retried here: the callers get the error.
+                connections[self.using].close_if_unusable_or_obsolete()
                 for request in remaining:
                     self._finish(request, error=exc)
                 return
@@ -400,6 +479,13 @@ class Coalescer:
     def _add_busy(self, began: float) -> None:
         with self._cond:
             self.busy_s += time.perf_counter() - began
+
+    def _hand_back(self, request: _Request) -> None:
+        """The caller writes this request itself (its stream's rows are locked by another transaction)."""
+        with self._cond:
+            self.fallbacks += 1
+        request.handed_back = True
+        request.done.set()
 
     @staticmethod
     def _finish(request: _Request, result: Any = None, error: BaseException | None = None) -> None:
@@ -453,6 +539,18 @@ def shared_coalescer(using: str | None = None) -> Coalescer:
 
 
 shared_appender = shared_coalescer
+
+
+def _drop_shared_in_child() -> None:
+    """After os.fork, in the child: forget the parent's coalescers (their flush threads do not exist
+    here, their queues hold the parent's callers' requests, their locks may be held by a parent
+    thread). The child's first request creates its own."""
+    global _shared_lock
+    _shared.clear()
+    _shared_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_drop_shared_in_child)
 
 
 @receiver(setting_changed)

@@ -25,6 +25,29 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs PostgreSQL (run with DATABASE_URL=postgres://...)")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_session_outlives_the_suite(django_db_setup):
+    """Before the test database is dropped: stop what the process itself keeps open (coalescers, lease
+    keepers), then name any other session still connected to it and end it, so that a leak is reported
+    on stderr (what it ran last) instead of failing the drop with ObjectInUse."""
+    yield
+    from journal import coalesce
+
+    coalesce.close_shared()
+    if connection.vendor != "postgresql":
+        return
+    import psycopg
+
+    s = connection.settings_dict
+    with psycopg.connect(host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, dbname=s["NAME"],
+                         user=s["USER"] or "postgres", password=s["PASSWORD"] or None, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid, state, left(query, 200), pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()
+    for pid, state, query, _ in rows:
+        sys.stderr.write(f"\nconftest: session {pid} ({state}) still connected at the end, ended; last: {query}\n")
+
+
 @pytest.fixture(autouse=True)
 def _close_shared_coalescers():
     """LOOM_COALESCE is on by default: appends of a test's threads that piled up started the process's

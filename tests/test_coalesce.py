@@ -201,6 +201,8 @@ def test_many_threads_share_few_connections_on_postgres():
                     appender.append(f"m:{n}", Envelope("Step"), fence_token=1)
             except BaseException as exc:
                 errors.append(exc)
+            finally:  # a writer that found the coalescer idle wrote alone on its own connection
+                connection.close()
 
         threads = [threading.Thread(target=writer, args=(n,)) for n in range(writers)]
         for thread in threads:

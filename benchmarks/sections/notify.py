@@ -91,7 +91,9 @@ def _round(ctx, cell: tuple, writers: int, ops: int, body: dict, rep: int) -> di
     op, setup, teardown = pooled(op, connection_cap(ctx, writers))
     bar = ctx.progress(writers * ops, f"{variant} K={k} #{rep + 1}")
     try:
-        with override_settings(LOOM_NOTIFY=(variant == "notify")):
+        # Coalescing off: the cell prices one append statement (and its one notification) per append; the
+        # coalescer (on by default) would merge concurrent appends into fewer statements and notifications.
+        with override_settings(LOOM_NOTIFY=(variant == "notify"), LOOM_COALESCE=False):
             outcome = run_workers(writers, ops, op, setup=setup, teardown=teardown, progress=bar.update)
         bar.close()
         raise_errors(f"notify {variant} K={k}", outcome.errors)

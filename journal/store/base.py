@@ -625,6 +625,13 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         state = json.loads(row[1]) if isinstance(row[1], str) else row[1]
         return SnapshotRecord(stream_id, row[0], state)
 
+    def prepare_flush_connection(self, lock_timeout_ms: int) -> bool:
+        """Called by the coalescer's flush threads before each statement on their own connection:
+        replace it if the server dropped it, and bound its row-lock waits. True if it reconnected.
+        Default: nothing (SQLite has no server to drop it and no row locks: one write lock per file,
+        for which a direct write would wait all the same)."""
+        return False
+
     # -- the public surface for statements composed on top of the journal's (journal/flows) ------
     @contextmanager
     def guarded(self):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import psycopg
@@ -638,6 +638,48 @@ class PostgresStore(JournalStore):
             execute_prepared(self.connection, cursor, sql, params)
             return cursor.fetchall() if cursor.description else []
 
+    def prepare_flush_connection(self, lock_timeout_ms: int) -> bool:
+        """A flush thread's connection, checked and bounded before each coalesced statement.
+
+        Dropped: a connection the server closed while it sat idle (restart, idle_session_timeout,
+        pg_terminate_backend) has the server's farewell and end of stream waiting in its socket;
+        reading what is there without waiting (PQconsumeInput, no round trip) finds it, and it is
+        replaced before anything is sent, so the batch is written on a fresh one.
+        Bounded: the session's lock_timeout (see FLUSH_LOCK_TIMEOUT_MS in journal/coalesce.py), set
+        once per connection, outside any transaction, like PLAN_CACHE_MODE. This connection belongs
+        to one flush thread and runs only coalesced statements.
+        """
+        connection = self.connection
+        raw = connection.connection
+        reconnected = False
+        if raw is not None:
+            if not raw.closed:
+                try:
+                    raw.pgconn.consume_input()  # what has arrived: the farewell, if any
+                    raw.pgconn.is_busy()  # parses it: an error while idle goes to _note_farewell
+                    raw.pgconn.consume_input()  # and the end of stream behind it
+                except psycopg.OperationalError:
+                    pass  # end of stream: status is now BAD, handled below
+            if (raw.closed or raw.broken or raw.pgconn.status == psycopg.pq.ConnStatus.BAD
+                    or raw in _farewelled):
+                connection.close()
+                raw, reconnected = None, True
+        if raw is None:
+            connection.ensure_connection()
+            raw = connection.connection
+        # Behind a transaction-pooling pooler no session SET (it would stay on a server connection that
+        # serves other clients next, and not on ours): the flush statements there are not lock-bounded.
+        if (raw not in _lock_bounded and raw.info.transaction_status == TransactionStatus.IDLE
+                and not behind_pooler(connection)):
+            # -- session: lock_timeout for a flush thread's statements (issue 16, S3) --
+            # A coalesced statement carries other callers' rows: it must not wait for a stranger's
+            # commit on one stream's row lock. On the timeout the coalescer splits the batch.
+            result = raw.pgconn.exec_(LOCK_TIMEOUT.format(ms=int(lock_timeout_ms)).encode())
+            if result.status == psycopg.pq.ExecStatus.COMMAND_OK:
+                _lock_bounded.add(raw)
+                raw.add_notice_handler(_note_farewell(raw))
+        return reconnected
+
     def lock_stream(self, stream_id: str) -> None:
         with self.connection.cursor() as cursor:
             cursor.execute(LOCK_STREAM, [LOCK_STREAM_CLASS, stream_id])
@@ -870,6 +912,22 @@ def _json_value(value):
 _ONLY_WHEN_ASKED = 2**31
 PLAN_CACHE_MODE = "SET plan_cache_mode = force_generic_plan"
 _generic: weakref.WeakSet = weakref.WeakSet()  # connections whose session has PLAN_CACHE_MODE
+LOCK_TIMEOUT = "SET lock_timeout = '{ms}ms'"
+_lock_bounded: weakref.WeakSet = weakref.WeakSet()  # flush connections whose session has LOCK_TIMEOUT
+_farewelled: weakref.WeakSet = weakref.WeakSet()  # flush connections the server said FATAL on while idle
+
+
+def _note_farewell(raw) -> Callable[[psycopg.errors.Diagnostic], None]:
+    """A notice handler: libpq hands an error that arrives while no query runs (the server's FATAL
+    before it closes an idle connection) to the notice processor; remember that connection."""
+    ref = weakref.ref(raw)
+
+    def handler(diagnostic: psycopg.errors.Diagnostic) -> None:
+        conn = ref()
+        if conn is not None and diagnostic.severity_nonlocalized in ("FATAL", "PANIC"):
+            _farewelled.add(conn)
+
+    return handler
 
 
 def may_prepare(connection) -> bool:
