@@ -45,7 +45,8 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from journal.admin_base import ReadOnlyAdmin, SafeChangeList, panel_fields
+from journal import shards
+from journal.admin_base import ReadOnlyAdmin, SafeChangeList, ShardedChangeList, ShardedRows, panel_fields
 from journal.admin_filters import QueueFilter, ScheduleFilter
 from journal.aggregates.admin import AggregateAdmin
 from journal.ids import stored_id_problem
@@ -157,7 +158,7 @@ class StatusFilter(admin.ChoicesFieldListFilter):
 
 @admin.register(Execution)
 class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
-    list_display = ("id", "flow", "status", "progress", "duration", "created", "finished", "recoveries")
+    list_display = ("id", "flow", "status", "progress", "duration", "created", "finished", "recoveries", "shard")
     list_filter = (("status", StatusFilter), "flow", QueueFilter, ScheduleFilter)
     search_fields = ("id", "flow")
     readonly_fields = ("id", "flow", "status", "input_json", "result_json", "error", "recoveries", "created",
@@ -195,6 +196,17 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         return getattr(self, f"has_{verb}_permission")(request)
 
     # -- list ----------------------------------------------------------------------------------------
+    def get_changelist(self, request, **kwargs):
+        return ShardedChangeList  # every shard's executions in one list (journal/shards.py)
+
+    def get_list_display(self, request):
+        shown = super().get_list_display(request)
+        return shown if shards.sharded() else tuple(name for name in shown if name != "shard")
+
+    @admin.display(description="shard")
+    def shard(self, execution) -> str:
+        return execution._state.db or ""
+
     def get_queryset(self, request):
         done = (Event.objects.filter(stream_id=OuterRef("pk"), type="STEP_COMPLETED").order_by()
                 .values("stream_id").annotate(n=Count("id")).values("n"))
@@ -261,7 +273,8 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         return self._bulk(request, queryset, "suspend")
 
     def _bulk(self, request, queryset, verb: str):
-        executions = list(queryset[:500])
+        # The selection on every shard (the action's queryset is one database's); each act() runs on its shard.
+        executions = list(ShardedRows(queryset, shards.shards())[:500]) if shards.sharded() else list(queryset[:500])
         rows = [(execution, *plan(execution, verb)) for execution in executions]
         if request.POST.get("post") == "yes":
             done = sum(act(request, execution.pk, verb) for execution, will, _ in rows if will)
@@ -291,9 +304,13 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         return extra + urls
 
     def _one(self, verb: str):
-        def view(request, object_id):
+        def sharded_view(request, object_id):
             if stored_id_problem(unquote(object_id)) is not None:  # NUL, lone surrogate: no such execution
                 raise Http404("no such execution")
+            with shards.on_stream(unquote(object_id)):  # the execution's page reads its shard
+                return view(request, object_id)
+
+        def view(request, object_id):
             execution = get_object_or_404(Execution, pk=unquote(object_id))
             url = reverse("admin:journal_execution_change", args=[quote(execution.pk)])
             if not self.has_view_permission(request, execution) or not self.may(request, verb):
@@ -317,7 +334,7 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
             }
             return TemplateResponse(request, "journal/execution_confirm.html", context)
 
-        return view
+        return sharded_view
 
     def get_object(self, request, object_id, from_field=None):
         """None (the admin's "does not exist") for an id the database cannot hold (NUL, lone surrogate)."""
@@ -326,6 +343,12 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         return super().get_object(request, object_id, from_field)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
+        if stored_id_problem(unquote(object_id)) is None:
+            with shards.on_stream(unquote(object_id)):  # its header, log and panels on the execution's shard
+                return self._change_view(request, object_id, form_url, extra_context)
+        return self._change_view(request, object_id, form_url, extra_context)
+
+    def _change_view(self, request, object_id, form_url="", extra_context=None):
         from journal.exceptions import InvalidStream
         from journal.flows import describe, ownership  # (the function; journal.flows loads it lazily)
         from journal.flows.errors import UnknownExecution
@@ -415,7 +438,8 @@ class DataKeyAdmin(SafeChangeList, ReadOnlyAdmin):
         if request.POST.get("post") == "yes":
             by = f"admin:{request.user.get_username()}"
             for subject in subjects:
-                forget(subject.pk, by=by, alias=queryset.db)
+                # With shards a subject's keys are on every shard its data is on: forget on all of them.
+                forget(subject.pk, by=by, alias=None if shards.sharded() else queryset.db)
             messages.success(request, f"forgotten: {', '.join(s.pk for s in subjects)}")
             return None
         context = {

@@ -30,8 +30,15 @@ def register(kind: str, vendor: str, path: str) -> None:
         del _stores[key]
 
 
-def store_for(kind: str, alias: str = "default") -> Any:
-    """The `kind` store of database `alias`; NotImplementedError for a vendor nobody registered."""
+def store_for(kind: str, alias: str | None = None) -> Any:
+    """The `kind` store of database `alias`; NotImplementedError for a vendor nobody registered.
+
+    No alias: the shard bound by the caller's entry point (journal.shards.bound), else the first shard
+    (the default database when LOOM_SHARDS is unset)."""
+    if alias is None:
+        from journal import shards
+
+        alias = shards.home()
     store = _stores.get((kind, alias))
     if store is None:
         vendor = connections[alias].vendor
@@ -46,7 +53,7 @@ def store_for(kind: str, alias: str = "default") -> Any:
 def dispatcher(kind: str) -> Callable[..., Any]:
     """`store_for` bound to one kind: what each app exports as `<app>.store.store_for(alias)`."""
 
-    def bound(alias: str = "default"):
+    def bound(alias: str | None = None):
         return store_for(kind, alias)
 
     bound.__name__ = bound.__qualname__ = "store_for"

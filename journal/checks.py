@@ -56,6 +56,29 @@ def check_databases(app_configs=None, **kwargs) -> list:
 
 
 @register()
+def check_shards(app_configs=None, **kwargs) -> list:
+    """loom.E020: LOOM_SHARDS names aliases DATABASES lacks (or twice), or a bad LOOM_SHARD_HISTORY;
+    loom.E021: several shards but no ShardRouter, so the ORM queries of a run would not follow its shard."""
+    from journal import shards
+
+    messages = [
+        Error(problem, hint="LOOM_SHARDS lists database aliases of DATABASES; docs/scaling.md \"Shards\".",
+              id="loom.E020")
+        for problem in shards.configuration_problems()
+    ]
+    try:
+        several = len(conf.get("LOOM_SHARDS")) > 1
+    except conf.ConfigError:
+        several = False
+    if several and not shards.router_installed():
+        messages.append(Error(
+            "LOOM_SHARDS names several databases but DATABASE_ROUTERS has no journal.shards.ShardRouter",
+            hint='Add DATABASE_ROUTERS = ["journal.shards.ShardRouter"] (first, before routers of your own).',
+            id="loom.E021"))
+    return messages
+
+
+@register()
 def check_master_keys(app_configs=None, **kwargs) -> list:
     """loom.E030: fields are marked sensitive but there is no master key to seal them with.
     loom.E031: a stored data key names a master key LOOM_KEYS lacks, or LOOM_KEYS holds another key under

@@ -13,7 +13,9 @@ are our errors, turned into a `Refused` with the exit code scripts rely on (docs
     flows-that-wait work, queues without the queues app).
 
 Everything goes through journal.flows (cancel, hand_over, retry_execution) and the models' reads, on
-the database alias given (--database), never a default assumed.
+the database alias given (--database), never a default assumed. With LOOM_SHARDS and no --database, a
+verb on one execution acts on its shard (journal/shards.py) and `executions list` and `queues` read every
+shard (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.apps import apps
+from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
 
+from journal import shards
 from journal.timestamps import stamp
 
 OK, REFUSED, USAGE, UNAVAILABLE = 0, 1, 2, 3
@@ -112,6 +116,28 @@ def _flows_alias(using: str) -> None:
                       f"{router.db_for_write(Execution)!r} (the routers decide)", USAGE)
 
 
+def _home(using: str | None, execution_id: str) -> str:
+    """The database of one execution's rows (header, lease, queue entry): its shard with LOOM_SHARDS (a
+    --database naming another shard is refused: nothing of it is there), else the alias given."""
+    _check_id(execution_id)
+    if not shards.sharded():
+        alias = using or DEFAULT_DB_ALIAS
+        _flows_alias(alias)
+        return alias
+    alias = shards.shard_for(execution_id)
+    if using is not None and using != alias:
+        raise Refused(f"--database {using!r}: execution {execution_id!r} lives on shard {alias!r} (LOOM_SHARDS); "
+                      "leave --database out", USAGE)
+    return alias
+
+
+def _aliases(using: str | None) -> list[str]:
+    """The databases a listing reads: the alias given, else every shard (the default database unsharded)."""
+    if using is not None:
+        return [using]
+    return shards.shards() if shards.sharded() else [DEFAULT_DB_ALIAS]
+
+
 def _check_id(execution_id: str) -> str:
     return _check_text("execution id", execution_id)
 
@@ -132,30 +158,53 @@ def _unstorable(text: str) -> bool:
     return "\x00" in text or any("\ud800" <= ch <= "\udfff" for ch in text)
 
 
-def check_alias(using: str) -> str:
-    """A database alias of the settings (an unknown one is a usage error, not a traceback)."""
+def check_alias(using: str | None) -> str | None:
+    """A database alias of the settings (an unknown one is a usage error, not a traceback); None: not given."""
     from django.db import connections
 
-    if using not in connections.settings:
+    if using is not None and using not in connections.settings:
         raise Refused(f"--database {using!r}: not in DATABASES ({', '.join(connections.settings)})", USAGE)
     return using
 
 
 # -- executions list ------------------------------------------------------------------------------------
-def list_executions(using: str, *, status: str | None = None, flow: str | None = None, queue: str | None = None,
+def list_executions(using: str | None, *, status: str | None = None, flow: str | None = None, queue: str | None = None,
                     schedule: str | None = None, since: str | None = None, stuck: bool = False,
                     limit: int = 50) -> Reply:
     """The newest executions matching every filter given (`--stuck`: recovery gave up, or running
-    with a lease that expired and nobody took over yet)."""
-    from django.db.models import Q
-
-    from journal.models import Execution
-
+    with a lease that expired and nobody took over yet). With LOOM_SHARDS and no alias: every shard's
+    newest `limit`, merged newest first (each row names its shard)."""
     if not 1 <= limit <= MAX_LIMIT:
         raise Refused(f"--limit is 1 to {MAX_LIMIT}", USAGE)
     for option, value in (("--flow", flow), ("--queue", queue), ("--schedule", schedule)):
         if value is not None:
             _check_text(option, value)
+    since_at = parse_since(since) if since else None
+    found = []
+    for alias in _aliases(using):
+        rows = _matching(alias, status, flow, queue, schedule, since_at, stuck)
+        found += [{**row, "shard": alias} if shards.sharded() else row
+                  for row in rows.values("id", "flow", "status", "created_at", "finished_at", "recoveries")[:limit]]
+    found.sort(key=lambda row: row["id"])
+    found.sort(key=lambda row: row["created_at"], reverse=True)  # stable: newest first, then by id
+    found = found[:limit]
+    data = [{**row, "created_at": _iso(row["created_at"]), "finished_at": _iso(row["finished_at"])} for row in found]
+    lines = _table(["id", "flow", "status", "created", "finished"],
+                   [[r["id"], r["flow"], r["status"], stamp(r["created_at"]), stamp(r["finished_at"]) or "-"]
+                    for r in found])
+    if len(found) == limit:
+        lines.append(f"(the newest {limit}; --limit to see more)")
+    return Reply(data, lines or ["no executions"])
+
+
+def _matching(using: str, status: str | None, flow: str | None, queue: str | None, schedule: str | None,
+              since: datetime | None, stuck: bool):
+    """One database's executions matching the filters, newest first (a queue entry is on its execution's
+    database, so the queue filter is one subquery there)."""
+    from django.db.models import Q
+
+    from journal.models import Execution
+
     rows = Execution.objects.using(using).order_by("-created_at", "id")
     if status:
         if status not in Execution.Status.values:
@@ -164,7 +213,7 @@ def list_executions(using: str, *, status: str | None = None, flow: str | None =
     if flow:
         rows = rows.filter(flow=flow)
     if since:
-        rows = rows.filter(created_at__gte=parse_since(since))
+        rows = rows.filter(created_at__gte=since)
     if schedule:
         from leases.schedules import ID_PREFIX
 
@@ -176,14 +225,7 @@ def list_executions(using: str, *, status: str | None = None, flow: str | None =
         if apps.is_installed("leases"):
             lapsed &= Q(lease__expires_at__lt=timezone.now())
         rows = rows.filter(Q(status="stuck") | lapsed)
-    found = list(rows.values("id", "flow", "status", "created_at", "finished_at", "recoveries")[:limit])
-    data = [{**row, "created_at": _iso(row["created_at"]), "finished_at": _iso(row["finished_at"])} for row in found]
-    lines = _table(["id", "flow", "status", "created", "finished"],
-                   [[r["id"], r["flow"], r["status"], stamp(r["created_at"]), stamp(r["finished_at"]) or "-"]
-                    for r in found])
-    if len(found) == limit:
-        lines.append(f"(the newest {limit}; --limit to see more)")
-    return Reply(data, lines or ["no executions"])
+    return rows
 
 
 def _queue_entries(using: str):
@@ -204,8 +246,9 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 # -- show / steps -----------------------------------------------------------------------------------------
 @acting
-def show(using: str, execution_id: str) -> Reply:
+def show(using: str | None, execution_id: str) -> Reply:
     """Header, lease, fence, queue entry and timeline of one execution."""
+    using = _home(using, execution_id)
     view = _describe(using, execution_id)
     lease = _lease(using, execution_id)
     entry = _entry(using, execution_id)
@@ -216,6 +259,8 @@ def show(using: str, execution_id: str) -> Reply:
         "fence": view["fence"], "snapshot_seq": view["snapshot_seq"], "lease": lease, "queue": entry,
         "schedule": _schedule_of(execution_id), "steps": _steps(view["steps"]),
     }
+    if shards.sharded():
+        data["shard"] = using
     lines = [f"execution {execution_id}", f"  flow      {data['flow']}", f"  status    {data['status']}",
              f"  created   {stamp(view['created_at'])}", f"  finished  {stamp(view['finished_at']) or '-'}",
              f"  fence     {data['fence']}"]
@@ -235,17 +280,16 @@ def show(using: str, execution_id: str) -> Reply:
 
 
 @acting
-def steps(using: str, execution_id: str) -> Reply:
+def steps(using: str | None, execution_id: str) -> Reply:
     """The timeline of one execution: one row per step attempt."""
-    rows = _steps(_describe(using, execution_id)["steps"])
+    rows = _steps(_describe(_home(using, execution_id), execution_id)["steps"])
     return Reply(rows, _step_lines(rows))
 
 
 def _describe(using: str, execution_id: str) -> dict:
     from journal.flows.describe import describe
 
-    _flows_alias(using)
-    return describe(_check_id(execution_id))
+    return describe(_check_id(execution_id))  # on its shard (describe binds it); `using` is that shard
 
 
 def _steps(rows: list[dict]) -> list[dict]:
@@ -296,13 +340,12 @@ def _schedule_of(execution_id: str) -> dict | None:
 
 # -- cancel / resume / retry / fork ------------------------------------------------------------------------
 @acting
-def cancel(using: str, execution_id: str, reason: str = "") -> Reply:
+def cancel(using: str | None, execution_id: str, reason: str = "") -> Reply:
     """Cancel through journal.flows.cancel (a pending queue entry is cancelled before it starts)."""
     from journal.flows import cancel as cancel_execution
     from journal.flows.writer import header_status
 
-    _flows_alias(using)
-    _check_id(execution_id)
+    using = _home(using, execution_id)
     if _unstorable(reason):
         raise Refused("--reason: text the database can hold (no NUL, no lone surrogate)", USAGE)
     if header_status(execution_id) is None and apps.is_installed("queues"):
@@ -323,29 +366,29 @@ def cancel(using: str, execution_id: str, reason: str = "") -> Reply:
 
 
 @acting
-def resume(using: str, execution_id: str, force: bool = False) -> Reply:
+def resume(using: str | None, execution_id: str, force: bool = False) -> Reply:
     """Hand the execution to a worker (journal.flows.hand_over): never run in this process."""
     from journal.flows import hand_over
 
-    _flows_alias(using)
+    _home(using, execution_id)
     token = hand_over(_check_id(execution_id), force=force)
     return Reply({"execution_id": execution_id, "handed_over": True, "fence": token, "forced": force},
                  [f"{execution_id}: handed over to a worker (from fence {token})" + (" [forced]" if force else "")])
 
 
 @acting
-def retry(using: str, execution_id: str, actor: str = "") -> Reply:
+def retry(using: str | None, execution_id: str, actor: str = "") -> Reply:
     """A new attempt of a failed execution, recorded in its log, handed to a worker."""
     from journal.flows.runtime import retry as retry_execution
 
-    _flows_alias(using)
+    _home(using, execution_id)
     retry_execution(_check_id(execution_id), actor=actor or "manage.py loom", handoff=True)
     return Reply({"execution_id": execution_id, "retried": True, "handed_over": True},
                  [f"{execution_id}: a new attempt was recorded and handed over to a worker"])
 
 
 @acting
-def fork(using: str, execution_id: str, from_step: int, new_id: str | None = None) -> Reply:
+def fork(using: str | None, execution_id: str, from_step: int, new_id: str | None = None) -> Reply:
     """A new execution replaying the first `from_step` steps (the flows-that-wait work's journal.flows.fork)."""
     import journal.flows as flows
 
@@ -356,7 +399,7 @@ def fork(using: str, execution_id: str, from_step: int, new_id: str | None = Non
                       "(journal.flows.fork, issue 17), which is not installed here", UNAVAILABLE) from None
     if from_step < 0:
         raise Refused("--from-step is 0 or more", USAGE)
-    _flows_alias(using)
+    _home(using, execution_id)
     if new_id is not None:
         _check_text("--new-id", new_id)
     forked = fork_execution(_check_id(execution_id), from_step, new_id)
@@ -365,8 +408,9 @@ def fork(using: str, execution_id: str, from_step: int, new_id: str | None = Non
 
 
 # -- queues / schedules ---------------------------------------------------------------------------------------
-def queues(using: str) -> Reply:
-    """Every queue: caps, depth and running count (the queues app's stats)."""
+def queues(using: str | None) -> Reply:
+    """Every queue: caps, depth and running count (the queues app's stats; with LOOM_SHARDS and no alias,
+    every shard's counts added up, the caps each shard's)."""
     if not apps.is_installed("queues"):
         raise Refused("no queues: the queues app is not installed (add \"queues\" to INSTALLED_APPS)", UNAVAILABLE)
     import queues as queue_app
@@ -381,11 +425,14 @@ def queues(using: str) -> Reply:
     return Reply(data, lines or ["no queues"])
 
 
-def schedules(using: str) -> Reply:
-    """Every schedule: cron, flow, catch-up policy, next and last tick."""
+def schedules(using: str | None) -> Reply:
+    """Every schedule: cron, flow, catch-up policy, next and last tick (on one database with LOOM_SHARDS:
+    the router's alias of leases.Schedule)."""
+    from django.db import router
+
     from leases.models import Schedule
 
-    rows = list(Schedule.objects.using(using).order_by("name"))
+    rows = list(Schedule.objects.using(using or router.db_for_read(Schedule)).order_by("name"))
     data = [{"name": s.name, "cron": s.cron, "flow": s.flow, "input": s.input, "catch_up": s.catch_up,
              "queue": s.queue or None, "enabled": s.enabled, "source": s.source,
              "next_tick_at": _iso(s.next_tick_at), "last_tick_at": _iso(s.last_tick_at),

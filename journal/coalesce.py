@@ -53,7 +53,7 @@ from django.core.signals import setting_changed
 from django.db import connections
 from django.dispatch import receiver
 
-from journal import conf
+from journal import conf, shards
 from journal.envelopes import Appended, AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused, JournalError
 
@@ -164,8 +164,9 @@ def in_transaction(using: str) -> bool:
     return connection.in_atomic_block or (connection.connection is not None and not connection.autocommit)
 
 
-def run_alone(kind: str, payload: Any, using: str = "default") -> Any:
+def run_alone(kind: str, payload: Any, using: str | None = None) -> Any:
     """A request written on the caller's own connection through its kind's executor (uncoalesced)."""
+    using = using or shards.home()
     outcome = _executor(kind)(using, [payload])[0]
     if outcome is RETRY:
         raise JournalError(f"the {kind} executor asked to retry a request that was alone in its statement")
@@ -190,8 +191,10 @@ class Coalescer:
     not); default LOOM_COALESCE_FLUSHERS.
     """
 
-    def __init__(self, using: str = "default", max_batch: int | None = None, flushers: int | None = None):
-        self.using = using
+    def __init__(self, using: str | None = None, max_batch: int | None = None, flushers: int | None = None):
+        # One coalescer writes to one database: with several shards, the module's functions below keep one
+        # per shard, so a batch never spans two shards (one statement per shard).
+        self.using = using or shards.home()
         self.max_batch = max_batch if max_batch is not None else conf.get("LOOM_COALESCE_MAX_BATCH")
         self.flushers = flushers if flushers is not None else conf.get("LOOM_COALESCE_FLUSHERS")
         if self.max_batch < 1 or self.flushers < 1:
@@ -523,8 +526,9 @@ def enabled() -> bool:
     return conf.get("LOOM_COALESCE")
 
 
-def shared_coalescer(using: str = "default") -> Coalescer:
-    """This process's coalescer for a database alias, created on first use with the settings."""
+def shared_coalescer(using: str | None = None) -> Coalescer:
+    """This process's coalescer for a database alias (a shard), created on first use with the settings."""
+    using = using or shards.home()
     coalescer = _shared.get(using)
     if coalescer is None or coalescer._closed:
         with _shared_lock:
@@ -557,8 +561,9 @@ def _follow_settings(setting: str, **kwargs: Any) -> None:
         close_shared()
 
 
-def running(using: str = "default") -> Coalescer | None:
+def running(using: str | None = None) -> Coalescer | None:
     """The shared coalescer of an alias if one is open (for its counters), without creating one."""
+    using = using or shards.home()
     coalescer = _shared.get(using)
     return None if coalescer is None or coalescer._closed else coalescer
 
@@ -572,15 +577,19 @@ def close_shared() -> None:
         coalescer.close()
 
 
-def submit(kind: str, key: str, payload: Any, using: str = "default") -> Any:
-    """One request of `kind`: coalesced when LOOM_COALESCE is on (adaptive), else alone on this connection."""
+def submit(kind: str, key: str, payload: Any, using: str | None = None) -> Any:
+    """One request of `kind`: coalesced when LOOM_COALESCE is on, else alone on this connection. The
+    request goes to the coalescer of its stream's shard (`using`, or journal.shards.shard_for(key))."""
+    using = using or shards.shard_for(key)
     if enabled():
         return shared_coalescer(using).submit(kind, key, payload)
     return run_alone(kind, payload, using)
 
 
-def append_item(item: AppendItem, using: str = "default") -> Appended:
-    """The mid-run append of durable flows: coalesced when LOOM_COALESCE is on, else direct."""
+def append_item(item: AppendItem, using: str | None = None) -> Appended:
+    """The mid-run append of durable flows: coalesced when LOOM_COALESCE is on, else direct; on the
+    stream's shard (`using`, or journal.shards.shard_for)."""
+    using = using or shards.shard_for(item.stream_id)
     if enabled():
         return shared_coalescer(using).append_item(item)
     from journal.store import store_for

@@ -87,6 +87,19 @@ def _channel_problem(value: str) -> str | None:
     return None
 
 
+def _key_problem(value: str) -> str | None:
+    """LOOM_SHARD_KEY must import to a callable (checked at start-up, not at the first placement)."""
+    if not value:
+        return None
+    from django.utils.module_loading import import_string
+
+    try:
+        fn = import_string(value)
+    except ImportError as exc:
+        return f"cannot be imported ({exc})"
+    return None if callable(fn) else "is not callable"
+
+
 def _disclose_groups_problem(value: list) -> str | None:
     """Each entry is `group:role`, both non-empty (the group's name may itself hold colons)."""
     for entry in value:
@@ -129,6 +142,16 @@ register(
     # aggregates
     Setting("LOOM_AGGREGATE_CACHE_SIZE", int, 1000, "Aggregate states kept in each process's LRU cache.", 0),
     Setting("LOOM_AGGREGATE_MODULES", list, [], "Modules declaring aggregate states, imported for the admin."),
+    # shards (journal/shards.py, docs/scaling.md)
+    Setting("LOOM_SHARDS", list, [], "Database aliases the streams are spread over, in placement order "
+            "(empty: the default database alone)."),
+    Setting("LOOM_SHARD_HISTORY", list, [], "Earlier lengths of LOOM_SHARDS, ascending: streams created under "
+            "them stay where they were placed (shards are only ever appended)."),
+    Setting("LOOM_SHARD_KEY", str, "", "Dotted path of a function stream id -> partition key (e.g. "
+            "journal.shards.prefix_key: a tenant's streams on one shard); empty: the whole id.",
+            check=_key_problem),
+    Setting("LOOM_PG_PREPARE", bool, True, "Let psycopg prepare the journal's statements (server-side). Off "
+            "behind a pooler in transaction mode that cannot keep them (PgBouncer before 1.21)."),
     # personal data (docs/privacy.md)
     Setting("LOOM_KEYS", list, [], "Master keys as `id:base64` (32 bytes each); the first wraps new data keys, "
             "the others still unwrap old ones (rotation). Secret."),

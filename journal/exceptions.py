@@ -58,6 +58,18 @@ class BatchRefused(AppendRefused):
         super().__init__(f"batch refused, nothing written ({detail})", errors)
 
 
+class ShardsPartlyWritten(BatchRefused):
+    """A batch over several shards was refused on some of them and written on others: each shard's part is
+    all or nothing, the batch as a whole is not (one statement per shard; docs/scaling.md). `.errors` holds
+    the refused streams' errors, `.appended` the Appended of each stream that WAS written."""
+
+    def __init__(self, errors: dict[str, AppendRefused], appended: dict):
+        super().__init__(errors)
+        self.appended = appended
+        self.args = (f"batch refused on some shards, written on others: refused {sorted(errors)}, "
+                     f"written {sorted(appended)}", errors)
+
+
 ConcurrencyError = SequenceConflict
 """Optimistic-concurrency failure as aggregates name it: another commit won the race."""
 

@@ -179,10 +179,17 @@ class LoomBackend(BaseTaskBackend):
             if name not in known:
                 declare_queue(name, cap)
 
-    def _alias(self) -> str:
+    def _alias(self, result_id: str | None = None) -> str | None:
+        """The database of the queue tables: OPTIONS["DATABASE"], else the router's alias; with LOOM_SHARDS
+        an execution's shard (None before its id exists: queues.enqueue places the entry on its shard)."""
+        from journal import shards
         from queues.models import QueueEntry
 
-        return self.database or router.db_for_write(QueueEntry)
+        if self.database:
+            return self.database
+        if shards.sharded():
+            return None if result_id is None else shards.shard_for(result_id)
+        return router.db_for_write(QueueEntry)
 
     def enqueue(self, task, args, kwargs):
         from queues import enqueue
@@ -207,9 +214,9 @@ class LoomBackend(BaseTaskBackend):
         from journal.models import Execution
         from queues.models import QueueEntry
 
-        alias = self._alias()
         if stored_id_problem(result_id) is not None:  # NUL, lone surrogate, empty, too long: no such result
             raise TaskResultDoesNotExist(repr(result_id))
+        alias = self._alias(result_id)  # the entry and the header live on the execution's shard
         entry = QueueEntry.objects.using(alias).filter(execution_id=result_id).first()
         header = Execution.objects.using(alias).filter(pk=result_id).first()
         flow_name = header.flow if header is not None else entry.flow if entry is not None else None

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 
 from django.db import DatabaseError, connections
 
+from journal import shards
 from journal.identity import node_identity as journal_node_identity
 from leases import conf
 from leases.store import store_for
@@ -116,14 +117,16 @@ def chunks(items: list, size: int) -> Iterable[list]:
 
 
 class LeaseKeeper:
-    def __init__(self, worker_id: str | None = None, alias: str = "default", autostart: bool = True):
+    def __init__(self, worker_id: str | None = None, alias: str | None = None, autostart: bool = True):
         self.worker_id = worker_id or node_identity()
         self.autostart = autostart  # False: no thread; the caller drives step()/tick() (tests)
         # Leases sent per kind of statement, and statements issued: what this process cost the table.
         # "inline": leases written by the runs' own bootstrap statements (no keeper statement).
         self.stats = {"acquire": 0, "renew": 0, "release": 0, "acquire_statements": 0, "renew_statements": 0,
                       "release_statements": 0, "inline": 0}
-        self.alias = alias
+        # The database of these leases: one keeper per shard (journal/shards.py), each with its own thread,
+        # since a lease lives on its execution's shard and one statement reaches one database.
+        self.alias = alias or shards.home()
         self.cond = threading.Condition()
         self.pending: OrderedDict[LeaseClaim, float] = OrderedDict()
         self.held: dict[LeaseClaim, None] = {}
@@ -421,33 +424,57 @@ class LeaseKeeper:
         return len(held)
 
 
-_keeper: LeaseKeeper | None = None
+_keepers: dict[str, LeaseKeeper] = {}
 _keeper_lock = threading.Lock()
 
 
-def get_keeper() -> LeaseKeeper:
-    """The process's keeper (created on first use; its thread starts with the first claim)."""
-    global _keeper
-    keeper = _keeper
+def get_keeper(alias: str | None = None) -> LeaseKeeper:
+    """The process's keeper of a shard (default: the bound shard, else the first), created on first use under
+    the same worker id as the process's other keepers; its thread starts with the first claim."""
+    alias = alias or shards.home()
+    keeper = _keepers.get(alias)
     if keeper is None:
         with _keeper_lock:
-            if _keeper is None:
-                _keeper = LeaseKeeper()
-            keeper = _keeper
+            keeper = _keepers.get(alias)
+            if keeper is None:
+                other = next(iter(_keepers.values()), None)
+                keeper = _keepers[alias] = LeaseKeeper(other.worker_id if other else None, alias)
     return keeper
 
 
+def keepers() -> list[LeaseKeeper]:
+    """Every keeper this process has (one per shard it has worked on)."""
+    return list(_keepers.values())
+
+
 def reset_keeper(keeper: LeaseKeeper | None = None) -> None:
-    """Replace the process's keeper (tests; a forked child must not inherit the parent's)."""
-    global _keeper
-    _keeper = keeper
+    """Replace the process's keepers by `keeper` alone, or none (tests; a forked child must not inherit the
+    parent's)."""
+    with _keeper_lock:
+        _keepers.clear()
+        if keeper is not None:
+            _keepers[keeper.alias] = keeper
+
+
+def drop_keeper(alias: str, timeout: float = 5.0) -> None:
+    """Stop and forget the keeper of a shard this process no longer works on (a benchmark's own aliases)."""
+    with _keeper_lock:
+        keeper = _keepers.pop(alias, None)
+    if keeper is not None:
+        keeper.shutdown(timeout)
+
+
+def install_keeper(keeper: LeaseKeeper) -> None:
+    """Make `keeper` the process's keeper of its shard (the worker's heartbeat service, one per shard)."""
+    with _keeper_lock:
+        _keepers[keeper.alias] = keeper
 
 
 def _after_fork_in_child() -> None:
     # A forked child (django-q2's worker processes) has none of the parent's threads: its claims
-    # are not its own. It starts with a fresh keeper under its own id.
-    global _keeper, _keeper_lock, _role
-    _keeper = None
+    # are not its own. It starts with fresh keepers under its own id.
+    global _keepers, _keeper_lock, _role
+    _keepers = {}
     _keeper_lock = threading.Lock()
     if _role == MAIN:
         _role = CHILD

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from django.db import connections
 
+from journal import shards
 from journal.flows.ownership import Claim, Companion, InlineLease, NoOwnership, set_ownership
 from leases import conf
 from leases.keeper import LeaseKeeper, get_keeper
@@ -31,16 +32,22 @@ class LeaseOwnership:
         None on SQLite, whose leases go through the keeper; see inline_lease)."""
         return store_for(self.alias).companion
 
-    def __init__(self, mode: str, keeper: LeaseKeeper | None = None, alias: str = "default"):
+    def __init__(self, mode: str, keeper: LeaseKeeper | None = None, alias: str | None = None):
         if mode not in ("eager", "lazy"):
             raise ValueError(f"LeaseOwnership mode must be eager or lazy, not {mode!r}")
         self.mode = mode
         self._keeper = keeper
-        self.alias = alias  # the database of the executions (and of the keeper's leases)
+        self._alias = alias  # a fixed database (tests); None: the shard the run's entry point bound
+
+    @property
+    def alias(self) -> str:
+        """The database of the run's execution (and of its lease): journal/shards.py, bound by the flows
+        entry point (start, resume...) to the execution's shard."""
+        return self._alias or (self._keeper.alias if self._keeper else shards.home())
 
     @property
     def keeper(self) -> LeaseKeeper:
-        return self._keeper or get_keeper()
+        return self._keeper or get_keeper(self.alias)
 
     def inline_lease(self) -> InlineLease | None:
         """Eager fresh starts on PostgreSQL write their lease in the bootstrap statement itself (and

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, connections
 
+from journal import shards
 from leases import conf
 from leases.store import Takeover, store_for
 
@@ -32,10 +33,10 @@ log = logging.getLogger("loom.recovery")
 PRUNE_EVERY = 60.0  # seconds between two prunings of old worker rows by one worker
 
 
-def sweep(owner: str, limit: int | None = None) -> Takeover:
-    """One takeover transaction for `owner`, over the flows registered in this process (a worker
-    without a flow's code leaves its executions to workers that have it). Disabled (empty) when
-    LOOM_LEASE_MODE is off."""
+def sweep(owner: str, limit: int | None = None, alias: str | None = None) -> Takeover:
+    """One takeover transaction for `owner` on one shard (`alias`; default: the bound or first shard), over
+    the flows registered in this process (a worker without a flow's code leaves its executions to workers
+    that have it). Disabled (empty) when LOOM_LEASE_MODE is off."""
     from journal.flows import registry
 
     if conf.get("LOOM_LEASE_MODE") == "off":
@@ -44,7 +45,7 @@ def sweep(owner: str, limit: int | None = None) -> Takeover:
     if not flows:
         return Takeover()
     ttl = conf.get("LOOM_LEASE_TTL")
-    return store_for().takeover(
+    return store_for(alias).takeover(
         owner, ttl,
         orphan_after=conf.lease_grace() + ttl,  # a live lazy run has its lease by then
         max_attempts=conf.get("LOOM_RECOVERY_MAX_ATTEMPTS"),
@@ -93,9 +94,9 @@ def _halts() -> tuple[type[Exception], ...]:
     return OwnershipLost, StaleFence
 
 
-def prune_workers() -> int:
-    """Delete worker rows unseen for LOOM_WORKER_RETENTION seconds (the workers page)."""
-    pruned = store_for().prune_workers(conf.get("LOOM_WORKER_RETENTION"))
+def prune_workers(alias: str | None = None) -> int:
+    """Delete worker rows unseen for LOOM_WORKER_RETENTION seconds on one shard (the workers page)."""
+    pruned = store_for(alias).prune_workers(conf.get("LOOM_WORKER_RETENTION"))
     if pruned:
         log.info("pruned %d worker row(s) unseen for LOOM_WORKER_RETENTION", pruned)
     return pruned
@@ -122,29 +123,37 @@ class RecoveryService:
     def _loop(self) -> None:
         try:
             while not self.stopping.wait(conf.get("LOOM_RECOVERY_EVERY")):
-                free = conf.get("LOOM_RECOVERY_BATCH") - len(self.inflight)
-                if free <= 0:
-                    continue
-                try:
-                    result = sweep(self.owner, free)
-                except DatabaseError:
-                    log.exception("recovery sweep of %s failed; retrying", self.owner)
-                    connections.close_all()
-                    continue
-                log_takeover(result)
-                for execution_id, token in result.taken:
-                    with self.lock:
-                        self.inflight.add(execution_id)
-                    self.pool.submit(self._resume, execution_id, result.flow_of.get(execution_id, "?"), token)
-                if time.monotonic() >= self.prune_at:
+                prune = time.monotonic() >= self.prune_at
+                if prune:
                     self.prune_at = time.monotonic() + PRUNE_EVERY
-                    try:
-                        prune_workers()
-                    except DatabaseError:
-                        log.exception("pruning worker rows failed; retrying later")
-                        connections.close_all()
+                # Every shard in turn, each its own takeover: a shard that is down is skipped (and retried
+                # next round) while the others are recovered (journal/shards.py).
+                for alias in shards.shards():
+                    self._sweep_shard(alias, prune)
         finally:
             connections.close_all()
+
+    def _sweep_shard(self, alias: str, prune: bool) -> None:
+        free = conf.get("LOOM_RECOVERY_BATCH") - len(self.inflight)
+        if free <= 0:
+            return
+        try:
+            result = sweep(self.owner, free, alias)
+        except DatabaseError as exc:
+            log.warning("recovery sweep of %s on %s failed; retrying: %s", self.owner, alias, exc)
+            connections[alias].close()
+            return
+        log_takeover(result)
+        for execution_id, token in result.taken:
+            with self.lock:
+                self.inflight.add(execution_id)
+            self.pool.submit(self._resume, execution_id, result.flow_of.get(execution_id, "?"), token)
+        if prune:
+            try:
+                prune_workers(alias)
+            except DatabaseError:
+                log.exception("pruning worker rows on %s failed; retrying later", alias)
+                connections[alias].close()
 
     def _resume(self, execution_id: str, flow: str, token: int) -> None:
         try:

@@ -14,6 +14,10 @@ execution id). They do not even try: `tick()` claims the due schedules under a r
 SKIP LOCKED on PostgreSQL, the write lock on SQLite), starts their ticks and moves their next tick in
 one transaction. The rows, not any process's memory, say what is due.
 
+With LOOM_SHARDS the schedules stay on one database (the router leaves `leases.Schedule` on the default
+one: a schedule names no stream); each tick's execution is placed by its id on its shard like any start
+(docs/schedules.md).
+
 The cron parser is cronsim (kept, small, no dependencies; croniter was the alternative and is
 larger): 5 fields, or 6 with a leading seconds field, evaluated in UTC. A missed tick (every worker
 was down) follows the schedule's catch-up policy: `skip` (run the latest missed tick only if it is at
@@ -36,7 +40,7 @@ from cronsim import CronSim, CronSimError
 from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
 
-from journal import jsonvalues
+from journal import jsonvalues, shards
 from journal.exceptions import InvalidPayload
 from journal.flows.errors import FlowError
 from journal.flows.registry import Flow, get_flow, registered
@@ -204,8 +208,17 @@ def forget_code_schedule(name: str) -> None:
     _CODE.pop(name, None)
 
 
-def sync_code_schedules(using: str = "default") -> int:
+def _schedules_alias() -> str:
+    """The one database of the schedules: the routers' choice for leases.Schedule (with LOOM_SHARDS the
+    default database: the shard router leaves it there)."""
+    from leases.models import Schedule
+
+    return router.db_for_write(Schedule)
+
+
+def sync_code_schedules(using: str | None = None) -> int:
     """Write every code schedule of this process to the database (a worker does it at start)."""
+    using = using or _schedules_alias()
     for spec in _CODE.values():
         define(spec.name, spec.cron, spec.flow, spec.input, spec.catch_up, spec.queue, spec.enabled,
                source="code", using=using)
@@ -230,12 +243,13 @@ def plan(cron: str, due: datetime, now: datetime, catch_up: str, grace: float, l
     return [latest], upcoming, 0
 
 
-def tick(using: str = "default", *, limit: int | None = None, flows: Sequence[str] | None = None
+def tick(using: str | None = None, *, limit: int | None = None, flows: Sequence[str] | None = None
          ) -> list[Started]:
     """Start the due ticks of the due schedules (at most `limit` schedules) in one transaction; what
     was started. Only schedules of flows registered in this process are claimed (None: those)."""
     from leases.store import store_for
 
+    using = using or _schedules_alias()
     store = store_for(using)
     limit = limit or conf.get("LOOM_SCHEDULE_BATCH")
     grace, most = conf.get("LOOM_SCHEDULE_GRACE"), conf.get("LOOM_SCHEDULE_CATCH_UP_MAX")
@@ -295,7 +309,11 @@ def _start(row, eid: str, moment: datetime, using: str) -> bool:
             if row.queue:
                 from queues import enqueue
 
-                enqueue(row.flow, row.input, queue=row.queue, execution_id=eid, meta=meta, using=using)
+                # With LOOM_SHARDS the entry goes to the tick's execution's shard, in its own transaction
+                # there: a claim rolled back after it committed re-enqueues the same id, a no-op (exactly once
+                # by the id, as between workers).
+                enqueue(row.flow, row.input, queue=row.queue, execution_id=eid, meta=meta,
+                        using=None if shards.sharded() else using)
             else:
                 from leases.tasks import enqueue_start
 

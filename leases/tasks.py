@@ -32,6 +32,7 @@ from typing import Any
 
 from django.db import router, transaction
 
+from journal import shards
 from leases.keeper import get_keeper
 from leases.recovery import log_takeover, prune_workers, resume_one, sweep
 from leases.store import Reservation, store_for
@@ -41,6 +42,8 @@ SCHEDULE_NAME = "loom.recovery_sweep"
 # and would push real tasks out of django-q2's success list), no django-q2 timeout (the resumes
 # it runs are bounded by their leases).
 BACKSTOP_OPTIONS = {"save": False, "timeout": -1}
+# Reservations one sharded pruning looks at (each is one header read on its execution's shard).
+RESERVATIONS_PRUNED = 1000
 
 log = logging.getLogger("loom.worker")
 
@@ -56,7 +59,13 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     from journal.privacy.codec import Sealed
 
     # A flow with marked input is queued sealed (reserve_and_enqueue): the reservation's hash is of the input.
-    plain = unseal_started(input) if isinstance(input, Sealed) else input
+    # Sealed with the subject's key on the execution's shard (data keys live per shard): read there.
+    plain = input
+    if isinstance(input, Sealed) and isinstance(execution_id, str) and execution_id and "\x00" not in execution_id:
+        with shards.on_stream(execution_id):
+            plain = unseal_started(input)
+    elif isinstance(input, Sealed):
+        plain = unseal_started(input)
     if plain is not input and _forgotten(flow, plain):
         release_reservation(execution_id)  # the start will never run: its id is free again
         log.warning("refused execution=%s flow=%s: its input's data subject was forgotten", execution_id, flow)
@@ -162,7 +171,9 @@ def reserve_and_enqueue(flow: str, stored: Any, execution_id: str, meta: dict | 
     digest, starter = input_hash(stored), _starter(meta)
     # Marked input fields are sealed before the input reaches the broker: django-q2 keeps its tasks' args
     # (pickled and signed, not encrypted) in its queue and task rows, where `forget` cannot reach them.
-    task = ("leases.tasks.run_start", flow, seal_started(flow, stored), execution_id, meta)
+    with shards.on_stream(execution_id):  # sealed with the subject's key on the execution's shard
+        sealed = seal_started(flow, stored)
+    task = ("leases.tasks.run_start", flow, sealed, execution_id, meta)
     options = {"task_name": f"start {flow} {execution_id}"[:100], "q_options": {"timeout": -1}}
     with transaction.atomic(using=alias):
         reserved, holder = store_for(alias).reserve_start(execution_id, flow, digest, starter)
@@ -219,23 +230,35 @@ def release_reservation(execution_id: str | None) -> None:
 def prune_reservations() -> int:
     """Delete the reservations whose execution exists (a worker died between the execution's first
     write and its release_reservation); the number deleted. Run by the minute backstop."""
-    return store_for(_alias()).prune_reservations()
+    if not shards.sharded():
+        return store_for(_alias()).prune_reservations()  # one statement: the join with the headers
+    # Sharded: the reservations stay with django-q2's queue (one database), the executions on their shards;
+    # no statement can join two databases, so each reservation's header is looked up on its execution's
+    # shard (they are few: a reservation lives from the enqueue until its run began).
+    from journal.flows.writer import header_status
+
+    store = store_for(_alias())
+    return sum(store.release_reservation(eid) for eid in store.reserved_ids(RESERVATIONS_PRUNED)
+               if header_status(eid) is not None)
 
 
 def recovery_sweep() -> int:
-    """One takeover sweep and the resumes, and a tick of the due cron schedules, in this process
-    (django-q2 schedule: every minute)."""
-    taken = sweep(get_keeper().worker_id)
-    log_takeover(taken)
-    for execution_id, token in taken.taken:
-        resume_one(execution_id, taken.flow_of.get(execution_id, "?"), token)
-    prune_workers()
+    """One takeover sweep per shard and the resumes, and a tick of the due cron schedules, in this
+    process (django-q2 schedule: every minute)."""
+    count = 0
+    for alias in shards.shards():
+        taken = sweep(get_keeper(alias).worker_id, alias=alias)
+        log_takeover(taken)
+        for execution_id, token in taken.taken:
+            resume_one(execution_id, taken.flow_of.get(execution_id, "?"), token)
+        prune_workers(alias)
+        count += len(taken.taken)
     prune_reservations()
     from leases.schedules import tick
 
     tick()  # cron schedules too, minute-grained, for a deployment that runs only qcluster (docs/schedules.md)
     wake_backstop()
-    return len(taken.taken)
+    return count
 
 
 WAKE_BACKSTOP_LIMIT = 1000  # executions one backstop run wakes at most (the next minute takes the rest)

@@ -7,6 +7,10 @@ It sleeps until the earliest due wait (one probe of the due index) or LOOM_WAIT_
 sooner; on PostgreSQL a second thread LISTENs on LOOM_WAIT_CHANNEL and wakes it early (a message
 sent, a child settled, a wait parked with an earlier due time, wake_now). A waker that dies after
 a claim leaves running executions without a lease: the recovery sweep takes them over.
+
+With LOOM_SHARDS one service runs a waker per shard (`parts`, like the drains and the recovery sweep):
+each claims its own shard's due waits, listens on its own shard's channel, and a shard that is down only
+stalls its own part (logged, retried every LOOM_WAIT_POLL).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, connections
 
-from journal import conf
+from journal import conf, shards
 
 log = logging.getLogger("loom.waker")
 
@@ -42,22 +46,36 @@ def resume_woken(execution_id: str, token: int) -> None:
 class WakeService:
     name = "flow-waker"
 
-    def __init__(self) -> None:
+    def __init__(self, alias: str | None = None) -> None:
+        # No alias and several shards: one waker per shard under this one (`parts`).
+        self.parts: list[WakeService] = []
+        if alias is None and shards.sharded():
+            self.parts = [WakeService(each) for each in shards.shards()]
+        self.alias = alias or shards.home()
         self.stopping = threading.Event()
         self.nudge = threading.Event()  # set by the listener (and stop): look for due waits now
         self.threads: list[threading.Thread] = []
         self.pool: ThreadPoolExecutor | None = None
         self.inflight: set[str] = set()
         self.lock = threading.Lock()
-        self.woken = 0  # executions this service resumed (tests and the bench read it)
+        self._woken = 0
         self.claimed_at = None  # the `now` of the last claim (_pause: what became due since)
+
+    @property
+    def woken(self) -> int:
+        """Executions this service (every shard's part) resumed (tests and the bench read it)."""
+        return self._woken + sum(part.woken for part in self.parts)
 
     def start(self, worker) -> None:
         from journal.store import store_for
 
+        if self.parts:
+            for part in self.parts:
+                part.start(worker)
+            return
         self.pool = ThreadPoolExecutor(max_workers=conf.get("LOOM_WAIT_BATCH"), thread_name_prefix="loom-woken")
         self.threads = [threading.Thread(target=self._loop, name="loom-waker", daemon=True)]
-        if store_for().wait_notifications:
+        if store_for(self.alias).wait_notifications:
             self.threads.append(threading.Thread(target=self._listen, name="loom-waker-listen", daemon=True))
         for thread in self.threads:
             thread.start()
@@ -74,7 +92,7 @@ class WakeService:
         self.claimed_at = timezone.now()
         if free <= 0 or not flows:
             return 0
-        claimed = store_for().claim_due_waits(self.claimed_at, free, flows)
+        claimed = store_for(self.alias).claim_due_waits(self.claimed_at, free, flows)
         for item in claimed:
             with self.lock:
                 self.inflight.add(item.execution_id)
@@ -87,7 +105,7 @@ class WakeService:
         finally:
             with self.lock:
                 self.inflight.discard(execution_id)
-                self.woken += 1
+                self._woken += 1
             self.nudge.set()  # a thread is free again
 
     def _pause(self, taken: int) -> float:
@@ -108,7 +126,7 @@ class WakeService:
             return poll
         if taken:
             return 0.0
-        due = store_for().next_wait_due(sorted(registry.registered()))
+        due = store_for(self.alias).next_wait_due(sorted(registry.registered()))
         if due is None:
             return poll
         if self.claimed_at is not None and due > self.claimed_at:
@@ -121,7 +139,7 @@ class WakeService:
                 try:
                     pause = self._pause(self.claim())
                 except DatabaseError:
-                    log.exception("waker: claim failed; retrying")
+                    log.exception("waker of %s: claim failed; retrying", self.alias)
                     connections.close_all()
                     pause = conf.get("LOOM_WAIT_POLL")
                 if pause > 0:
@@ -135,7 +153,7 @@ class WakeService:
         from journal.flows.waits import _listen
 
         while not self.stopping.is_set():
-            conn = _listen()
+            conn = _listen(self.alias)
             if conn is None:
                 self.stopping.wait(1.0)
                 continue
@@ -151,6 +169,8 @@ class WakeService:
                     time.sleep(0.2)
 
     def stop(self, timeout: float) -> None:
+        for part in self.parts:
+            part.stop(timeout)
         self.stopping.set()
         self.nudge.set()
         for thread in self.threads:

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+from journal import shards
 from leases.keeper import get_keeper, mark_child, node_identity, set_main
 
 log = logging.getLogger("loom.worker")
@@ -97,20 +98,27 @@ class HeartbeatService:
     name = "lease-heartbeat"
 
     def start(self, worker: Worker) -> None:
-        set_main(worker.worker_id)
-        keeper = get_keeper()
-        if keeper.worker_id != worker.worker_id:
-            from leases.keeper import LeaseKeeper, reset_keeper
+        """One keeper per shard (journal/shards.py), all under the worker's id: each registers the node on its
+        shard's workers table and renews the leases of that shard's runs."""
+        from leases.keeper import LeaseKeeper, install_keeper
 
-            keeper = LeaseKeeper(worker.worker_id)
-            reset_keeper(keeper)
-        keeper.register()
-        keeper.ensure_started()
-        self.keeper = keeper
+        set_main(worker.worker_id)
+        self.keepers = []
+        for alias in shards.shards():
+            keeper = get_keeper(alias)
+            if keeper.worker_id != worker.worker_id:
+                keeper = LeaseKeeper(worker.worker_id, alias)
+                install_keeper(keeper)
+            keeper.register()
+            keeper.ensure_started()
+            self.keepers.append(keeper)
+        self.keeper = self.keepers[0]
 
     def stop(self, timeout: float) -> None:
-        released = self.keeper.shutdown(timeout)
-        log.info("lease keeper %s: stopped, %d lease(s) handed back", self.keeper.worker_id, released)
+        for keeper in self.keepers:
+            released = keeper.shutdown(timeout)
+            log.info("lease keeper %s on %s: stopped, %d lease(s) handed back", keeper.worker_id, keeper.alias,
+                     released)
 
 
 def register_q_child(**_kwargs) -> None:
@@ -118,15 +126,16 @@ def register_q_child(**_kwargs) -> None:
     the workers page (role "django-q2 child", id <main id>/<pid> under loom_worker) and a running
     keeper, whose tick keeps the row's heartbeat fresh while the process lives."""
     mark_child()
-    keeper = get_keeper()
-    try:
-        keeper.register()
-    except Exception:  # the row is for the page; the child must run its tasks regardless
-        log.exception("worker %s: could not register", keeper.worker_id)
-    keeper.ensure_started()
-    # A clean exit of the child (django-q2 recycles it, or the cluster stops) marks its row stopped
-    # and hands its leases back; multiprocessing runs atexit functions in its forked children.
-    atexit.register(_q_child_exit, keeper)
+    for alias in shards.shards():  # a child runs executions of every shard: a keeper (and a row) on each
+        keeper = get_keeper(alias)
+        try:
+            keeper.register()
+        except Exception:  # the row is for the page; the child must run its tasks regardless
+            log.exception("worker %s: could not register on %s", keeper.worker_id, alias)
+        keeper.ensure_started()
+        # A clean exit of the child (django-q2 recycles it, or the cluster stops) marks its row stopped
+        # and hands its leases back; multiprocessing runs atexit functions in its forked children.
+        atexit.register(_q_child_exit, keeper)
     log.info("worker %s: django-q2 child ready (pid %d)", keeper.worker_id, os.getpid())
 
 

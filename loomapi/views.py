@@ -31,6 +31,7 @@ from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from ulid import ULID
 
+from journal import shards
 from journal.exceptions import InvalidStream
 from journal.flows import InvalidInput as FlowInvalidInput
 from journal.flows import NotResumable, UnknownExecution, UnknownFlow, describe, get_flow
@@ -468,7 +469,7 @@ def _started_by(started: dict) -> str | None:
 def _stream_exists(stream_id: str) -> bool:
     from journal.models import Event
 
-    return Event.objects.filter(stream_id=stream_id).exists()
+    return Event.objects.using(shards.shard_for(stream_id)).filter(stream_id=stream_id).exists()
 
 
 def _location(execution_id: str) -> str:

@@ -108,15 +108,26 @@ TEMPLATES = [
 ]
 
 
-def _database() -> dict:
-    """The default database from DATABASE_URL, with the options each backend needs."""
-    db = env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'loom.sqlite3'}")
+def _database(url: str | None = None) -> dict:
+    """The default database from DATABASE_URL (or a shard's from its URL), with the options each backend needs."""
+    if url is None:
+        db = env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'loom.sqlite3'}")
+    else:
+        db = env.db_url_config(url)
     db.setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=0))
     db["CONN_HEALTH_CHECKS"] = True
     options = db.setdefault("OPTIONS", {})
     if db["ENGINE"] == "django.db.backends.postgresql":
         # Server-side binding: psycopg prepares the journal's fixed statements once per connection.
         options.setdefault("server_side_binding", env.bool("LOOM_PG_SERVER_SIDE_BINDING", default=True))
+        # Behind PgBouncer in transaction pooling (POOLER_PORTS="6432:5432": pooler port -> server port): no
+        # server-side cursors and no named prepared statements (Django's marker, read by journal.store.postgres
+        # may_prepare), and LISTEN on the server itself (LOOM_DIRECT, projections/listener.py). docs/scaling.md.
+        pooled = dict(p.split(":", 1) for p in env.list("POOLER_PORTS", default=[]) if ":" in p)
+        direct = pooled.get(str(db.get("PORT")))
+        if direct:
+            db["DISABLE_SERVER_SIDE_CURSORS"] = True
+            db["LOOM_DIRECT"] = {"HOST": db.get("HOST"), "PORT": int(direct)}
     if db["ENGINE"] == "django.db.backends.sqlite3":
         # IMMEDIATE: every transaction takes the write lock at BEGIN, so the journal's
         # check-then-insert runs under the lock (no upgrade deadlocks, no lost guard).
@@ -132,6 +143,15 @@ def _database() -> dict:
 
 
 DATABASES = {"default": _database()}
+# Shards (docs/scaling.md): SHARD_DATABASE_URLS="shard1=postgres://...:5433/loom;shard2=..." adds database
+# aliases; LOOM_SHARDS (e.g. "default,shard1") says which of them hold streams, in placement order.
+for _entry in env.str("SHARD_DATABASE_URLS", default="").split(";"):
+    if "=" in _entry:
+        _alias, _url = _entry.split("=", 1)
+        DATABASES[_alias.strip()] = _database(_url.strip())
+# Sends the journal's, leases' and projections' queries to the shard of the stream at hand; without
+# LOOM_SHARDS it has no opinion (everything on the default database).
+DATABASE_ROUTERS = ["journal.shards.ShardRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Count, F
 from django.template.response import TemplateResponse
 
+from journal import shards
 from journal.admin_base import ReadOnlyAdmin
 from projections.declarations import registry
 from projections.models import Checkpoint, Subscription
@@ -39,9 +40,13 @@ class BlockedFilter(admin.SimpleListFilter):
         return queryset
 
 
-def reset_consumers(names: set[str], alias: str = "default") -> int:
+def reset_consumers(names: set[str], alias: str | None = None) -> int:
     """Replay consumers from the start: their reset hook (wipe the read model) and watermarks to -1,
-    in one transaction, so a replay never mixes old rows with new."""
+    in one transaction, so a replay never mixes old rows with new (on one shard: with several, each
+    shard's watermarks are reset in its own transaction, docs/scaling.md)."""
+    if alias is None and shards.sharded():
+        return sum(reset_consumers(names, each) for each in shards.shards())
+    alias = alias or shards.home()
     count = 0
     with transaction.atomic(using=alias):
         for name in sorted(names):

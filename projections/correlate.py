@@ -23,7 +23,7 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from journal import conf
+from journal import conf, shards
 from projections.declarations import Consumer, Registry
 from projections.store import store_for
 from projections.store.base import Bump, CheckpointRow, ScannedEvent
@@ -102,8 +102,10 @@ def settle(row: CheckpointRow, ids: Sequence[int], now, horizon: float, xmax: in
     return CheckpointRow(row.consumer, position, hid, hat, hx)
 
 
-def correlate(registry: Registry, alias: str = "default") -> int:
-    """One scan for every declared consumer, by at most one worker at a time. Returns bumps made."""
+def correlate(registry: Registry, alias: str | None = None) -> int:
+    """One scan for every declared consumer on one shard (default: the bound or first shard), by at most one
+    worker at a time. Returns bumps made."""
+    alias = alias or shards.home()
     consumers = list(registry.consumers.values())
     if not consumers:
         return 0
@@ -211,12 +213,15 @@ def bumps_from_tips(registry: Registry, tips: dict[str, int], types: frozenset[s
     return bumps, scan
 
 
-def start_at_tip(names: Iterable[str], alias: str = "default") -> None:
-    """Make new consumers follow only what is committed from now on (no history scan).
+def start_at_tip(names: Iterable[str], alias: str | None = None) -> None:
+    """Make new consumers follow only what is committed from now on (no history scan), on one shard, or on
+    every shard when none is named (each shard's journal has its own positions).
 
     Their checkpoint starts at the current last id; events before it are never correlated for them.
     """
     from journal.store import store_for as journal_store
 
-    top = journal_store(alias).last_event_id()
-    store_for(alias).save_checkpoints([CheckpointRow(n, top, top, None) for n in names])
+    names = list(names)
+    for each in [alias] if alias else shards.shards():
+        top = journal_store(each).last_event_id()
+        store_for(each).save_checkpoints([CheckpointRow(n, top, top, None) for n in names])

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
-from journal import conf
+from journal import conf, shards
 from journal.envelopes import StoredEvent
 from projections.declarations import Consumer, Lane, Registry
 from projections.exceptions import LeaseLost
@@ -59,11 +59,11 @@ def describe(consumer: Consumer, claim: Claim, failure: _Failure) -> str:
 class DrainController:
     """Drains one lane for one worker. Thread-confined: one controller per thread."""
 
-    def __init__(self, registry: Registry, lane: Lane, worker_id: str, alias: str = "default"):
+    def __init__(self, registry: Registry, lane: Lane, worker_id: str, alias: str | None = None):
         self.registry = registry
         self.lane = lane
         self.worker_id = worker_id
-        self.alias = alias
+        self.alias = alias or shards.home()  # the shard this controller drains (its journal, its watermarks)
         self.held: list[Claim] = []  # leases of the cycle in progress, released on stop
         self._last_blocked: bool | None = None
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 from django.db import connections
 
-from journal import conf
+from journal import conf, shards
 from journal.identity import node_identity
 from projections.correlate import correlate
 from projections.declarations import Registry, registry
 from projections.drain import CycleResult, DrainController
-from projections.listener import Listener
+from projections.listener import Listener, direct_address
 from projections.store import store_for
 
 log = logging.getLogger("loom.projections")
@@ -33,7 +33,7 @@ def default_worker_id() -> str:
     return node_identity()
 
 
-def sync_declarations(reg: Registry = registry, alias: str = "default") -> None:
+def sync_declarations(reg: Registry = registry, alias: str | None = None) -> None:
     """Move existing subscriptions to their consumer's declared lane and priority."""
     store = store_for(alias)
     for c in reg.consumers.values():
@@ -41,12 +41,18 @@ def sync_declarations(reg: Registry = registry, alias: str = "default") -> None:
 
 
 def drain(lane: str | None = None, *, worker_id: str | None = None, reg: Registry = registry,
-          alias: str = "default", scan: bool = True, max_cycles: int = 1000) -> CycleResult:
-    """Drain until no lane finds work: correlate once, then claim/handle/ack cycles.
+          alias: str | None = None, scan: bool = True, max_cycles: int = 1000) -> CycleResult:
+    """Drain until no lane finds work: correlate once, then claim/handle/ack cycles; on one shard, or on
+    every shard in turn when none is named.
 
     For tests, benchmarks and `manage.py drain`; workers use DrainService.
     """
     total = CycleResult()
+    if alias is None and shards.sharded():
+        for each in shards.shards():
+            total.add(drain(lane, worker_id=worker_id, reg=reg, alias=each, scan=scan, max_cycles=max_cycles))
+        return total
+    alias = alias or shards.home()
     if scan:
         correlate(reg, alias)
     worker = worker_id or default_worker_id()
@@ -77,9 +83,14 @@ class DrainService:
 
     name = "projections-drain"
 
-    def __init__(self, reg: Registry = registry, alias: str = "default", lanes: list[str] | None = None):
+    def __init__(self, reg: Registry = registry, alias: str | None = None, lanes: list[str] | None = None):
         self.registry = reg
-        self.alias = alias
+        # No alias and several shards: one drain service per shard under this one (`parts`), each with its
+        # own lanes, correlation and listener, all feeding the same handlers (one read model).
+        self.parts: list[DrainService] = []
+        if alias is None and shards.sharded():
+            self.parts = [DrainService(reg, each, lanes) for each in shards.shards()]
+        self.alias = alias or shards.home()
         self.only = lanes
         self.stopping = threading.Event()
         self.lanes: dict[str, LaneThread] = {}
@@ -91,6 +102,10 @@ class DrainService:
     # -- Service protocol -------------------------------------------------------------------------
     def start(self, worker=None) -> None:
         self.worker_id = getattr(worker, "worker_id", None) or default_worker_id()
+        if self.parts:
+            for part in self.parts:
+                part.start(worker)
+            return
         if not self.registry.consumers:
             log.info("projections: no reactions or projections declared; drain service idle")
             return
@@ -108,7 +123,12 @@ class DrainService:
                                            name=f"loom-drain-{lane.name}")
             self.lanes[lane.name] = item
         self._spawn(self._correlate_loop, "loom-correlate")
-        if store_for(self.alias).notifications and conf.get("LOOM_DRAIN_LISTEN"):
+        listen = store_for(self.alias).notifications and conf.get("LOOM_DRAIN_LISTEN")
+        if listen and direct_address(self.alias) is None:
+            log.warning("projections: %s is behind a transaction pooler and has no LOOM_DIRECT address: "
+                        "no LISTEN, the drains poll every LOOM_DRAIN_POLL_MS", self.alias)
+            listen = False
+        if listen:
             self.listener = Listener(self.registry, self.alias, self.wake_lanes, self.correlate_wake.set,
                                      self.stopping)
             self._spawn(self.listener.run, "loom-drain-listen")
@@ -117,6 +137,8 @@ class DrainService:
             self.threads.append(item.thread)
 
     def stop(self, timeout: float = 10.0) -> None:
+        for part in self.parts:
+            part.stop(timeout)
         self.stopping.set()
         self.correlate_wake.set()
         for item in self.lanes.values():
@@ -127,6 +149,8 @@ class DrainService:
 
     # -- wake-ups ---------------------------------------------------------------------------------
     def wake_lanes(self, names: set[str] | None = None) -> None:
+        for part in self.parts:
+            part.wake_lanes(names)
         for name, item in self.lanes.items():
             if names is None or name in names:
                 item.wake.set()
@@ -179,4 +203,5 @@ class DrainService:
 
     @property
     def handled(self) -> int:
-        return sum(item.result.handled for item in self.lanes.values())
+        return (sum(item.result.handled for item in self.lanes.values())
+                + sum(part.handled for part in self.parts))

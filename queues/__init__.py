@@ -11,6 +11,7 @@ SQL, per backend), models, exceptions. Names that need the database load on firs
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from queues.declarations import QueueSpec, declare_queue
@@ -35,39 +36,58 @@ def __getattr__(name: str) -> Any:
 
 
 def stats(using: str | None = None) -> list[QueueStats]:
-    """Every queue with its caps, depth (pending, ready) and running count (admin, command line)."""
+    """Every queue with its caps, depth (pending, ready) and running count (admin, command line). With
+    LOOM_SHARDS and no `using`: every shard's counts added up per queue (the caps shown are each shard's)."""
     from django.db import router
 
+    from journal import shards
     from queues.models import Queue
     from queues.store import store_for
 
-    return store_for(using or router.db_for_read(Queue)).queue_stats()
+    if using is not None or not shards.sharded():
+        return store_for(using or router.db_for_read(Queue)).queue_stats()
+    merged: dict[str, QueueStats] = {}
+    for alias in shards.shards():
+        for one in store_for(alias).queue_stats():
+            seen = merged.get(one.name)
+            merged[one.name] = one if seen is None else replace(
+                seen, pending=seen.pending + one.pending, ready=seen.ready + one.ready,
+                running=seen.running + one.running)
+    return [merged[name] for name in sorted(merged)]
+
+
+def _home(execution_id: str, using: str | None) -> str:
+    """The database of an execution's entry: `using`, else its shard (the router's alias unsharded)."""
+    from django.db import router
+
+    from journal import shards
+    from queues.models import QueueEntry
+
+    if using is not None:
+        return using
+    return shards.shard_for(execution_id) if shards.sharded() else router.db_for_write(QueueEntry)
 
 
 def entry_of(execution_id: str, using: str | None = None):
     """The queue entry of an execution (queues.models.QueueEntry), or None (also for an id no entry can
-    have: NUL, a lone surrogate, empty, too long, not a string)."""
+    have: NUL, a lone surrogate, empty, too long, not a string). Read on the execution's shard."""
     from journal.ids import stored_id_problem
     from queues.models import QueueEntry
 
     if stored_id_problem(execution_id) is not None:
         return None  # no entry can have an id the database cannot hold (review R5)
-    manager = QueueEntry.objects if using is None else QueueEntry.objects.using(using)
-    return manager.filter(execution_id=execution_id).first()
+    return QueueEntry.objects.using(_home(execution_id, using)).filter(execution_id=execution_id).first()
 
 
 def cancel_pending(execution_id: str, using: str | None = None) -> bool:
     """Cancel a queued start whose run has not begun (pending, or claimed by a worker that has not begun
     it: that worker then does not start it); False if its run has begun, it finished, or it is unknown."""
-    from django.db import router
-
     from journal.ids import stored_id_problem
-    from queues.models import QueueEntry
     from queues.store import store_for
 
     if stored_id_problem(execution_id) is not None:
         return False  # nothing to cancel: no entry can have an id the database cannot hold (review R5)
-    return store_for(using or router.db_for_write(QueueEntry)).cancel_pending(execution_id)
+    return store_for(_home(execution_id, using)).cancel_pending(execution_id)
 
 
 __all__ = ["Enqueued", "InvalidEnqueue", "InvalidQueue", "QueueError", "QueueFull", "QueueSpec", "QueueStats",

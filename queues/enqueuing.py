@@ -8,14 +8,16 @@ refused by the journal's sequence-0 bootstrap).
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import router
 from django.utils import timezone
+from ulid import ULID
 
-from journal import jsonvalues
+from journal import jsonvalues, shards
 from journal.exceptions import InvalidPayload
 from journal.ids import id_problem
 from queues.exceptions import InvalidEnqueue, UnknownQueue
@@ -71,18 +73,41 @@ def enqueue(flow: Any, input: Any, queue: str = "default", *, execution_id: str 
     Refused before anything is written: UnknownFlow, InvalidInput (journal.flows), UnknownQueue,
     InvalidEnqueue, ExecutionExists (the id is another start's, or an execution already). A second
     enqueue with the dedup id of a pending or running entry of the queue returns that entry's
-    execution; the same start of the same execution id returns it too (created=False)."""
-    from journal.flows import ExecutionExists
-    from journal.flows.runtime import prepare_start
-    from journal.flows.writer import header_status
-    from queues.declarations import ensure_queue
-    from queues.models import QueueEntry
-    from queues.store import NewEntry, store_for
+    execution; the same start of the same execution id returns it too (created=False).
 
+    With LOOM_SHARDS the entry lives on its execution's shard (the dequeue reads the header in the same
+    statement), so caps hold per shard; a minted id of an entry with a partition key (else a dedup id) is
+    minted on that key's shard, so a partition's cap and a dedup id hold across shards (docs/queues.md)."""
+    from journal.flows.runtime import prepare_start
+    from queues.models import QueueEntry
+
+    minted = execution_id is None
     definition, _, stored, execution_id = prepare_start(flow, input, execution_id)
     meta_text = check_options(queue, partition_key, priority, dedup_id, run_after, meta)
     text = jsonvalues.dumps(stored, f"input of flow {definition.name!r}")
-    alias = using or router.db_for_write(QueueEntry)
+    if shards.sharded():
+        if minted and (partition_key is not None or dedup_id is not None):
+            # A partition's entries (its cap) and a dedup id's entries live on one shard: the id is minted there.
+            key = partition_key if partition_key is not None else f"{queue}:{dedup_id}"
+            execution_id = shards.mint_on(shards.shard_of_key(key), lambda: str(ULID()))
+        home = shards.shard_for(execution_id)
+        if using is not None and using != home:
+            raise InvalidEnqueue(f"using={using!r}: with LOOM_SHARDS an entry lives on its execution's shard "
+                                 f"({home!r} for {execution_id!r}); leave `using` out")
+        using = home
+    with shards.bound(using) if shards.sharded() else nullcontext():
+        return _enqueue(definition, stored, text, meta_text, execution_id, queue, partition_key, priority, dedup_id,
+                        run_after, using or router.db_for_write(QueueEntry))
+
+
+def _enqueue(definition, stored: Any, text: str, meta_text: str, execution_id: str, queue: str,
+             partition_key: str | None, priority: int, dedup_id: str | None, run_after: datetime | None,
+             alias: str) -> Enqueued:
+    from journal.flows import ExecutionExists
+    from journal.flows.writer import header_status
+    from queues.declarations import ensure_queue
+    from queues.store import NewEntry, store_for
+
     spec = ensure_queue(queue, alias)
     header = header_status(execution_id)
     if header is not None:

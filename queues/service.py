@@ -84,7 +84,11 @@ def run_claimed(claimed, using: str | None = None) -> str:
 
 
 class QueueService:
-    """The worker service (leases.worker.register_service): dispatcher thread + runner pool."""
+    """The worker service (leases.worker.register_service): dispatcher thread + runner pool.
+
+    With LOOM_SHARDS one dispatcher serves every shard: each pass claims from each shard's queues in turn
+    (an entry lives on its execution's shard, docs/queues.md), with one pool of runner threads; a shard
+    that is down is skipped, logged, and asked again next pass."""
 
     name = "queue-dispatcher"
 
@@ -97,60 +101,64 @@ class QueueService:
         self.free = 0
         self.claimed = 0  # entries this process claimed (tests, logs)
         self.prune_at = 0.0  # monotonic time of the next pruning of finished entries
-        self.hot: list[str] = []  # the queues this dispatcher's last pass claimed from
+        self.hot: dict[str, list[str]] = {}  # per database: the queues this dispatcher's last pass claimed from
 
     def start(self, worker) -> None:
+        from journal import shards
         from queues.declarations import write_declared
         from queues.models import QueueEntry
 
         global _worker_id
         self.owner = _worker_id = worker.worker_id
-        self.alias = router.db_for_write(QueueEntry)
+        self.aliases = shards.shards() if shards.sharded() else [router.db_for_write(QueueEntry)]
+        self.alias = self.aliases[0]
         threads = conf.get("LOOM_QUEUE_THREADS")
         if threads == 0:
             log.info("queue dispatcher of %s: disabled (LOOM_QUEUE_THREADS=0)", self.owner)
             return
-        try:
-            names = write_declared(self.alias)
-        except DatabaseError:
-            log.exception("queue dispatcher of %s: could not write the declared queues; they are written at "
-                          "their first enqueue", self.owner)
-            names = []
-        finally:
-            connections[self.alias].close()
+        names: list[str] = []
+        for alias in self.aliases:  # every shard counts its own caps: each has the declared queues
+            try:
+                names = write_declared(alias)
+            except DatabaseError:
+                log.exception("queue dispatcher of %s: could not write the declared queues on %s; they are "
+                              "written at their first enqueue", self.owner, alias)
+            finally:
+                connections[alias].close()
         self.free = threads
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="loom-queue")
         self.thread = threading.Thread(target=self._loop, name="loom-queue-dispatcher", daemon=True)
         self.thread.start()
-        log.info("queue dispatcher of %s: %d thread(s), declared queues: %s", self.owner, threads,
-                 ", ".join(names) or "none")
+        log.info("queue dispatcher of %s: %d thread(s) over %s, declared queues: %s", self.owner, threads,
+                 ", ".join(self.aliases), ", ".join(names) or "none")
 
     def _loop(self) -> None:
         from journal.flows import registry
         from queues.store import store_for
 
-        store = store_for(self.alias)
         try:
             while not self.stopping.is_set():
-                got_any = busy = False
-                if self.free > 0:
-                    try:
-                        got_any, busy = self._dispatch(store, sorted(registry.registered()))
-                    except DatabaseError:
-                        log.exception("queue dispatcher of %s: database error; retrying", self.owner)
-                        connections[self.alias].close()
-                        self.stopping.wait(min(1.0, 10 * conf.get("LOOM_QUEUE_POLL")))
-                        continue
-                if time.monotonic() >= self.prune_at:
+                got_any = busy = failed = False
+                prune = time.monotonic() >= self.prune_at
+                if prune:
                     self.prune_at = time.monotonic() + PRUNE_EVERY
-                    try:
-                        pruned = store.prune_entries(conf.get("LOOM_QUEUE_RETENTION"))
-                    except DatabaseError:
-                        log.exception("queue dispatcher of %s: pruning finished entries failed", self.owner)
-                        connections[self.alias].close()
-                    else:
-                        if pruned:
-                            log.info("pruned %d finished queue entr%s", pruned, "y" if pruned == 1 else "ies")
+                for alias in self.aliases:
+                    store = store_for(alias)
+                    if self.free > 0:
+                        try:
+                            got, held = self._dispatch(alias, store, sorted(registry.registered()))
+                        except DatabaseError:
+                            log.exception("queue dispatcher of %s: database error on %s; retrying", self.owner,
+                                          alias)
+                            connections[alias].close()
+                            failed = True
+                            continue
+                        got_any, busy = got_any or got, busy or held
+                    if prune:
+                        self._prune(alias, store)
+                if failed and not got_any:
+                    self.stopping.wait(min(1.0, 10 * conf.get("LOOM_QUEUE_POLL")))
+                    continue
                 if not got_any:
                     # A queue another worker was claiming from may have slots left once it is done:
                     # look again soon rather than after a whole poll interval.
@@ -158,22 +166,34 @@ class QueueService:
                     self.wake.wait(min(BUSY_RETRY, poll) if busy else poll)
                     self.wake.clear()
         finally:
-            connections[self.alias].close()
+            for alias in self.aliases:
+                connections[alias].close()
 
-    def _dispatch(self, store, flows: list[str]) -> tuple[bool, bool]:
-        """One pass over the queues with work: (claimed anything, found a queue another worker held).
-        The queues that gave entries last time are tried first, without asking which have work."""
+    def _prune(self, alias: str, store) -> None:
+        try:
+            pruned = store.prune_entries(conf.get("LOOM_QUEUE_RETENTION"))
+        except DatabaseError:
+            log.exception("queue dispatcher of %s: pruning finished entries on %s failed", self.owner, alias)
+            connections[alias].close()
+        else:
+            if pruned:
+                log.info("pruned %d finished queue entr%s on %s", pruned, "y" if pruned == 1 else "ies", alias)
+
+    def _dispatch(self, alias: str, store, flows: list[str]) -> tuple[bool, bool]:
+        """One pass over the queues of one database with work: (claimed anything, found a queue another
+        worker held). The queues that gave entries last time are tried first, without asking which have work."""
         if not flows:
             return False, False
         timeout = conf.claim_timeout()
-        got_any, busy = self._claim_from(store, self.hot, flows, timeout)
+        got_any, busy = self._claim_from(alias, store, self.hot.get(alias, []), flows, timeout)
         if got_any:
             return True, busy
         names = store.ready_queues(flows, timeout)
         random.shuffle(names)  # no queue always first: each gets its turn at this worker's free threads
-        return self._claim_from(store, names, flows, timeout)
+        return self._claim_from(alias, store, names, flows, timeout)
 
-    def _claim_from(self, store, names: list[str], flows: list[str], timeout: float) -> tuple[bool, bool]:
+    def _claim_from(self, alias: str, store, names: list[str], flows: list[str], timeout: float
+                    ) -> tuple[bool, bool]:
         got_any = busy = False
         hot = []
         for name in names:
@@ -187,16 +207,16 @@ class QueueService:
                 with self.lock:
                     self.free -= 1
                     self.claimed += 1
-                self.pool.submit(self._run, entry)
+                self.pool.submit(self._run, entry, alias)
             if claimed:
                 hot.append(name)
                 got_any = True
-        self.hot = hot
+        self.hot[alias] = hot
         return got_any, busy
 
-    def _run(self, entry) -> None:
+    def _run(self, entry, alias: str) -> None:
         try:
-            run_claimed(entry, self.alias)
+            run_claimed(entry, alias)
         finally:
             with self.lock:
                 self.free += 1

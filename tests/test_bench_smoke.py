@@ -21,7 +21,7 @@ from benchmarks.sections import REACTION_SECTIONS, THROUGHPUT_SECTIONS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-POSTGRES_ONLY = {"notify", "fanout", "peers"}
+POSTGRES_ONLY = {"notify", "fanout", "peers", "shards"}
 
 TINY_THROUGHPUT = [
     "--concurrency", "1,2", "--ops", "16", "--append-repeats", "2", "--repeats", "2",
@@ -40,9 +40,11 @@ def stop_the_process_lease_keeper(transactional_db):
     real `manage.py` process ends with the command, the test process does not: stop it while the test
     database is still open, so it does not outlive the test."""
     yield
-    from leases.keeper import get_keeper, reset_keeper
+    from leases.keeper import get_keeper, keepers, reset_keeper
 
     get_keeper().shutdown()
+    for keeper in keepers():  # one per shard a section worked on (the shards section's own aliases)
+        keeper.shutdown()
     reset_keeper(None)
 
 
@@ -75,9 +77,11 @@ def assert_every_section(run: BenchRun, expected: set[str]) -> dict[str, list]:
 
 
 def test_bench_throughput_runs_every_section():
-    """All eleven sections of bench_throughput, verified against the rows, recorded as one ok run."""
-    run, output = run_command("bench_throughput", *TINY_THROUGHPUT)
-    found = assert_every_section(run, set(THROUGHPUT_SECTIONS))
+    """Every section of bench_throughput but `shards` (its own test below: it needs a second server), verified
+    against the rows, recorded as one ok run."""
+    chosen = [name for name in THROUGHPUT_SECTIONS if name != "shards"]
+    run, output = run_command("bench_throughput", *TINY_THROUGHPUT, *[f"--section={name}" for name in chosen])
+    found = assert_every_section(run, set(chosen))
     append = {(r.scenario, r.params["concurrency"]) for r in found["append"]}
     assert append == {(v, c) for v in ("per-event", "batch", "ceiling", "minimal") for c in (1, 2)}
     coalesced = {r.scenario for r in found["coalesced"] if r.params["writers"] == 3}
@@ -92,6 +96,60 @@ def test_bench_throughput_runs_every_section():
         if not cell.params["coalesce"]:  # a bootstrap and a settle at least, each its own statement
             assert counted >= 2, cell
     assert f"recorded as run #{run.pk}" in output
+
+
+TINY_SHARDS = ["--section", "shards", "--shard-writers", "2", "--shard-appends", "6", "--shard-flow-threads", "2",
+               "--shard-flows", "6", "--shard-repeats", "1"]
+
+
+@pytest.fixture(scope="module")
+def bench_shard_aliases(django_db_setup, django_db_blocker):
+    """The shards section's database aliases, known before the test's database guard is set up (it refuses
+    connections to aliases the test does not declare), dropped after this module."""
+    from benchmarks.sections import shards as section
+
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with django_db_blocker.unblock():
+        shard, _ = section.prepare(connection.alias, "127.0.0.1:5433", "127.0.0.1:6432")
+    if shard is None:
+        pytest.skip("no second PostgreSQL server on 127.0.0.1:5433: scripts/shard-servers starts it (CI does)")
+    yield
+    section.forget()
+
+
+def test_shards_section_says_why_it_skips_on_sqlite():
+    if connection.vendor == "postgresql":
+        pytest.skip("SQLite only: on PostgreSQL the test below runs the section")
+    run, _ = run_command("bench_throughput", *TINY_SHARDS)
+    assert "PostgreSQL" in (run.settings.get("skipped") or {})["shards"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "bench_shard1", "bench_pooled"])
+def test_shards_section_compares_one_and_two_servers_and_pgbouncer_in_one_run(bench_shard_aliases):
+    """1 shard vs 2 shards (two real servers) and PgBouncer vs direct, with the ratios and the statements per
+    execution on each shard; skipped without the second server."""
+    from benchmarks.sections.shards import _reachable
+
+    run, _ = run_command("bench_throughput", *TINY_SHARDS)
+    cells = sections_of(run)["shards"]
+    scenarios = {(c.scenario, c.params.get("layout")) for c in cells}
+    assert {("coalesced appends", "1 shard"), ("coalesced appends", "2 shards"), ("1-step flows", "1 shard"),
+            ("1-step flows", "2 shards")} <= scenarios
+    two = next(c for c in cells if c.scenario == "1-step flows" and c.params["layout"] == "2 shards")
+    one = next(c for c in cells if c.scenario == "1-step flows" and c.params["layout"] == "1 shard")
+    assert len(two.metrics["executions_per_shard"]) == 2  # both servers did work
+    # the statements an execution costs on its shard do not change with the number of shards (a bootstrap and
+    # a settle; the keeper's lease statements and each thread's first statements spread over few executions)
+    for figure in (*one.metrics["statements_per_execution_per_shard"].values(),
+                   *two.metrics["statements_per_execution_per_shard"].values()):
+        assert 2 <= figure <= 3
+    ratios = {c.scenario: c.metrics["ratio"] for c in cells if c.scenario.endswith("ratio")}
+    assert ratios["coalesced appends ratio"] > 0 and ratios["1-step flows ratio"] > 0
+    if _reachable("127.0.0.1:6432"):
+        assert ratios["pooled ratio"] > 0
 
 
 def test_peers_section_records_both_peers_beside_us_in_one_run():

@@ -35,8 +35,8 @@ def _fresh_keeper():
     """Queued starts run here take leases through the process's keeper: stop its thread while the
     test database still exists, and start the next test with a fresh one."""
     yield
-    if keeper_module._keeper is not None:
-        keeper_module._keeper.shutdown(5)
+    for keeper in keeper_module.keepers():
+        keeper.shutdown(5)
     reset_keeper(None)
 
 

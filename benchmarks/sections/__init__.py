@@ -19,6 +19,7 @@ THROUGHPUT_SECTIONS: dict[str, str] = {
     "read": "benchmarks.sections.read",
     "lease": "benchmarks.sections.lease",  # short version; the full method is `manage.py bench_lease`
     "peers": "benchmarks.sections.peers",  # eventsourcing and DBOS beside us (optional extra `peers`)
+    "shards": "benchmarks.sections.shards",  # 1 vs 2 PostgreSQL servers, PgBouncer vs direct (docs/scaling.md)
     "growth": "benchmarks.sections.growth",  # per-op cost as the journal grows (pre-filled 10^5..10^7)
 }
 

@@ -12,6 +12,7 @@ marked stale and `do_with_retry` re-loads and re-runs a bounded number of times.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -24,6 +25,7 @@ from typing import Any, Generic, TypeVar
 from django.db import DatabaseError, transaction
 from pydantic import BaseModel, ValidationError
 
+from journal import shards
 from journal.aggregates import versioning
 from journal.aggregates.cache import cache
 from journal.aggregates.declarations import Action, Actor, EventType, State
@@ -170,6 +172,23 @@ def _from_snapshot(st: State, stream: str) -> tuple[BaseModel, int]:
         return st.initial, -1
 
 
+def _on_shard(fn: Callable) -> Callable:
+    """An aggregate entry point (state or action, id, ...) runs on its stream's shard (journal/shards.py)."""
+
+    @functools.wraps(fn)
+    def wrapper(target, id, *args, **kwargs):
+        st = getattr(target, "state", target)
+        try:
+            stream = check_stored_id(st.stream(str(id)), "stream id")
+        except Exception:  # the function itself refuses it, with its own error
+            return fn(target, id, *args, **kwargs)
+        with shards.on_stream(stream):
+            return fn(target, id, *args, **kwargs)
+
+    return wrapper
+
+
+@_on_shard
 def replay(st: State[S], id: str, *, use_snapshot: bool = True) -> Aggregate[S]:
     """Compute an aggregate from the journal, bypassing the cache (the admin shows this)."""
     st.check()
@@ -179,6 +198,7 @@ def replay(st: State[S], id: str, *, use_snapshot: bool = True) -> Aggregate[S]:
     return Aggregate(st.name, id, stream, state, last if count else seq, count)
 
 
+@_on_shard
 def load(st: State[S], id: str, *, fresh: bool = False) -> Aggregate[S]:
     """The aggregate `id` of state `st`.
 
@@ -268,6 +288,7 @@ def _snapshot(st: State, stream: str, version: int, state: BaseModel) -> bool:
     return True
 
 
+@_on_shard
 def do(action: Action[S, Any], id: str, payload: Mapping[str, Any] | BaseModel | None = None, *,
        actor: Actor = None, expected_version: int | None = None) -> Aggregate[S]:
     """Run `action` on aggregate `id` and commit the events it emits; return the new aggregate.
@@ -397,6 +418,7 @@ def backoff_delay(attempt: int, backoff_ms: float, max_backoff_ms: float) -> flo
     return random.uniform(0, min(max_backoff_ms, backoff_ms * 2 ** min(attempt - 1, 30))) / 1000
 
 
+@_on_shard
 def do_with_retry(action: Action[S, Any], id: str, payload: Mapping[str, Any] | BaseModel | None = None, *,
                   actor: Actor = None, attempts: int = 10, backoff_ms: float = 2.0, max_backoff_ms: float = 100.0,
                   on_conflict: Callable[[int, ConcurrencyError], None] | None = None) -> Aggregate[S]:

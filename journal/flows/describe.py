@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from journal import shards
 from journal.flows import events as ev
 from journal.flows.errors import UnknownExecution
 from journal.flows.state import ExecutionState
@@ -82,6 +83,7 @@ def _wait_note(p: dict) -> str:
     return f"sleeps{due}"
 
 
+@shards.by_stream
 def describe(execution_id: str, reader=None) -> dict[str, Any]:
     """Everything known about an execution (reads the whole log: for people, not for the hot path).
     `reader` (journal.privacy.Reader): sensitive fields as that reader may see them; None: the system."""

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import logging
 
+from journal import shards
 from journal.flows.errors import NotResumable
 from journal.flows.outcome import Outcome
 
 log = logging.getLogger("loom.flows")
 
 
+@shards.by_stream
 def hand_over(execution_id: str, *, force: bool = False) -> int:
     """Queue a resume of a running (or stuck) execution on a worker; returns the fence token handed
     over. UnknownExecution, NotResumable (settled; no queue installed), ExecutionBusy (a live owner,
@@ -62,6 +64,7 @@ def enqueue_resume(execution_id: str, fence_token: int | None, *, force: bool = 
                task_name=f"resume {execution_id}"[:100], q_options={"timeout": -1})
 
 
+@shards.by_stream
 def run_handed_over(execution_id: str, fence_token: int | None, force: bool = False) -> dict:
     """The queued task: resume here from the handed-over fence token. A refusal (taken over since,
     settled, a live owner appeared) is logged and returned, not raised: re-running it would not help."""

@@ -10,6 +10,7 @@ header. No read happens on that path. Every write goes through journal/flows/wri
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 from ulid import ULID
 
+from journal import shards
 from journal.envelopes import Envelope, check_new_stream_id
 from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
@@ -228,7 +230,8 @@ class Runner:
         that it completed commit together, or neither does."""
         from journal.models import Event
 
-        with transaction.atomic(using=Event.objects.db):  # the journal's alias, not `default`
+        # On the execution's shard (the bound alias): its effects commit with its record only on that database.
+        with transaction.atomic(using=Event.objects.db):
             result = fn(*args)
             problem = _jsonable(result)
             if problem is not None:
@@ -366,7 +369,9 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
         raise InvalidInput("partition_key, priority and dedup_id are options of a queued start: give queue= too")
     sealed = input if isinstance(input, Sealed) else None
     if sealed is not None:  # a queued start: its input was sealed before it went to the broker (leases/tasks.py)
-        input = unseal_started(sealed)
+        # sealed with the subject's key of the execution's shard (data keys live per shard), unsealed there
+        with shards.on_stream(execution_id) if _placeable(execution_id) else nullcontext():
+            input = unseal_started(sealed)
     if start_at is not None and delay is not None:
         raise InvalidInput("start() takes start_at or delay, not both")
     due = None
@@ -378,12 +383,24 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
     if timeout is not None:
         extra["$deadline"] = iso(now() + timedelta(seconds=check_seconds(timeout, "timeout")))
     definition, value, stored, execution_id = prepare_start(flow, input, execution_id)
-    if due is not None:
-        from journal.flows import waits
+    with shards.on_stream(execution_id):
+        if due is not None:
+            from journal.flows import waits
 
-        if meta:
-            extra["$meta"] = meta
-        return waits.schedule(definition.name, stored, execution_id, due, extra)
+            if meta:
+                extra["$meta"] = meta
+            return waits.schedule(definition.name, stored, execution_id, due, extra)
+        return _start(definition, value, stored, execution_id, meta, sealed, extra)
+
+
+def _placeable(execution_id: Any) -> bool:
+    """An id shard_for can place (prepare_start refuses the others with its own error)."""
+    return isinstance(execution_id, str) and bool(execution_id) and "\x00" not in execution_id
+
+
+def _start(definition: Flow, value: Any, stored: Any, execution_id: str, meta: dict | None,
+           sealed: Sealed | None = None, extra: dict | None = None) -> Outcome:
+    extra = extra or {}
     state = ExecutionState(execution_id)
     runner = Runner(writer.RunHandle(execution_id, definition.name, stored), state, None)
     if sealed is not None:
@@ -499,6 +516,7 @@ def check_not_live(execution_id: str) -> None:
         raise ExecutionBusy(execution_id, holder)
 
 
+@shards.by_stream
 def resume(execution_id: str, *, force: bool = False, expected_fence: int | None = None,
            token: int | None = None) -> Outcome:
     """Continue an execution whose owner died: take a new fence, replay the log, run the rest, in
@@ -570,6 +588,7 @@ def _retry_view(execution_id: str) -> tuple[int | None, tuple[str, str, Any, str
 RERUN_HOOKS: list = []
 
 
+@shards.by_stream
 def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Outcome:
     """A new attempt of a FAILED execution, from its last completed step, recorded in its log.
 
@@ -635,6 +654,7 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     return Runner(run, state, claim).drive(definition, value)
 
 
+@shards.by_stream
 def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     """Cancel an execution: take its fence (a running owner is refused at its next step boundary and
     stops) and record EXECUTION_CANCELLED. Cancelling a cancelled execution returns its outcome;
@@ -669,6 +689,7 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     return Outcome(execution_id, CANCELLED, None, reason)
 
 
+@shards.by_stream
 def outcome_of(execution_id: str) -> Outcome:
     """The outcome as the log says now (a bounded read); while it is not settled, running, or waiting /
     suspended as its header says when it is parked."""

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from journal import conf
+from journal import conf, shards
 from journal.flows import events as ev
 from journal.flows.errors import UnknownExecution
 
@@ -115,6 +115,7 @@ def snapshot_every() -> int | None:
     return conf.get("LOOM_SNAPSHOT_EVERY")
 
 
+@shards.by_stream
 def load_state(execution_id: str) -> ExecutionState:
     """The newest snapshot, then only the events after it: two queries, a bounded number of rows."""
     from journal.models import Event, Snapshot

@@ -14,6 +14,13 @@ Messages are rows of journal_message until a recv consumes one: the consumption 
 STEP_COMPLETED commit in one transaction, so each message is consumed exactly once. `send` and `park`
 lock the recipient's header first, so a message that lands while the recipient parks is seen by the
 park (parked due now) or wakes the row it committed.
+
+Shards (journal/shards.py): every public function naming an execution runs on its shard (`by_stream`), a
+new execution (a scheduled start, a child, the next run of a chain, a fork) is written on its own shard
+(`schedule` binds it), and `wake_due`/`next_due_in` and the worker's waker go over every shard. A chain's
+runs (`<root>~<n>`) and default child ids (`<parent>.child-<pos>`) are placed with their root
+(`shards.family`), so a continue's message carry and a child's wake of its parent stay one statement on
+one shard; a child with an id of its own on another shard wakes its parent after its settle commits.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 from django.db import transaction
 from ulid import ULID
 
-from journal import conf, jsonvalues
+from journal import conf, jsonvalues, shards
 from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
@@ -51,11 +58,12 @@ WAITING_STATUS = "waiting"
 SUSPENDED_STATUS = "suspended"
 
 
-def _store():
+def _store(execution_id: str | None = None):
+    """The journal store of `execution_id`'s shard, or of the bound alias (the run's, the entry point's)."""
     from journal.models import Event
     from journal.store import store_for
 
-    return store_for(Event.objects.db)
+    return store_for(shards.shard_for(execution_id) if execution_id is not None else Event.objects.db)
 
 
 def _alias() -> str:
@@ -94,7 +102,7 @@ def take_message(runner, pos: int, name: str, topic: str) -> tuple[Any] | None:
 
 
 def put_event(execution_id: str, key: str, value: Any) -> None:
-    _store().put_flow_event(execution_id, key, jsonvalues.dumps(value, f"event {key!r}"))
+    _store(execution_id).put_flow_event(execution_id, key, jsonvalues.dumps(value, f"event {key!r}"))
 
 
 def spawn_child(parent_id: str, flow: str, stored: Any, child_id: str) -> str:
@@ -189,8 +197,24 @@ def carry_messages(from_id: str, to_id: str) -> int:
 
 
 def wake_parent(parent_id: str, child_id: str) -> None:
-    """Make the parent's wait for this child due now (called inside the child's settle transaction)."""
-    _store().wake_wait(parent_id, now(), child=child_id)
+    """Make the parent's wait for this child due now (called inside the child's settle transaction). A
+    parent on another shard (a child id of the caller's own) is woken once the settle committed: nothing
+    is atomic across shards; if this process dies in between, the parent's re-check (LOOM_WAIT_RECHECK)
+    sees the settled child."""
+    from journal.models import Event
+
+    here, there = Event.objects.db, shards.shard_for(parent_id)
+    if there == here:
+        _store().wake_wait(parent_id, now(), child=child_id)
+        return
+
+    def wake() -> None:
+        try:
+            _store(parent_id).wake_wait(parent_id, now(), child=child_id)
+        except Exception:  # its re-check finds the child settled
+            log.exception("could not wake parent %s of %s on shard %s", parent_id, child_id, there)
+
+    transaction.on_commit(wake, using=here)
 
 
 def after_settle(state: ExecutionState) -> None:
@@ -202,14 +226,19 @@ def after_settle(state: ExecutionState) -> None:
     if not waited:
         return
     try:
-        _store().drop_wait(state.execution_id)
+        _store(state.execution_id).drop_wait(state.execution_id)
     except Exception:  # the settle committed; the next claim deletes the stale row
         log.exception("after the settle of %s: could not drop its wait row", state.execution_id)
 
 
 def schedule(flow: str, stored: Any, execution_id: str, due, extra: dict | None = None) -> Outcome:
-    """Write a new execution that starts at `due` (EXECUTION_STARTED with $start_at, then parked);
-    ExecutionExists if the id is taken (nothing written)."""
+    """Write a new execution that starts at `due` (EXECUTION_STARTED with $start_at, then parked), on its
+    own shard; ExecutionExists if the id is taken (nothing written)."""
+    with shards.on_stream(execution_id):
+        return _schedule(flow, stored, execution_id, due, extra)
+
+
+def _schedule(flow: str, stored: Any, execution_id: str, due, extra: dict | None = None) -> Outcome:
     payload = {"flow": flow, "input": stored, "$start_at": iso(due), **(extra or {})}
     run = writer.RunHandle(execution_id, flow, stored)
     try:
@@ -273,6 +302,7 @@ def cancel_children(parent_id: str, children: list[str], reason: str) -> None:
 
 
 # == the public functions ==============================================================================
+@shards.by_stream
 def send(execution_id: str, topic: str, payload: Any, message_id: str | None = None) -> str:
     """Send a message to an execution (from anywhere); returns its message_id. Idempotent by
     message_id: a second send of one id writes nothing. The message waits until a ctx.recv of its
@@ -299,7 +329,7 @@ def send(execution_id: str, topic: str, payload: Any, message_id: str | None = N
     # caller knows keeps accepting messages for the whole endless flow).
     target = execution_id
     while True:
-        status, _ = _store().send_message(target, topic, message_id, text, now())
+        status, _ = _store(target).send_message(target, topic, message_id, text, now())
         if status is None:
             raise UnknownExecution(execution_id)
         if status not in TERMINAL:
@@ -311,6 +341,7 @@ def send(execution_id: str, topic: str, payload: Any, message_id: str | None = N
         target = current
 
 
+@shards.by_stream
 def get_event(execution_id: str, key: str, timeout: float | None = None, default: Any = None) -> Any:
     """The value the execution published with ctx.set_event(key, ...), waiting up to `timeout`
     seconds for it (NOTIFY wake-up on PostgreSQL, polls of LOOM_WAIT_POLL on SQLite); `default` if
@@ -328,7 +359,7 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
     if header is None:
         raise UnknownExecution(execution_id)
     target = _current_run(execution_id, header)  # a chain's events: its newest run's (carried along)
-    found, value = store.flow_event(target, key)
+    found, value = _store(target).flow_event(target, key)
     if found:
         return value
     if wait <= 0:
@@ -338,7 +369,7 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
     try:
         while True:
             target = _current_run(target)
-            found, value = store.flow_event(target, key)
+            found, value = _store(target).flow_event(target, key)
             if found:
                 return value
             left = until - time.monotonic()
@@ -355,8 +386,10 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
             listener.close()
 
 
-def _listen():
-    """A session LISTENing on LOOM_WAIT_CHANNEL (PostgreSQL), or None if it cannot connect (poll)."""
+def _listen(alias: str | None = None):
+    """A session LISTENing on LOOM_WAIT_CHANNEL (PostgreSQL) of `alias` (default: the bound one), or None
+    if it cannot connect (poll). Behind a transaction-pooling PgBouncer LISTEN needs the server itself:
+    the alias's LOOM_DIRECT address (docs/scaling.md); without one it polls."""
     try:
         import psycopg
         from django.db import connections
@@ -364,8 +397,12 @@ def _listen():
 
         from journal.models import Event
 
-        s = connections[Event.objects.db].settings_dict
-        conn = psycopg.connect(host=s.get("HOST") or "127.0.0.1", port=s.get("PORT") or 5432, dbname=s["NAME"],
+        s = connections[alias or Event.objects.db].settings_dict
+        direct = s.get("LOOM_DIRECT") or {}
+        if not direct and s.get("DISABLE_SERVER_SIDE_CURSORS"):
+            return None  # pooled, no direct address: the notifications would go to another client
+        host, port = direct.get("HOST", s.get("HOST")), direct.get("PORT", s.get("PORT"))
+        conn = psycopg.connect(host=host or "127.0.0.1", port=port or 5432, dbname=s["NAME"],
                                user=s.get("USER") or None, password=s.get("PASSWORD") or None, autocommit=True)
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(conf.get("LOOM_WAIT_CHANNEL"))))
         return conn
@@ -374,6 +411,7 @@ def _listen():
         return None
 
 
+@shards.by_stream
 def suspend(execution_id: str, *, force: bool = False, reason: str = "") -> Outcome:
     """Suspend an execution: a new fence, EXECUTION_SUSPENDED in its log, status suspended, its wait
     row dropped: no lease, no worker, nothing wakes it until resume() (or hand_over) on any worker.
@@ -421,6 +459,7 @@ def suspend(execution_id: str, *, force: bool = False, reason: str = "") -> Outc
     return Outcome(execution_id, SUSPENDED_STATUS, None, None)
 
 
+@shards.by_stream
 def wake_now(execution_id: str) -> bool:
     """End the execution's current wait now (recorded as WAIT_WOKEN: a sleep or backoff ends, a recv
     returns None unless a message came, a child wait re-checks) and make it due for a waker. False
@@ -453,16 +492,28 @@ def wake_now(execution_id: str) -> bool:
     return True
 
 
-def wake_due(limit: int | None = None) -> list[Outcome]:
+def wake_due(limit: int | None = None, alias: str | None = None) -> list[Outcome]:
     """Claim the due waits of the flows registered here and run each in THIS thread (tests, an
-    embedding, a cron); the worker's waker does the same in a pool."""
+    embedding, a cron); the worker's waker does the same in a pool. Every shard (up to `limit` each),
+    or `alias` only; a shard that is down is skipped (logged) and the others go on."""
+    from django.db import DatabaseError, connections
+
     from journal.flows import registry
     from journal.flows.runtime import resume
+    from journal.store import store_for
 
     flows = sorted(registry.registered())
     if not flows:
         return []
-    claimed = _store().claim_due_waits(now(), limit or conf.get("LOOM_WAIT_BATCH"), flows)
+    claimed = []
+    for one in [alias] if alias is not None else shards.shards():
+        try:
+            claimed += store_for(one).claim_due_waits(now(), limit or conf.get("LOOM_WAIT_BATCH"), flows)
+        except DatabaseError:
+            if alias is not None or not shards.sharded():
+                raise
+            log.exception("wake_due: the due waits of shard %s could not be claimed; the others go on", one)
+            connections[one].close()
     outcomes = []
     for item in claimed:
         try:
@@ -474,6 +525,7 @@ def wake_due(limit: int | None = None) -> list[Outcome]:
     return outcomes
 
 
+@shards.by_stream
 def waiting_on(execution_id: str) -> dict | None:
     """What a waiting execution waits for (the admin, the API): kind, due_at, topic, child, pos,
     token; None if it has no wait row."""
@@ -486,6 +538,7 @@ def waiting_on(execution_id: str) -> dict | None:
             for k in ("kind", "due_at", "topic", "child", "pos", "token")}
 
 
+@shards.by_stream
 def pending_messages(execution_id: str, limit: int = 50) -> list[dict]:
     """The newest messages of an execution (consumed or not), newest first (the admin)."""
     from journal.ids import check_stored_id
@@ -493,6 +546,7 @@ def pending_messages(execution_id: str, limit: int = 50) -> list[dict]:
     return _store().messages_of(check_stored_id(execution_id, "execution id"), limit)
 
 
+@shards.by_stream
 def fork(execution_id: str, from_step: int, execution_id_new: str | None = None) -> str:
     """A new execution of the same flow and input that replays the recorded results of the steps
     before position `from_step` and runs the rest again (after a fix in the code). Scheduled now: a
@@ -538,11 +592,14 @@ def fork(execution_id: str, from_step: int, execution_id_new: str | None = None)
     return new_id
 
 
-def next_due_in(flows=None) -> float | None:
+def next_due_in(flows=None, alias: str | None = None) -> float | None:
     """Seconds until the earliest wait (of `flows`, if given) is due (0 if one is due now), None if
-    nothing waits with a timer."""
-    due = _store().next_wait_due(flows)
-    return None if due is None else max(0.0, (due - now()).total_seconds())
+    nothing waits with a timer; over every shard, or `alias` only."""
+    from journal.store import store_for
+
+    dues = [due for one in ([alias] if alias is not None else shards.shards())
+            if (due := store_for(one).next_wait_due(flows)) is not None]
+    return None if not dues else max(0.0, (min(dues) - now()).total_seconds())
 
 
 __all__ = [

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from journal import coalesce, jsonvalues
+from journal import coalesce, jsonvalues, shards
 from journal.envelopes import Appended, AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused
 from journal.flows import events as ev
@@ -125,7 +125,7 @@ def header_status(execution_id: str) -> tuple[str, str, Any, str] | None:
     """(status, flow, result, error) of the header row, or None; InvalidStream for an id the database cannot
     hold (journal/ids.py: reads accept ids stored before the alphabet), checked before the query."""
     check_stored_id(execution_id, "execution id")
-    return store_for(Event.objects.db).execution_status(execution_id)
+    return store_for(shards.shard_for(execution_id)).execution_status(execution_id)
 
 
 # -- coalesced kinds (LOOM_COALESCE): many executions' bootstraps or settles, one statement each ----

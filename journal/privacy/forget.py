@@ -5,6 +5,9 @@ subject's key row (overwritten to a tombstone), the deleted links of its blobs, 
 (`SubjectForgotten {subject, by}` on the stream AUDIT_STREAM) in the same transaction. The caches are
 evicted first and again after the commit, and the subject's blobs are erased from the content store
 once the forget is committed. Every read afterwards shows FORGOTTEN for the subject's fields.
+
+With LOOM_SHARDS a subject has a data key on each shard where its data was sealed; `forget` tombstones it
+on every shard (one transaction and one audit event on each: nothing is atomic across shards).
 """
 
 from __future__ import annotations
@@ -19,18 +22,47 @@ AUDIT_STREAM = "loom.privacy.audit"
 FORGOTTEN_EVENT = "SubjectForgotten"
 
 
-def forget(subject: str, *, by: str, alias: str = "default") -> None:
-    """Destroy `subject`'s data key (idempotent); `by` names who asked, for the audit event."""
-    from journal.models import Event
-    from journal.privacy import content
-    from journal.store import store_for
+def forget(subject: str, *, by: str, alias: str | None = None) -> None:
+    """Destroy `subject`'s data key (idempotent); `by` names who asked, for the audit event.
+
+    Without `alias`, on every shard (journal/shards.py; one database unsharded): data keys live on the shard
+    of the events they seal (a read joins them in its statement), so each shard holds its own key of a
+    subject, and each gets the tombstone, so that no shard later makes a new key for a forgotten subject.
+    Each shard's forget is its own transaction with its own audit event; a shard that fails is tried after
+    the others and its error raised (a note names the shards): forget again, it is idempotent."""
+    from django.db import DatabaseError
+
+    from journal import shards
 
     if not isinstance(subject, str) or not subject or len(subject) > 200 or "\x00" in subject:
         raise InvalidPayload(f"a subject id is a non-empty string of at most 200 characters, got {subject!r}")
     if not isinstance(by, str) or not by:
         raise InvalidPayload("forget(subject, by=...) names who asked (the audit event records it)")
+    aliases = [alias] if alias is not None else shards.shards()
+    if len(aliases) == 1:
+        _forget_on(aliases[0], subject, by)
+        return
+    failed: list[tuple[str, DatabaseError]] = []
+    for one in aliases:
+        try:
+            _forget_on(one, subject, by)
+        except DatabaseError as exc:
+            failed.append((one, exc))
+    if failed:
+        error = failed[0][1]
+        error.add_note(f"forget({subject!r}) failed on shard(s) {', '.join(a for a, _ in failed)} and was done on "
+                       "the others; forget again once they are back")
+        raise error
+
+
+def _forget_on(alias: str, subject: str, by: str) -> None:
+    """One database's forget: its key row to a tombstone, its blobs unlinked, its audit event, one transaction."""
+    from journal.models import Event
+    from journal.privacy import content
+    from journal.store import store_for
+
     store = store_for(alias)
-    keys.cache.evict(subject)
+    keys.cache.evict(alias, subject)
     with transaction.atomic(using=alias):
         erase = store.forget_subject(subject, by)
         for attempt in range(20):  # the audit stream is shared: a concurrent forget may take our seq
@@ -41,8 +73,9 @@ def forget(subject: str, *, by: str, alias: str = "default") -> None:
             except SequenceConflict:
                 if attempt == 19:
                     raise
+
     def after_commit() -> None:  # a forget rolled back with its caller's transaction forgets nothing
-        keys.cache.put(subject, None, None)
+        keys.cache.put(alias, subject, None, None)
         if erase:
             content.store().delete(erase)
 

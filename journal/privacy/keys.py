@@ -152,31 +152,33 @@ def service() -> KeyService:
 
 
 class KeyCache:
-    """A thread-safe LRU of unwrapped data keys by subject: (wrapped text, AESGCM of the key); None =
-    forgotten. The AESGCM object is kept, not the bytes: building it is part of every field's cost."""
+    """A thread-safe LRU of unwrapped data keys by (database alias, subject): (wrapped text, AESGCM of the
+    key); None = forgotten. The AESGCM object is kept, not the bytes: building it is part of every field's
+    cost. The alias is part of the key: with LOOM_SHARDS each shard holds its own key of a subject (a key
+    cached from one shard must never seal, nor a tombstone hide, another shard's data)."""
 
     def __init__(self):
-        self._entries: OrderedDict[str, tuple[str | None, AESGCM | None]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str | None, str], tuple[str | None, AESGCM | None]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, subject: str) -> tuple[str | None, AESGCM | None] | None:
+    def get(self, alias: str | None, subject: str) -> tuple[str | None, AESGCM | None] | None:
         with self._lock:
-            got = self._entries.get(subject)
+            got = self._entries.get((alias, subject))
             if got is not None:
-                self._entries.move_to_end(subject)
+                self._entries.move_to_end((alias, subject))
             return got
 
-    def put(self, subject: str, wrapped: str | None, key: AESGCM | None) -> None:
+    def put(self, alias: str | None, subject: str, wrapped: str | None, key: AESGCM | None) -> None:
         size = conf.get("LOOM_KEY_CACHE_SIZE")
         with self._lock:
-            self._entries[subject] = (wrapped, key)
-            self._entries.move_to_end(subject)
+            self._entries[(alias, subject)] = (wrapped, key)
+            self._entries.move_to_end((alias, subject))
             while len(self._entries) > size:
                 self._entries.popitem(last=False)
 
-    def evict(self, subject: str) -> None:
+    def evict(self, alias: str | None, subject: str) -> None:
         with self._lock:
-            self._entries.pop(subject, None)
+            self._entries.pop((alias, subject), None)
 
     def clear(self) -> None:
         with self._lock:
@@ -195,7 +197,7 @@ def _unwrap(subject: str, row: tuple[str, str | None] | None, store=None) -> AES
         _remember(store, subject, None, None)
         return None
     master_id, wrapped = row
-    got = cache.get(subject)
+    got = cache.get(_alias(store), subject)
     if got is not None and got[0] == wrapped:
         return got[1]
     key = AESGCM(unwrap_for(service(), master_id, base64.b64decode(wrapped), subject))
@@ -203,11 +205,15 @@ def _unwrap(subject: str, row: tuple[str, str | None] | None, store=None) -> AES
     return key
 
 
+def _alias(store) -> str | None:
+    return None if store is None else store.alias
+
+
 def _remember(store, subject: str, wrapped: str | None, key: AESGCM | None) -> None:
     if store is None or not store.connection.in_atomic_block:
-        cache.put(subject, wrapped, key)
+        cache.put(_alias(store), subject, wrapped, key)
     else:
-        transaction.on_commit(lambda: cache.put(subject, wrapped, key), using=store.alias)
+        transaction.on_commit(lambda: cache.put(store.alias, subject, wrapped, key), using=store.alias)
 
 
 def for_read(store, subjects: set[str], known: tuple[set[str], dict] | None = None) -> dict[str, AESGCM | None]:
@@ -230,7 +236,7 @@ def for_write(store, subjects: set[str]) -> dict[str, AESGCM | None]:
     out: dict[str, AESGCM | None] = {}
     missing = set()
     for s in subjects:
-        got = cache.get(s)
+        got = cache.get(store.alias, s)
         if got is None:
             missing.add(s)
         else:

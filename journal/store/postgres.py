@@ -667,7 +667,10 @@ class PostgresStore(JournalStore):
         if raw is None:
             connection.ensure_connection()
             raw = connection.connection
-        if raw not in _lock_bounded and raw.info.transaction_status == TransactionStatus.IDLE:
+        # Behind a transaction-pooling pooler no session SET (it would stay on a server connection that
+        # serves other clients next, and not on ours): the flush statements there are not lock-bounded.
+        if (raw not in _lock_bounded and raw.info.transaction_status == TransactionStatus.IDLE
+                and not behind_pooler(connection)):
             # -- session: lock_timeout for a flush thread's statements (issue 16, S3) --
             # A coalesced statement carries other callers' rows: it must not wait for a stranger's
             # commit on one stream's row lock. On the timeout the coalescer splits the batch.
@@ -927,6 +930,24 @@ def _note_farewell(raw) -> Callable[[psycopg.errors.Diagnostic], None]:
     return handler
 
 
+def may_prepare(connection) -> bool:
+    """Whether named prepared statements may be used on this connection: not when LOOM_PG_PREPARE is off,
+    nor on an alias behind a transaction-pooling PgBouncer (DISABLE_SERVER_SIDE_CURSORS, Django's own
+    marker for it): the pooler hands each transaction to any server connection, where a statement
+    prepared on another one does not exist (PgBouncer before 1.21 cannot track them). Unnamed statements
+    (server-side binding) still work there: they live for one message exchange only."""
+    from journal import conf
+
+    return conf.get("LOOM_PG_PREPARE") and not behind_pooler(connection)
+
+
+def behind_pooler(connection) -> bool:
+    """The alias goes through a transaction-pooling pooler (DISABLE_SERVER_SIDE_CURSORS, as Django asks for
+    PgBouncer): no named prepared statements and no session state (SET, LISTEN) may be left on it, since
+    the next transaction may run on another server connection and this one's serves other clients."""
+    return bool(connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
+
+
 def execute_prepared(connection, cursor, sql: str, params) -> None:
     """Run one of the journal's fixed statements as a server-side prepared statement.
 
@@ -937,7 +958,7 @@ def execute_prepared(connection, cursor, sql: str, params) -> None:
     queries) the statement is still logged. Client-side binding cannot prepare: plain execute.
     """
     raw = cursor.cursor
-    if isinstance(raw, psycopg.ClientCursor):
+    if isinstance(raw, psycopg.ClientCursor) or not may_prepare(connection):
         cursor.execute(sql, params)
         return
     if raw.connection.prepare_threshold is None:

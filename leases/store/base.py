@@ -187,6 +187,11 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
         """Delete the reservation of an execution that now exists (its header holds the id from now on)."""
         return self._count(RELEASE_RESERVATION, [execution_id])
 
+    def reserved_ids(self, limit: int) -> list[str]:
+        """Up to `limit` reserved execution ids, oldest first: the sharded pruning looks each one's header up on
+        its execution's shard, since no statement joins two databases (leases/tasks.py prune_reservations)."""
+        return [row[0] for row in self._rows(RESERVED_IDS, [limit])]
+
     def prune_reservations(self) -> int:
         """Delete the reservations whose execution exists (a worker died between the execution's first write
         and its release); the number deleted."""
@@ -243,6 +248,9 @@ RETURNING execution_id
 READ_RESERVATION = """
 SELECT execution_id, flow, input_hash, started_by, created_at FROM leases_startreservation WHERE execution_id = %s
 """
+
+# -- reserved_ids -- (no lock: a reservation deleted meanwhile is simply not released twice)
+RESERVED_IDS = "SELECT execution_id FROM leases_startreservation ORDER BY created_at, execution_id LIMIT %s"
 
 # -- release_reservation --
 RELEASE_RESERVATION = "DELETE FROM leases_startreservation WHERE execution_id = %s"

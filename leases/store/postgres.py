@@ -327,6 +327,8 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
     def prepare_keeper_session(self) -> None:
         self.connection.ensure_connection()
         raw = self.connection.connection
+        if journal_sql.behind_pooler(self.connection):
+            return  # a session SET would leak to other clients' transactions on the pooled server connection
         if raw not in _prepared:
             with self.connection.cursor() as cursor:
                 cursor.execute(KEEPER_SESSION)

@@ -48,6 +48,7 @@ class LeaseStoreContract(SchedulesContract, StoreContract):
         "count_leases": "count_leases", "delete_leases": "delete_leases",
         "reserve_start": "reserve_start", "reservation": "reservation",
         "release_reservation": "release_reservation", "prune_reservations": "prune_reservations",
+        "reserved_ids": "reserved_ids",
         **SCHEDULE_COVERS,  # tests/conformance/schedules.py
     }
 
@@ -216,6 +217,15 @@ class LeaseStoreContract(SchedulesContract, StoreContract):
         running("r-began")
         assert store.prune_reservations() == 1
         assert store.reservation("r-began") is None and store.reservation("r-queued") is not None
+
+    def test_reserved_ids_lists_the_reservations_oldest_first_up_to_the_limit(self, store):
+        assert store.reserved_ids(10) == []
+        for eid in ("r-3", "r-1", "r-2"):
+            store.reserve_start(eid, "f", "h", "")
+        listed = store.reserved_ids(10)
+        assert sorted(listed) == ["r-1", "r-2", "r-3"] and len(store.reserved_ids(2)) == 2
+        store.release_reservation(listed[0])
+        assert listed[0] not in store.reserved_ids(10)
 
     def test_concurrent_starts_of_one_id_reserve_it_exactly_once(self, store):
         """Eight threads, each on its own connection and transaction, reserve one id: one wins, seven read it."""

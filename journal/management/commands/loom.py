@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS
 
 from journal import cli
 
@@ -29,7 +28,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         common = {"json": ("--json", {"action": "store_true", "help": "Print one JSON document."}),
-                  "database": ("--database", {"default": DEFAULT_DB_ALIAS, "help": "The database alias."})}
+                  "database": ("--database", {"default": None, "help": "The database alias (default: the default "
+                                          "database; with LOOM_SHARDS an execution's shard, every shard "
+                                          "for lists)."})}
 
         def options(sub):
             for flag, kwargs in common.values():
@@ -81,7 +82,7 @@ class Command(BaseCommand):
         else:
             self.stdout.write("\n".join(reply.lines))
 
-    def dispatch(self, options: dict, using: str) -> cli.Reply:
+    def dispatch(self, options: dict, using: str | None) -> cli.Reply:
         noun = options["noun"]
         if noun == "queues":
             return cli.queues(using)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from journal import shards
 from journal.exceptions import PrivacyError
 from journal.privacy import forget, keys
 from journal.store import store_for
@@ -18,15 +19,16 @@ class Command(BaseCommand):
         parser.add_argument("subject", nargs="?", help="forget: the data subject's id")
         parser.add_argument("--id", default="k1", help="new: the key id to print (default k1)")
         parser.add_argument("--by", help="forget: who asked (recorded in the audit event)")
-        parser.add_argument("--database", default="default", help="Database alias (default 'default').")
+        parser.add_argument("--database", default=None,
+                            help="Database alias (default: the default database; with LOOM_SHARDS every shard).")
 
-    def handle(self, *args, action: str, subject: str | None, id: str, by: str | None, database: str,
+    def handle(self, *args, action: str, subject: str | None, id: str, by: str | None, database: str | None,
                **options) -> None:
         try:
             if action == "new":
                 self.stdout.write(f"{id}:{keys.new_master_key()}")
             elif action == "rotate":
-                done = keys.rotate(store_for(database))
+                done = sum(keys.rotate(store_for(alias)) for alias in ([database] if database else shards.shards()))
                 self.stdout.write(f"rewrapped {done} data key(s) with master key {keys.service().wrap(bytes(32))[0]}")
             else:
                 if not subject or not by:

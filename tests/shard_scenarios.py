@@ -1,0 +1,652 @@
+"""Child processes of tests/test_shards.py: each scenario runs in a Django process configured for two real
+shards (the environment names them), and prints one JSON line of facts for the test to assert on.
+
+    python -m tests.shard_scenarios <scenario> [json argument]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+import django
+
+
+def _on(alias: str, stream_id: str) -> bool:
+    from journal.models import Event
+
+    return Event.objects.using(alias).filter(stream_id=stream_id).exists()
+
+
+def _where(stream_id: str) -> list[str]:
+    from journal import shards
+
+    return [alias for alias in shards.shards() if _on(alias, stream_id)]
+
+
+def setup(arg) -> dict:
+    from journal import shards
+    from tests import shard_fixtures
+
+    for alias in shards.shards():
+        shard_fixtures.create_tables(alias)
+    return {"shards": shards.shards()}
+
+
+def placement(arg) -> dict:
+    """Streams written by every entry point land on the shard shard_for names, and only there."""
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    from benchmarks.domains.counter import Increment
+    from journal import shards
+    from journal.aggregates import do, load
+    from journal.envelopes import AppendItem, Envelope
+    from journal.exceptions import ShardsPartlyWritten
+    from journal.flows import describe, start
+    from journal.models import Event, Execution
+    from tests.aggregate_fixtures import counter, increment
+
+    run = arg["run"]
+    wrong: list = []
+    expected: dict[str, str] = {}
+
+    def check(stream_id: str) -> None:
+        where = _where(stream_id)
+        expected[stream_id] = shards.shard_for(stream_id)
+        if where != [expected[stream_id]]:
+            wrong.append([stream_id, where, expected[stream_id]])
+
+    for i in range(30):
+        sid = f"{run}-append-{i}"
+        Event.objects.append(sid, Envelope("T", {"i": i}))
+        Event.objects.append(sid, Envelope("T", {"i": i}), expected_seq=0)
+        check(sid)
+    for i in range(10):
+        sid = f"{run}-open-{i}"
+        token, _ = Event.objects.open_stream(sid, Envelope("T", {}))
+        Event.objects.append(sid, Envelope("T", {}), fence_token=token)
+        check(sid)
+    batch = [f"{run}-batch-{i}" for i in range(20)]
+    captured = {alias: CaptureQueriesContext(connections[alias]) for alias in shards.shards()}
+    for ctx in captured.values():
+        ctx.__enter__()
+    Event.objects.append_batch([AppendItem.build(sid, [Envelope("T", {})]) for sid in batch])
+    for ctx in captured.values():
+        ctx.__exit__(None, None, None)
+    statements = {alias: sum(1 for q in ctx.captured_queries if "journal_event" in q["sql"])
+                  for alias, ctx in captured.items()}
+    for sid in batch:
+        check(sid)
+    # A batch refused on one shard is still written on the other: each shard's part is all or nothing.
+    by_shard: dict[str, list[str]] = {}
+    for sid in batch:
+        by_shard.setdefault(shards.shard_for(sid), []).append(sid)
+    bad, good = by_shard[shards.shards()[0]][0], by_shard[shards.shards()[1]][0]
+    partly = None
+    try:
+        Event.objects.append_batch([AppendItem.build(bad, [Envelope("T", {})], None, 99),
+                                    AppendItem.build(good, [Envelope("T", {})])])
+    except ShardsPartlyWritten as exc:
+        partly = {"refused": sorted(exc.errors), "written": sorted(exc.appended),
+                  "bad_tip": Event.objects.tip(bad), "good_tip": Event.objects.tip(good)}
+    # A bad payload anywhere in a batch over both shards: refused before either shard is written.
+    from journal.exceptions import InvalidPayload
+
+    fresh = [f"{run}-bad-{i}" for i in range(6)]
+    try:
+        Event.objects.append_batch([AppendItem.build(sid, [Envelope("T", {"x": float("nan") if i == 5 else i})])
+                                    for i, sid in enumerate(fresh)])
+        invalid = "written"
+    except InvalidPayload:
+        invalid = sorted({a for sid in fresh for a in _where(sid)})
+    # The coalescer: one per shard, each statement of one shard's streams only.
+    from django.test import override_settings
+
+    from journal import coalesce
+
+    co = [f"{run}-co-{i}" for i in range(24)]
+    with override_settings(LOOM_COALESCE=True):
+        threads = [threading.Thread(target=coalesce.append_item, args=(AppendItem.build(sid, [Envelope("T", {})]),))
+                   for sid in co]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        coalescers = sorted(a for a in shards.shards() if coalesce.running(a) is not None)
+        coalesce.close_shared()
+    for sid in co:
+        check(sid)
+    flows = []
+    for i in range(12):
+        eid = f"{run}-flow-{i}"
+        outcome = start("shards.one", i, execution_id=eid)
+        check(eid)
+        headers = [a for a in shards.shards() if Execution.objects.using(a).filter(pk=eid).exists()]
+        flows.append([outcome.status, outcome.result == i, headers == [shards.shard_for(eid)],
+                      describe(eid)["status"]])
+    aggregates = []
+    for i in range(12):
+        aid = f"{run}-agg-{i}"
+        do(increment, aid, Increment(by=2))
+        do(increment, aid, Increment(by=3))
+        check(counter.stream(aid))
+        aggregates.append(load(counter, aid, fresh=True).state.count)
+    return {"wrong": wrong, "statements": statements, "partly": partly, "flows": flows, "aggregates": aggregates,
+            "spread": sorted({v for v in expected.values()}), "invalid": invalid, "coalescers": coalescers}
+
+
+def tenants(arg) -> dict:
+    """With LOOM_SHARD_KEY = journal.shards.prefix_key a tenant's streams share its shard."""
+    from journal import shards
+    from journal.envelopes import Envelope
+    from journal.models import Event
+
+    out = {}
+    for t in range(16):
+        tenant = f"{arg['run']}t{t}"
+        places = set()
+        for i in range(6):
+            sid = f"{tenant}/order-{i}"
+            Event.objects.append(sid, Envelope("T", {}))
+            places.update(_where(sid))
+        out[tenant] = [sorted(places), shards.shard_for(tenant)]
+    return out
+
+
+def grow(arg) -> dict:
+    """Phase "before": streams on one shard. Phase "after" (two shards, LOOM_SHARD_HISTORY=1): the old
+    streams are found where they are, their ids cannot be opened twice, new streams use both shards."""
+    from journal import shards
+    from journal.envelopes import Envelope
+    from journal.exceptions import StreamExists
+    from journal.flows import ExecutionExists, start
+    from journal.models import Event
+
+    run = arg["run"]
+    old = [f"{run}-old-{i}" for i in range(24)]
+    if arg["phase"] == "before":
+        for sid in old:
+            Event.objects.open_stream(sid, Envelope("T", {}))
+        start("shards.one", 1, execution_id=f"{run}-oldflow")
+        return {"shards": shards.shards(), "where": {sid: _where(sid) for sid in old}}
+    moved_placement = [sid for sid in old if shards.placements(sid)[0] != shards.shards()[0]]
+    found = {sid: shards.shard_for(sid) for sid in old}
+    refused = 0
+    for sid in old:
+        Event.objects.append(sid, Envelope("T", {"after": True}))
+        try:
+            Event.objects.open_stream(sid, Envelope("T", {}))
+        except StreamExists:
+            refused += 1
+    try:
+        start("shards.one", 2, execution_id=f"{run}-oldflow")
+        again = "started twice"
+    except ExecutionExists:
+        again = "refused"
+    new = [f"{run}-new-{i}" for i in range(24)]
+    for sid in new:
+        Event.objects.append(sid, Envelope("T", {}))
+    return {"moved_placement": len(moved_placement), "found": sorted(set(found.values())),
+            "old_where": sorted({a for sid in old for a in _where(sid)}), "refused": refused, "again": again,
+            "old_tips": sorted({Event.objects.tip(sid) for sid in old}),
+            "new_where": sorted({a for sid in new for a in _where(sid)}),
+            "new_right": all(_where(sid) == [shards.shard_for(sid)] for sid in new)}
+
+
+def together(arg) -> dict:
+    """A flow, an aggregate and a projection, each on both shards; the projection's one read model."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    from benchmarks.domains.counter import Increment
+    from journal import shards
+    from journal.aggregates import do, load
+    from journal.flows import start
+    from projections.service import drain
+    from tests.aggregate_fixtures import counter, increment
+
+    run = arg["run"]
+    eids = ids_on_each_shard(f"{run}-flow", 2)
+    outcomes = {eid: start("shards.steps", {"n": 3}, execution_id=eid).status for eid in eids}
+    aids = ids_on_each_shard(f"{run}-agg", 2, counter.stream)
+    for aid in aids:
+        for _ in range(3):
+            do(increment, aid, Increment(by=1))
+    states = {aid: load(counter, aid, fresh=True).state.count for aid in aids}
+    drain()
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute("SELECT stream, count(*) FROM test_shard_seen WHERE stream LIKE %s GROUP BY stream",
+                       [f"%{run}-agg%"])
+        seen = dict(cursor.fetchall())
+    return {"outcomes": outcomes, "flow_shards": {e: shards.shard_for(e) for e in eids}, "states": states,
+            "agg_shards": sorted({shards.shard_for(counter.stream(a)) for a in aids}), "seen": seen,
+            "effects": effects(eids)}
+
+
+def ids_on_each_shard(prefix: str, per_shard: int, stream=lambda i: i) -> list[str]:
+    """Ids whose streams fall on each shard, `per_shard` of each (hash placement)."""
+    from journal import shards
+
+    want = {alias: [] for alias in shards.shards()}
+    i = 0
+    while any(len(v) < per_shard for v in want.values()):
+        candidate = f"{prefix}-{i}"
+        bucket = want[shards.shard_for(stream(candidate))]
+        if len(bucket) < per_shard:
+            bucket.append(candidate)
+        i += 1
+    return [x for v in want.values() for x in v]
+
+
+def effects(eids: list[str]) -> dict:
+    """Effect rows per execution and step, read on each execution's shard."""
+    from django.db import connections
+
+    from journal import shards
+
+    out = {}
+    for eid in eids:
+        with connections[shards.shard_for(eid)].cursor() as cursor:
+            cursor.execute("SELECT step, count(*) FROM test_shard_effects WHERE execution_id = %s GROUP BY step",
+                           [eid])
+            out[eid] = dict(cursor.fetchall())
+    return out
+
+
+def owner(arg) -> dict:
+    """A worker that owns gated runs on both shards: its services run, the runs start in threads with eager
+    leases; prints `leased` once every run's lease row exists, then waits (to be SIGKILLed), or, with
+    `exit_after`, exits once its runs ended."""
+    from journal import shards
+    from journal.flows import start
+    from leases.models import Lease
+    from leases.worker import Worker
+
+    worker = Worker(arg["id"])
+    worker.start()
+    ended: dict = {}
+
+    def run(eid: str) -> None:
+        try:
+            ended[eid] = start("shards.steps", {"n": arg["n"], "gate": arg["gate"]}, execution_id=eid).status
+        except Exception as exc:  # a shard went away under the run
+            ended[eid] = type(exc).__name__
+
+    threads = [threading.Thread(target=run, args=(eid,), daemon=True) for eid in arg["eids"]]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if all(Lease.objects.using(shards.shard_for(e)).filter(execution_id=e).exists() for e in arg["eids"]):
+            break
+        time.sleep(0.05)
+    print(json.dumps({"leased": True}), flush=True)
+    if not arg.get("exit_after"):
+        threading.Event().wait()
+    for thread in threads:
+        thread.join(120)
+    worker.stop(2)
+    return {"ended": ended}
+
+
+def status(arg) -> dict:
+    """Status, completed-step events and effects of executions (each read on its own shard)."""
+    from journal import shards
+    from journal.models import Event, Execution
+
+    out = {}
+    for eid in arg["eids"]:
+        alias = shards.shard_for(eid)
+        header = Execution.objects.using(alias).filter(pk=eid).values_list("status", flat=True).first()
+        completed = list(Event.objects.using(alias).filter(stream_id=eid, type="STEP_COMPLETED")
+                         .values_list("payload__step", flat=True))
+        out[eid] = {"status": header, "completed": sorted(completed), "shard": alias}
+    return {"executions": out, "effects": effects(arg["eids"])}
+
+
+def shard0_only(arg) -> dict:
+    """With shard1's server down: everything on shard0 works; shard1's streams fail with a database error."""
+    from benchmarks.domains.counter import Increment
+    from journal import shards
+    from journal.aggregates import do, load
+    from journal.envelopes import Envelope
+    from journal.flows import start
+    from journal.models import Event
+    from tests.aggregate_fixtures import counter, increment
+
+    first, second = shards.shards()[:2]
+    run = arg["run"]
+    eids = [e for e in ids_on_each_shard(f"{run}-down", 3) if shards.shard_for(e) == first]
+    flows = {e: start("shards.steps", {"n": 2}, execution_id=e).status for e in eids}
+    aid = next(a for a in ids_on_each_shard(f"{run}-dagg", 1, counter.stream)
+               if shards.shard_for(counter.stream(a)) == first)
+    do(increment, aid, Increment(by=5))
+    sid = next(s for s in ids_on_each_shard(f"{run}-dapp", 1) if shards.shard_for(s) == first)
+    Event.objects.append(sid, Envelope("T", {}))
+    elsewhere = next(s for s in ids_on_each_shard(f"{run}-dx", 1) if shards.shard_for(s) == second)
+    try:
+        start("shards.one", 1, execution_id=elsewhere)
+        failed = None
+    except Exception as exc:
+        failed = type(exc).__name__
+    return {"flows": flows, "aggregate": load(counter, aid, fresh=True).state.count, "tip": Event.objects.tip(sid),
+            "shard1_start": failed, "effects": effects(eids)}
+
+
+def pooled(arg) -> dict:
+    """Through PgBouncer in transaction pooling: appends, a flow, an aggregate, many threads at once."""
+    from django.db import connections
+
+    from benchmarks.domains.counter import Increment
+    from journal.aggregates import do, load
+    from journal.envelopes import Envelope
+    from journal.flows import start
+    from journal.models import Event
+    from journal.store.postgres import behind_pooler, may_prepare
+    from tests.aggregate_fixtures import counter, increment
+
+    run = arg["run"]
+    errors: list[str] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(20):
+                Event.objects.append(f"{run}-p{t}", Envelope("T", {"i": i}))
+            start("shards.one", t, execution_id=f"{run}-f{t}")
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for _ in range(5):
+        do(increment, f"{run}-a", Increment(by=1))
+    return {"errors": errors, "tips": sorted({Event.objects.tip(f"{run}-p{t}") for t in range(8)}),
+            "flows": sorted({Event.objects.tip(f"{run}-f{t}") for t in range(8)}),
+            "aggregate": load(counter, f"{run}-a", fresh=True).state.count,
+            "pooled": behind_pooler(connections["default"]), "prepares": may_prepare(connections["default"])}
+
+
+def admin_pages(arg) -> dict:
+    """The executions list merges every shard (count, pages, order); an execution's page and its action views
+    read its own shard."""
+    import re
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from journal import shards
+    from journal.flows import start
+
+    run = arg["run"]
+    eids = ids_on_each_shard(run, 30)
+    for eid in eids:
+        start("shards.one", 1, execution_id=eid)
+    user, _ = get_user_model().objects.get_or_create(username=f"{run}-admin", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(user)
+    listed: list[str] = []
+    for page in (1, 2):
+        html = client.get("/admin/journal/execution/", {"q": run, "p": page}).content.decode()
+        listed += re.findall(rf'href="/admin/journal/execution/({re.escape(run)}-\d+)/change/', html)
+    counted = re.search(r"(\d+) executions", html)
+    one = next(e for e in eids if shards.shard_for(e) == shards.shards()[1])
+    page = client.get(f"/admin/journal/execution/{one}/change/")
+    confirm = client.get(f"/admin/journal/execution/{one}/cancel/")
+    # Every other list of a sharded model answers too, with each shard's rows (the fences of this run's ids).
+    from django.contrib import admin
+    from django.urls import reverse
+
+    lists = {}
+    for model in admin.site._registry:
+        if shards.ShardRouter.routes(model):
+            url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+            lists[model._meta.label] = client.get(url).status_code
+    fences = client.get("/admin/journal/fence/", {"q": run}).content.decode()
+    return {"listed": listed, "distinct": len(set(listed)), "expected": sorted(eids), "count": counted and counted[1],
+            "page": page.status_code, "names_flow": "shards.one" in page.content.decode(),
+            "confirm": confirm.status_code, "lists": lists,
+            "fences": sorted(set(re.findall(rf"({re.escape(run)}-\d+)", fences)))}
+
+
+def queues_over_shards(arg) -> dict:
+    """Queues, schedules, the CLI and Django Tasks over two shards: an entry lives on its execution's shard
+    (a partition's and a dedup id's on that key's shard), one dispatcher runs every shard's entries, the
+    stats add up the shards, a schedule's row stays on one database while its ticks land on their shards,
+    `manage.py loom` lists both shards and acts on an execution's own, get_result reads the task's shard."""
+    import io
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from django.core.management import CommandError, call_command
+    from django.db import connections
+    from django.utils import timezone
+
+    import queues
+    from journal import shards
+    from journal.models import Execution
+    from leases import schedules
+    from leases.models import Schedule
+    from queues.models import QueueEntry
+    from queues.service import QueueService
+    from tests import queue_flows
+
+    run = arg["run"]
+    queues.declare_queue(f"{run}-q", concurrency=2, partition_concurrency=1)
+    queue = f"{run}-q"
+
+    def homes(eid: str) -> list[str]:
+        return [a for a in shards.shards() if QueueEntry.objects.using(a).filter(execution_id=eid).exists()]
+
+    eids = ids_on_each_shard(f"{run}-e", 3)
+    placed = {eid: homes(queues.enqueue("shards.one", 7, queue=queue, execution_id=eid).execution_id) == [
+        shards.shard_for(eid)] for eid in eids}
+    partition = [queues.enqueue("shards.one", i, queue=queue, partition_key=f"{run}-tenant").execution_id
+                 for i in range(6)]
+    partition_homes = sorted({a for eid in partition for a in homes(eid)})
+    first = queues.enqueue("shards.one", 1, queue=queue, dedup_id=f"{run}-once")
+    second = queues.enqueue("shards.one", 2, queue=queue, dedup_id=f"{run}-once")
+    later = next(e for e in ids_on_each_shard(f"{run}-later", 1) if shards.shard_for(e) == shards.shards()[1])
+    queues.enqueue("shards.one", 0, queue=queue, execution_id=later, run_after=timezone.now() + timedelta(days=1))
+    pending = {q.name: q.pending for q in queues.stats()}.get(queue)
+    try:
+        queues.enqueue("shards.one", 0, queue=queue, execution_id=later + "-x", using="nowhere")
+        wrong_using = "accepted"
+    except queues.QueueError as exc:
+        wrong_using = type(exc).__name__
+    cancelled = queues.cancel_pending(later)
+    entry_state = queues.entry_of(later).state
+    # Django Tasks: the result id is the execution id; get_result reads its shard.
+    result = queue_flows.add.enqueue(2, 3)  # on the backend's queue "default"
+    task_shard = shards.shard_for(result.id)
+    ready = queue_flows.add.get_backend().get_result(result.id).status.name
+    # One dispatcher over both shards runs everything.
+    service = QueueService()
+    service.start(SimpleNamespace(worker_id=f"{run}-dispatcher"))
+    everything = eids + partition + [first.execution_id, result.id]
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline:
+            done = [eid for eid in everything
+                    if Execution.objects.using(shards.shard_for(eid)).filter(pk=eid, status="completed").exists()]
+            if len(done) == len(everything):
+                break
+            time.sleep(0.1)
+    finally:
+        service.stop(5)
+    finished = queue_flows.add.get_backend().get_result(result.id)
+    running_after = {q.name: q.running for q in queues.stats()}.get(queue)
+    # A schedule: its row on the default database only, its tick's entry on the tick's shard.
+    schedules.define(f"{run}-cron", "* * * * * *", "shards.one", 5, catch_up="once", queue=queue,
+                     now=timezone.now() - timedelta(seconds=5))
+    started = schedules.tick()
+    ticks = [[one.execution_id, homes(one.execution_id), shards.shard_for(one.execution_id)] for one in started
+             if one.schedule == f"{run}-cron"]
+    schedule_rows = {a: "leases_schedule" in connections[a].introspection.table_names() and
+                     Schedule.objects.using(a).filter(name=f"{run}-cron").exists() for a in shards.shards()}
+    # manage.py loom: a list over both shards, show on an execution's own shard, a wrong --database refused.
+
+    def loom(*args: str) -> tuple[int, object]:
+        out = io.StringIO()
+        try:
+            call_command("loom", *args, "--json", stdout=out)
+        except CommandError as exc:
+            return exc.returncode, json.loads(out.getvalue() or "null")
+        return 0, json.loads(out.getvalue())
+
+    _, listed = loom("executions", "list", "--queue", queue, "--limit", "200")
+    on_shard1 = next(e for e in eids if shards.shard_for(e) == shards.shards()[1])
+    shown_code, shown = loom("executions", "show", on_shard1)
+    refused_code, _ = loom("executions", "show", on_shard1, "--database", shards.shards()[0])
+    _, queue_rows = loom("queues")
+    # Start reservations stay on the default database; pruning finds each one's header on its own shard.
+    from leases.store import store_for as lease_store
+    from leases.tasks import prune_reservations
+
+    reservations = lease_store("default")
+    begun = [e for e in eids if shards.shard_for(e) == shards.shards()[1]][:2]
+    for eid in [*begun, f"{run}-not-begun"]:
+        reservations.reserve_start(eid, "shards.one", "h", "")
+    pruned = [prune_reservations(), sorted(e for e in reservations.reserved_ids(100) if e.startswith(run))]
+    return {
+        "placed": placed, "partition_homes": partition_homes, "dedup": [first.created, second.created,
+                                                                         first.execution_id == second.execution_id],
+        "pending": pending, "wrong_using": wrong_using, "cancelled": cancelled, "entry_state": entry_state,
+        "task_shard": [task_shard, homes(result.id)], "ready": ready, "finished": finished.status.name,
+        "return_value": finished.return_value, "done": len(done), "everything": len(everything),
+        "running_after": running_after, "ticks": ticks, "schedule_rows": schedule_rows,
+        "listed": sorted({(row["id"], row["shard"]) for row in listed if row["id"] in eids}),
+        "expected_listed": sorted((eid, shards.shard_for(eid)) for eid in eids),
+        "shown": [shown_code, shown.get("shard"), shown.get("status"), shown.get("queue", {}).get("queue")],
+        "refused": refused_code,
+        "queue_row": next(([r["pending"], r["running"]] for r in queue_rows if r["name"] == queue), None),
+        "pruned": pruned,
+    }
+
+
+def privacy_over_shards(arg) -> dict:
+    """Personal data over two shards: a subject's data sealed on both shards with each shard's key, a queued
+    start's sealed input unsealed on its execution's shard, and one forget tombstoning it on both."""
+    from django.db import connections
+
+    from journal import shards
+    from journal.envelopes import Envelope
+    from journal.flows import describe, start
+    from journal.flows.runtime import seal_started
+    from journal.models import DataKey, Event
+    from journal.privacy import FORGOTTEN, forget
+    from tests import privacy_fixtures  # noqa: F401  (PrivacyOrder, test.privacy.signup)
+
+    run = arg["run"]
+    subject, only0 = f"{run}-ann", f"{run}-bob"
+    streams = ids_on_each_shard(f"{run}-o", 1)
+    for sid in streams:
+        Event.objects.append(sid, Envelope("PrivacyOrder", {"customer_id": subject, "email": "ann@example.org"}))
+    first = next(s for s in streams if shards.shard_for(s) == shards.shards()[0])
+    second = next(s for s in streams if shards.shard_for(s) == shards.shards()[1])
+    Event.objects.append(first, Envelope("PrivacyOrder", {"customer_id": only0, "email": "bob@example.org"}))
+    queued = next(e for e in ids_on_each_shard(f"{run}-q", 1) if shards.shard_for(e) == shards.shards()[1])
+    with shards.on_stream(queued):  # as leases.tasks.reserve_and_enqueue seals a queued start's input
+        sealed = seal_started("test.privacy.signup", {"customer_id": subject, "email": "ann@example.org"})
+    status = start("test.privacy.signup", sealed, execution_id=queued).status
+
+    def clear_on(alias: str) -> bool:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM journal_event WHERE payload::text LIKE %s", ["%ann@example.org%"])
+            return cursor.fetchone()[0] > 0
+
+    def keys_held(who: str) -> dict:
+        return {a: DataKey.objects.using(a).filter(subject=who).values_list("wrapped", flat=True).first() is not None
+                for a in shards.shards()}
+
+    before = {"reads": [Event.objects.read(s)[0].payload["email"] for s in streams],
+              "input": describe(queued)["input"]["email"], "status": status,
+              "clear": [clear_on(a) for a in shards.shards()], "keys": keys_held(subject)}
+    forget(subject, by="dpo")
+    forget(only0, by="dpo")
+    Event.objects.append(second, Envelope("PrivacyOrder", {"customer_id": only0, "email": "bob@example.org"}))
+    after = {"reads": [Event.objects.read(s)[0].payload["email"] for s in streams],
+             "input": describe(queued)["input"]["email"],
+             "tombstones": {who: {a: DataKey.objects.using(a).filter(subject=who, wrapped__isnull=True).exists()
+                                  for a in shards.shards()} for who in (subject, only0)},
+             "bob_on_second": Event.objects.read(second)[-1].payload["email"],
+             "forgotten": FORGOTTEN}
+    return {"before": before, "after": after}
+
+
+def waits_over_shards(arg) -> dict:
+    """Flows that wait over two shards: one waker service runs every shard's due waits; send, get_event,
+    wake_now, suspend and fork act on the execution's shard; a chain's runs and a default child stay on
+    their root's shard; a child with an id on the other shard wakes its parent after its settle."""
+    from types import SimpleNamespace
+
+    from journal import shards
+    from journal.flows import fork, get_event, send, start, suspend, waiting_on, wake_now
+    from journal.flows.waits import chain_current
+    from journal.models import Execution
+    from leases.waker import WakeService
+
+    run = arg["run"]
+
+    def status(eid: str) -> tuple:
+        where = [a for a in shards.shards() if Execution.objects.using(a).filter(pk=eid).exists()]
+        header = Execution.objects.using(shards.shard_for(eid)).filter(pk=eid).values_list("status", "result").first()
+        return (where, shards.shard_for(eid), header[0] if header else None, header[1] if header else None)
+
+    receivers = ids_on_each_shard(f"{run}-r", 2)
+    parked = {eid: start("shards.recv", {}, execution_id=eid).status for eid in receivers}
+    waits = {eid: (waiting_on(eid) or {}).get("kind") for eid in receivers}
+    parents = ids_on_each_shard(f"{run}-p", 1)
+    for eid in parents:
+        start("shards.parent", {"n": 3}, execution_id=eid)
+    first, second = shards.shards()[:2]
+    cross_parent = next(e for e in ids_on_each_shard(f"{run}-x", 1) if shards.shard_for(e) == first)
+    cross_child = next(e for e in ids_on_each_shard(f"{run}-xc", 1) if shards.shard_for(e) == second)
+    start("shards.parent", {"n": 4, "child": cross_child}, execution_id=cross_parent)
+    chain = next(e for e in ids_on_each_shard(f"{run}-c", 1) if shards.shard_for(e) == second)
+    start("shards.chain", {"n": 0, "until": 3}, execution_id=chain)
+    service = WakeService()
+    service.start(SimpleNamespace(worker_id=f"{run}-waker"))
+    try:
+        by_send, by_wake, to_suspend = receivers[0], receivers[1], receivers[2]
+        send(by_send, "go", {"x": 1})
+        got = get_event(by_send, "got", timeout=60)
+        woken = wake_now(by_wake)
+        suspended = suspend(to_suspend).status
+        deadline = time.monotonic() + 90
+        watched = [by_send, by_wake, *parents, cross_parent]
+        while time.monotonic() < deadline:
+            if all(status(e)[2] == "completed" for e in watched) and status(chain_current(chain))[2] == "completed":
+                break
+            time.sleep(0.2)
+        forked = fork(by_send, 0)  # read on the original's shard, written on the new id's
+    finally:
+        service.stop(5)
+    last = chain_current(chain)
+    return {
+        "parked": parked, "waits": waits, "got": got, "woken": woken, "suspended": [suspended, status(to_suspend)],
+        "receivers": {e: status(e) for e in (by_send, by_wake)},
+        "parents": {e: status(e) for e in parents},
+        "children": {e: status(f"{e}.child-0") for e in parents},
+        "cross": [status(cross_parent), status(cross_child)],
+        "chain": [last, status(last), [status(f"{chain}~{k}")[0] for k in (1, 2)]],
+        "fork": status(forked)[:2], "woken_count": service.woken,
+    }
+
+
+def main() -> None:
+    django.setup()
+    name = sys.argv[1]
+    arg = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    result = globals()[name](arg)
+    print(json.dumps(result, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()

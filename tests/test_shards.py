@@ -1,0 +1,312 @@
+"""Shards on two real PostgreSQL servers (5432 and the `shard1` cluster on 5433) and PgBouncer (6432).
+
+CI starts them (`scripts/shard-servers`, called by .ci/run); without them every test here skips with one
+line. Each scenario runs in a child process configured for two shards (tests/shard_scenarios.py), so the
+suite's own database settings stay untouched; the databases are this run's own (`<suite db>_s0` on 5432,
+`<suite db>_s1` on 5433), created and migrated once per module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from benchmarks.faults.processes import database_url
+from benchmarks.sections.shards import release_pooled
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARD1 = os.environ.get("LOOM_TEST_SHARD1", "127.0.0.1:5433")
+BOUNCER = os.environ.get("LOOM_TEST_BOUNCER", "127.0.0.1:6432")
+CLUSTER = os.environ.get("LOOM_TEST_SHARD1_CLUSTER", "15/shard1")  # pg_ctlcluster's version/name
+
+pytestmark = pytest.mark.postgres
+
+
+def listening(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def psql(server: str, sql: str) -> None:
+    subprocess.run(["psql", f"postgres://postgres@{server}/postgres", "-qtAc", sql], check=True,
+                   capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def shard_env(tmp_path_factory) -> dict[str, str]:
+    if not listening(SHARD1):
+        pytest.skip(f"no shard server on {SHARD1}: scripts/shard-servers starts it (CI does)")
+    base = urlsplit(database_url())
+    main = f"{base.hostname}:{base.port or 5432}"
+    name = f"{base.path.lstrip('/')}_s".replace("-", "_")
+    for server, db in ((main, f"{name}0"), (SHARD1, f"{name}1")):
+        psql(server, f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        psql(server, f"CREATE DATABASE {db}")
+    env = dict(os.environ)
+    env.update({
+        "DATABASE_URL": f"postgres://postgres@{main}/{name}0",
+        "SHARD_DATABASE_URLS": f"shard1=postgres://postgres@{SHARD1}/{name}1",
+        "LOOM_SHARDS": "default,shard1",
+        "DJANGO_SETTINGS_MODULE": "loomsite.settings",
+        "PYTHONPATH": str(ROOT),
+        "SECRET_KEY": "shard-tests-" + "k" * 40,
+        "LOOM_FLOW_MODULES": "tests.shard_fixtures",
+        "LOOM_PROJECTION_MODULES": "tests.shard_fixtures",
+        "LOOM_LEASE_MODE": "eager",
+        "LOOM_LEASE_TTL": "2",
+        "LOOM_LEASE_RENEW_EVERY": "0.5",
+        "LOOM_RECOVERY_EVERY": "0.3",
+        "LOOM_DRAIN_POLL_MS": "100",
+    })
+    env.pop("POOLER_PORTS", None)
+    for alias in ("default", "shard1"):
+        subprocess.run([sys.executable, "manage.py", "migrate", "--database", alias, "--noinput", "-v0"], env=env,
+                       cwd=ROOT, check=True)
+    scenario(env, "setup")
+    return env
+
+
+def scenario(env: dict, name: str, arg: dict | None = None, **overrides: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "tests.shard_scenarios", name, json.dumps(arg or {})],
+                          env={**env, **overrides}, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def spawn(env: dict, args: list[str], log: Path) -> subprocess.Popen:
+    """A child in its own session; its logs go to a file (a pipe nobody reads would fill and block it while a
+    shard is down and every retry logs)."""
+    with open(log, "a") as err:
+        return subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
+                                text=True, start_new_session=True)
+
+
+def wait_status(env: dict, eids: list[str], timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        facts = scenario(env, "status", {"eids": eids})
+        if all(e["status"] == "completed" for e in facts["executions"].values()) or time.monotonic() > deadline:
+            return facts
+        time.sleep(0.5)
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_every_entry_point_writes_a_stream_on_the_shard_the_router_names_and_only_there(shard_env):
+    facts = scenario(shard_env, "placement", {"run": "pl"})
+    assert facts["wrong"] == []
+    assert facts["spread"] == ["default", "shard1"]  # both shards are used
+    assert facts["statements"] == {"default": 1, "shard1": 1}  # append_batch: one statement per shard
+    assert facts["partly"]["bad_tip"] == 0  # the refused stream got nothing
+    assert len(facts["partly"]["refused"]) == 1 and len(facts["partly"]["written"]) == 1
+    assert facts["partly"]["good_tip"] == 1  # the other shard's part of the refused batch was written
+    assert all(f == ["completed", True, True, "completed"] for f in facts["flows"])
+    assert facts["aggregates"] == [5] * 12
+    assert facts["invalid"] == []  # a bad payload in a batch over both shards: nothing written on either
+    assert facts["coalescers"] == ["default", "shard1"]  # one coalescer per shard, each stream on its own
+
+
+def test_a_declared_partition_key_keeps_a_tenants_streams_on_its_shard(shard_env):
+    facts = scenario(shard_env, "tenants", {"run": "tn"}, LOOM_SHARD_KEY="journal.shards.prefix_key")
+    assert all(places == [home] for places, home in facts.values())
+    assert {home for _, home in facts.values()} == {"default", "shard1"}
+
+
+def test_adding_a_shard_moves_nothing_and_places_only_new_streams_on_it(shard_env):
+    before = scenario(shard_env, "grow", {"run": "gr", "phase": "before"}, LOOM_SHARDS="default")
+    assert before["shards"] == ["default"] and all(w == ["default"] for w in before["where"].values())
+    after = scenario(shard_env, "grow", {"run": "gr", "phase": "after"}, LOOM_SHARD_HISTORY="1")
+    assert after["moved_placement"] > 0  # the new hash would place some old streams on shard1 ...
+    assert after["found"] == after["old_where"] == ["default"]  # ... they are found, and stay, on default
+    assert after["refused"] == 24 and after["again"] == "refused"  # no twin of an old id
+    assert after["old_tips"] == [1]  # the appends after the change went to the old streams
+    assert after["new_where"] == ["default", "shard1"] and after["new_right"]
+
+
+def test_a_flow_an_aggregate_and_a_projection_work_across_two_shards(shard_env):
+    facts = scenario(shard_env, "together", {"run": "tg"})
+    assert set(facts["outcomes"].values()) == {"completed"}
+    assert set(facts["flow_shards"].values()) == {"default", "shard1"}
+    assert all(rows == {"s0": 1, "s1": 1, "s2": 1} for rows in facts["effects"].values())
+    assert set(facts["states"].values()) == {3} and facts["agg_shards"] == ["default", "shard1"]
+    # one read model fed by both shards' drains: every aggregate event seen exactly once
+    assert len(facts["seen"]) == 4 and set(facts["seen"].values()) == {3}
+
+
+def test_the_executions_admin_lists_every_shard_and_opens_each_execution_on_its_own(shard_env):
+    facts = scenario(shard_env, "admin_pages", {"run": "adm"})
+    assert sorted(facts["listed"]) == facts["expected"] and facts["distinct"] == 60  # two pages, both shards
+    assert facts["count"] == "60"
+    assert facts["page"] == 200 and facts["names_flow"] and facts["confirm"] == 200
+    assert facts["lists"] and set(facts["lists"].values()) == {200}, facts["lists"]
+    assert len(facts["fences"]) == 60  # the fences list (journal's generic read-only page) merges both shards too
+
+
+def test_queues_schedules_the_cli_and_tasks_act_on_each_executions_shard(shard_env):
+    facts = scenario(shard_env, "queues_over_shards", {"run": "qs"})
+    assert all(facts["placed"].values()) and len(facts["placed"]) == 6  # each entry on its execution's shard
+    assert len(facts["partition_homes"]) == 1  # a partition's entries on one shard: its cap holds
+    assert facts["dedup"] == [True, False, True]
+    assert facts["pending"] == 6 + 6 + 1 + 1  # stats add up both shards' entries (the dedup repeat wrote none)
+    assert facts["wrong_using"] == "InvalidEnqueue"
+    assert facts["cancelled"] is True and facts["entry_state"] == "cancelled"
+    assert facts["task_shard"][1] == [facts["task_shard"][0]] and facts["ready"] == "READY"
+    assert facts["done"] == facts["everything"], facts  # one dispatcher ran every shard's entries
+    assert facts["finished"] == "SUCCESSFUL" and facts["return_value"] == 5
+    assert facts["running_after"] == 0
+    assert len(facts["ticks"]) == 1 and facts["ticks"][0][1] == [facts["ticks"][0][2]]
+    assert facts["schedule_rows"] == {"default": True, "shard1": False}
+    assert facts["listed"] == facts["expected_listed"]  # the CLI's list merges both shards, naming each
+    assert facts["shown"] == [0, "shard1", "completed", "qs-q"]
+    assert facts["refused"] == 2  # --database naming the other shard: usage error, nothing read there
+    assert facts["queue_row"][1] == 0 and facts["queue_row"][0] >= 1  # the tick's entry waits (no dispatcher)
+    assert facts["pruned"] == [2, ["qs-not-begun"]]  # reservations of shard1's begun executions pruned
+
+
+def test_a_subjects_keys_live_on_each_shard_and_one_forget_tombstones_it_on_every_shard(shard_env):
+    key = "ka:" + "A" * 43 + "="  # 32 bytes, base64
+    facts = scenario(shard_env, "privacy_over_shards", {"run": "pv"}, LOOM_KEYS=key)
+    before, after = facts["before"], facts["after"]
+    assert before["reads"] == ["ann@example.org"] * 2 and before["input"] == "ann@example.org"
+    assert before["status"] == "completed"  # a sealed queued input, unsealed on its execution's shard
+    assert before["clear"] == [False, False]  # sealed on both shards
+    assert before["keys"] == {"default": True, "shard1": True}  # one key of the subject on each shard
+    forgotten = after["forgotten"]
+    assert after["reads"] == [forgotten] * 2 and after["input"] == forgotten
+    assert after["tombstones"] == {"pv-ann": {"default": True, "shard1": True},
+                                   "pv-bob": {"default": True, "shard1": True}}  # even where it had no key
+    assert after["bob_on_second"] == forgotten  # no shard made a new key for a forgotten subject
+
+
+def test_flows_that_wait_park_wake_and_chain_on_their_own_shards(shard_env):
+    facts = scenario(shard_env, "waits_over_shards", {"run": "wt"}, LOOM_FLOW_MODULES="tests.shard_fixtures")
+    assert set(facts["parked"].values()) == {"waiting"} and set(facts["waits"].values()) == {"recv"}
+    assert facts["got"] == {"x": 1}  # send and get_event on the receiver's shard, woken by its shard's waker
+    assert facts["woken"] is True
+    assert facts["suspended"][0] == "suspended" and facts["suspended"][1][2] == "suspended"
+    for where, home, state, _ in facts["receivers"].values():
+        assert where == [home] and state == "completed"
+    assert {home for _, home, _, _ in facts["parents"].values()} == {"default", "shard1"}
+    for parent, (where, home, state, result) in facts["parents"].items():
+        child = facts["children"][parent]
+        assert where == [home] and state == "completed" and result["result"] == 3
+        assert child[0] == [home] and child[2] == "completed"  # a default child id lives with its parent
+    (pwhere, phome, pstate, presult), (cwhere, chome, cstate, _) = facts["cross"]
+    assert pwhere == [phome] and cwhere == [chome] and phome != chome  # a child with its own id: the other shard
+    assert pstate == "completed" and presult["result"] == 4 and cstate == "completed"  # woken after its settle
+    last, (where, home, state, result), links = facts["chain"]
+    assert last.endswith("~2") and state == "completed" and result == 3
+    assert where == [home] == ["shard1"] and links == [["shard1"], ["shard1"]]  # a chain stays on its root's shard
+    assert facts["fork"][0] == [facts["fork"][1]]  # the fork is written on its own id's shard
+    assert facts["woken_count"] >= 4
+
+
+def test_a_worker_sigkilled_while_owning_runs_on_both_shards_is_recovered_by_another(shard_env, tmp_path):
+    eids = [f"kill-{i}" for i in range(40)]
+    eids = scenario(shard_env, "status", {"eids": eids})["executions"]
+    chosen = {}
+    for eid, info in eids.items():
+        chosen.setdefault(info["shard"], []).append(eid)
+    run = chosen["default"][:2] + chosen["shard1"][:2]
+    gate = tmp_path / "gate"
+    log = tmp_path / "children.log"
+    owner = spawn(shard_env, ["-m", "tests.shard_scenarios", "owner",
+                              json.dumps({"id": "owner-a", "eids": run, "n": 2, "gate": str(gate)})], log)
+    rescuer = None
+    try:
+        line = owner.stdout.readline()
+        assert json.loads(line) == {"leased": True}, log.read_text()[-2000:]
+        os.killpg(owner.pid, signal.SIGKILL)
+        owner.wait()
+        gate.touch()
+        rescuer = spawn(shard_env, ["manage.py", "loom_worker", "--id", "rescuer-b", "--no-cluster"], log)
+        facts = wait_status(shard_env, run)
+    finally:
+        stop(rescuer)
+        stop(owner)
+    assert {e["shard"] for e in facts["executions"].values()} == {"default", "shard1"}
+    assert all(e["status"] == "completed" and e["completed"] == ["s0", "s1"] for e in facts["executions"].values())
+    assert all(rows == {"s0": 1, "s1": 1} for rows in facts["effects"].values())  # each step's effect once
+
+
+def test_a_stopped_shard_leaves_the_other_working_and_its_runs_resume_when_it_returns(shard_env, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("stopping the shard1 server needs root (pg_ctlcluster); CI runs as root")
+    version, cluster = CLUSTER.split("/")
+    ctl = ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster]
+    status = scenario(shard_env, "status", {"eids": [f"down-{i}" for i in range(40)]})["executions"]
+    run = ([e for e, i in status.items() if i["shard"] == "default"][:2]
+           + [e for e, i in status.items() if i["shard"] == "shard1"][:2])
+    gate = tmp_path / "gate"
+    log = tmp_path / "children.log"
+    worker = spawn(shard_env, ["manage.py", "loom_worker", "--id", "steady-w", "--no-cluster"], log)
+    owner = spawn(shard_env, ["-m", "tests.shard_scenarios", "owner",
+                              json.dumps({"id": "owner-p", "eids": run, "n": 2, "gate": str(gate),
+                                          "exit_after": True})], log)
+    try:
+        assert json.loads(owner.stdout.readline()) == {"leased": True}, log.read_text()[-2000:]
+        subprocess.run([*ctl, "stop", "-m", "fast"], check=True)
+        try:
+            gate.touch()
+            owner.wait(120)
+            alone = scenario(shard_env, "shard0_only", {"run": "dn"})
+        finally:
+            subprocess.run([*ctl, "start"], check=True)
+        facts = wait_status(shard_env, run, timeout=180)  # a loaded machine: recovery is one TTL, the rest is CPU
+    finally:
+        stop(owner)
+        stop(worker)
+    assert set(alone["flows"].values()) == {"completed"} and alone["aggregate"] == 5 and alone["tip"] == 0
+    assert alone["shard1_start"] is not None  # the stopped shard's work fails, loudly
+    assert all(rows == {"s0": 1, "s1": 1} for rows in alone["effects"].values())
+    executions = facts["executions"]
+    assert all(e["status"] == "completed" and e["completed"] == ["s0", "s1"] for e in executions.values()), (
+        facts, (tmp_path / "children.log").read_text()[-3000:])
+    assert all(rows == {"s0": 1, "s1": 1} for rows in facts["effects"].values())  # nothing lost or duplicated
+
+
+def test_behind_pgbouncer_in_transaction_pooling_nothing_is_prepared_and_everything_works(shard_env):
+    if not listening(BOUNCER):
+        pytest.skip(f"no PgBouncer on {BOUNCER}: scripts/shard-servers starts it (CI does)")
+    host, port = BOUNCER.rsplit(":", 1)
+    direct = urlsplit(shard_env["DATABASE_URL"])
+    try:
+        facts = scenario(shard_env, "pooled", {"run": "pb"},
+                         DATABASE_URL=f"postgres://postgres@{host}:{port}{direct.path}",
+                         POOLER_PORTS=f"{port}:{direct.port}", LOOM_SHARDS="default")
+    finally:  # the pooler's server connections to this database close now (a shared server has few to spare)
+        release_pooled({"HOST": host, "PORT": port, "NAME": direct.path.lstrip("/"), "USER": "postgres"})
+    assert facts["errors"] == []
+    assert facts["pooled"] is True and facts["prepares"] is False
+    assert facts["tips"] == [19] and facts["flows"] == [3] and facts["aggregate"] == 5
+
+
+def test_manage_py_check_is_clean_with_two_real_shards_and_refuses_a_missing_alias(shard_env):
+    def check(**overrides: str) -> str:
+        proc = subprocess.run([sys.executable, "manage.py", "check"], env={**shard_env, **overrides}, cwd=ROOT,
+                              capture_output=True, text=True)
+        return proc.stdout + proc.stderr
+
+    assert "loom.E0" not in check()
+    assert "loom.E020" in check(LOOM_SHARDS="default,shard1,shard9")
