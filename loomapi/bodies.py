@@ -140,7 +140,12 @@ def start_body(data: Any) -> StartBody:
 def wait_seconds(request) -> float:
     """The `wait` query parameter of a durable start: seconds to wait for the outcome (0: none),
     bounded by LOOM_API_MAX_WAIT."""
-    text = request.GET.get("wait", "")
+    return _seconds_parameter(request, "wait")
+
+
+def _seconds_parameter(request, name: str) -> float:
+    """A query parameter of seconds from 0 to LOOM_API_MAX_WAIT (absent: 0); anything else InvalidParameter."""
+    text = request.GET.get(name, "")
     if not text:
         return 0.0
     try:
@@ -149,7 +154,7 @@ def wait_seconds(request) -> float:
         value = -1.0
     limit = conf.get("LOOM_API_MAX_WAIT")
     if not 0 <= value <= limit:  # also refuses nan
-        raise InvalidParameter(f"'wait' is a number of seconds from 0 to LOOM_API_MAX_WAIT={limit:g}, "
+        raise InvalidParameter(f"'{name}' is a number of seconds from 0 to LOOM_API_MAX_WAIT={limit:g}, "
                                f"got {text[:40]!r}")
     return value
 
@@ -197,15 +202,4 @@ def message_body(data: Any) -> MessageBody:
 def timeout_seconds(request) -> float:
     """The `timeout` query parameter of an event read: seconds to wait for the event (0: none),
     bounded by LOOM_API_MAX_WAIT like a start's `wait`."""
-    text = request.GET.get("timeout", "")
-    if not text:
-        return 0.0
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    limit = conf.get("LOOM_API_MAX_WAIT")
-    if not 0 <= value <= limit:  # also refuses nan
-        raise InvalidParameter(f"'timeout' is a number of seconds from 0 to LOOM_API_MAX_WAIT={limit:g}, "
-                               f"got {text[:40]!r}")
-    return value
+    return _seconds_parameter(request, "timeout")

@@ -372,13 +372,7 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
         # sealed with the subject's key of the execution's shard (data keys live per shard), unsealed there
         with shards.on_stream(execution_id) if _placeable(execution_id) else nullcontext():
             input = unseal_started(sealed)
-    if start_at is not None and delay is not None:
-        raise InvalidInput("start() takes start_at or delay, not both")
-    due = None
-    if start_at is not None:
-        due = check_moment(start_at, "start_at")
-    elif delay is not None:
-        due = now() + timedelta(seconds=check_seconds(delay, "delay"))
+    due = _start_due(start_at, delay)
     extra = {}
     if timeout is not None:
         extra["$deadline"] = iso(now() + timedelta(seconds=check_seconds(timeout, "timeout")))
@@ -417,6 +411,17 @@ def _start(definition: Flow, value: Any, stored: Any, execution_id: str, meta: d
     return runner.drive(definition, value)
 
 
+def _start_due(start_at, delay):
+    """When a scheduled start is due (an aware datetime), from start_at or delay; None: now, not scheduled."""
+    if start_at is not None and delay is not None:
+        raise InvalidInput("start() takes start_at or delay, not both")
+    if start_at is not None:
+        return check_moment(start_at, "start_at")
+    if delay is not None:
+        return now() + timedelta(seconds=check_seconds(delay, "delay"))
+    return None
+
+
 def _queued_start(flow, input, execution_id, meta, queue, start_at, delay, timeout, partition_key, priority,
                   dedup_id) -> Outcome:
     """start(..., queue=...): an entry on the queue, nothing run here (checked and written by the queues app)."""
@@ -424,13 +429,7 @@ def _queued_start(flow, input, execution_id, meta, queue, start_at, delay, timeo
         raise InvalidInput("start(queue=...) needs the queues app in INSTALLED_APPS (docs/queues.md)")
     if timeout is not None:
         raise InvalidInput("a queued start takes no timeout= (start it with one from a flow, or without a queue)")
-    if start_at is not None and delay is not None:
-        raise InvalidInput("start() takes start_at or delay, not both")
-    run_after = None
-    if start_at is not None:
-        run_after = check_moment(start_at, "start_at")
-    elif delay is not None:
-        run_after = now() + timedelta(seconds=check_seconds(delay, "delay"))
+    run_after = _start_due(start_at, delay)
     queued = QUEUE_STARTS[0](flow, input, queue, execution_id=execution_id, partition_key=partition_key,
                              priority=priority, dedup_id=dedup_id, run_after=run_after, meta=meta)
     return Outcome(queued.execution_id, "queued")
