@@ -514,6 +514,7 @@ def queues_over_shards(arg) -> dict:
     for eid in [*begun, f"{run}-not-begun"]:
         reservations.reserve_start(eid, "shards.one", "h", "")
     pruned = [prune_reservations(), sorted(e for e in reservations.reserved_ids(100) if e.startswith(run))]
+    reservations.delete_schedules(f"{run}-cron")  # an every-second schedule must not tick in later tests' workers
     return {
         "placed": placed, "partition_homes": partition_homes, "dedup": [first.created, second.created,
                                                                          first.execution_id == second.execution_id],
