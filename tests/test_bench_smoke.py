@@ -272,7 +272,6 @@ def test_bench_schedules_records_tick_lateness_of_every_schedule():
                          "--schedule-tickers", "2", "--schedule-every", "0.1")
     (cell,) = sections_of(run)["schedules"]
     assert cell.count == 12 and cell.params["schedules"] == 12 and cell.unit == "ticks/s"
-    assert cell.p50_ms is not None and cell.p99_ms >= cell.p50_ms
     assert not Schedule.objects.exists() and not StartReservation.objects.exists() and not OrmQ.objects.exists()
 
 
@@ -292,10 +291,12 @@ def test_bench_queues_records_every_scenario_within_its_caps():
     # At this size a one-step run can start and settle between two 10 ms samples, so a sample may see none.
     assert cells["partitions"].metrics["max_running_per_partition"] <= 1 and cells["partitions"].metrics["samples"] > 0
     assert 1 <= cells["rate"].metrics["max_in_window"] <= 4
-    assert cells["tasks loom"].p50_ms is not None and cells["tasks loom"].throughput > 0
+    assert cells["tasks loom"].count == 6 and cells["tasks loom"].params["tasks"] == 6  # every task ran, counted
     assert ("tasks django-tasks-db" in cells) == apps.is_installed("django_tasks_db")
     assert not Queue.objects.filter(pk__startswith="bq").exists()
     assert not QueueEntry.objects.filter(queue__name__startswith="bq").exists()
+
+
 def test_bench_waits_runs_every_section():
     """Timer lateness, message round trips and idle sleeping flows, each woken by a real loom_worker child
     on the test database; every cell verified against the rows (probes fired once, every message
