@@ -139,6 +139,7 @@ class LeaseKeeper:
         self.busy = False  # a step is running (drain() waits for it)
         self.idle_close_at = float("inf")
         self.registered = False  # the worker row is written before the first lease, not before
+        self.row_wanted = False  # a worker service asked for the row: a failed register is retried each tick
         self.batch_done = threading.Event()  # set when the queued acquires have been answered
         self.release_due = float("inf")
         self.force_flush = False
@@ -374,7 +375,7 @@ class LeaseKeeper:
                                     "next step)", claim.execution_id, claim.token, self.worker_id)
         if self.registered:
             store.touch_worker(self.worker_id, socket.gethostname(), os.getpid(), _role)
-        elif held:  # inline leases were written without a worker row: write it now
+        elif held or self.row_wanted:  # inline leases without a row, or a register that failed: write it now
             self.register()
 
     def drain(self, timeout: float = 10.0) -> bool:

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+from django.db import DatabaseError, connections
+
 from journal import shards
 from leases.keeper import get_keeper, mark_child, node_identity, set_main
 
@@ -99,7 +101,8 @@ class HeartbeatService:
 
     def start(self, worker: Worker) -> None:
         """One keeper per shard (journal/shards.py), all under the worker's id: each registers the node on its
-        shard's workers table and renews the leases of that shard's runs."""
+        shard's workers table and renews the leases of that shard's runs. A shard that is down does not stop
+        the worker: its keeper writes the row at its first tick that reaches the shard."""
         from leases.keeper import LeaseKeeper, install_keeper
 
         set_main(worker.worker_id)
@@ -109,14 +112,25 @@ class HeartbeatService:
             if keeper.worker_id != worker.worker_id:
                 keeper = LeaseKeeper(worker.worker_id, alias)
                 install_keeper(keeper)
-            keeper.register()
+            keeper.row_wanted = True
+            try:
+                keeper.register()
+            except DatabaseError as exc:
+                log.warning("lease keeper %s on %s: cannot register yet (%s); retrying at each tick",
+                            keeper.worker_id, alias, str(exc).strip().splitlines()[0])
+                connections[alias].close()
             keeper.ensure_started()
             self.keepers.append(keeper)
         self.keeper = self.keepers[0]
 
     def stop(self, timeout: float) -> None:
-        for keeper in self.keepers:
-            released = keeper.shutdown(timeout)
+        for keeper in self.keepers:  # each shard's keeper stops even when another shard is down
+            try:
+                released = keeper.shutdown(timeout)
+            except DatabaseError:
+                log.exception("lease keeper %s on %s: could not hand its leases back (they expire after "
+                              "LOOM_LEASE_TTL)", keeper.worker_id, keeper.alias)
+                continue
             log.info("lease keeper %s on %s: stopped, %d lease(s) handed back", keeper.worker_id, keeper.alias,
                      released)
 

@@ -15,7 +15,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from journal import conf, shards
 from journal.identity import node_identity
@@ -98,6 +98,8 @@ class DrainService:
         self.threads: list[threading.Thread] = []
         self.listener: Listener | None = None
         self.worker_id = ""
+        self.synced = False
+        self.sync_failed = False
 
     # -- Service protocol -------------------------------------------------------------------------
     def start(self, worker=None) -> None:
@@ -109,10 +111,7 @@ class DrainService:
         if not self.registry.consumers:
             log.info("projections: no reactions or projections declared; drain service idle")
             return
-        try:
-            sync_declarations(self.registry, self.alias)
-        finally:
-            connections[self.alias].close()
+        self.synced = self._sync()
         for lane in self.registry.lanes.values():
             if self.only is not None and lane.name not in self.only:
                 continue
@@ -135,6 +134,22 @@ class DrainService:
         for item in self.lanes.values():
             item.thread.start()
             self.threads.append(item.thread)
+
+    def _sync(self) -> bool:
+        """Declared lanes and priorities onto the shard's subscriptions; a shard that is down does not stop
+        the worker (the correlator retries until it succeeds)."""
+        try:
+            sync_declarations(self.registry, self.alias)
+            return True
+        except DatabaseError as exc:
+            # Once per outage at WARNING; the correlator's retries (every poll) at DEBUG.
+            log.log(logging.DEBUG if self.sync_failed else logging.WARNING,
+                    "projections: cannot sync the declarations on %s yet (%s); retrying", self.alias,
+                    str(exc).strip().splitlines()[0])
+            self.sync_failed = True
+            return False
+        finally:
+            connections[self.alias].close()
 
     def stop(self, timeout: float = 10.0) -> None:
         for part in self.parts:
@@ -191,6 +206,8 @@ class DrainService:
         try:
             while not self.stopping.is_set():
                 self.correlate_wake.clear()
+                if not self.synced:
+                    self.synced = self._sync()
                 try:
                     if correlate(self.registry, self.alias):
                         self.wake_lanes()

@@ -261,22 +261,29 @@ def test_a_stopped_shard_leaves_the_other_working_and_its_runs_resume_when_it_re
     gate = tmp_path / "gate"
     log = tmp_path / "children.log"
     worker = spawn(shard_env, ["manage.py", "loom_worker", "--id", "steady-w", "--no-cluster"], log)
+    late = None  # a worker started while shard1 is down: it must start, and work once the shard is back
     owner = spawn(shard_env, ["-m", "tests.shard_scenarios", "owner",
                               json.dumps({"id": "owner-p", "eids": run, "n": 2, "gate": str(gate),
                                           "exit_after": True})], log)
     try:
+        assert "running" in worker.stdout.readline(), log.read_text()[-2000:]
         assert json.loads(owner.stdout.readline()) == {"leased": True}, log.read_text()[-2000:]
         subprocess.run([*ctl, "stop", "-m", "fast"], check=True)
         try:
             gate.touch()
+            late = spawn(shard_env, ["manage.py", "loom_worker", "--id", "late-w", "--no-cluster"], log)
+            assert "running" in late.stdout.readline(), log.read_text()[-2000:]
             owner.wait(120)
             alone = scenario(shard_env, "shard0_only", {"run": "dn"})
         finally:
             subprocess.run([*ctl, "start"], check=True)
         facts = wait_status(shard_env, run, timeout=180)  # a loaded machine: recovery is one TTL, the rest is CPU
+        alive = {"steady-w": worker.poll() is None, "late-w": late.poll() is None}
     finally:
         stop(owner)
         stop(worker)
+        stop(late)
+    assert alive == {"steady-w": True, "late-w": True}, log.read_text()[-3000:]  # no worker died of the outage
     assert set(alone["flows"].values()) == {"completed"} and alone["aggregate"] == 5 and alone["tip"] == 0
     assert alone["shard1_start"] is not None  # the stopped shard's work fails, loudly
     assert all(rows == {"s0": 1, "s1": 1} for rows in alone["effects"].values())
