@@ -30,7 +30,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import router, transaction
+from django.utils.crypto import salted_hmac
 
 from journal import shards
 from leases.keeper import get_keeper
@@ -142,10 +144,27 @@ class Reserved:
     begun: bool = False  # the execution exists (its header): ask it, not the reservation
 
 
-def input_hash(stored: Any) -> str:
-    """SHA-256 of the stored input as canonical JSON: what a repeat of a start must match."""
+HASH_SALT = "loom.leases.reservation.input"
+
+
+def input_hash(stored: Any, secret: str | bytes | None = None) -> str:
+    """HMAC-SHA256 of the stored input as canonical JSON, keyed by SECRET_KEY (or `secret`): what a repeat of
+    a start must match. Keyed, not a bare SHA-256: the input may hold personal data (an e-mail address is
+    found from its bare hash by trying candidates), and a reservation row outlives nothing it should not."""
     text = json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return salted_hmac(HASH_SALT, text.encode("utf-8", "surrogatepass"), secret=secret,
+                       algorithm="sha256").hexdigest()
+
+
+def input_hashes(stored: Any) -> list[str]:
+    """The input's hash under SECRET_KEY and under each of SECRET_KEY_FALLBACKS: a start reserved before a
+    key rotation is still recognised when it is repeated (or delivered) after it."""
+    keys = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
+    text = json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+    # A reservation written before the hash was keyed (leases 0007) holds the bare SHA-256: matched, never
+    # written, so a start queued across the upgrade still begins when its task is delivered.
+    legacy = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return [*(input_hash(stored, key) for key in keys), legacy]
 
 
 def _starter(meta: dict | None) -> str:
@@ -180,7 +199,7 @@ def reserve_and_enqueue(flow: str, stored: Any, execution_id: str, meta: dict | 
         if not reserved:
             if holder is None:  # the reservation that won was released: its execution began
                 return Reserved(flow, "", False, begun=True)
-            return Reserved(holder.flow, holder.started_by, holder.matches(flow, digest, starter))
+            return Reserved(holder.flow, holder.started_by, holder.matches(flow, input_hashes(stored), starter))
         # A worker deletes a reservation only after the execution's header committed: an insert
         # that won a free id re-reads the header so that it does not reserve a begun execution.
         if header_status(execution_id) is not None:
@@ -203,7 +222,7 @@ def _foreign_start(flow: str, stored: Any, execution_id: str | None, meta: dict 
     row = reservation(execution_id)
     if row is None:
         return None
-    if not row.matches(flow, input_hash(stored), _starter(meta)):
+    if not row.matches(flow, input_hashes(stored), _starter(meta)):
         return (f"the id is reserved by another start (flow {row.flow}, started by {row.started_by or 'code'}); "
                 "this delivery is not that start and does nothing")
     return None

@@ -147,3 +147,29 @@ def test_a_durable_start_with_null_input_of_a_flow_without_input_model_completes
     assert [o["status"] for o in deliver_all()] == ["completed"]
     done = get(client, ALICE, "/api/executions/N").json()
     assert (done["status"], done["input"], done["result"]) == ("completed", None, None)
+
+
+def test_a_reservation_keeps_no_bare_hash_of_the_input_and_survives_a_key_rotation(settings):
+    """The reservation's input hash is keyed by SECRET_KEY: the bare SHA-256 of an input holding an e-mail
+    address is not stored (it is found by hashing candidates). A start reserved before SECRET_KEY rotated
+    (the old key in SECRET_KEY_FALLBACKS) is still the same request when repeated, and still runs when its
+    task is delivered; one reserved before the hash was keyed (a bare SHA-256 row) runs too."""
+    import hashlib
+
+    from leases.tasks import input_hash
+
+    value = {"email": "ann@example.org"}
+    bare = hashlib.sha256(json.dumps(value, separators=(",", ":")).encode()).hexdigest()
+    assert enqueue_start("tests.api_reservations.echo", value, execution_id="K") == "K"
+    row = StartReservation.objects.get(execution_id="K")
+    assert row.input_hash != bare and row.input_hash == input_hash(value)
+    old = settings.SECRET_KEY
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "rotated-" + "r" * 50, [old]
+    assert input_hash(value) != row.input_hash
+    assert enqueue_start("tests.api_reservations.echo", value, execution_id="K") == "K"  # the same request
+    assert OrmQ.objects.count() == 1
+    StartReservation.objects.create(execution_id="L", flow="tests.api_reservations.echo", input_hash=bare)
+    legacy = run_start("tests.api_reservations.echo", value, "L", None)
+    assert [o["status"] for o in deliver_all()] == ["completed"]
+    assert legacy["status"] == "completed"
+    assert Execution.objects.filter(id__in=["K", "L"], status="completed").count() == 2

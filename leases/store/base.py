@@ -4,7 +4,7 @@ execution once. Every method is one statement per call (takeover: one short tran
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -26,9 +26,11 @@ class Reservation:
     started_by: str
     created_at: datetime
 
-    def matches(self, flow: str, input_hash: str, started_by: str) -> bool:
-        """Whether a start of (flow, input, starter) is the one this id was reserved for."""
-        return (self.flow, self.input_hash, self.started_by) == (flow, input_hash, started_by)
+    def matches(self, flow: str, input_hash: str | Collection[str], started_by: str) -> bool:
+        """Whether a start of (flow, input, starter) is the one this id was reserved for; `input_hash` is the
+        input's hash, or its hashes under the current and the fallback secret keys."""
+        hashes = {input_hash} if isinstance(input_hash, str) else set(input_hash)
+        return self.flow == flow and self.input_hash in hashes and self.started_by == started_by
 
 
 @dataclass(frozen=True)
