@@ -37,10 +37,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cronsim import CronSim, CronSimError
-from django.db import DatabaseError, connections, router, transaction
+from django.db import DatabaseError, connections, router
 from django.utils import timezone
 
 from journal import jsonvalues, shards
+from journal.atomic import atomic
 from journal.exceptions import InvalidPayload
 from journal.flows.errors import FlowError
 from journal.flows.registry import Flow, get_flow, registered
@@ -256,7 +257,7 @@ def tick(using: str | None = None, *, limit: int | None = None, flows: Sequence[
     started: list[Started] = []
     if not _anything_due(using):  # most ticks: no transaction at all (on SQLite, no write lock taken)
         return started
-    with transaction.atomic(using=using):
+    with atomic(using):
         now, due = store.claim_due_schedules(limit, sorted(registered()) if flows is None else flows)
         for row in due:
             try:
@@ -305,7 +306,7 @@ def _start(row, eid: str, moment: datetime, using: str) -> bool:
 
     meta = {"started_by": f"schedule:{row.name}", "schedule": row.name, "tick": moment.isoformat()}
     try:
-        with transaction.atomic(using=using):
+        with atomic(using):
             if row.queue:
                 from queues import enqueue
 

@@ -35,6 +35,7 @@ from django.db import router, transaction
 from django.utils.crypto import salted_hmac
 
 from journal import shards
+from journal.atomic import atomic
 from leases.keeper import get_keeper
 from leases.recovery import log_takeover, prune_workers, resume_one, sweep
 from leases.store import Reservation, store_for
@@ -194,7 +195,7 @@ def reserve_and_enqueue(flow: str, stored: Any, execution_id: str, meta: dict | 
         sealed = seal_started(flow, stored)
     task = ("leases.tasks.run_start", flow, sealed, execution_id, meta)
     options = {"task_name": f"start {flow} {execution_id}"[:100], "q_options": {"timeout": -1}}
-    with transaction.atomic(using=alias):
+    with atomic(alias):
         reserved, holder = store_for(alias).reserve_start(execution_id, flow, digest, starter)
         if not reserved:
             if holder is None:  # the reservation that won was released: its execution began

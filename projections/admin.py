@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.db import transaction
 from django.db.models import Count, F
 from django.template.response import TemplateResponse
 
 from journal import shards
 from journal.admin_base import ReadOnlyAdmin
+from journal.atomic import atomic
 from projections.declarations import registry
 from projections.models import Checkpoint, Subscription
 from projections.store import store_for
@@ -48,7 +48,7 @@ def reset_consumers(names: set[str], alias: str | None = None) -> int:
         return sum(reset_consumers(names, each) for each in shards.shards())
     alias = alias or shards.home()
     count = 0
-    with transaction.atomic(using=alias):
+    with atomic(alias):
         for name in sorted(names):
             consumer = registry.consumers.get(name)
             if consumer is not None and consumer.reset is not None:

@@ -21,9 +21,8 @@ import time
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
-from django.db import transaction
-
 from journal import conf, shards
+from journal.atomic import atomic
 from projections.declarations import Consumer, Registry
 from projections.store import store_for
 from projections.store.base import Bump, CheckpointRow, ScannedEvent
@@ -113,7 +112,7 @@ def correlate(registry: Registry, alias: str | None = None) -> int:
     horizon = conf.get("LOOM_CORRELATE_HORIZON_SECONDS")
     page = conf.get("LOOM_CORRELATE_BATCH")
     bumped = 0
-    with transaction.atomic(using=alias):
+    with atomic(alias):
         if not store.try_correlate_lock():
             return 0
         rows, clock = store.checkpoints([c.name for c in consumers])

@@ -17,9 +17,8 @@ import logging
 import traceback
 from dataclasses import dataclass, field
 
-from django.db import transaction
-
 from journal import conf, shards
+from journal.atomic import atomic
 from journal.envelopes import StoredEvent
 from projections.declarations import Consumer, Lane, Registry
 from projections.exceptions import LeaseLost
@@ -163,7 +162,7 @@ class DrainController:
     def _apply(self, store, consumer, claim, events, at, failure: _Failure | None = None,
                ended: bool = False) -> None:
         """Handlers and progress in one transaction; the progress write is fenced by the lease."""
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             self._deliver(consumer, events)
             if failure is None:
                 ok = bool(store.ack([(claim, at)], self.worker_id, {claim.id} if ended else ()))

@@ -62,14 +62,12 @@ def rows(prefix: str) -> list[tuple[str, int]]:
 
 # -- S1: autocommit off is a transaction too ------------------------------------------------------
 def assert_rolled_back(prefix: str) -> None:
-    """The caller's rollback took its appends with it. SQLite: Django's atomic() with autocommit off
-    and no write yet opens the transaction with a SAVEPOINT whose RELEASE commits it, so a direct
-    append commits there too (LOOM_COALESCE=false alike): not the coalescer's doing; there the test
-    checks that the coalescer did not write the rows (no coalesced statement)."""
+    """The caller's rollback took its appends with it, and the coalescer wrote nothing. On SQLite too:
+    Django's atomic() with autocommit off and no write yet opens the transaction with a SAVEPOINT whose
+    RELEASE commits; the runtime's atomic blocks (journal/atomic.py) begin the transaction first."""
     coalesced = coalesce.running().kind_statements.get(coalesce.APPEND, 0)
     assert coalesced == 0
-    if connection.vendor == "postgresql":
-        assert rows(prefix) == []
+    assert rows(prefix) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -250,3 +248,22 @@ def test_a_forked_child_does_not_reuse_the_parents_coalescer():
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_journal_write_of_a_manual_transaction_rolls_back_with_it():
+    """An open, a fenced append, a fence advance and a snapshot, in one transaction the caller opened
+    with set_autocommit(False) and rolled back: nothing of it is stored, on SQLite as on PostgreSQL."""
+    from journal.models import Fence, Snapshot
+
+    transaction.set_autocommit(False)
+    try:
+        token, _ = Event.objects.open_stream("manual:c", Envelope("Opened"))
+        Event.objects.append("manual:c", Envelope("Two"), fence_token=token)
+        Fence.objects.advance("manual:c", token)
+        Snapshot.objects.save_state("manual:c", 1, {"n": 2})
+        transaction.rollback()
+    finally:
+        transaction.set_autocommit(True)
+    assert rows("manual:") == []
+    assert Fence.objects.current("manual:c") is None and Snapshot.objects.latest("manual:c") is None

@@ -38,6 +38,7 @@ from journal.aggregates.errors import (
     RetriesExhausted,
     UnknownEvent,
 )
+from journal.atomic import atomic
 from journal.envelopes import Envelope, StoredEvent
 from journal.exceptions import ForgottenData
 from journal.ids import check_stored_id
@@ -280,7 +281,7 @@ def _snapshot(st: State, stream: str, version: int, state: BaseModel) -> bool:
     if st.sensitive:  # a checkpoint would hold in clear what the log holds sealed
         return False
     try:
-        with transaction.atomic(using=Snapshot.objects.db):  # a savepoint inside a caller's transaction
+        with atomic(Snapshot.objects.db):  # a savepoint inside a caller's transaction
             Snapshot.objects.save_state(stream, version, state.model_dump(mode="json"))
     except DatabaseError as exc:
         logger.warning("snapshot of %s at %s failed: %s", stream, version, exc)
@@ -394,7 +395,7 @@ def _queued_attempt(stream: str) -> AbstractContextManager[None]:
 
 @contextmanager
 def _locked(alias: str, stream: str) -> Iterator[None]:
-    with transaction.atomic(using=alias):
+    with atomic(alias):
         store_for(alias).lock_stream(stream)
         yield
 

@@ -14,11 +14,11 @@ from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
 from django.db.models.functions import Now
 from ulid import ULID
 
 from journal import shards
+from journal.atomic import atomic
 from journal.envelopes import Envelope, check_new_stream_id
 from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
@@ -115,7 +115,7 @@ class Runner:
             if parent or onward:
                 from journal.flows import waits
 
-                with transaction.atomic(using=waits._alias()):
+                with atomic(waits._alias()):
                     writer.write(run, envelopes, settle)  # the header settles (locked) first: a send
                     if onward:  # after it follows the chain; one before it is carried here
                         waits.carry_messages(run.execution_id, onward)
@@ -231,7 +231,7 @@ class Runner:
         from journal.models import Event
 
         # On the execution's shard (the bound alias): its effects commit with its record only on that database.
-        with transaction.atomic(using=Event.objects.db):
+        with atomic(Event.objects.db):
             result = fn(*args)
             problem = _jsonable(result)
             if problem is not None:
@@ -264,7 +264,7 @@ class Runner:
                 try:
                     # The next run is written in the transaction of this run's settle: a run fenced off
                     # meanwhile (a cancel took it) leaves no next run behind to run unowned.
-                    with transaction.atomic(using=waits._alias()):
+                    with atomic(waits._alias()):
                         next_id = waits.continue_run(self.state, flow, cont.input)
                         result = {"continued_as": next_id}
                         self.continued_to = next_id
@@ -467,7 +467,7 @@ def _take_over(execution_id: str, expected_fence: int | None = None,
 
     store = store_for(Fence.objects.db)
     try:
-        with transaction.atomic(using=Fence.objects.db):
+        with atomic(Fence.objects.db):
             status = store.lock_execution(execution_id)
             token = Fence.objects.advance(execution_id, expected_fence)
             if status in PARKED:
@@ -613,7 +613,7 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
         # read with the header: a retry that lost the race (another took the fence since it read the
         # header as failed) is refused by the advance itself, or rolled back with it: a refusal changes
         # nothing, so the winner's handed-over resume (expected_fence=its token) still runs.
-        with transaction.atomic(using=Event.objects.db):
+        with atomic(Event.objects.db):
             token, _ = _take_over(execution_id, fence)
             # The whole log, not a snapshot: a settled checkpoint keeps no step records, a retry needs them.
             events = Event.objects.read(execution_id)

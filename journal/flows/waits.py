@@ -33,6 +33,7 @@ from django.db import transaction
 from ulid import ULID
 
 from journal import conf, jsonvalues, shards
+from journal.atomic import atomic
 from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, StaleFence, StreamExists, UnknownStream
 from journal.flows import events as ev
@@ -91,7 +92,7 @@ def take_message(runner, pos: int, name: str, topic: str) -> tuple[Any] | None:
         if found is None:
             return None
         row_id, message_id, payload = found
-        with transaction.atomic(using=_alias()):
+        with atomic(_alias()):
             seq = runner.run.tip + len(runner.pending) + 1
             if not store.consume_message(row_id, seq, now()):
                 continue  # consumed by a run that took over since (this one's write is refused next)
@@ -436,7 +437,7 @@ def suspend(execution_id: str, *, force: bool = False, reason: str = "") -> Outc
 
     store = _store()
     try:
-        with transaction.atomic(using=_alias()):
+        with atomic(_alias()):
             status = store.lock_execution(execution_id)
             if status in TERMINAL:
                 raise ExecutionFinished(execution_id, status, "suspend")
@@ -472,7 +473,7 @@ def wake_now(execution_id: str) -> bool:
     check_stored_id(execution_id, "execution id")  # InvalidStream before any SQL
     store = _store()
     try:
-        with transaction.atomic(using=_alias()):
+        with atomic(_alias()):
             status = store.lock_execution(execution_id)
             if status is None:
                 raise UnknownExecution(execution_id)

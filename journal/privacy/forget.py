@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from journal.atomic import atomic
 from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, SequenceConflict
 from journal.privacy import keys
@@ -63,7 +64,7 @@ def _forget_on(alias: str, subject: str, by: str) -> None:
 
     store = store_for(alias)
     keys.cache.evict(alias, subject)
-    with transaction.atomic(using=alias):
+    with atomic(alias):
         erase = store.forget_subject(subject, by)
         for attempt in range(20):  # the audit stream is shared: a concurrent forget may take our seq
             try:

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, connections
 from django.utils import timezone
 
 from journal import conf
+from journal.atomic import atomic
 from journal.envelopes import Appended, AppendItem, SnapshotRecord, StoredEvent
 from journal.exceptions import (
     AppendRefused,
@@ -158,7 +159,7 @@ class DatabaseBound:
         one executemany on SQLite. The caller names its own table (each app's store passes its own),
         so the rule of one owner per table holds."""
         cols = ", ".join(columns)
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             if self.connection.vendor == "postgresql":
                 with cursor.cursor.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
                     for row in rows:
@@ -637,7 +638,7 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
     def guarded(self):
         """A savepoint when the caller is inside a transaction, so our failure does not poison theirs."""
         if self.connection.in_atomic_block:
-            with transaction.atomic(using=self.alias):
+            with atomic(self.alias):
                 yield
         else:
             yield

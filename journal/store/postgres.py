@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import psycopg
-from django.db import transaction
 from django.db.backends.utils import CursorDebugWrapper
 from django.utils import timezone
 from psycopg.pq import TransactionStatus
 
 from journal import conf, jsonvalues
+from journal.atomic import atomic
 from journal.envelopes import AppendItem, SnapshotRecord, StoredEvent
 from journal.privacy import codec
 from journal.store.base import (
@@ -753,14 +753,14 @@ class PostgresStore(JournalStore):
         params = {"eid": wait.execution_id, "flow": wait.flow, "kind": wait.kind, "pos": wait.pos,
                   "token": wait.token, "due": wait.due_at, "topic": wait.topic, "child": wait.child,
                   "status": status, "now": timezone.now(), "channel": conf.get("LOOM_WAIT_CHANNEL")}
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             self._lock_header(cursor, wait.execution_id)
             cursor.execute(PARK, params)
             row = cursor.fetchone()
         return False if row is None else row[0]
 
     def claim_due_waits(self, now, limit, flows):
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             cursor.execute(CLAIM_DUE_ANY if flows is None else CLAIM_DUE,
                            {"now": now, "limit": limit, "flows": list(flows or [])})
             taken = cursor.fetchall()
@@ -792,7 +792,7 @@ class PostgresStore(JournalStore):
         return {"plan": claim[0], "cost": claim[1], "next_due_plan": probe[0], "next_due_cost": probe[1]}
 
     def carry_messages(self, from_id, to_id, now):
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             self._lock_header(cursor, to_id)
             cursor.execute(CARRY_MESSAGES, {"from": from_id, "to": to_id})
             topics = [row[0] for row in cursor.fetchall()]
@@ -805,7 +805,7 @@ class PostgresStore(JournalStore):
     def wake_wait(self, execution_id, now, *, topic=None, child=None):
         params = {"eid": execution_id, "now": now, "topic": topic, "child": child,
                   "channel": conf.get("LOOM_WAIT_CHANNEL")}
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             self._lock_header(cursor, execution_id)
             cursor.execute(WAKE, params)
             return cursor.fetchone()[0] > 0
@@ -828,7 +828,7 @@ class PostgresStore(JournalStore):
             return cursor.rowcount > 0
 
     def send_message(self, execution_id, topic, message_id, payload, now):
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             status = self._lock_header(cursor, execution_id)
             if status is None or status in SETTLED_STATUSES:
                 return status, False

@@ -13,10 +13,11 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.utils import timezone
 
 from journal import jsonvalues
+from journal.atomic import atomic
 from journal.envelopes import AppendItem, SnapshotRecord
 from journal.store.base import (
     SETTLED_STATUSES,
@@ -253,7 +254,7 @@ class SqliteStore(JournalStore):
         marks = ", ".join(["%s"] * len(sids))
         fenced = [item.stream_id for item in items if item.fence_token is not None]
         # atomic(): BEGIN IMMEDIATE, or a savepoint inside the caller's (already locked) transaction.
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             tokens: dict[str, int] = {}
             if fenced:
                 cursor.execute(FENCES.format(marks=", ".join(["%s"] * len(fenced))), fenced)
@@ -289,7 +290,7 @@ class SqliteStore(JournalStore):
     def _open(self, item: AppendItem, encoded) -> bool:
         now = self.now()
         try:
-            with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            with atomic(self.alias), self.connection.cursor() as cursor:
                 cursor.execute(OPEN_FENCE, [item.stream_id, now])
                 cursor.execute(
                     INSERT.format(rows=", ".join(["(%s, %s, %s, %s, %s)"] * len(encoded))),
@@ -301,7 +302,7 @@ class SqliteStore(JournalStore):
         return True
 
     def advance_fence(self, stream_id: str, expected_token: int | None = None) -> int:
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             rows = self._advance_fences([stream_id], expected_token)
         if not rows:
             raise self.fence_refusal(stream_id, expected_token)
@@ -312,7 +313,7 @@ class SqliteStore(JournalStore):
         """One transaction (BEGIN IMMEDIATE, or a savepoint in the caller's): the fence row first (its
         primary key refuses a second start: IntegrityError, all rolled back), the events, the header."""
         sid, now = boot.item.stream_id, self.now()
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             cursor.execute(OPEN_FENCE, [sid, now])
             cursor.execute(
                 INSERT.format(rows=", ".join(["(%s, %s, %s, %s, %s)"] * len(boot.encoded))),
@@ -327,7 +328,7 @@ class SqliteStore(JournalStore):
         """Each bootstrap in its own savepoint of one transaction: a loser (or an aggregate stream's
         id) writes nothing and the others start all the same."""
         won: set[str] = set()
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             for boot in boots:
                 try:
                     self._bootstrap(boot)
@@ -339,7 +340,7 @@ class SqliteStore(JournalStore):
     def _settle(self, settles: Sequence[ExecutionSettle]) -> list[Verdict]:
         """The guarded append and, only if every guard passed, the headers, in one transaction."""
         items = [s.item for s in settles]
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             verdicts = self._append(items, [s.encoded for s in settles])
             if all(v.ok for v in verdicts):
                 now = self.now()
@@ -368,7 +369,7 @@ class SqliteStore(JournalStore):
 
     def park(self, wait, status):
         now = timezone.now()
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             cursor.execute(PARK_FENCED, [wait.execution_id, wait.token])
             if cursor.fetchone() is None:
                 return False
@@ -386,7 +387,7 @@ class SqliteStore(JournalStore):
 
     def claim_due_waits(self, now, limit, flows):
         claimed = []
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             if flows is None:
                 cursor.execute(CLAIM_DUE_ANY, {"now": self._time(now), "limit": limit})
                 taken = cursor.fetchall()
@@ -438,7 +439,7 @@ class SqliteStore(JournalStore):
         return {"plan": claim, "cost": None, "next_due_plan": probe, "next_due_cost": None}
 
     def carry_messages(self, from_id, to_id, now):
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             cursor.execute(CARRY_MESSAGES, {"from": from_id, "to": to_id})
             topics = sorted({row[0] for row in cursor.fetchall()})
             cursor.execute(CARRY_FLOW_EVENTS, {"from": from_id, "to": to_id})
@@ -447,7 +448,7 @@ class SqliteStore(JournalStore):
         return len(topics)
 
     def wake_wait(self, execution_id, now, *, topic=None, child=None):
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             cursor.execute(WAKE, {"eid": execution_id, "now": self._time(now), "topic": topic, "child": child})
             return cursor.rowcount > 0
 
@@ -471,7 +472,7 @@ class SqliteStore(JournalStore):
             return cursor.rowcount > 0
 
     def send_message(self, execution_id, topic, message_id, payload, now):
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             cursor.execute(HEADER_STATUS, [execution_id])
             row = cursor.fetchone()
             status = None if row is None else row[0]

@@ -16,8 +16,7 @@ import json
 import weakref
 from collections.abc import Sequence
 
-from django.db import transaction
-
+from journal.atomic import atomic
 from journal.flows.ownership import Companion
 from journal.store import postgres as journal_sql
 from journal.store import store_for as journal_store
@@ -366,7 +365,7 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
         return self._count(EXPIRE, {"owner": owner, "eids": eids, "tokens": tokens})
 
     def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None):
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             candidates = self._rows(TAKEOVER_CANDIDATES, {"orphan": orphan_after, "limit": limit,
                                                           "any_flow": flows is None, "flows": list(flows or [])})
             if not candidates:

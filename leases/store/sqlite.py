@@ -14,9 +14,9 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from django.db import transaction
 from django.utils.dateparse import parse_datetime
 
+from journal.atomic import atomic
 from journal.store import sqlite as journal_sql
 from journal.store import store_for as journal_store
 from leases.store import base
@@ -209,7 +209,7 @@ class SqliteLeaseStore(SqliteSchedules, LeaseStore):
             return set()
         if release:
             # The releases riding along commit with the acquires: one write transaction.
-            with transaction.atomic(using=self.alias):
+            with atomic(self.alias):
                 self._count(RELEASE, {"owner": owner, "items": _pairs(release)})
                 rows = self._rows(ACQUIRE, {"owner": owner, "items": _pairs(items), **self._times(ttl)})
         else:
@@ -234,7 +234,7 @@ class SqliteLeaseStore(SqliteSchedules, LeaseStore):
 
     def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None):
         # BEGIN IMMEDIATE: the whole check-and-take runs under the write lock.
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             now = _now()
             times = self._times(ttl)
             candidates = self._rows(TAKEOVER_CANDIDATES, {

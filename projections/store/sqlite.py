@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from django.db import transaction
-
+from journal.atomic import atomic
 from journal.store.sqlite import STREAM_TIP_SQL
 from projections.store.base import Bump, CheckpointRow, Claim, Clock, ProjectionStore
 
@@ -151,7 +150,7 @@ class SqliteProjectionStore(ProjectionStore):
         changed = 0
         row = "(%s, %s, %s, %s, %s, %s, %s)" if hinted else "(%s, %s, %s, %s, %s, -1, %s, 0, 0, 0, '', %s)"
         sql = BUMP_HINTED if hinted else BUMP
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             for start in range(0, len(bumps), 500):  # 7 parameters a row, SQLite allows 32766
                 chunk = sorted(bumps)[start:start + 500]
                 cursor.execute(sql.format(rows=", ".join([row] * len(chunk))), [v for b in chunk for v in (*b, now)])
@@ -169,7 +168,7 @@ class SqliteProjectionStore(ProjectionStore):
         now = self._now()
         until = _text(now + timedelta(seconds=lease_seconds))
         sql = CLAIM.format(marks=", ".join(["%s"] * len(names)))
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             cursor.execute(sql, [by, until, lane, *names, _text(now), limit])
             return [Claim.from_row(row) for row in cursor.fetchall()]
 
@@ -178,7 +177,7 @@ class SqliteProjectionStore(ProjectionStore):
         if not acks:
             return done
         now = _text(self._now())
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             for claim, at in acks:
                 cursor.execute(ACK, [at, claim.id in ended, claim.tip, at, at, now, claim.id, claim.lease, by, now])
                 if cursor.rowcount:
@@ -188,14 +187,14 @@ class SqliteProjectionStore(ProjectionStore):
     def fail(self, claim, by, error, limit, delay, at=None):
         now = self._now()
         at = claim.at if at is None else at
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             cursor.execute(FAIL, [at, at, error, limit, _text(now + timedelta(seconds=delay)), _text(now), claim.id,
                                   claim.lease, by])
             row = cursor.fetchone()
         return None if row is None else bool(row[0])
 
     def release(self, claims, by):
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with atomic(self.alias), self.connection.cursor() as cursor:
             for c in claims:
                 cursor.execute(RELEASE, [c.id, c.lease, by])
 

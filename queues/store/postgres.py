@@ -11,8 +11,7 @@ cannot deadlock.
 
 from __future__ import annotations
 
-from django.db import transaction
-
+from journal.atomic import atomic
 from journal.store.base import EXECUTION_STATUS_OF
 from queues.store.base import SETTLED, Caps, Claimed, Existing, QueueStats, QueueStore, check_room, decode
 
@@ -239,7 +238,7 @@ class PostgresQueueStore(QueueStore):
                   **dict(zip(("concurrency", "partition_cap", "rate", "period"), entry.caps or (None,) * 4,
                              strict=True))}
         for _ in range(3):  # the entry that refused us may finish before we read it: insert again
-            with transaction.atomic(using=self.alias):
+            with atomic(self.alias):
                 if entry.dedup_id is not None:
                     self._count(FREE_DEDUP, params)
                 if self._rows(INSERT_ENTRY, params):
@@ -257,7 +256,7 @@ class PostgresQueueStore(QueueStore):
         if limit <= 0:
             return []
         params = {"queue": queue, "timeout": claim_timeout, "flows": list(flows), "owner": owner}
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             row = self._rows(LOCK_QUEUE, params)
             if not row:
                 return None  # another worker is claiming from it right now (or the queue has no row)
@@ -286,7 +285,7 @@ class PostgresQueueStore(QueueStore):
             return False
         entry_id, queue, key = found[0]
         params = {"queue": queue, "timeout": 1e9, "id": entry_id}
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             caps = Caps(*self._rows(LOCK_QUEUE_WAIT, params)[0])
             self._count(SYNC, params)
             caps.running = {k: n for k, n in self._rows(RUNNING, params)}

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from django.db import transaction
-
+from journal.atomic import atomic
 from journal.store.base import EXECUTION_STATUS_OF
 from leases.store.sqlite import stamp
 from queues.store.base import SETTLED, Caps, Claimed, Existing, QueueStats, QueueStore, check_room, decode
@@ -177,7 +176,7 @@ class SqliteQueueStore(QueueStore):
 
     def insert_entry(self, entry):
         # BEGIN IMMEDIATE: the dedup check, the insert and the read of the winner under one write lock.
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             now = _now()
             params = {"queue": entry.queue, "eid": entry.execution_id, "flow": entry.flow, "input": entry.input,
                       "meta": entry.meta, "partition": entry.partition_key, "priority": entry.priority,
@@ -202,7 +201,7 @@ class SqliteQueueStore(QueueStore):
     def dequeue(self, queue, owner, limit, flows, claim_timeout):
         if limit <= 0:
             return []
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             now = _now()
             params = {"queue": queue, "flows": json.dumps(list(flows)), "owner": owner, "now": stamp(now),
                       "claim_cutoff": stamp(now - timedelta(seconds=claim_timeout))}
@@ -230,7 +229,7 @@ class SqliteQueueStore(QueueStore):
         return [QueueStats(*r) for r in self._rows(QUEUE_STATS, {"now": stamp(_now())})]
 
     def reopen(self, execution_id):
-        with transaction.atomic(using=self.alias):
+        with atomic(self.alias):
             found = self._rows(DONE_ENTRY, [execution_id])
             if not found:
                 return False
