@@ -176,6 +176,23 @@ class DatabaseBound:
             for table in tables:
                 cursor.execute(f"ANALYZE {table}")
 
+    def checkpoint(self) -> str | None:
+        """Benchmarks only: write a bulk load out before measuring (a 10^7-event fill leaves gigabytes of
+        WAL behind, and every commit measured meanwhile waits for that writing, not for its own plan).
+        PostgreSQL: CHECKPOINT (superuser or pg_checkpoint); SQLite: a WAL checkpoint. None when done, else
+        why not (the caller records it: its cells then measure during the write-out)."""
+        from django.db import DatabaseError
+
+        try:
+            with self.connection.cursor() as cursor:
+                if self.connection.vendor == "postgresql":
+                    cursor.execute("CHECKPOINT")
+                else:
+                    cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except DatabaseError as exc:
+            return str(exc).strip().splitlines()[0]
+        return None
+
 # == personal data: data keys and content links (journal/privacy) ====================================
 # One row per data subject in journal_datakey; forgetting writes that one row whatever the number of
 # events, and nothing in journal_event. The statements are the same text on both backends (SQLite
