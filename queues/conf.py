@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from journal.conf import Setting, get, get_safe, register
+from journal.conf import Setting, _channel_problem, get, get_safe, register
 
 __all__ = ["claim_timeout", "get", "get_safe"]
 
@@ -37,6 +37,11 @@ def _queues_problem(value: dict) -> str | None:
     return None
 
 
+def _queue_channel_problem(value: str) -> str | None:
+    """LOOM_QUEUE_CHANNEL: a PostgreSQL channel name, or empty (no notifications: workers poll)."""
+    return None if value == "" else _channel_problem(value)
+
+
 register(
     "queues",
     Setting("LOOM_QUEUES", queue_table, {},
@@ -44,6 +49,14 @@ register(
             '"rate_period": 60}} (docs/queues.md).', check=_queues_problem),
     Setting("LOOM_QUEUE_THREADS", int, 8, "Queued executions one loom_worker process runs at once.", 0),
     Setting("LOOM_QUEUE_POLL", float, 0.1, "Seconds a worker's queue dispatcher sleeps when it found nothing to start.",
+            0.001),
+    Setting("LOOM_QUEUE_CHANNEL", str, "loom_queues",
+            "PostgreSQL channel on which an entry made pending (enqueued, offered again) is notified; a worker's "
+            "dispatcher LISTENs on it. Empty: no notifications, workers poll every LOOM_QUEUE_POLL.",
+            check=_queue_channel_problem),
+    Setting("LOOM_QUEUE_IDLE_POLL", float, 5.0,
+            "Seconds a dispatcher that LISTENs on LOOM_QUEUE_CHANNEL sleeps when no queue has due work (sooner "
+            "if a deferred entry falls due; a notification wakes it at once). Not listening: LOOM_QUEUE_POLL.",
             0.001),
     Setting("LOOM_QUEUE_CLAIM_TIMEOUT", float, None,
             "Seconds a claimed entry may go without its execution beginning before it is offered again "

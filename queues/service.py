@@ -1,11 +1,14 @@
 """The queue dispatcher of a loom_worker: claims queued starts within their queues' caps and runs
 them in a small thread pool of this process.
 
-One dispatcher thread per worker process polls every LOOM_QUEUE_POLL seconds (at once when a run
-ends or when its last poll claimed something): it asks which queues have work it could claim (of
-flows registered here), and for each claims at most as many entries as it has free threads. Every
-cap is decided by the store's dequeue, serialised per queue in the database, never here: this
-process's memory holds only how many of its own threads are free.
+One dispatcher thread per worker process looks for work at once when a run ends, when its last pass
+claimed something, and, on PostgreSQL, when an entry is enqueued or offered again (a listener thread
+per database LISTENs on LOOM_QUEUE_CHANNEL, which the store notifies in the enqueue's own statement).
+Otherwise it sleeps LOOM_QUEUE_POLL seconds, or LOOM_QUEUE_IDLE_POLL when no queue has due work and
+every listener is subscribed (no longer than until the next deferred entry falls due). Each pass asks
+which queues have work it could claim (of flows registered here), and for each claims at most as many
+entries as it has free threads. Every cap is decided by the store's dequeue, serialised per queue in
+the database, never here: this process's memory holds only how many of its own threads are free.
 
 A run is `journal.flows.start` under the execution id fixed at enqueue, with a lease like any run:
 if this process dies, its executions are running executions whose leases expire, and any worker's
@@ -102,11 +105,17 @@ class QueueService:
         self.claimed = 0  # entries this process claimed (tests, logs)
         self.prune_at = 0.0  # monotonic time of the next pruning of finished entries
         self.hot: dict[str, list[str]] = {}  # per database: the queues this dispatcher's last pass claimed from
+        self.listeners: list[threading.Thread] = []
+        # The databases whose listener is subscribed right now: only while every one is may the dispatcher
+        # sleep LOOM_QUEUE_IDLE_POLL (a listener down means nothing would wake it: it polls).
+        self.listening: set[str] = set()
+        self.passes = 0  # dispatch passes (tests: a notification woke this dispatcher)
 
     def start(self, worker) -> None:
         from journal import shards
         from queues.declarations import write_declared
         from queues.models import QueueEntry
+        from queues.store import store_for
 
         global _worker_id
         self.owner = _worker_id = worker.worker_id
@@ -127,10 +136,18 @@ class QueueService:
                 connections[alias].close()
         self.free = threads
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="loom-queue")
+        channel = conf.get("LOOM_QUEUE_CHANNEL")
+        if channel:
+            self.listeners = [threading.Thread(target=self._listen, args=(alias, channel), daemon=True,
+                                               name=f"loom-queue-listen-{alias}")
+                              for alias in self.aliases if store_for(alias).notifications]
+        for listener in self.listeners:
+            listener.start()
         self.thread = threading.Thread(target=self._loop, name="loom-queue-dispatcher", daemon=True)
         self.thread.start()
-        log.info("queue dispatcher of %s: %d thread(s) over %s, declared queues: %s", self.owner, threads,
-                 ", ".join(self.aliases), ", ".join(names) or "none")
+        log.info("queue dispatcher of %s: %d thread(s) over %s, declared queues: %s%s", self.owner, threads,
+                 ", ".join(self.aliases), ", ".join(names) or "none",
+                 f"; listening on {channel}" if self.listeners else "; polling")
 
     def _loop(self) -> None:
         from journal.flows import registry
@@ -138,7 +155,8 @@ class QueueService:
 
         try:
             while not self.stopping.is_set():
-                got_any = busy = failed = False
+                self.passes += 1
+                got_any = busy = failed = ready = False
                 prune = time.monotonic() >= self.prune_at
                 if prune:
                     self.prune_at = time.monotonic() + PRUNE_EVERY
@@ -146,14 +164,14 @@ class QueueService:
                     store = store_for(alias)
                     if self.free > 0:
                         try:
-                            got, held = self._dispatch(alias, store, sorted(registry.registered()))
+                            got, held, due = self._dispatch(alias, store, sorted(registry.registered()))
                         except DatabaseError:
                             log.exception("queue dispatcher of %s: database error on %s; retrying", self.owner,
                                           alias)
                             connections[alias].close()
                             failed = True
                             continue
-                        got_any, busy = got_any or got, busy or held
+                        got_any, busy, ready = got_any or got, busy or held, ready or due
                     if prune:
                         self._prune(alias, store)
                 if failed and not got_any:
@@ -163,11 +181,66 @@ class QueueService:
                     # A queue another worker was claiming from may have slots left once it is done:
                     # look again soon rather than after a whole poll interval.
                     poll = conf.get("LOOM_QUEUE_POLL")
-                    self.wake.wait(min(BUSY_RETRY, poll) if busy else poll)
+                    if busy:
+                        pause = min(BUSY_RETRY, poll)
+                    elif not ready and self.free > 0 and self.listeners and len(self.listening) == len(self.listeners):
+                        pause = self._idle_pause(sorted(registry.registered()))
+                    else:
+                        # Due work this pass could not claim (a cap, a rate window) waits for a slot that a
+                        # settle elsewhere frees without a notification: poll.
+                        pause = poll
+                    self.wake.wait(pause)
                     self.wake.clear()
         finally:
             for alias in self.aliases:
                 connections[alias].close()
+
+    def _idle_pause(self, flows: list[str]) -> float:
+        """Nothing is due and every database's listener is subscribed: an enqueue or a re-offer will wake
+        us, so sleep LOOM_QUEUE_IDLE_POLL, or until the next deferred entry falls due if sooner (a deferred
+        enqueue notifies too, so a sleep planned before it is shortened)."""
+        from queues.store import store_for
+
+        pause = conf.get("LOOM_QUEUE_IDLE_POLL")
+        for alias in self.aliases:
+            try:
+                due = store_for(alias).next_due(flows) if flows else None
+            except DatabaseError:
+                log.exception("queue dispatcher of %s: next due entry on %s unknown; polling", self.owner, alias)
+                connections[alias].close()
+                return conf.get("LOOM_QUEUE_POLL")
+            if due is not None:
+                pause = min(pause, max(0.0, due))
+        return pause
+
+    def _listen(self, alias: str, channel: str) -> None:
+        """LISTEN on `channel` of one database: every notification wakes the dispatch loop. Subscribed, the
+        loop may sleep LOOM_QUEUE_IDLE_POLL; not (cannot connect, pooled without LOOM_DIRECT, connection
+        lost) it polls, and this thread tries again."""
+        from journal.flows.waits import _listen
+
+        while not self.stopping.is_set():
+            conn = _listen(alias, channel)
+            if conn is None:
+                self.stopping.wait(1.0)
+                continue
+            try:
+                with conn:
+                    self.listening.add(alias)
+                    # The LISTEN took effect: whatever committed before it is seen by the pass this wakes,
+                    # whatever commits after it notifies; no enqueue falls between the two.
+                    self.wake.set()
+                    while not self.stopping.is_set():
+                        for _ in conn.notifies(timeout=0.25, stop_after=1):
+                            self.wake.set()
+            except Exception as exc:
+                if not self.stopping.is_set():
+                    log.warning("queue dispatcher of %s: listener on %s lost its connection (%s); polling until "
+                                "it reconnects", self.owner, alias, exc)
+            finally:
+                self.listening.discard(alias)
+                self.wake.set()  # back to polling: the loop's sleep may have been planned as a long one
+            self.stopping.wait(0.2)
 
     def _prune(self, alias: str, store) -> None:
         try:
@@ -179,18 +252,19 @@ class QueueService:
             if pruned:
                 log.info("pruned %d finished queue entr%s on %s", pruned, "y" if pruned == 1 else "ies", alias)
 
-    def _dispatch(self, alias: str, store, flows: list[str]) -> tuple[bool, bool]:
+    def _dispatch(self, alias: str, store, flows: list[str]) -> tuple[bool, bool, bool]:
         """One pass over the queues of one database with work: (claimed anything, found a queue another
-        worker held). The queues that gave entries last time are tried first, without asking which have work."""
+        worker held, some queue had work). The queues that gave entries last time are tried first, without
+        asking which have work."""
         if not flows:
-            return False, False
+            return False, False, False
         timeout = conf.claim_timeout()
         got_any, busy = self._claim_from(alias, store, self.hot.get(alias, []), flows, timeout)
         if got_any:
-            return True, busy
+            return True, busy, True
         names = store.ready_queues(flows, timeout)
         random.shuffle(names)  # no queue always first: each gets its turn at this worker's free threads
-        return self._claim_from(alias, store, names, flows, timeout)
+        return *self._claim_from(alias, store, names, flows, timeout), bool(names)
 
     def _claim_from(self, alias: str, store, names: list[str], flows: list[str], timeout: float
                     ) -> tuple[bool, bool]:
@@ -227,6 +301,8 @@ class QueueService:
         self.wake.set()
         if self.thread is not None:
             self.thread.join(timeout)
+        for listener in self.listeners:  # each closes its session within 0.25 s of `stopping`
+            listener.join(timeout)
         if self.pool is not None:
             # Runs in flight stop at their next step once the heartbeat hands their leases back (it stops
             # after us); their entries stay started and the executions are recovered by other workers.

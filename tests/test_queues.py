@@ -443,6 +443,7 @@ def test_deferred_entries_are_not_read_by_the_poll_statements(queue):
         cursor.execute("ANALYZE queues_entry")
         for name, sql, params in [
             ("READY_QUEUES", statements.READY_QUEUES, {"flows": flows(), "timeout": LONG}),
+            ("NEXT_DUE", statements.NEXT_DUE, {"flows": flows()}),  # a listening dispatcher's idle probe
             ("CANDIDATES", statements.CANDIDATES, {"queue": queue, "flows": flows(), "after_priority": 101,
                                                    "after_id": 0, "page": 8}),
         ]:

@@ -387,10 +387,10 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
             listener.close()
 
 
-def _listen(alias: str | None = None):
-    """A session LISTENing on LOOM_WAIT_CHANNEL (PostgreSQL) of `alias` (default: the bound one), or None
-    if it cannot connect (poll). Behind a transaction-pooling PgBouncer LISTEN needs the server itself:
-    the alias's LOOM_DIRECT address (docs/scaling.md); without one it polls."""
+def _listen(alias: str | None = None, channel: str | None = None):
+    """A session LISTENing on `channel` (default LOOM_WAIT_CHANNEL; PostgreSQL) of `alias` (default: the
+    bound one), or None if it cannot connect (poll). Behind a transaction-pooling PgBouncer LISTEN needs
+    the server itself: the alias's LOOM_DIRECT address (docs/scaling.md); without one it polls."""
     try:
         import psycopg
         from django.db import connections
@@ -405,10 +405,10 @@ def _listen(alias: str | None = None):
         host, port = direct.get("HOST", s.get("HOST")), direct.get("PORT", s.get("PORT"))
         conn = psycopg.connect(host=host or "127.0.0.1", port=port or 5432, dbname=s["NAME"],
                                user=s.get("USER") or None, password=s.get("PASSWORD") or None, autocommit=True)
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(conf.get("LOOM_WAIT_CHANNEL"))))
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel or conf.get("LOOM_WAIT_CHANNEL"))))
         return conn
     except Exception as exc:
-        log.warning("get_event: cannot LISTEN (%s); polling", exc)
+        log.warning("cannot LISTEN on %s (%s); polling", channel or conf.get("LOOM_WAIT_CHANNEL"), exc)
         return None
 
 

@@ -127,6 +127,9 @@ def decode(text: str | None) -> Any:
 class QueueStore(DatabaseBound, ABC):
     # Candidates read per page when a per-partition cap may skip some (keyset pages until enough fit).
     PAGE = 256
+    #: Whether an entry made pending is notified on LOOM_QUEUE_CHANNEL (PostgreSQL's NOTIFY), so that a
+    #: dispatcher may LISTEN instead of polling; without it every dispatcher polls (LOOM_QUEUE_POLL).
+    notifications = False
 
     def _rows(self, sql: str, params) -> list[tuple]:
         with self.connection.cursor() as cursor:
@@ -156,6 +159,11 @@ class QueueStore(DatabaseBound, ABC):
     def ready_queues(self, flows: Sequence[str], claim_timeout: float) -> list[str]:
         """Queues with an entry a worker with these flows could claim now: pending and due, or claimed
         longer than `claim_timeout` ago without its execution having begun (to be offered again)."""
+
+    @abstractmethod
+    def next_due(self, flows: Sequence[str]) -> float | None:
+        """Seconds until the earliest entry of these flows deferred to a later time falls due (None: no
+        such entry): how long a listening dispatcher may sleep at most."""
 
     @abstractmethod
     def dequeue(self, queue: str, owner: str, limit: int, flows: Sequence[str],

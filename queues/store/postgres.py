@@ -47,19 +47,27 @@ WHERE q.queue_id = %(queue)s AND q.dedup_id = %(dedup)s AND q.state = 'started' 
 # The queue row is created from the enqueuer's declaration if it is missing (DO NOTHING: an existing
 # row is neither changed nor locked, so an enqueue never waits for a dequeue holding it); the caps
 # of an existing row change only through upsert_queue.
+# An inserted entry is notified on LOOM_QUEUE_CHANNEL (payload: the queue's name) in the same statement,
+# so the notification is delivered when, and only if, the entry commits: idle dispatchers claim it at
+# once. A deferred entry is notified too: a dispatcher sleeping past its due time shortens its sleep
+# (next_due). Empty channel: no notification. A notifying commit takes PostgreSQL's notify-queue lock.
 INSERT_ENTRY = """
 WITH queue_row AS (
     INSERT INTO queues_queue (name, concurrency, partition_concurrency, rate_limit, rate_period, updated_at)
     SELECT %(queue)s, %(concurrency)s, %(partition_cap)s, %(rate)s, %(period)s, now()
     WHERE %(concurrency)s::int IS NOT NULL
     ON CONFLICT (name) DO NOTHING
+), ins AS (
+    INSERT INTO queues_entry (queue_id, execution_id, flow, input, meta, partition_key, priority, dedup_id, state,
+                              run_after, enqueued_at, worker, attempts)
+    VALUES (%(queue)s, %(eid)s, %(flow)s, %(input)s, %(meta)s, %(partition)s, %(priority)s, %(dedup)s, 'pending',
+            COALESCE(%(run_after)s, now()), now(), '', 0)
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue_id
+), note AS (
+    SELECT pg_notify(%(channel)s, queue_id) FROM ins WHERE %(channel)s <> ''
 )
-INSERT INTO queues_entry (queue_id, execution_id, flow, input, meta, partition_key, priority, dedup_id, state,
-                          run_after, enqueued_at, worker, attempts)
-VALUES (%(queue)s, %(eid)s, %(flow)s, %(input)s, %(meta)s, %(partition)s, %(priority)s, %(dedup)s, 'pending',
-        COALESCE(%(run_after)s, now()), now(), '', 0)
-ON CONFLICT DO NOTHING
-RETURNING id
+SELECT id, (SELECT count(*) FROM note) FROM ins
 """
 
 # -- enqueue: existing --
@@ -87,6 +95,18 @@ WHERE EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.stat
               AND q.started_at < now() - %(timeout)s::float8 * interval '1 second' AND {STATUS} IS NULL)
 """
 
+# -- next_due --
+# Seconds until the earliest deferred entry of these flows falls due (NULL: none), by the database clock:
+# a listening dispatcher sleeps no longer than that. Per queue row, one ordered probe of the due index
+# (queues_entry_due, from now() on; stops at the first entry of a known flow). No lock.
+NEXT_DUE = """
+SELECT extract(epoch FROM min(d.run_after) - now())::float8 FROM queues_queue qq
+CROSS JOIN LATERAL (SELECT q.run_after FROM queues_entry q
+                    WHERE q.queue_id = qq.name AND q.state = 'pending' AND q.run_after > now()
+                      AND q.flow = ANY(%(flows)s::text[])
+                    ORDER BY q.run_after LIMIT 1) d
+"""
+
 # -- dequeue: lock the queue --
 # FOR UPDATE: the queue's claimers are serialised on its row, so the running count read below and
 # the claim that follows are one atomic decision across every process and host (two claimers that
@@ -108,7 +128,11 @@ FOR UPDATE SKIP LOCKED
 #   and the execution's first write): pending again. The fixed execution id makes a late start of the
 #   first claimer and a second run one execution (the second start is refused, ExecutionExists);
 # - adopt: re-offered, and its first claimer began it late after all: started again (counted), or done.
+# A re-offer notifies LOOM_QUEUE_CHANNEL (in this statement: delivered at the dequeue's commit), so that
+# other idle dispatchers claim what this one has no room for. A settle does not: this dequeue goes on to
+# fill the freed slots itself, and the worker whose run settled looks again at once (queues/service.py).
 SYNC = f"""
+WITH up AS (
 UPDATE queues_entry q SET state = y.next, finished_at = CASE WHEN y.next = 'done' THEN now() ELSE q.finished_at END
 FROM (
     SELECT x.id, CASE
@@ -121,6 +145,12 @@ FROM (
           WHERE q.queue_id = %(queue)s AND (q.state = 'started' OR (q.state = 'pending' AND q.attempts > 0))) x
 ) y
 WHERE q.id = y.id AND y.next IS NOT NULL AND y.next <> q.state
+RETURNING q.state
+), note AS (
+    SELECT pg_notify(%(channel)s, %(queue)s)
+    WHERE %(channel)s <> '' AND EXISTS (SELECT 1 FROM up WHERE state = 'pending')
+)
+SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM note)
 """
 
 # -- dequeue: running --
@@ -219,8 +249,16 @@ UPDATE queues_entry SET state = 'started', finished_at = NULL WHERE id = %(id)s 
 NO_KEY = (101, 0)  # a keyset position before every priority (-100..100)
 
 
+def channel() -> str:
+    """LOOM_QUEUE_CHANNEL ("" : no notifications)."""
+    from queues import conf
+
+    return conf.get("LOOM_QUEUE_CHANNEL")
+
+
 class PostgresQueueStore(QueueStore):
     vendor = "postgresql"
+    notifications = True
     CANDIDATES = CANDIDATES
 
     def has_queue(self, name):
@@ -234,7 +272,7 @@ class PostgresQueueStore(QueueStore):
     def insert_entry(self, entry):
         params = {"queue": entry.queue, "eid": entry.execution_id, "flow": entry.flow, "input": entry.input,
                   "meta": entry.meta, "partition": entry.partition_key, "priority": entry.priority,
-                  "dedup": entry.dedup_id, "run_after": entry.run_after,
+                  "dedup": entry.dedup_id, "run_after": entry.run_after, "channel": channel(),
                   **dict(zip(("concurrency", "partition_cap", "rate", "period"), entry.caps or (None,) * 4,
                              strict=True))}
         for _ in range(3):  # the entry that refused us may finish before we read it: insert again
@@ -252,16 +290,20 @@ class PostgresQueueStore(QueueStore):
     def ready_queues(self, flows, claim_timeout):
         return [r[0] for r in self._rows(READY_QUEUES, {"flows": list(flows), "timeout": claim_timeout})]
 
+    def next_due(self, flows):
+        return self._rows(NEXT_DUE, {"flows": list(flows)})[0][0]
+
     def dequeue(self, queue, owner, limit, flows, claim_timeout):
         if limit <= 0:
             return []
-        params = {"queue": queue, "timeout": claim_timeout, "flows": list(flows), "owner": owner}
+        params = {"queue": queue, "timeout": claim_timeout, "flows": list(flows), "owner": owner,
+                  "channel": channel()}
         with atomic(self.alias):
             row = self._rows(LOCK_QUEUE, params)
             if not row:
                 return None  # another worker is claiming from it right now (or the queue has no row)
             caps = Caps(*row[0])
-            self._count(SYNC, params)
+            self._rows(SYNC, params)
             caps.running = {key: n for key, n in self._rows(RUNNING, params)}
             want = min(limit, caps.concurrency - caps.total)
             if caps.rate_limit is not None and want > 0:
@@ -284,10 +326,10 @@ class PostgresQueueStore(QueueStore):
         if not found:
             return False
         entry_id, queue, key = found[0]
-        params = {"queue": queue, "timeout": 1e9, "id": entry_id}
+        params = {"queue": queue, "timeout": 1e9, "id": entry_id, "channel": channel()}
         with atomic(self.alias):
             caps = Caps(*self._rows(LOCK_QUEUE_WAIT, params)[0])
-            self._count(SYNC, params)
+            self._rows(SYNC, params)
             caps.running = {k: n for k, n in self._rows(RUNNING, params)}
             check_room(queue, key, caps)
             return self._count(REOPEN, params) == 1

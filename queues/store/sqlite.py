@@ -76,6 +76,11 @@ WHERE EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.stat
               AND q.started_at < %(claim_cutoff)s AND {STATUS} IS NULL)
 """
 
+# -- next_due -- (see postgres.py; SQLite never notifies, so only tests and the contract read it)
+NEXT_DUE = f"""
+SELECT min(q.run_after) FROM queues_entry q WHERE q.state = 'pending' AND q.run_after > %(now)s AND q.flow IN {FLOWS}
+"""
+
 # -- dequeue: read the queue -- under the write lock the transaction took at BEGIN (IMMEDIATE)
 LOCK_QUEUE = """
 SELECT concurrency, partition_concurrency, rate_limit, rate_period FROM queues_queue WHERE name = %(queue)s
@@ -197,6 +202,11 @@ class SqliteQueueStore(QueueStore):
         return [r[0] for r in self._rows(READY_QUEUES, {
             "flows": json.dumps(list(flows)), "now": stamp(now),
             "claim_cutoff": stamp(now - timedelta(seconds=claim_timeout))})]
+
+    def next_due(self, flows):
+        now = _now()
+        due = self._rows(NEXT_DUE, {"flows": json.dumps(list(flows)), "now": stamp(now)})[0][0]
+        return None if due is None else (datetime.fromisoformat(due).replace(tzinfo=UTC) - now).total_seconds()
 
     def dequeue(self, queue, owner, limit, flows, claim_timeout):
         if limit <= 0:
