@@ -35,8 +35,8 @@ from ulid import ULID
 from journal import conf, jsonvalues, shards
 from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, StaleFence, StreamExists, UnknownStream
+from journal.flows import event_listener, writer
 from journal.flows import events as ev
-from journal.flows import writer
 from journal.flows.context import WaitSpec, check_name, check_seconds, iso, now, parse_time
 from journal.flows.errors import (
     ExecutionExists,
@@ -365,10 +365,18 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
     if wait <= 0:
         return default
     until = time.monotonic() + wait
-    listener = _listen() if store.wait_notifications else None
+    # PostgreSQL: one LISTEN session per process and alias, shared by every waiting caller
+    # (journal/flows/event_listener.py); it wakes this caller for its run's set_event, and the pause
+    # below bounds the wait anyway (the poll while the session is down, and on SQLite).
+    waiter = event_listener.listener_for(_alias()).waiter(target) if store.wait_notifications else None
     try:
         while True:
-            target = _current_run(target)
+            if waiter is not None:
+                waiter.follow(target)  # subscribed before the chain is resolved and the value read
+            current = _current_run(target)
+            if current != target:  # continued as new: listen for the newest run, then read it
+                target = current
+                continue
             found, value = _store(target).flow_event(target, key)
             if found:
                 return value
@@ -376,19 +384,19 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
             if left <= 0:
                 return default
             pause = min(left, conf.get("LOOM_WAIT_POLL"))
-            if listener is not None:
-                for _ in listener.notifies(timeout=pause, stop_after=1):
-                    pass
+            if waiter is not None:
+                waiter.wait(pause)
             else:
                 time.sleep(pause)
     finally:
-        if listener is not None:
-            listener.close()
+        if waiter is not None:
+            waiter.close()
 
 
 def _listen(alias: str | None = None):
     """A session LISTENing on LOOM_WAIT_CHANNEL (PostgreSQL) of `alias` (default: the bound one), or None
-    if it cannot connect (poll). Behind a transaction-pooling PgBouncer LISTEN needs the server itself:
+    if it cannot connect (poll): the waker's, and the one get_event listener of this process and alias
+    (journal/flows/event_listener.py). Behind a transaction-pooling PgBouncer LISTEN needs the server itself:
     the alias's LOOM_DIRECT address (docs/scaling.md); without one it polls."""
     try:
         import psycopg
@@ -407,7 +415,7 @@ def _listen(alias: str | None = None):
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(conf.get("LOOM_WAIT_CHANNEL"))))
         return conn
     except Exception as exc:
-        log.warning("get_event: cannot LISTEN (%s); polling", exc)
+        log.warning("cannot LISTEN on %s (%s); polling", alias or "the bound alias", exc)
         return None
 
 
