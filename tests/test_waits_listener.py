@@ -13,6 +13,7 @@ import pytest
 from django.db import connection, connections
 
 from journal.flows import event_listener, get_event, send, start, wake_due
+from journal.flows import ownership as own
 from journal.models import Execution
 from tests import waits_flows  # noqa: F401  (registers waits.reply)
 
@@ -29,6 +30,10 @@ def _flows(settings, effects):
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     # Long polls: a waiter that gets its value before its first re-read was woken by a notification.
     settings.LOOM_WAIT_POLL = 5.0
+    installed = own.get_ownership()
+    own.set_ownership(None)  # as tests/test_waits_engine.py: no lease keeper thread outlives the test
+    yield
+    own.set_ownership(installed)
 
 
 def sessions(query_prefix: str) -> list[int]:
@@ -172,3 +177,23 @@ def test_the_listen_session_closes_when_nobody_waits_and_opens_again_for_the_nex
     until(lambda: listener.waiting() == 1 and listener.connected, what="a new session for the next caller")
     run_in_thread(reply_to, ["wl-i"])
     assert callers.join() == {"wl-i": {"got": 0}}
+
+
+def test_a_continue_as_new_wakes_the_waiters_of_the_run_that_continued():
+    """They follow the chain now (their events were carried to the next run), not at their next poll."""
+    start("waits.accumulator", 0, execution_id="wl-acc")
+    listener = event_listener.listener_for(connection.alias)
+    waiter = listener.waiter("wl-acc")
+    try:
+        until(lambda: listener.connected, what="the listener connected")
+        waiter.woken.clear()
+
+        def add_one() -> None:
+            send("wl-acc", "add", 1)
+            until(lambda: (wake_due(), Execution.objects.filter(pk="wl-acc~1").exists())[1], what="the next run")
+
+        run_in_thread(add_one)
+        assert waiter.wait(30)  # a bound: only the carry's notification wakes it (no event is set)
+        assert Execution.objects.get(pk="wl-acc").status == "completed"
+    finally:
+        waiter.close()
