@@ -32,8 +32,10 @@ def _no_session_outlives_the_suite(django_db_setup):
     on stderr (what it ran last) instead of failing the drop with ObjectInUse."""
     yield
     from journal import coalesce
+    from journal.flows import event_listener
 
     coalesce.close_shared()
+    event_listener.close_shared()
     if connection.vendor != "postgresql":
         return
     import psycopg
@@ -62,6 +64,16 @@ def _close_shared_coalescers():
     from journal import coalesce
 
     coalesce.close_shared()
+
+
+@pytest.fixture(autouse=True)
+def _close_get_event_listeners():
+    """A get_event on PostgreSQL starts the process's listener of its alias (one LISTEN session, closed
+    after some idle seconds); close it after each test so that none outlives its test."""
+    yield
+    from journal.flows import event_listener
+
+    event_listener.close_shared()
 
 
 @pytest.fixture

@@ -36,8 +36,8 @@ from journal import conf, jsonvalues, shards
 from journal.atomic import atomic
 from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, StaleFence, StreamExists, UnknownStream
+from journal.flows import event_listener, writer
 from journal.flows import events as ev
-from journal.flows import writer
 from journal.flows.context import WaitSpec, check_name, check_seconds, iso, now, parse_time
 from journal.flows.errors import (
     ExecutionExists,
@@ -366,10 +366,18 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
     if wait <= 0:
         return default
     until = time.monotonic() + wait
-    listener = _listen() if store.wait_notifications else None
+    # PostgreSQL: one LISTEN session per process and alias, shared by every waiting caller
+    # (journal/flows/event_listener.py); it wakes this caller for its run's set_event, and the pause
+    # below bounds the wait anyway (the poll while the session is down, and on SQLite).
+    waiter = event_listener.listener_for(_alias()).waiter(target) if store.wait_notifications else None
     try:
         while True:
-            target = _current_run(target)
+            if waiter is not None:
+                waiter.follow(target)  # subscribed before the chain is resolved and the value read
+            current = _current_run(target)
+            if current != target:  # continued as new: listen for the newest run, then read it
+                target = current
+                continue
             found, value = _store(target).flow_event(target, key)
             if found:
                 return value
@@ -377,20 +385,21 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
             if left <= 0:
                 return default
             pause = min(left, conf.get("LOOM_WAIT_POLL"))
-            if listener is not None:
-                for _ in listener.notifies(timeout=pause, stop_after=1):
-                    pass
+            if waiter is not None:
+                waiter.wait(pause)
             else:
                 time.sleep(pause)
     finally:
-        if listener is not None:
-            listener.close()
+        if waiter is not None:
+            waiter.close()
 
 
 def _listen(alias: str | None = None, channel: str | None = None):
     """A session LISTENing on `channel` (default LOOM_WAIT_CHANNEL; PostgreSQL) of `alias` (default: the
-    bound one), or None if it cannot connect (poll). Behind a transaction-pooling PgBouncer LISTEN needs
-    the server itself: the alias's LOOM_DIRECT address (docs/scaling.md); without one it polls."""
+    bound one), or None if it cannot connect (poll): the waker's, the queue dispatcher's, and the one
+    get_event listener of this process and alias (journal/flows/event_listener.py). Behind a
+    transaction-pooling PgBouncer LISTEN needs the server itself: the alias's LOOM_DIRECT address
+    (docs/scaling.md); without one it polls."""
     try:
         import psycopg
         from django.db import connections
@@ -405,11 +414,16 @@ def _listen(alias: str | None = None, channel: str | None = None):
         host, port = direct.get("HOST", s.get("HOST")), direct.get("PORT", s.get("PORT"))
         conn = psycopg.connect(host=host or "127.0.0.1", port=port or 5432, dbname=s["NAME"],
                                user=s.get("USER") or None, password=s.get("PASSWORD") or None, autocommit=True)
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel or conf.get("LOOM_WAIT_CHANNEL"))))
-        return conn
     except Exception as exc:
         log.warning("cannot LISTEN on %s (%s); polling", channel or conf.get("LOOM_WAIT_CHANNEL"), exc)
         return None
+    try:
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel or conf.get("LOOM_WAIT_CHANNEL"))))
+    except Exception as exc:  # connected but refused: the session is closed, not left to the server
+        conn.close()
+        log.warning("cannot LISTEN on %s (%s); polling", channel or conf.get("LOOM_WAIT_CHANNEL"), exc)
+        return None
+    return conn
 
 
 @shards.by_stream

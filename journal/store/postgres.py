@@ -501,11 +501,16 @@ WITH moved AS (
 )
 SELECT DISTINCT topic FROM moved
 """
-# ... and the flow events are copied (the next run's own, if it set one already, win).
+# ... and the flow events are copied (the next run's own, if it set one already, win); 'event:<from>'
+# is notified (at the settle's commit) so that get_event callers subscribed to the run that continued
+# follow the chain now rather than at their next poll (journal/flows/event_listener.py).
 CARRY_FLOW_EVENTS = """
-INSERT INTO journal_flowevent (execution_id, key, value, updated_at)
-SELECT %(to)s, key, value, updated_at FROM journal_flowevent WHERE execution_id = %(from)s
-ON CONFLICT (execution_id, key) DO NOTHING
+WITH copied AS (
+    INSERT INTO journal_flowevent (execution_id, key, value, updated_at)
+    SELECT %(to)s, key, value, updated_at FROM journal_flowevent WHERE execution_id = %(from)s
+    ON CONFLICT (execution_id, key) DO NOTHING
+)
+SELECT pg_notify(%(channel)s, 'event:' || %(from)s::text)
 """
 
 # -- wake_wait -- (after LOCK_HEADER) due now, only if not due already; notified.
@@ -561,7 +566,7 @@ SELECT message_id, topic, payload, sent_at, consumed_at FROM journal_message
 WHERE execution_id = %s ORDER BY id DESC LIMIT %s
 """
 
-# -- put_flow_event -- upsert, notified ("<execution_id>" as payload: get_event callers re-read).
+# -- put_flow_event -- upsert, notified ('event:<execution_id>' as payload: that execution's get_event callers re-read).
 PUT_FLOW_EVENT = """
 WITH up AS (
     INSERT INTO journal_flowevent (execution_id, key, value, updated_at)
@@ -796,7 +801,7 @@ class PostgresStore(JournalStore):
             self._lock_header(cursor, to_id)
             cursor.execute(CARRY_MESSAGES, {"from": from_id, "to": to_id})
             topics = [row[0] for row in cursor.fetchall()]
-            cursor.execute(CARRY_FLOW_EVENTS, {"from": from_id, "to": to_id})
+            cursor.execute(CARRY_FLOW_EVENTS, {"from": from_id, "to": to_id, "channel": conf.get("LOOM_WAIT_CHANNEL")})
             for topic in topics:
                 cursor.execute(WAKE, {"eid": to_id, "now": now, "topic": topic, "child": None,
                                       "channel": conf.get("LOOM_WAIT_CHANNEL")})
