@@ -83,7 +83,8 @@ class StartReservation(models.Model):
 
     execution_id = models.CharField(max_length=200, primary_key=True)
     flow = models.CharField(max_length=200)
-    input_hash = models.CharField(max_length=64, help_text="HMAC-SHA256, keyed by SECRET_KEY, of the stored input as canonical JSON.")
+    input_hash = models.CharField(max_length=64,
+                                  help_text="HMAC-SHA256, keyed by SECRET_KEY, of the stored input as canonical JSON.")
     started_by = models.CharField(max_length=200, blank=True, default="",
                                   help_text="The API token's name (empty for a start queued from code).")
     created_at = models.DateTimeField(db_default=Now())
