@@ -46,8 +46,9 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from journal import shards
-from journal.admin_base import ReadOnlyAdmin, SafeChangeList, ShardedChangeList, ShardedRows, panel_fields
+from journal.admin_base import ReadOnlyAdmin, SafeChangeList, panel_fields
 from journal.admin_filters import QueueFilter, ScheduleFilter
+from journal.admin_shards import ShardedRows, pick_value
 from journal.aggregates.admin import AggregateAdmin
 from journal.ids import stored_id_problem
 from journal.models import AggregateStream, DataKey, Event, Execution, Fence, Snapshot
@@ -195,17 +196,10 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     def may(self, request, verb: str) -> bool:
         return getattr(self, f"has_{verb}_permission")(request)
 
-    # -- list ----------------------------------------------------------------------------------------
-    def get_changelist(self, request, **kwargs):
-        return ShardedChangeList  # every shard's executions in one list (journal/shards.py)
-
-    def get_list_display(self, request):
-        shown = super().get_list_display(request)
-        return shown if shards.sharded() else tuple(name for name in shown if name != "shard")
-
-    @admin.display(description="shard")
-    def shard(self, execution) -> str:
-        return execution._state.db or ""
+    # -- list (every shard's executions, a shard column: journal/admin_shards.py) ---------------------
+    def find_shard(self, object_id: str) -> str | None:
+        """An execution's shard is its id's placement (journal/shards.py), no probing."""
+        return None if stored_id_problem(object_id) is not None else shards.shard_for(object_id)
 
     def get_queryset(self, request):
         done = (Event.objects.filter(stream_id=OuterRef("pk"), type="STEP_COMPLETED").order_by()
@@ -273,8 +267,8 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         return self._bulk(request, queryset, "suspend")
 
     def _bulk(self, request, queryset, verb: str):
-        # The selection on every shard (the action's queryset is one database's); each act() runs on its shard.
-        executions = list(ShardedRows(queryset, shards.shards())[:500]) if shards.sharded() else list(queryset[:500])
+        # The selection on every shard (journal/admin_shards.py); each act() runs on its execution's shard.
+        executions = list(ShardedRows(self.selection(request, queryset))[:500])
         rows = [(execution, *plan(execution, verb)) for execution in executions]
         if request.POST.get("post") == "yes":
             done = sum(act(request, execution.pk, verb) for execution, will, _ in rows if will)
@@ -287,7 +281,7 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.model._meta,
             "title": f"{verb.capitalize()} executions?", "verb": verb, "rows": rows,
-            "any_will": any(will for _, will, _ in rows),
+            "any_will": any(will for _, will, _ in rows), "picked": [pick_value(e) for e, _, _ in rows],
             "action_checkbox_name": ACTION_CHECKBOX_NAME, "action": f"{verb}_executions",
             **_crumbs(None, f"{verb.capitalize()} executions"),
         }
@@ -307,8 +301,11 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         def sharded_view(request, object_id):
             if stored_id_problem(unquote(object_id)) is not None:  # NUL, lone surrogate: no such execution
                 raise Http404("no such execution")
-            with shards.on_stream(unquote(object_id)):  # the execution's page reads its shard
-                return view(request, object_id)
+            with self.on_row_shard(request, object_id):  # the execution's page reads its shard
+                response = view(request, object_id)
+                if hasattr(response, "render"):
+                    response.render()
+                return response
 
         def view(request, object_id):
             execution = get_object_or_404(Execution, pk=unquote(object_id))
@@ -343,10 +340,8 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         return super().get_object(request, object_id, from_field)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        if stored_id_problem(unquote(object_id)) is None:
-            with shards.on_stream(unquote(object_id)):  # its header, log and panels on the execution's shard
-                return self._change_view(request, object_id, form_url, extra_context)
-        return self._change_view(request, object_id, form_url, extra_context)
+        with self.on_row_shard(request, object_id):  # its header, log and panels on the execution's shard
+            return self._change_view(request, object_id, form_url, extra_context)
 
     def _change_view(self, request, object_id, form_url="", extra_context=None):
         from journal.exceptions import InvalidStream
@@ -434,7 +429,8 @@ class DataKeyAdmin(SafeChangeList, ReadOnlyAdmin):
     def forget_subjects(self, request, queryset):
         from journal.privacy import forget
 
-        subjects = list(queryset[:500])
+        # The selection on every shard; a subject's keys on several shards are listed (and forgotten) once.
+        subjects = list({s.pk: s for s in ShardedRows(self.selection(request, queryset))[:500]}.values())
         if request.POST.get("post") == "yes":
             by = f"admin:{request.user.get_username()}"
             for subject in subjects:
@@ -445,6 +441,7 @@ class DataKeyAdmin(SafeChangeList, ReadOnlyAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.model._meta, "subjects": subjects,
             "title": "Forget these data subjects?", "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "picked": [pick_value(s) for s in subjects],
         }
         return TemplateResponse(request, "journal/datakey_forget_confirm.html", context)
 

@@ -19,9 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.contrib import admin
-from django.contrib.admin.views.main import ERROR_FLAG, ChangeList
+from django.contrib.admin.views.main import ERROR_FLAG
 from django.db import DatabaseError
 from django.http import HttpResponseRedirect
+
+from journal.admin_shards import ShardedAdmin
 
 
 class RefuseUnstorableFilters:
@@ -71,13 +73,11 @@ class ReadOnlyPermissions:
         return False
 
 
-class ReadOnlyAdmin(ReadOnlyPermissions, RefuseUnstorableFilters, admin.ModelAdmin):
+class ReadOnlyAdmin(ReadOnlyPermissions, RefuseUnstorableFilters, ShardedAdmin, admin.ModelAdmin):
     """A read-only model page: views only, unstorable filters redirect, actions need their own permission.
-    The journal's pages put SafeChangeList first, so out-of-range values redirect too. The list of a model
-    that lives on every shard (journal, leases, queues, projections) shows every shard's rows (ShardedChangeList)."""
-
-    def get_changelist(self, request, **kwargs):
-        return ShardedChangeList
+    The journal's pages put SafeChangeList first, so out-of-range values redirect too. A model that lives on
+    every shard (journal, leases, queues, projections) is listed, opened and acted on across shards
+    (journal/admin_shards.py)."""
 
 
 class ReadOnlyInline(ReadOnlyPermissions, admin.TabularInline):
@@ -114,65 +114,3 @@ def add_execution_panel(name: str, label: str, render: Callable[[str], str]) -> 
 def panel_fields() -> tuple[Callable, ...]:
     """The registered panels as read-only fields, the same objects on every call (the admin matches them)."""
     return tuple(panel.field for panel in EXECUTION_PANELS.values())
-
-
-class ShardedRows:
-    """The rows of one queryset on every shard (journal/shards.py), merged in the queryset's order: what the
-    admin's paginator counts and slices when LOOM_SHARDS names several databases. A page [a:b] reads at most
-    b rows per shard; each row remembers its shard (`row._state.db`)."""
-
-    ordered = True  # the paginator's check: the order is the queryset's, applied per shard and in the merge
-
-    def __init__(self, queryset, aliases: list[str]):
-        self.parts = [queryset.using(alias) for alias in aliases]
-        order = list(queryset.query.order_by) or list(queryset.model._meta.ordering) or ["-pk"]
-        self.keys = [(name.lstrip("-"), name.startswith("-")) for name in order if isinstance(name, str)]
-        self._count: int | None = None
-
-    def count(self) -> int:
-        if self._count is None:
-            self._count = sum(part.count() for part in self.parts)
-        return self._count
-
-    def __len__(self) -> int:
-        return self.count()
-
-    def _compare(self, a, b) -> int:
-        for name, descending in self.keys:
-            x, y = getattr(a, "pk" if name == "pk" else name, None), getattr(b, "pk" if name == "pk" else name, None)
-            if x == y:
-                continue
-            less = y is None if x is None or y is None else x < y  # NULLs last, as PostgreSQL sorts ascending
-            return (1 if less else -1) if descending else (-1 if less else 1)
-        return 0
-
-    def __getitem__(self, key):
-        from functools import cmp_to_key
-
-        if isinstance(key, int):
-            return self[key:key + 1][0]
-        stop = key.stop if key.stop is not None else self.count()
-        rows = [row for part in self.parts for row in part[:stop]]
-        rows.sort(key=cmp_to_key(self._compare))
-        return rows[key]
-
-
-class ShardedChangeList(ChangeList):
-    """A list page over every shard: the count, the page and the "show all" list are merged from each shard's
-    query (filters, search and ordering apply on each). One shard: Django's own list, unchanged."""
-
-    def get_results(self, request) -> None:
-        super().get_results(request)
-        from journal import shards
-
-        if not shards.sharded() or not shards.ShardRouter().routes(self.model):
-            return  # one shard, or a model that stays on its one database (benchmarks, start reservations)
-        rows = ShardedRows(self.queryset, shards.shards())
-        self.result_count = self.full_result_count = rows.count()
-        self.can_show_all = self.result_count <= self.list_max_show_all
-        self.multi_page = self.result_count > self.list_per_page
-        if (self.show_all and self.can_show_all) or not self.multi_page:
-            self.result_list = rows[0:self.result_count]
-        else:
-            self.paginator = self.model_admin.get_paginator(request, rows, self.list_per_page)
-            self.result_list = self.paginator.get_page(self.page_num).object_list

@@ -17,6 +17,7 @@ from django.template.response import TemplateResponse
 
 from journal import shards
 from journal.admin_base import ReadOnlyAdmin
+from journal.admin_shards import pick_value
 from journal.atomic import atomic
 from projections.declarations import registry
 from projections.models import Checkpoint, Subscription
@@ -82,22 +83,31 @@ class SubscriptionAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Unblock (retry from the failed event)", permissions=["unblock"])
     def unblock(self, request, queryset):
-        count = store_for(queryset.db).unblock(list(queryset.values_list("id", flat=True)))
+        # Each shard's ticked rows on that shard (ids repeat across shards: journal/admin_shards.py).
+        count = sum(store_for(part.db).unblock(list(part.values_list("id", flat=True)))
+                    for part in self.selection(request, queryset))
         self.message_user(request, f"{count} subscription(s) unblocked.", messages.SUCCESS)
 
     @admin.action(description="Reset: replay the selected consumers from the start", permissions=["replay"])
     def reset_replay(self, request, queryset):
-        names = set(queryset.values_list("consumer", flat=True))
+        parts = self.selection(request, queryset)
+        names = {name for part in parts for name in part.values_list("consumer", flat=True)}
         if request.POST.get("post") != "yes":
-            return self._confirm_reset(request, queryset, names)
-        count = reset_consumers(names, queryset.db)
+            return self._confirm_reset(request, parts, names)
+        # A consumer is replayed on every shard: its reset hook wipes a read model fed by all of them, so a
+        # replay on the ticked row's shard alone would rebuild it without the other shards' events.
+        count = reset_consumers(names, None if shards.sharded() else queryset.db)
         self.message_user(request, f"{', '.join(sorted(names))}: {count} subscription(s) reset for replay.",
                           messages.SUCCESS)
 
-    def _confirm_reset(self, request, queryset, names: set[str]) -> TemplateResponse:
+    def _confirm_reset(self, request, parts, names: set[str]) -> TemplateResponse:
         """What a reset will do, per consumer, before it is done (nothing changes on this page)."""
-        totals = dict(Subscription.objects.using(queryset.db).filter(consumer__in=names).values("consumer")
-                      .annotate(n=Count("id")).values_list("consumer", "n"))
+        aliases = shards.shards() if shards.sharded() else [parts[0].db]
+        totals: dict[str, int] = {}
+        for alias in aliases:  # every subscription of the consumer, on every shard (what reset_consumers resets)
+            for name, n in (Subscription.objects.using(alias).filter(consumer__in=names).values("consumer")
+                            .annotate(n=Count("id")).values_list("consumer", "n")):
+                totals[name] = totals.get(name, 0) + n
         consumers = []
         for name in sorted(names):
             declared = registry.consumers.get(name)
@@ -106,7 +116,7 @@ class SubscriptionAdmin(ReadOnlyAdmin):
                               "wipes": declared is not None and declared.reset is not None})
         context = {**self.admin_site.each_context(request), "title": "Reset and replay: are you sure?",
                    "opts": self.model._meta, "consumers": consumers,
-                   "selected": list(queryset.values_list("pk", flat=True)),
+                   "selected": [pick_value(row) for part in parts for row in part],
                    "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME}
         return TemplateResponse(request, "projections/reset_replay_confirmation.html", context)
 

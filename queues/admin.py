@@ -23,8 +23,8 @@ def _figures(queue: Queue):
     import queues
 
     found = _stats.get()
-    if found is None or queue.pk not in found:
-        found = {row.name: row for row in queues.stats(queue._state.db)}
+    if found is None or queue.pk not in found:  # every shard's figures added up, as on the list
+        found = {row.name: row for row in queues.stats()}
     return found.get(queue.pk)
 
 
@@ -34,13 +34,9 @@ class QueueAdmin(ReadOnlyAdmin):
     fields = ("name", "running", "cap", "depth", "ready", "partition_cap", "rate", "updated_at", "executions")
     readonly_fields = fields
     search_fields = ("name",)
-
-    def get_changelist(self, request, **kwargs):
-        """Django's own list: a queue's row is on every shard (each counts its own caps), so one database's
-        rows name them all; the figures are every shard's added up (queues.stats)."""
-        from django.contrib.admin.views.main import ChangeList
-
-        return ChangeList
+    # One row per queue, not per shard: a queue's row is on every shard (each counts its own caps), so one
+    # database's rows name them all; the figures are every shard's added up (queues.stats), list and page.
+    rows_per_shard = False
 
     def changelist_view(self, request, extra_context=None):
         import queues

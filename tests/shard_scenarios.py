@@ -415,6 +415,124 @@ def admin_pages(arg) -> dict:
             "fences": sorted(set(re.findall(rf"({re.escape(run)}-\d+)", fences)))}
 
 
+def admin_rows_per_shard(arg) -> dict:
+    """Leases, workers, subscriptions and checkpoints on both shards, with ids that repeat across them: every
+    list shows both shards' rows with their shard, a shard1 row's page reads shard1, and the unblock action
+    (ticked in the list; clicked in headless Chromium when it is installed) unblocks the shard1 row only."""
+    import re
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from journal import shards
+    from journal.envelopes import Envelope
+    from journal.models import Event
+    from leases.models import Lease, Worker
+    from leases.store import store_for as lease_store
+    from projections.models import Checkpoint, Subscription
+
+    run = arg["run"]
+    shared_sub = 900_000 + len(run)  # the same subscription id on both shards
+    eids = ids_on_each_shard(f"{run}-lease", 2)
+    for alias in shards.shards():
+        # One worker id on both shards (a worker registers on each), told apart by its host.
+        Worker.objects.using(alias).update_or_create(id=f"{run}-w", defaults={"host": f"host-on-{alias}", "pid": 1})
+        Subscription.objects.using(alias).update_or_create(
+            id=shared_sub, defaults={"consumer": f"{run}-c", "stream": f"{run}-stream-on-{alias}", "blocked": True,
+                                     "error": f"boom on {alias}", "at": 0, "tip": 3})
+        Checkpoint.objects.using(alias).update_or_create(consumer=f"{run}-c", defaults={"position": 7})
+    for eid in eids:  # a lease at the stream's fence, taken through the lease store on the stream's shard
+        alias = shards.shard_for(eid)
+        if not Lease.objects.using(alias).filter(execution_id=eid).exists():
+            token, _ = Event.objects.open_stream(eid, Envelope("T", {}))
+            lease_store(alias).acquire_many(f"{run}-w", [(eid, token)], ttl=3600)
+    user, _ = get_user_model().objects.get_or_create(username=f"{run}-admin", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(user)
+
+    def shards_listed(url: str, q: str) -> list[str]:
+        html = client.get(url, {"q": q}).content.decode()
+        return sorted(re.findall(r'class="field-shard">([^<]*)<', html))
+
+    lists = {
+        "leases": shards_listed("/admin/leases/lease/", f"{run}-lease"),
+        "workers": shards_listed("/admin/leases/worker/", f"{run}-w"),
+        "subscriptions": shards_listed("/admin/projections/subscription/", f"{run}-c"),
+        "checkpoints": shards_listed("/admin/projections/checkpoint/", f"{run}-c"),
+    }
+    workers_html = client.get("/admin/leases/worker/", {"q": f"{run}-w"}).content.decode()
+    links = sorted(set(re.findall(rf'href="(/admin/leases/worker/{re.escape(run)}-w/change/\?[^"]*)"', workers_html)))
+    other = shards.shards()[1]
+    worker_page = client.get(f"/admin/leases/worker/{run}-w/change/", {"shard": other}).content.decode()
+    sub_page = client.get(f"/admin/projections/subscription/{shared_sub}/change/", {"shard": other})
+    lease_one = next(e for e in eids if shards.shard_for(e) == other)
+    lease_page = client.get(f"/admin/leases/lease/{lease_one}/change/")  # no ?shard=: found on its shard
+    checkpoint_page = client.get(f"/admin/projections/checkpoint/{run}-c/change/", {"shard": other})
+    pages = {
+        "worker": worker_page.count(f"host-on-{other}"), "worker_default": worker_page.count("host-on-default"),
+        "worker_leases": sorted(set(re.findall(rf"({re.escape(run)}-lease-\d+)", worker_page))),
+        "subscription": sub_page.status_code, "sub_stream": f"{run}-stream-on-{other}" in sub_page.content.decode(),
+        "sub_default": f"{run}-stream-on-default" in sub_page.content.decode(),
+        "lease": lease_page.status_code, "checkpoint": checkpoint_page.status_code,
+    }
+    subs_html = client.get("/admin/projections/subscription/", {"q": f"{run}-c"}).content.decode()
+    boxes = sorted(re.findall(r'name="_selected_action" value="([^"]*)"', subs_html))
+    clicked = click_unblock(client, f"{run}-c", f"{other}:{shared_sub}") if arg.get("browser") else None
+    if clicked is None:
+        client.post("/admin/projections/subscription/?q=" + f"{run}-c",
+                    {"action": "unblock", "_selected_action": [f"{other}:{shared_sub}"], "index": 0})
+    blocked = {alias: Subscription.objects.using(alias).get(id=shared_sub).blocked for alias in shards.shards()}
+    return {"lists": lists, "links": links, "pages": pages, "boxes": boxes, "blocked": blocked, "clicked": clicked,
+            "lease_shards": sorted({shards.shard_for(e) for e in eids})}
+
+
+def click_unblock(client, query: str, box: str) -> str | None:
+    """Tick `box` on the subscriptions list in headless Chromium (no JavaScript) against a live server of this
+    process (its two shards), choose "Unblock" and press Go: the page's message, or None without a browser."""
+    import os
+    import threading
+    from pathlib import Path
+
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
+
+    chromium = Path("/usr/bin/chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    if not chromium.exists():
+        return None
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadedWSGIServer(("127.0.0.1", 0), Quiet)
+    server.set_app(WSGIHandler())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's loop in this thread; the ORM beside it
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(chromium), args=[
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+            context = browser.new_context(java_script_enabled=False)
+            context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": url}])
+            page = context.new_page()
+            page.goto(f"{url}/admin/projections/subscription/?q={query}")
+            page.check(f'input[name="_selected_action"][value="{box}"]')
+            page.select_option('select[name="action"] >> nth=0', "unblock")
+            page.click('button[name="index"][value="0"], input[name="index"][value="0"]')
+            page.wait_for_load_state()
+            text = page.inner_text("ul.messagelist") if page.query_selector("ul.messagelist") else page.content()
+            browser.close()
+            return text
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def queues_over_shards(arg) -> dict:
     """Queues, schedules, the CLI and Django Tasks over two shards: an entry lives on its execution's shard
     (a partition's and a dedup id's on that key's shard), one dispatcher runs every shard's entries, the

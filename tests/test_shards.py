@@ -163,6 +163,29 @@ def test_the_executions_admin_lists_every_shard_and_opens_each_execution_on_its_
     assert len(facts["fences"]) == 60  # the fences list (journal's generic read-only page) merges both shards too
 
 
+def test_leases_workers_subscriptions_and_checkpoints_are_listed_opened_and_acted_on_per_shard(shard_env):
+    """Ids repeat across shards (one worker id on each, the same subscription id): each list shows both shards'
+    rows with their shard, a shard1 row's page reads shard1 (its worker's leases too), and the Unblock action
+    clicked in a real browser on the shard1 row unblocks that row, not default's row with the same id."""
+    facts = scenario(shard_env, "admin_rows_per_shard", {"run": "aps", "browser": True})
+    both = ["default", "shard1"]
+    assert facts["lease_shards"] == both
+    lists = facts["lists"]
+    assert {k: lists[k] for k in ("leases", "workers", "subscriptions")} == {
+        "leases": ["default", "default", "shard1", "shard1"], "workers": both, "subscriptions": both}, lists
+    assert sorted(set(lists["checkpoints"])) == both, lists  # (no search on checkpoints: every consumer's)
+    assert [link.rsplit("=", 1)[1] for link in facts["links"]] == both  # each row's link names its shard
+    pages = facts["pages"]
+    assert pages["worker"] and not pages["worker_default"], pages  # shard1's worker row, not default's
+    assert len(pages["worker_leases"]) == 2, pages  # the leases it holds on shard1 (its inline)
+    assert pages["subscription"] == 200 and pages["sub_stream"] and not pages["sub_default"], pages
+    assert pages["lease"] == 200 and pages["checkpoint"] == 200, pages
+    assert facts["boxes"] == [f"{alias}:{900_003}" for alias in both]  # each checkbox names its row's shard
+    if Path("/usr/bin/chromium").exists():  # the Unblock button was clicked in the browser (else a Client POST)
+        assert "1 subscription(s) unblocked" in (facts["clicked"] or ""), facts["clicked"]
+    assert facts["blocked"] == {"default": True, "shard1": False}
+
+
 def test_queues_schedules_the_cli_and_tasks_act_on_each_executions_shard(shard_env):
     facts = scenario(shard_env, "queues_over_shards", {"run": "qs"})
     assert all(facts["placed"].values()) and len(facts["placed"]) == 6  # each entry on its execution's shard
