@@ -441,3 +441,39 @@ def test_the_recovery_sweep_reads_the_lapsed_executions_by_index_not_every_runni
             assert any("expires_at<?" in d for d in reads), details
     taken = store.takeover("sweeper", ttl=30, orphan_after=60, max_attempts=5, limit=20, flows=["leases.noop"])
     assert taken.taken == sorted((eid, 2) for eid in expired + orphans) and taken.stuck == []
+
+
+@pytest.mark.postgres
+def test_two_sweepers_take_disjoint_executions_and_the_second_skips_the_first_ones_locks():
+    """FOR UPDATE OF e SKIP LOCKED through the two arms: while one sweeper holds the candidates it
+    selected (first 3 of 6 expired, by id), a second sweeper takes exactly the other 3 at once: it
+    neither waits for the first's row locks (it would then take all 6) nor takes them twice."""
+    from django.db import transaction
+
+    from leases.store.postgres import TAKEOVER_CANDIDATES
+
+    eids = [running(f"pair-{n}") for n in range(6)]
+    store_for().fill_leases("holder", eids, 1, -60)
+    locked, done, seen = threading.Event(), threading.Event(), {}
+
+    def first_sweeper():
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(TAKEOVER_CANDIDATES, {"orphan": 60.0, "limit": 3, "any_flow": True, "flows": []})
+                seen["first"] = [row[0] for row in cursor.fetchall()]
+                locked.set()
+                done.wait(30)
+        finally:
+            locked.set()
+            connection.close()
+
+    thread = threading.Thread(target=first_sweeper)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        second = store_for().takeover("second", ttl=30, orphan_after=60, max_attempts=5, limit=10)
+    finally:
+        done.set()
+        thread.join(30)
+    assert seen["first"] == eids[:3]
+    assert second.taken == [(eid, 2) for eid in eids[3:]]
