@@ -98,6 +98,12 @@ class Execution(models.Model):
                        ("message_execution", "Can send a message to an execution"),
                        ("suspend_execution", "Can suspend and resume an execution"),
                        ("fork_execution", "Can fork an execution")]
+        # The recovery sweep's orphan arm (RECOVERY_CANDIDATES): running executions last updated before
+        # the orphan grace, without reading every running one. Partial: the settled rows (most of the
+        # table) are never in it. Its statements say `status = 'running'` exactly as here: SQLite uses a
+        # partial index only when the WHERE implies its predicate term by term.
+        indexes = [models.Index(fields=["updated_at"], condition=models.Q(status="running"),
+                                name="journal_exec_running_upd")]
 
     def __str__(self) -> str:
         return f"{self.flow} {self.id} ({self.status})"

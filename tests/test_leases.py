@@ -3,6 +3,7 @@ grace. The keeper is driven step by step (no thread) where statements are counte
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -384,3 +385,95 @@ def _db_now():
     from django.db.models.functions import Now
 
     return Now()
+
+
+LIVE = 20_000  # running executions with live leases: enough that a scan of them costs more than the indexes
+
+
+def _plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def test_the_recovery_sweep_reads_the_lapsed_executions_by_index_not_every_running_one():
+    """Issue 16 (growth): the candidates statement of a sweep reads the expired leases by their
+    expires_at index and the orphans (running, no lease, older than the grace) by the partial index
+    of running executions' updated_at, then each header by primary key: neither journal_execution nor
+    leases_lease is scanned, so its cost follows the lapsed executions, not the 20,000 live ones.
+    It still takes exactly the expired and the orphaned ones."""
+    from datetime import UTC, datetime, timedelta
+
+    from leases.store import postgres as pg_statements
+    from leases.store import sqlite as sqlite_statements
+
+    store = store_for()
+    live = [f"live-{n:05d}" for n in range(LIVE)]
+    Execution.objects.bulk_create(Execution(id=eid, flow="leases.noop") for eid in live)
+    store.fill_leases("holder", live, 1, 3600)
+    expired = [running(f"exp-{n}") for n in range(5)]
+    store.fill_leases("holder", expired, 1, -60)
+    orphans = [running(f"orph-{n}") for n in range(3)]
+    Execution.objects.filter(id__in=orphans).update(updated_at=datetime.now(UTC) - timedelta(hours=1))
+    params = {"limit": 20, "any_flow": False, "flows": ["leases.noop"]}
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE journal_execution")
+        cursor.execute("ANALYZE leases_lease")
+        if connection.vendor == "postgresql":
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + pg_statements.TAKEOVER_CANDIDATES,
+                           {**params, "orphan": 60.0})
+            plan = cursor.fetchone()[0]
+            nodes = list(_plan_nodes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]))
+            scans = [n for n in nodes if n.get("Relation Name") in ("journal_execution", "leases_lease")]
+            assert scans and all(n["Node Type"] != "Seq Scan" for n in scans), nodes
+            read = max(n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0) for n in scans)
+            assert read < 100, (read, nodes)  # the 8 lapsed ones, not 20,000 live ones
+        else:
+            now = datetime.now(UTC)
+            cursor.execute("EXPLAIN QUERY PLAN " + sqlite_statements.TAKEOVER_CANDIDATES,
+                           {**params, "flows": json.dumps(params["flows"]), "now": sqlite_statements.stamp(now),
+                            "orphan": sqlite_statements.stamp(now - timedelta(seconds=60))})
+            details = [row[3] for row in cursor.fetchall()]
+            reads = [d for d in details if d.startswith(("SCAN", "SEARCH")) and " json_each" not in d
+                     and not d.startswith("SCAN c")]
+            assert reads and all(d.startswith("SEARCH") for d in reads), details
+            assert any("journal_exec_running_upd (updated_at<?)" in d for d in reads), details
+            assert any("expires_at<?" in d for d in reads), details
+    taken = store.takeover("sweeper", ttl=30, orphan_after=60, max_attempts=5, limit=20, flows=["leases.noop"])
+    assert taken.taken == sorted((eid, 2) for eid in expired + orphans) and taken.stuck == []
+
+
+@pytest.mark.postgres
+def test_two_sweepers_take_disjoint_executions_and_the_second_skips_the_first_ones_locks():
+    """FOR UPDATE OF e SKIP LOCKED through the two arms: while one sweeper holds the candidates it
+    selected (first 3 of 6 expired, by id), a second sweeper takes exactly the other 3 at once: it
+    neither waits for the first's row locks (it would then take all 6) nor takes them twice."""
+    from django.db import transaction
+
+    from leases.store.postgres import TAKEOVER_CANDIDATES
+
+    eids = [running(f"pair-{n}") for n in range(6)]
+    store_for().fill_leases("holder", eids, 1, -60)
+    locked, done, seen = threading.Event(), threading.Event(), {}
+
+    def first_sweeper():
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(TAKEOVER_CANDIDATES, {"orphan": 60.0, "limit": 3, "any_flow": True, "flows": []})
+                seen["first"] = [row[0] for row in cursor.fetchall()]
+                locked.set()
+                done.wait(30)
+        finally:
+            locked.set()
+            connection.close()
+
+    thread = threading.Thread(target=first_sweeper)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        second = store_for().takeover("second", ttl=30, orphan_after=60, max_attempts=5, limit=10)
+    finally:
+        done.set()
+        thread.join(30)
+    assert seen["first"] == eids[:3]
+    assert second.taken == [(eid, 2) for eid in eids[3:]]

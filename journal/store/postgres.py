@@ -302,18 +302,31 @@ EXECUTION_EXISTS = "EXISTS (SELECT 1 FROM journal_execution e WHERE e.id = {eid}
 
 # -- hook: RECOVERY_CANDIDATES --
 # The running executions a recovery sweep may take over, in id order, of the flows asked for
-# (%(any_flow)s, %(flows)s text[]), at most %(limit)s. The leases store fills in {lease_join} (its
-# lease row of `e`, LEFT JOINed) and {lapsed} (when that lease, or its absence, means the run is
-# orphaned). FOR UPDATE OF e SKIP LOCKED: two sweepers never take the same execution, and neither
-# waits for the other.
+# (%(any_flow)s, %(flows)s text[]), at most %(limit)s. Two index-driven arms, so that the cost follows
+# the lapsed executions, not the running ones (docs/benchmarks.md, growth: one join over every running
+# execution and every lease grew 3-5x for 10x the executions):
+# - {expired}: the leases store's subquery of the ids (one column) whose lease expired (its expires_at index);
+# - orphans: running executions last updated more than %(orphan)s seconds ago (journal_exec_running_upd,
+#   the partial index of running rows' updated_at: only the old ones are read) for which {unleased},
+#   the leases store's test on `o.id`, finds no lease row (a lazy run takes its lease after the grace).
+# The arms are disjoint (a lease row or none) and each yields an id once (primary keys): UNION ALL.
+# Each id is then read by primary key and re-checked running (the arms are a snapshot: a run that
+# settled since is skipped), then filtered by flow. FOR UPDATE OF e SKIP LOCKED: two sweepers never
+# take the same execution, and neither waits for the other; only the header rows are locked.
 RECOVERY_CANDIDATES = """
-SELECT e.id, e.recoveries, e.flow FROM journal_execution e
-{lease_join}
+SELECT e.id, e.recoveries, e.flow
+FROM (
+    SELECT o.id FROM journal_execution o
+    WHERE o.status = 'running' AND o.updated_at < now() - %(orphan)s::float8 * interval '1 second'
+      AND {unleased}
+    UNION ALL
+    {expired}
+) c
+JOIN journal_execution e ON e.id = c.id
 WHERE e.status = 'running'
   -- Only flows this worker has code for: another worker may run the rest; taking them here would
   -- burn their recovery attempts on UnknownFlow.
   AND (%(any_flow)s OR e.flow = ANY(%(flows)s::text[]))
-  AND ({lapsed})
 ORDER BY e.id
 LIMIT %(limit)s
 FOR UPDATE OF e SKIP LOCKED

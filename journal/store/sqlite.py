@@ -100,14 +100,24 @@ STREAM_TIP_SQL = "SELECT MAX(j.seq) AS tip FROM journal_event j WHERE j.stream_i
 # -- hook: EXECUTION_EXISTS -- (see postgres.EXECUTION_EXISTS) whether execution {eid} has a header.
 EXECUTION_EXISTS = "EXISTS (SELECT 1 FROM journal_execution e WHERE e.id = {eid})"
 
-# -- hook: RECOVERY_CANDIDATES -- (see postgres.RECOVERY_CANDIDATES) no SKIP LOCKED: the sweep's
-# transaction holds the write lock (BEGIN IMMEDIATE), so two sweepers run one after the other.
+# -- hook: RECOVERY_CANDIDATES -- (see postgres.RECOVERY_CANDIDATES: the same two arms; %(orphan)s is
+# the cutoff stamp) no SKIP LOCKED: the sweep's transaction holds the write lock (BEGIN IMMEDIATE), so
+# two sweepers run one after the other. `o.status = 'running'` is spelled as journal_exec_running_upd's
+# predicate, or SQLite would not use the partial index. CROSS JOIN: SQLite keeps the arms as the outer
+# loop and reads each header by primary key (it could otherwise walk every running header in id order
+# to skip the sort).
 RECOVERY_CANDIDATES = """
-SELECT e.id, e.recoveries, e.flow FROM journal_execution e
-{lease_join}
-WHERE e.status = 'running'
+SELECT e.id, e.recoveries, e.flow
+FROM (
+    SELECT o.id AS id FROM journal_execution o
+    WHERE o.status = 'running' AND o.updated_at < %(orphan)s AND {unleased}
+    UNION ALL
+    {expired}
+) c
+CROSS JOIN journal_execution e
+WHERE e.id = c.id
+  AND e.status = 'running'
   AND (%(any_flow)s OR e.flow IN (SELECT value FROM json_each(%(flows)s)))
-  AND ({lapsed})
 ORDER BY e.id
 LIMIT %(limit)s
 """

@@ -113,11 +113,13 @@ UPDATE leases_lease l SET expires_at = now() FROM (
 # than `orphan_after` ago (a lazy run takes its lease after the grace, so an older one without a
 # lease is orphaned: its process died within the grace). The journal's RECOVERY_CANDIDATES hook
 # (its executions, FOR UPDATE OF e SKIP LOCKED: two sweepers never take the same execution, and
-# neither waits for the other) with our lease join and lapse test, in one statement.
+# neither waits for the other) with our two terms, in one statement: the expired arm reads only the
+# lapsed range of the expires_at index (no lock on the lease: TAKEOVER_CLAIM re-checks the expiry
+# under its row lock, and a renewal that committed first wins there), and the orphan arm probes the
+# primary key for each old running execution the journal's partial index yields.
 TAKEOVER_CANDIDATES = journal_sql.RECOVERY_CANDIDATES.format(
-    lease_join="LEFT JOIN leases_lease l ON l.execution_id = e.id",
-    lapsed="l.expires_at < now()"
-           " OR (l.execution_id IS NULL AND e.updated_at < now() - %(orphan)s::float8 * interval '1 second')",
+    expired="SELECT l.execution_id FROM leases_lease l WHERE l.expires_at < now()",
+    unleased="NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.execution_id = o.id)",
 )
 
 # -- takeover: claim --

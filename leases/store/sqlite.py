@@ -58,11 +58,11 @@ UPDATE leases_lease SET expires_at = %(now)s WHERE owner = %(owner)s AND (execut
 """
 
 # -- takeover: candidates --
-# See leases/store/postgres.py: expired lease, or none for longer than `orphan_after` (the journal's
-# RECOVERY_CANDIDATES hook with our lease join and lapse test, in one statement).
+# See leases/store/postgres.py: expired lease (by the expires_at index), or none for longer than
+# `orphan_after` (the journal's RECOVERY_CANDIDATES hook with our two terms, in one statement).
 TAKEOVER_CANDIDATES = journal_sql.RECOVERY_CANDIDATES.format(
-    lease_join="LEFT JOIN leases_lease l ON l.execution_id = e.id",
-    lapsed="l.expires_at < %(now)s OR (l.execution_id IS NULL AND e.updated_at < %(orphan)s)",
+    expired="SELECT l.execution_id FROM leases_lease l WHERE l.expires_at < %(now)s",
+    unleased="NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.execution_id = o.id)",
 )
 
 # -- takeover: claim --
