@@ -98,6 +98,7 @@ def run(ctx) -> None:
                        **({"vs_procs_1": round(tput / procs_1, 3) if procs_1 else None} if variant == "procs-2"
                           else {}),
                        rows_per_statement=mid.get("rows_per_statement"),
+                       **({"connections_opened": mid["connections"]} if variant.startswith("procs-") else {}),
                        cpu_us_per_event=statistics.median(c["cpu_us_per_event"] for c in cells),
                        runs=[round(c["throughput"], 1) for c in cells])
 
@@ -218,6 +219,7 @@ def _procs_round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -
     return {"throughput": written / window if window > 0 else 0.0, "units": units, "processes": len(reports),
             "latencies": [ms for r in reports for ms in r["latencies"]], "flushers": flushers,
             "rows_per_statement": round(units / max(1, statements), 2),
+            "connections": sum(r["connections"] for r in reports),
             # Every child's CPU time over its timed window (writers, flush threads, driver), per event.
             "cpu_us_per_event": round(sum(r["cpu_s"] for r in reports) * 1e6 / max(1, units), 1)}
 
@@ -238,6 +240,13 @@ def writer_process(pfx: str, first: int, count: int, ops: int, flushers: int, bo
     the flush threads' connections), then the process says `ready` and waits for the pipe to close; the timed
     appends follow. Prints one JSON line: the window's start and end (time.time(), comparable between
     processes), the appends, their latencies, the coalescer's counters for the timed window, CPU seconds."""
+    from django.db.backends.signals import connection_created
+
+    opened = [0]  # connections this process opened: flush threads' and lone callers' (the adaptive path)
+
+    def opening(sender, **kwargs) -> None:
+        opened[0] += 1
+    connection_created.connect(opening, weak=False)
     env = Envelope("BenchEvent", json.loads(body))
     appender = CoalescingAppender(max_batch=64, flushers=flushers)
     warmed = threading.Barrier(count + 1)
@@ -288,7 +297,7 @@ def writer_process(pfx: str, first: int, count: int, ops: int, flushers: int, bo
     print(json.dumps({"start": start, "end": end, "units": done[1], "warmed": done[0], "latencies": latencies,
                       "errors": errors, "statements": appender.statements - before[0],
                       "batched_requests": appender.batched_requests - before[1],
-                      "retries": appender.retries - before[2], "cpu_s": cpu}), flush=True)
+                      "retries": appender.retries - before[2], "cpu_s": cpu, "connections": opened[0]}), flush=True)
 
 
 
