@@ -87,6 +87,13 @@ def test_bench_throughput_runs_every_section():
     coalesced = {r.scenario for r in found["coalesced"] if r.params["writers"] == 3}
     assert "raw-coalescer" in coalesced and all(
         r.metrics["vs_raw_coalescer"] for r in found["coalesced"] if r.params["writers"] == 3)
+    # The same 3 writers in 1 and in 2 writer processes (each its own coalescer): every timed append, 16 per
+    # writer in each of the 2 rounds, counted by the children and checked against the rows in the database.
+    procs = {r.scenario: r for r in found["coalesced"] if r.scenario.startswith("procs-")}
+    assert sorted(procs) == ["procs-1", "procs-2"]
+    assert [procs[v].params["processes"] for v in ("procs-1", "procs-2")] == [1, 2]
+    assert all(r.count == r.metrics["verified_rows"] == 3 * 16 * 2 for r in procs.values())
+    assert procs["procs-2"].metrics["vs_procs_1"] is not None and "vs_procs_1" not in procs["procs-1"].metrics
     assert all(r.metrics["verified_rows"] == r.count for r in found["append"])
     assert all(len(r.metrics["runs"]) == 2 for r in found["append"])  # the spread of the repeats
     # Every statement is counted on both backends (the coalescer's alone showed 0.00 on SQLite):

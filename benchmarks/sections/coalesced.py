@@ -14,6 +14,13 @@
   Every coalesced cell records `vs_raw_coalescer` (its throughput over this one's: ours ÷ ceiling)
   and every cell `cpu_us_per_event`, this process's CPU time per event (steadier than throughput
   on a loaded machine).
+- procs-1 / procs-2: the same writers through Loom's coalescer (max_batch 64) spread over 1 and over 2
+  OS processes (64 threads in one child vs 32 in each of two), each child with its own coalescer and
+  its own flush connections: the real deployment, several worker processes. The children (on the
+  run's database, benchmarks/children.py) connect and warm up (one append per writer), then are
+  released together by closing a pipe they all wait on; throughput is the rows written over the
+  window from the earliest child's start to the latest child's end. procs-2 records `vs_procs_1`.
+  On SQLite both run against the one database file: the processes serialize on its write lock.
 Also a single writer, per-event vs coalesced-16: with nobody to merge with, the adaptive
 coalescer writes the caller's request itself, so the two should be equal (goal: >= 0.95).
 
@@ -24,18 +31,22 @@ records its median; every round is verified against the rows it wrote.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from contextlib import nullcontext
 
-from django.db import connection
+from django.db import connection, connections
 
 from benchmarks import streams
 from benchmarks.arguments import positive_int
-from benchmarks.cells import raise_errors, tidy, verify_written
+from benchmarks.cells import open_streams, raise_errors, tidy, verify_written
+from benchmarks.children import ROOT, child_env
 from benchmarks.harness import run_workers
 from benchmarks.sections.append import _ceiling, connection_cap, direct, payload, pooled
 from journal import conf
@@ -43,7 +54,7 @@ from journal.coalesce import CoalescingAppender
 from journal.envelopes import Envelope
 from journal.models import Event
 
-VARIANTS = ("per-event", "ceiling", "raw-coalescer", "coalesced-16", "coalesced-64")
+VARIANTS = ("per-event", "ceiling", "raw-coalescer", "coalesced-16", "coalesced-64", "procs-1", "procs-2")
 SINGLE = ("per-event", "coalesced-16")
 
 
@@ -59,7 +70,7 @@ def add_arguments(parser) -> None:
 def run(ctx) -> None:
     opts = ctx.options
     writers = opts["coalesce_writers"]
-    ops = max(16, opts["ops"] // 4)  # 4 variants x repeats rounds: keep the default run short
+    ops = max(16, opts["ops"] // 4)  # 7 variants x repeats rounds: keep the default run short
     body = payload(opts["payload_bytes"])
     repeats = max(1, opts["repeats"])
     for conc, variants in ((writers, VARIANTS), (1, SINGLE)):
@@ -67,21 +78,27 @@ def run(ctx) -> None:
         for rep in range(repeats):
             order = variants[rep % len(variants):] + variants[:rep % len(variants)]
             for variant in order:
-                samples[variant].append(_round(ctx, variant, conc, ops, body, rep))
+                measure = _procs_round if variant.startswith("procs-") else _round
+                samples[variant].append(measure(ctx, variant, conc, ops, body, rep))
         base = statistics.median(s["throughput"] for s in samples["per-event"])
         raw = statistics.median(s["throughput"] for s in samples["raw-coalescer"]) if "raw-coalescer" in samples \
             else None
+        procs_1 = statistics.median(s["throughput"] for s in samples["procs-1"]) if "procs-1" in samples else None
         for variant in variants:
             cells = samples[variant]
             tput = statistics.median(c["throughput"] for c in cells)
             mid = sorted(cells, key=lambda c: c["throughput"])[len(cells) // 2]
+            procs = {"processes": mid["processes"]} if variant.startswith("procs-") else {}
             ctx.record(variant, {"writers": conc, "payload_bytes": opts["payload_bytes"], "repeats": repeats,
-                                 "flushers": mid.get("flushers")},
+                                 "flushers": mid.get("flushers"), **procs},
                        throughput=tput, unit="events/s", latencies_ms=mid["latencies"],
                        count=sum(c["units"] for c in cells), verified_rows=sum(c["units"] for c in cells),
                        vs_per_event=round(tput / base, 3) if base else None,
                        vs_raw_coalescer=round(tput / raw, 3) if raw else None,
+                       **({"vs_procs_1": round(tput / procs_1, 3) if procs_1 else None} if variant == "procs-2"
+                          else {}),
                        rows_per_statement=mid.get("rows_per_statement"),
+                       **({"connections_opened": mid["connections"]} if variant.startswith("procs-") else {}),
                        cpu_us_per_event=statistics.median(c["cpu_us_per_event"] for c in cells),
                        runs=[round(c["throughput"], 1) for c in cells])
 
@@ -143,6 +160,144 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
     # costs, steadier than throughput on a loaded machine (it does not count waiting for the server).
     extra["cpu_us_per_event"] = round(cpu * 1e6 / max(1, outcome.units), 1)
     return {"throughput": outcome.throughput, "latencies": outcome.latencies_ms, "units": outcome.units, **extra}
+
+
+def _procs_round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict:
+    """The `conc` writers spread over N child processes (`procs-N`), each with its own coalescer.
+
+    The children connect and warm up, say `ready`, then all wait on one pipe; closing its write end
+    releases them at once (every reader sees end-of-file together), so each shape is timed over the
+    same kind of window: the earliest child's start to the latest child's end, on the machine's clock."""
+    nprocs = int(variant.rsplit("-", 1)[1])
+    pfx = streams.prefix(ctx.run_id, "coalesced", variant, conc, rep)
+    open_streams(pfx, conc)
+    flushers = ctx.options.get("coalesce_flushers") or conf.get("LOOM_COALESCE_FLUSHERS")
+    shares = [share for k in range(nprocs) if (share := conc // nprocs + (k < conc % nprocs))]
+    release_r, release_w = os.pipe()
+    children: list[subprocess.Popen] = []
+    bar = ctx.progress(conc * ops, f"{variant} c={conc} #{rep + 1}")
+    try:
+        first = 0
+        for share in shares:  # all started before any is waited for: they set up side by side
+            children.append(_spawn_writers(pfx, first, share, ops, flushers, body, release_r))
+            first += share
+        os.close(release_r)
+        release_r = -1
+        for child in children:  # connected, warmed up, waiting on the pipe
+            line = child.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"coalesced {variant}: a writer process did not start: {line} "
+                                   f"{child.stderr.read()[-2000:]}")
+        os.close(release_w)  # the barrier: every child's read returns now
+        release_w = -1
+        reports = []
+        for child in children:
+            out, err = child.communicate(timeout=600)
+            if child.returncode != 0:
+                raise RuntimeError(f"coalesced {variant}: a writer process failed ({child.returncode}): {err[-2000:]}")
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for fd in (release_r, release_w):
+            if fd >= 0:
+                os.close(fd)
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    raise_errors(f"coalesced {variant} c={conc}", [e for r in reports for e in r["errors"]])
+    units = sum(r["units"] for r in reports)
+    bar.update(units)
+    bar.close()
+    label = f"{variant} c={conc} round {rep + 1}"
+    # The rows under the prefix: one opening and one warm-up append per writer, then the timed appends.
+    written = verify_written(ctx, label, pfx, units, opened=conc + sum(r["warmed"] for r in reports))
+    ctx.verify(f"{label} refused statements", 0, sum(r["retries"] for r in reports))
+    ctx.verify(f"{label} coalesced requests", units, sum(r["batched_requests"] for r in reports))
+    tidy(ctx, pfx)
+    window = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+    statements = sum(r["statements"] for r in reports)
+    return {"throughput": written / window if window > 0 else 0.0, "units": units, "processes": len(reports),
+            "latencies": [ms for r in reports for ms in r["latencies"]], "flushers": flushers,
+            "rows_per_statement": round(units / max(1, statements), 2),
+            "connections": sum(r["connections"] for r in reports),
+            # Every child's CPU time over its timed window (writers, flush threads, driver), per event.
+            "cpu_us_per_event": round(sum(r["cpu_s"] for r in reports) * 1e6 / max(1, units), 1)}
+
+
+def _spawn_writers(pfx: str, first: int, count: int, ops: int, flushers: int, body: dict,
+                   release_fd: int) -> subprocess.Popen:
+    # The children write to the database this run writes to (benchmarks/children.py), not DATABASE_URL's.
+    args = (pfx, first, count, ops, flushers, json.dumps(body), release_fd)
+    code = ("import django; django.setup()\nfrom benchmarks.sections.coalesced import writer_process\n"
+            f"writer_process(*{args!r})\n")
+    return subprocess.Popen([sys.executable, "-c", code], env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, pass_fds=(release_fd,))
+
+
+def writer_process(pfx: str, first: int, count: int, ops: int, flushers: int, body: str, release_fd: int) -> None:
+    """A child of the procs-N cells: `count` writer threads (streams pfx{first}..) through this process's own
+    coalescer (max_batch 64, `flushers` flush connections). Each writer appends once to warm up (its thread,
+    the flush threads' connections), then the process says `ready` and waits for the pipe to close; the timed
+    appends follow. Prints one JSON line: the window's start and end (time.time(), comparable between
+    processes), the appends, their latencies, the coalescer's counters for the timed window, CPU seconds."""
+    from django.db.backends.signals import connection_created
+
+    opened = [0]  # connections this process opened: flush threads' and lone callers' (the adaptive path)
+
+    def opening(sender, **kwargs) -> None:
+        opened[0] += 1
+    connection_created.connect(opening, weak=False)
+    env = Envelope("BenchEvent", json.loads(body))
+    appender = CoalescingAppender(max_batch=64, flushers=flushers)
+    warmed = threading.Barrier(count + 1)
+    go = threading.Event()
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors: list[str] = []
+    done = [0, 0]  # warm-up appends, timed appends
+
+    def writer(w: int) -> None:
+        sid, mine, units = f"{pfx}{first + w}", [], 0
+        try:
+            try:
+                appender.append(sid, env, fence_token=1)
+                with lock:
+                    done[0] += 1
+            finally:
+                warmed.wait()
+            go.wait()
+            for _ in range(ops):
+                began = time.perf_counter()
+                appender.append(sid, env, fence_token=1)
+                mine.append(round((time.perf_counter() - began) * 1000, 3))
+                units += 1
+        except Exception as exc:  # reported, then the cell fails loudly
+            with lock:
+                errors.append(f"writer {first + w}: {type(exc).__name__}: {exc}")
+        finally:
+            connections.close_all()
+            with lock:
+                latencies.extend(mine)
+                done[1] += units
+
+    threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(count)]
+    for thread in threads:
+        thread.start()
+    warmed.wait()
+    before = (appender.statements, appender.batched_requests, appender.retries)
+    print("ready", flush=True)
+    while os.read(release_fd, 1):  # end-of-file: the parent released every child at once
+        pass
+    start, cpu = time.time(), time.process_time()
+    go.set()
+    for thread in threads:
+        thread.join()
+    end, cpu = time.time(), time.process_time() - cpu
+    appender.close()
+    print(json.dumps({"start": start, "end": end, "units": done[1], "warmed": done[0], "latencies": latencies,
+                      "errors": errors, "statements": appender.statements - before[0],
+                      "batched_requests": appender.batched_requests - before[1],
+                      "retries": appender.retries - before[2], "cpu_s": cpu, "connections": opened[0]}), flush=True)
 
 
 
