@@ -432,3 +432,36 @@ def test_a_flow_with_marked_data_is_never_checkpointed_and_others_still_are(seal
     start("test.add", {"a": 1, "b": 2}, execution_id="plain-13")
     assert Snapshot.objects.latest("px-13") is None
     assert Snapshot.objects.latest("plain-13") is not None
+
+
+@pytest.fixture
+def in_memory_content(sealed):
+    """The content store on another Django storage than the file system: InMemoryStorage, named in STORAGES
+    and chosen by LOOM_CONTENT_STORAGE (what a django-storages backend is configured like)."""
+    sealed.STORAGES = {**sealed.STORAGES,
+                       "loom_content": {"BACKEND": "django.core.files.storage.InMemoryStorage"}}
+    sealed.LOOM_CONTENT_STORAGE = "loom_content"
+    yield sealed
+
+
+def test_the_content_store_works_on_a_storage_that_is_not_the_file_system(in_memory_content,
+                                                                         django_capture_on_commit_callbacks):
+    from django.core.files.storage import InMemoryStorage
+
+    in_memory_content.LOOM_CONTENT_THRESHOLD_BYTES = 200
+    cs = content_store.store()
+    assert isinstance(cs.storage, InMemoryStorage)
+    body = {"text": "y" * 500}
+    Event.objects.append("mem-1", [Envelope("Doc", body) for _ in range(5)])
+    stored = raw_payloads("mem-1")
+    assert len({p["$content"] for p in stored}) == 1 and cs.exists(stored[0]["$content"])  # stored once
+    calls = cs.batches
+    assert [e.payload for e in Event.objects.read("mem-1")] == [body] * 5
+    assert cs.batches == calls + 1
+    Event.objects.append("mem-2", [Envelope("PrivacyScan", {"customer_id": "m1", "image": "PIXELS" * 50})])
+    sha = raw_payloads("mem-2")[0]["image"]
+    assert cs.exists(sha) and b"PIXELS" not in cs.storage.open(cs.name(sha)).read()
+    with django_capture_on_commit_callbacks(execute=True):
+        forget("m1", by="ops")
+    assert not cs.exists(sha)  # erased from that storage too
+    assert Event.objects.read("mem-2")[0].payload["image"] == FORGOTTEN
