@@ -150,10 +150,10 @@ class WakeService:
 
     def _listen(self) -> None:
         """LISTEN on LOOM_WAIT_CHANNEL: every notification nudges the claim loop (a poll remains)."""
-        from journal.flows.waits import _listen
+        from journal.listen import listen
 
         while not self.stopping.is_set():
-            conn = _listen(self.alias)
+            conn = listen(self.alias, conf.get("LOOM_WAIT_CHANNEL"))
             if conn is None:
                 self.stopping.wait(1.0)
                 continue

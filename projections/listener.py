@@ -21,36 +21,12 @@ from collections.abc import Callable
 from django.db import connections
 
 from journal import conf
+from journal.listen import connect
 from projections.correlate import bumps_from_tips, parse_notification
 from projections.declarations import Registry
 from projections.store import store_for
 
 log = logging.getLogger("loom.projections")
-
-
-def direct_address(alias: str) -> dict | None:
-    """Where LISTEN may connect for `alias`: the alias itself, or — for an alias behind a transaction-pooling
-    PgBouncer (DISABLE_SERVER_SIDE_CURSORS) — its `LOOM_DIRECT` entry ({"HOST": ..., "PORT": ...}: the
-    PostgreSQL server behind the pooler); None when a pooled alias has none. LISTEN is session state: the
-    pooler gives the session's server connection to other clients after each transaction, so the
-    notifications would go to whichever client holds it, or nowhere (docs/scaling.md)."""
-    s = connections[alias].settings_dict
-    direct = s.get("LOOM_DIRECT")
-    if direct:
-        return {"HOST": direct.get("HOST", s.get("HOST")), "PORT": direct.get("PORT", s.get("PORT"))}
-    if s.get("DISABLE_SERVER_SIDE_CURSORS"):
-        return None
-    return {"HOST": s.get("HOST"), "PORT": s.get("PORT")}
-
-
-def _connect(alias: str):
-    import psycopg
-
-    s = connections[alias].settings_dict
-    address = direct_address(alias) or {}
-    return psycopg.connect(host=address.get("HOST") or "127.0.0.1", port=address.get("PORT") or 5432,
-                           dbname=s["NAME"], user=s.get("USER") or None, password=s.get("PASSWORD") or None,
-                           autocommit=True)
 
 
 def _is_poll(payload: str) -> bool:
@@ -79,7 +55,7 @@ class Listener:
         try:
             while not self.stop.is_set():
                 try:
-                    conn = _connect(self.alias)
+                    conn = connect(self.alias)
                 except Exception as exc:  # database away: poll until it is back
                     log.warning("projections listener: cannot connect (%s); retrying", exc)
                     self.stop.wait(backoff)

@@ -19,10 +19,11 @@ from django.db import DatabaseError, connections
 
 from journal import conf, shards
 from journal.identity import node_identity
+from journal.listen import direct_address
 from projections.correlate import correlate
 from projections.declarations import Registry, registry
 from projections.drain import CycleResult, DrainController
-from projections.listener import Listener, direct_address
+from projections.listener import Listener
 from projections.store import store_for
 
 log = logging.getLogger("loom.projections")

@@ -217,10 +217,10 @@ class QueueService:
         """LISTEN on `channel` of one database: every notification wakes the dispatch loop. Subscribed, the
         loop may sleep LOOM_QUEUE_IDLE_POLL; not (cannot connect, pooled without LOOM_DIRECT, connection
         lost) it polls, and this thread tries again."""
-        from journal.flows.waits import _listen
+        from journal.listen import listen
 
         while not self.stopping.is_set():
-            conn = _listen(alias, channel)
+            conn = listen(alias, channel)
             if conn is None:
                 self.stopping.wait(1.0)
                 continue

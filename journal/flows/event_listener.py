@@ -4,7 +4,7 @@ A caller of `get_event(execution_id, key, timeout=...)` on PostgreSQL waits for 
 (`event:<execution_id>` on LOOM_WAIT_CHANNEL). A session of its own per caller would make 64 waiting
 HTTP requests 64 more server sessions (max_connections is often 100), so the callers of a process share
 one: an `EventListener` per alias, created on first use, whose daemon thread holds the LISTEN session
-(`waits._listen`: the alias's LOOM_DIRECT address behind PgBouncer, None when it cannot listen) and
+(`journal/listen.py`: the alias's LOOM_DIRECT address behind PgBouncer, None when it cannot listen) and
 wakes the waiters of the execution a notification names. Other payloads on the channel (the due times
 of parked waits, for the waker) are ignored here.
 
@@ -24,6 +24,8 @@ import logging
 import os
 import threading
 import time
+
+from journal import conf
 
 log = logging.getLogger("loom.flows")
 
@@ -127,11 +129,11 @@ class EventListener:
             return True
 
     def _run(self) -> None:
-        from journal.flows.waits import _listen
+        from journal.listen import listen
 
         while not self._retire():
-            conn = _listen(self.alias)
-            if conn is None:  # cannot LISTEN here (logged by _listen, or a pooler without LOOM_DIRECT)
+            conn = listen(self.alias, conf.get("LOOM_WAIT_CHANNEL"))
+            if conn is None:  # cannot LISTEN here (logged by listen(), or a pooler without LOOM_DIRECT)
                 self._stopping.wait(RETRY_SECONDS)
                 continue
             try:

@@ -394,38 +394,6 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
             waiter.close()
 
 
-def _listen(alias: str | None = None, channel: str | None = None):
-    """A session LISTENing on `channel` (default LOOM_WAIT_CHANNEL; PostgreSQL) of `alias` (default: the
-    bound one), or None if it cannot connect (poll): the waker's, the queue dispatcher's, and the one
-    get_event listener of this process and alias (journal/flows/event_listener.py). Behind a
-    transaction-pooling PgBouncer LISTEN needs the server itself: the alias's LOOM_DIRECT address
-    (docs/scaling.md); without one it polls."""
-    try:
-        import psycopg
-        from django.db import connections
-        from psycopg import sql
-
-        from journal.models import Event
-
-        s = connections[alias or Event.objects.db].settings_dict
-        direct = s.get("LOOM_DIRECT") or {}
-        if not direct and s.get("DISABLE_SERVER_SIDE_CURSORS"):
-            return None  # pooled, no direct address: the notifications would go to another client
-        host, port = direct.get("HOST", s.get("HOST")), direct.get("PORT", s.get("PORT"))
-        conn = psycopg.connect(host=host or "127.0.0.1", port=port or 5432, dbname=s["NAME"],
-                               user=s.get("USER") or None, password=s.get("PASSWORD") or None, autocommit=True)
-    except Exception as exc:
-        log.warning("cannot LISTEN on %s (%s); polling", channel or conf.get("LOOM_WAIT_CHANNEL"), exc)
-        return None
-    try:
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel or conf.get("LOOM_WAIT_CHANNEL"))))
-    except Exception as exc:  # connected but refused: the session is closed, not left to the server
-        conn.close()
-        log.warning("cannot LISTEN on %s (%s); polling", channel or conf.get("LOOM_WAIT_CHANNEL"), exc)
-        return None
-    return conn
-
-
 @shards.by_stream
 def suspend(execution_id: str, *, force: bool = False, reason: str = "") -> Outcome:
     """Suspend an execution: a new fence, EXECUTION_SUSPENDED in its log, status suspended, its wait

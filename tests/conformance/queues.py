@@ -37,7 +37,7 @@ class QueueStoreContract(StoreContract):
         "cancel_pending": "cancel_pending", "reopen": "reopen", "begin": "begin", "count_entries": "count_entries",
         "delete_entries": "delete_entries",
         "delete_queue": "delete_queue", "running_by_partition": "running_by_partition",
-        "prune_entries": "prune_entries",
+        "prune_entries": "prune_entries", "next_due": "next_due",
     }
 
     @pytest.fixture
@@ -55,6 +55,18 @@ class QueueStoreContract(StoreContract):
     def test_an_insert_creates_a_missing_queue_row_from_its_caps(self, store):
         assert store.insert_entry(entry("fresh", "f-1", caps=(4, None, None, None))) is None
         assert Queue.objects.get(pk="fresh").concurrency == 4
+
+    def test_next_due_is_the_time_to_the_earliest_deferred_entry_of_the_flows_asked_for(self, store, queue):
+        from datetime import UTC, datetime, timedelta
+
+        assert store.next_due(FLOWS) is None
+        store.insert_entry(entry(queue, "nd-now", 1))  # due now: not deferred
+        assert store.next_due(FLOWS) is None
+        soon, later = datetime.now(UTC) + timedelta(seconds=60), datetime.now(UTC) + timedelta(hours=2)
+        store.insert_entry(entry(queue, "nd-soon", 2, run_after=soon))
+        store.insert_entry(entry(queue, "nd-later", 3, run_after=later))
+        assert 50 < store.next_due(FLOWS) <= 61
+        assert store.next_due(["some.other.flow"]) is None
 
     def test_a_dedup_id_or_an_execution_id_is_inserted_once(self, store, queue):
         assert store.insert_entry(entry(queue, "a-1", 1, dedup_id="d")) is None
