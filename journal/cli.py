@@ -426,18 +426,18 @@ def queues(using: str | None) -> Reply:
 
 
 def schedules(using: str | None) -> Reply:
-    """Every schedule: cron, flow, catch-up policy, next and last tick (on one database with LOOM_SHARDS:
-    the router's alias of leases.Schedule)."""
+    """Every schedule: cron, its time zone, flow, catch-up policy, next and last tick (UTC instants; on one
+    database with LOOM_SHARDS: the router's alias of leases.Schedule)."""
     from django.db import router
 
     from leases.models import Schedule
 
     rows = list(Schedule.objects.using(using or router.db_for_read(Schedule)).order_by("name"))
-    data = [{"name": s.name, "cron": s.cron, "flow": s.flow, "input": s.input, "catch_up": s.catch_up,
-             "queue": s.queue or None, "enabled": s.enabled, "source": s.source,
+    data = [{"name": s.name, "cron": s.cron, "timezone": s.timezone, "flow": s.flow, "input": s.input,
+             "catch_up": s.catch_up, "queue": s.queue or None, "enabled": s.enabled, "source": s.source,
              "next_tick_at": _iso(s.next_tick_at), "last_tick_at": _iso(s.last_tick_at),
              "last_execution_id": s.last_execution_id or None} for s in rows]
-    lines = _table(["schedule", "cron", "flow", "catch-up", "next tick", "last tick", "enabled"],
-                   [[s.name, s.cron, s.flow, s.catch_up, stamp(s.next_tick_at), stamp(s.last_tick_at) or "-",
-                     "yes" if s.enabled else "no"] for s in rows])
+    lines = _table(["schedule", "cron", "time zone", "flow", "catch-up", "next tick", "last tick", "enabled"],
+                   [[s.name, s.cron, s.timezone, s.flow, s.catch_up, stamp(s.next_tick_at),
+                     stamp(s.last_tick_at) or "-", "yes" if s.enabled else "no"] for s in rows])
     return Reply(data, lines or ["no schedules"])

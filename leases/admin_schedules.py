@@ -1,8 +1,9 @@
 """Admin: cron schedules (leases/schedules.py). A schedule made here is validated by
 leases.schedules.define (the cron by cronsim, the flow registered, the input by the flow, the queue
 declared) and written through the lease store, never by the ORM's save(); the workers tick it from
-its row. The list shows each schedule's next and last tick and its catch-up policy, and links to
-the executions it started (the executions list filtered by schedule)."""
+its row. The list shows each schedule's time zone, next and last tick (in UTC, and the next one in
+the schedule's zone too) and its catch-up policy, and links to the executions it started (the
+executions list filtered by schedule)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class ScheduleForm(forms.ModelForm):
 
     class Meta:
         model = Schedule
-        fields = ("name", "cron", "flow", "input", "catch_up", "queue", "enabled")
+        fields = ("name", "cron", "timezone", "flow", "input", "catch_up", "queue", "enabled")
 
     def clean(self):
         data = super().clean()
@@ -33,7 +34,8 @@ class ScheduleForm(forms.ModelForm):
         name = self.instance.name if self.instance and self.instance.pk else data.get("name")
         try:
             self.spec = sc.validate(name, data.get("cron"), data.get("flow") or "", data.get("input"),
-                                    data.get("catch_up"), data.get("queue") or "", data.get("enabled", True))
+                                    data.get("catch_up"), data.get("queue") or "", data.get("enabled", True),
+                                    data.get("timezone"))
         except FlowError as exc:  # InvalidSchedule, UnknownFlow, InvalidInput: our errors, named
             raise forms.ValidationError(f"{type(exc).__name__}: {exc}") from None
         return data
@@ -45,9 +47,9 @@ class ScheduleForm(forms.ModelForm):
 @admin.register(Schedule)
 class ScheduleAdmin(RefuseUnstorableFilters, admin.ModelAdmin):
     form = ScheduleForm
-    list_display = ("name", "cron", "flow", "catch_up", "queue_name", "enabled", "next_tick", "last_tick",
-                    "last_execution", "source")
-    list_filter = ("enabled", "catch_up", "source")
+    list_display = ("name", "cron", "timezone", "flow", "catch_up", "queue_name", "enabled", "next_tick",
+                    "last_tick", "last_execution", "source")
+    list_filter = ("enabled", "catch_up", "source", "timezone")
     search_fields = ("name", "flow")
     actions = None
 
@@ -56,7 +58,7 @@ class ScheduleAdmin(RefuseUnstorableFilters, admin.ModelAdmin):
         return ("name", *shown) if obj is not None else ()
 
     def get_fields(self, request, obj=None):
-        fields = ["name", "cron", "flow", "input", "catch_up", "queue", "enabled"]
+        fields = ["name", "cron", "timezone", "flow", "input", "catch_up", "queue", "enabled"]
         if obj is not None:
             fields += ["source", "next_tick", "last_tick", "last_execution", "executions"]
         return fields
@@ -67,7 +69,16 @@ class ScheduleAdmin(RefuseUnstorableFilters, admin.ModelAdmin):
 
     @admin.display(description="next tick", ordering="next_tick_at")
     def next_tick(self, schedule) -> str:
-        return stamp(schedule.next_tick_at) if schedule.enabled else f"(disabled) {stamp(schedule.next_tick_at)}"
+        """In UTC (the instant every worker compares), then in the schedule's zone when it is another:
+        what the cron's fields mean, daylight saving applied."""
+        text = stamp(schedule.next_tick_at)
+        if schedule.timezone != "UTC" and schedule.next_tick_at is not None:
+            try:
+                local = schedule.next_tick_at.astimezone(sc.zone(schedule.timezone))
+                text += f" ({local:%Y-%m-%d %H:%M:%S %Z} {schedule.timezone})"
+            except (LookupError, ValueError):  # a zone this host's tz database lacks: UTC alone
+                pass
+        return text if schedule.enabled else f"(disabled) {text}"
 
     @admin.display(description="last tick", ordering="last_tick_at")
     def last_tick(self, schedule) -> str:
@@ -87,5 +98,5 @@ class ScheduleAdmin(RefuseUnstorableFilters, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         spec = form.spec
-        sc.define(spec.name, spec.cron, spec.flow, spec.input, spec.catch_up, spec.queue, spec.enabled,
+        sc.define(spec.name, spec.cron, spec.flow, spec.input, spec.catch_up, spec.queue, spec.enabled, spec.timezone,
                   source="admin")

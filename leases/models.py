@@ -102,8 +102,9 @@ class Schedule(models.Model):
 
     Written through leases/store (`save_schedule`, the tick's claim and advance), never by the ORM's
     save(): the admin's form calls leases.schedules.define, which validates first. `next_tick_at` is
-    the state the worker's tick reads (UTC); `source` says whether code (`@schedule`) or the admin
-    made the row (a code schedule is rewritten from its code whenever a worker starts)."""
+    the state the worker's tick reads (UTC, whatever the schedule's `timezone`: the zone only decides
+    which instants the cron names); `source` says whether code (`@schedule`) or the admin made the row
+    (a code schedule is rewritten from its code whenever a worker starts)."""
 
     class CatchUp(models.TextChoices):
         SKIP = "skip", "skip: a tick missed by more than LOOM_SCHEDULE_GRACE is not run"
@@ -113,7 +114,10 @@ class Schedule(models.Model):
     name = models.CharField(max_length=100, primary_key=True,
                             help_text="Letters, digits, '-', '_' and '.'; part of every execution id it starts.")
     cron = models.CharField(max_length=200, help_text="5 fields (minute hour day month weekday), or 6 with a "
-                                                      "leading seconds field; evaluated in UTC.")
+                                                      "leading seconds field; evaluated in the time zone below.")
+    timezone = models.CharField(max_length=64, default="UTC",
+                                help_text="The IANA time zone the cron is evaluated in (e.g. Europe/Paris), "
+                                          "daylight saving included (docs/schedules.md); ticks are stored in UTC.")
     flow = models.CharField(max_length=200, help_text="The registered flow each tick starts.")
     input = models.JSONField(default=dict, blank=True, help_text="The input of every execution it starts (JSON).")
     catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)

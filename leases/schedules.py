@@ -3,7 +3,7 @@
     from leases.schedules import schedule
 
     schedule("*/5 * * * *", flow="reports.refresh", input={"full": False}, name="refresh")  # in code
-    @schedule("0 3 * * *", catch_up="once")          # or on top of a flow: the schedule is named after it
+    @schedule("0 9 * * 1-5", timezone="Europe/Paris")  # or on top of a flow: the schedule is named after it
     @flow("nightly.cleanup")
     def cleanup(ctx, input): ...
 
@@ -19,7 +19,11 @@ one: a schedule names no stream); each tick's execution is placed by its id on i
 (docs/schedules.md).
 
 The cron parser is cronsim (kept, small, no dependencies; croniter was the alternative and is
-larger): 5 fields, or 6 with a leading seconds field, evaluated in UTC. A missed tick (every worker
+larger): 5 fields, or 6 with a leading seconds field, evaluated in the schedule's time zone (an IANA
+name, zoneinfo; "UTC" by default) with cronsim's daylight-saving rules (those of Debian's cron): a
+cron of fixed minute and hour fires once on the day its local time is skipped (at the end of the gap)
+or repeated (at its first occurrence); any other follows elapsed time. Ticks are UTC instants all the
+same: the zone only decides which instants match. A missed tick (every worker
 was down) follows the schedule's catch-up policy: `skip` (run the latest missed tick only if it is at
 most LOOM_SCHEDULE_GRACE late), `once` (one execution for all missed ticks: the latest), `all`
 (every missed tick, oldest first, LOOM_SCHEDULE_CATCH_UP_MAX per claim). docs/schedules.md.
@@ -33,12 +37,14 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
+from functools import cache
 from typing import Any
+from zoneinfo import ZoneInfo, available_timezones
 
 from cronsim import CronSim, CronSimError
 from django.db import DatabaseError, connections, router
-from django.utils import timezone
+from django.utils import timezone as django_timezone
 
 from journal import jsonvalues, shards
 from journal.atomic import atomic
@@ -55,7 +61,8 @@ ID_PREFIX = "sched:"
 
 
 class InvalidSchedule(FlowError, ValueError):
-    """A schedule's definition is refused (malformed cron, bad name, catch-up policy or queue); nothing written."""
+    """A schedule's definition is refused (malformed cron, bad name, time zone, catch-up policy or queue);
+    nothing written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,7 @@ class ScheduleSpec:
     catch_up: str = "skip"
     queue: str = ""
     enabled: bool = True
+    timezone: str = "UTC"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,15 +110,55 @@ def parse_cron(expr: object) -> str:
     return text
 
 
-def next_tick(cron: str, after: datetime) -> datetime:
-    """The first tick of `cron` strictly after `after` (UTC, whole seconds)."""
-    return next(CronSim(cron, after.astimezone(UTC)))
+def parse_zone(name: object) -> str:
+    """The IANA time zone name, as given; InvalidSchedule unless zoneinfo knows it on this host.
+
+    Only the names zoneinfo lists (the system's tz database or the tzdata package) are accepted, as
+    written ("Europe/Paris", not "europe/paris"); "localtime" is refused: it is whatever zone the host
+    running the worker is set to, and the ticks must not depend on which host claims them."""
+    if not isinstance(name, str) or not name or len(name) > 64:
+        raise InvalidSchedule(f"time zone {name!r}: an IANA name of at most 64 characters, like Europe/Paris or UTC")
+    if name == "localtime" or name not in _zone_names():
+        raise InvalidSchedule(f"time zone {name!r} is unknown: an IANA name, like Europe/Paris or UTC "
+                              "(zoneinfo.available_timezones())")
+    return name
 
 
-def latest_tick(cron: str, at: datetime) -> datetime:
-    """The last tick of `cron` at or before `at` (UTC, whole seconds)."""
+@cache
+def _zone_names() -> frozenset[str]:
+    """The zone names this process can load (a walk of the tz database: once per process)."""
+    return frozenset(available_timezones())
+
+
+def zone(name: str) -> tzinfo:
+    """The tzinfo of a validated zone name: UTC itself for "UTC" (cronsim's plain path, no DST fix-up)."""
+    return UTC if name == "UTC" else ZoneInfo(name)
+
+
+def next_tick(cron: str, after: datetime, tz: str = "UTC") -> datetime:
+    """The first tick of `cron` in zone `tz` strictly after `after` (a UTC datetime, whole seconds).
+
+    cronsim walks a fixed-time cron (5 fields, minute and hour not starting with `*`) in naive local
+    time; from a moment in a repeated hour's second pass (fall back) it would name the first pass's
+    tick, which is before `after`: such ticks are passed over, so the repeated time fires once."""
+    after = after.astimezone(UTC)
+    for moment in CronSim(cron, after.astimezone(zone(tz))):
+        moment = moment.astimezone(UTC)
+        if moment > after:
+            return moment
+    raise StopIteration  # no tick within cronsim's horizon (50 years), as next() on it would say
+
+
+def latest_tick(cron: str, at: datetime, tz: str = "UTC") -> datetime:
+    """The last tick of `cron` in zone `tz` at or before `at` (a UTC datetime, whole seconds).
+
+    The reverse walk may land a day early from a repeated hour's second pass (the same naive-time
+    walk as next_tick): the forward ticks after it that are still at or before `at` are taken too."""
     floor = at.astimezone(UTC).replace(microsecond=0)
-    return next(CronSim(cron, floor + timedelta(seconds=1), reverse=True))
+    latest = next(CronSim(cron, (floor + timedelta(seconds=1)).astimezone(zone(tz)), reverse=True)).astimezone(UTC)
+    while (following := next_tick(cron, latest, tz)) <= floor:
+        latest = following
+    return latest
 
 
 def execution_id(name: str, tick: datetime) -> str:
@@ -119,12 +167,13 @@ def execution_id(name: str, tick: datetime) -> str:
 
 
 def validate(name: object, cron: object, flow: str | Flow, input: Any = None, catch_up: object = "skip",
-             queue: object = "", enabled: bool = True) -> ScheduleSpec:
+             queue: object = "", enabled: bool = True, timezone: object = "UTC") -> ScheduleSpec:
     """A ScheduleSpec, or our error (InvalidSchedule, UnknownFlow, InvalidInput) before anything is written."""
     if not isinstance(name, str) or not NAME.match(name):
         raise InvalidSchedule(f"schedule name {name!r}: 1 to 100 letters, digits, '-', '_' or '.', "
                               "starting with a letter or digit")
     text = parse_cron(cron)
+    zone_name = parse_zone(timezone)
     if catch_up not in CATCH_UP:
         raise InvalidSchedule(f"schedule {name}: catch_up is one of {', '.join(CATCH_UP)}, not {catch_up!r}")
     if not isinstance(queue, str) or len(queue) > 100:
@@ -140,7 +189,7 @@ def validate(name: object, cron: object, flow: str | Flow, input: Any = None, ca
     definition = get_flow(flow)  # UnknownFlow
     value = {} if input is None else input
     _, stored = definition.prepare(value)  # InvalidInput (the flow's model, the journal's JSON rules)
-    return ScheduleSpec(name, text, definition.name, stored, catch_up, queue, bool(enabled))
+    return ScheduleSpec(name, text, definition.name, stored, catch_up, queue, bool(enabled), zone_name)
 
 
 def _check_queue(name: str, queue: str) -> None:
@@ -156,37 +205,41 @@ def _check_queue(name: str, queue: str) -> None:
 
 
 def define(name: object, cron: object, flow: str | Flow, input: Any = None, catch_up: object = "skip",
-           queue: object = "", enabled: bool = True, *, source: str = "admin", using: str | None = None,
-           now: datetime | None = None) -> ScheduleSpec:
+           queue: object = "", enabled: bool = True, timezone: object = "UTC", *, source: str = "admin",
+           using: str | None = None, now: datetime | None = None) -> ScheduleSpec:
     """Validate and write a schedule (insert or update by name). Its first tick is the first after
-    `now`; an update keeps the row's next tick unless the cron changed (leases.store save_schedule)."""
+    `now`; an update keeps the row's next tick unless the cron or the time zone changed (leases.store
+    save_schedule)."""
     from leases.models import Schedule
     from leases.store import store_for
     from leases.store.base import ScheduleWrite
 
-    spec = validate(name, cron, flow, input, catch_up, queue, enabled)
+    spec = validate(name, cron, flow, input, catch_up, queue, enabled, timezone)
     text = jsonvalues.dumps(spec.input, f"input of schedule {spec.name}")
     alias = using or router.db_for_write(Schedule)
-    first = next_tick(spec.cron, now or timezone.now())
+    first = next_tick(spec.cron, now or django_timezone.now(), spec.timezone)
     store_for(alias).save_schedule(ScheduleWrite(spec.name, spec.cron, spec.flow, text, spec.catch_up, spec.queue,
-                                                 spec.enabled, source, first))
+                                                 spec.enabled, source, first, spec.timezone))
     return spec
 
 
 def schedule(cron: str, flow: str | Flow | None = None, *, name: str | None = None, input: Any = None,
-             catch_up: str = "skip", queue: str = ""):
-    """Declare a schedule in code: `schedule(cron, flow="x")`, or `@schedule(cron)` on top of a `@flow`.
+             catch_up: str = "skip", queue: str = "", timezone: str = "UTC"):
+    """Declare a schedule in code: `schedule(cron, flow="x")`, or `@schedule(cron)` on top of a `@flow`;
+    `timezone="Europe/Paris"` evaluates the cron in that zone (an IANA name; UTC by default).
 
     Checked now (InvalidSchedule; the flow must be registered by the time the decorator runs), kept in
     this process's registry and written to the database by every loom_worker when it starts
     (`sync_code_schedules`): the rows are what the ticks read."""
     parse_cron(cron)
+    parse_zone(timezone)
     if catch_up not in CATCH_UP:
         raise InvalidSchedule(f"catch_up is one of {', '.join(CATCH_UP)}, not {catch_up!r}")
 
     def register(target: str | Flow) -> str | Flow:
         definition = get_flow(target)
-        spec = validate(name or _default_name(definition.name), cron, definition, input, catch_up, queue)
+        spec = validate(name or _default_name(definition.name), cron, definition, input, catch_up, queue,
+                        timezone=timezone)
         _CODE[spec.name] = spec
         return target
 
@@ -221,24 +274,26 @@ def sync_code_schedules(using: str | None = None) -> int:
     """Write every code schedule of this process to the database (a worker does it at start)."""
     using = using or _schedules_alias()
     for spec in _CODE.values():
-        define(spec.name, spec.cron, spec.flow, spec.input, spec.catch_up, spec.queue, spec.enabled,
+        define(spec.name, spec.cron, spec.flow, spec.input, spec.catch_up, spec.queue, spec.enabled, spec.timezone,
                source="code", using=using)
     return len(_CODE)
 
 
 # -- ticking -------------------------------------------------------------------------------------------
-def plan(cron: str, due: datetime, now: datetime, catch_up: str, grace: float, limit: int
+def plan(cron: str, due: datetime, now: datetime, catch_up: str, grace: float, limit: int, tz: str = "UTC"
          ) -> tuple[list[datetime], datetime, int]:
     """(ticks to start, oldest first; the schedule's next tick; ticks skipped) for a schedule whose
-    next tick `due` is at or before `now`. Pure: the catch-up policies in one place."""
+    next tick `due` is at or before `now`, its cron evaluated in zone `tz`. Pure: the catch-up policies
+    in one place. Every instant is UTC, so a daylight-saving change in the missed span is only a
+    different distance between two ticks (next_tick and latest_tick apply the DST rules)."""
     if catch_up == "all":
         ticks, moment = [], due
         while moment <= now and len(ticks) < limit:
             ticks.append(moment)
-            moment = next_tick(cron, moment)
+            moment = next_tick(cron, moment, tz)
         return ticks, moment, 0  # moment may still be due: the next claim goes on from there
-    latest = max(latest_tick(cron, now), due)
-    upcoming = next_tick(cron, now)
+    latest = max(latest_tick(cron, now, tz), due)
+    upcoming = next_tick(cron, now, tz)
     if catch_up == "skip" and (now - latest).total_seconds() > grace:
         return [], upcoming, 1
     return [latest], upcoming, 0
@@ -261,9 +316,13 @@ def tick(using: str | None = None, *, limit: int | None = None, flows: Sequence[
         now, due = store.claim_due_schedules(limit, sorted(registered()) if flows is None else flows)
         for row in due:
             try:
-                ticks, upcoming, skipped = plan(row.cron, row.next_tick_at, now, row.catch_up, grace, most)
-            except (CronSimError, ValueError) as exc:  # a row written around validation: leave it, say so
-                log.error("schedule %s: cron %r cannot be evaluated: %s", row.name, row.cron, exc)
+                ticks, upcoming, skipped = plan(row.cron, row.next_tick_at, now, row.catch_up, grace, most,
+                                                row.timezone)
+            except (CronSimError, ValueError, LookupError) as exc:
+                # A row written around validation, or a zone this host's tz database lacks
+                # (ZoneInfoNotFoundError is a LookupError): leave it for a worker that can, say so.
+                log.error("schedule %s: cron %r in time zone %r cannot be evaluated: %s", row.name, row.cron,
+                          row.timezone, exc)
                 continue
             if skipped:
                 log.warning("schedule %s: skipped the ticks missed since %s (catch_up=skip, later than %.0f s)",
@@ -296,7 +355,7 @@ def _anything_due(using: str) -> bool:
     (give or take a second: the claim itself compares with the database's clock)?"""
     from leases.models import Schedule
 
-    soon = timezone.now() + timedelta(seconds=1)
+    soon = django_timezone.now() + timedelta(seconds=1)
     return Schedule.objects.using(using).filter(enabled=True, next_tick_at__lte=soon).exists()
 
 
@@ -372,5 +431,5 @@ class ScheduleService:
             self.thread.join(timeout)
 
 
-__all__ = ["InvalidSchedule", "ScheduleService", "ScheduleSpec", "Started", "define", "execution_id", "plan",
-           "schedule", "sync_code_schedules", "tick", "validate"]
+__all__ = ["InvalidSchedule", "ScheduleService", "ScheduleSpec", "Started", "define", "execution_id", "latest_tick",
+           "next_tick", "parse_zone", "plan", "schedule", "sync_code_schedules", "tick", "validate"]

@@ -172,7 +172,19 @@ def test_schedules_lists_every_schedule_with_its_ticks():
     assert code == 0 and [r["name"] for r in rows] == ["cli-nightly"]
     assert (rows[0]["cron"], rows[0]["catch_up"], rows[0]["input"], rows[0]["last_tick_at"]) == (
         "0 3 * * *", "once", {"full": True}, None)
-    assert rows[0]["next_tick_at"].endswith("03:00:00+00:00")
+    assert rows[0]["next_tick_at"].endswith("03:00:00+00:00") and rows[0]["timezone"] == "UTC"
+
+
+def test_schedules_shows_each_schedules_time_zone_and_its_ticks_in_utc():
+    """A Paris 09:00 schedule: its zone is listed (JSON and table), its next tick is the UTC instant
+    (08:00 UTC in winter, 07:00 in summer)."""
+    sc.define("cli-paris", "0 9 * * *", "sched.echo", timezone="Europe/Paris")
+    code, _, rows = loom("schedules")
+    assert code == 0 and (rows[0]["name"], rows[0]["timezone"]) == ("cli-paris", "Europe/Paris")
+    assert rows[0]["next_tick_at"][11:] in ("08:00:00+00:00", "07:00:00+00:00")
+    out = io.StringIO()
+    call_command("loom", "schedules", stdout=out, stderr=io.StringIO())
+    assert "time zone" in out.getvalue() and "Europe/Paris" in out.getvalue()
 
 
 def test_queues_lists_caps_depth_and_running_and_filters_executions_by_queue():

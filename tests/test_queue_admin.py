@@ -28,14 +28,15 @@ def admin_client(client, settings):
 
 
 def form(**fields) -> dict:
-    return {"name": "nightly", "cron": "0 3 * * *", "flow": "sched.echo", "input": '{"full": true}',
-            "catch_up": "skip", "queue": "", "enabled": "on", **fields}
+    return {"name": "nightly", "cron": "0 3 * * *", "timezone": "UTC", "flow": "sched.echo",
+            "input": '{"full": true}', "catch_up": "skip", "queue": "", "enabled": "on", **fields}
 
 
 @pytest.mark.parametrize(("field", "value", "error"), [
     ("cron", "0 3 * *", "InvalidSchedule"), ("cron", "0 25 * * *", "InvalidSchedule"),
     ("flow", "no.such.flow", "UnknownFlow"), ("name", "bad name", "InvalidSchedule"),
-    ("queue", "no-such-queue", "InvalidSchedule"),
+    ("queue", "no-such-queue", "InvalidSchedule"), ("timezone", "Mars/Olympus", "InvalidSchedule"),
+    ("timezone", "europe/paris", "InvalidSchedule"), ("timezone", "localtime", "InvalidSchedule"),
 ])
 def test_a_refused_schedule_is_not_written_and_the_form_says_why(admin_client, field, value, error):
     response = admin_client.post("/admin/leases/schedule/add/", form(**{field: value}))
@@ -55,6 +56,27 @@ def test_a_schedule_added_and_edited_in_the_admin_keeps_its_next_tick(admin_clie
     assert (edited.input, edited.catch_up, edited.next_tick_at) == ({"full": False}, "all", row.next_tick_at)
     page = admin_client.get("/admin/leases/schedule/").content.decode()
     assert "nightly" in page and "all" in page
+
+
+def test_a_schedule_in_a_time_zone_is_made_in_the_admin_which_shows_the_zone_and_its_local_next_tick(admin_client):
+    """09:00 in Paris every weekday: the row keeps the zone, the next tick is 09:00 Paris time (stored in
+    UTC), the list shows the zone and the next tick in UTC and in Paris; a new zone moves the tick."""
+    from datetime import UTC
+    from zoneinfo import ZoneInfo
+
+    response = admin_client.post("/admin/leases/schedule/add/", form(cron="0 9 * * 1-5", timezone="Europe/Paris"))
+    assert response.status_code == 302
+    row = Schedule.objects.get(pk="nightly")
+    local = row.next_tick_at.astimezone(ZoneInfo("Europe/Paris"))
+    assert (row.timezone, local.hour, local.minute) == ("Europe/Paris", 9, 0)
+    assert row.next_tick_at.astimezone(UTC).hour in (7, 8)  # CEST, CET
+    page = admin_client.get("/admin/leases/schedule/").content.decode()
+    assert "Europe/Paris" in page and f"{local:%Y-%m-%d} 09:00:00 {local:%Z} Europe/Paris" in page
+    change = admin_client.get("/admin/leases/schedule/nightly/change/").content.decode()
+    assert 'value="Europe/Paris"' in change
+    admin_client.post("/admin/leases/schedule/nightly/change/", form(cron="0 9 * * 1-5", timezone="Asia/Tokyo"))
+    moved = Schedule.objects.get(pk="nightly")
+    assert moved.timezone == "Asia/Tokyo" and moved.next_tick_at.astimezone(ZoneInfo("Asia/Tokyo")).hour == 9
 
 
 def test_executions_filter_by_schedule_and_by_queue(admin_client):

@@ -105,8 +105,15 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
 
     assert not Schedule.objects.exists()
 
-    # The schedule, every second, made by clicking: the worker fires it.
+    # An unknown time zone is refused on the form too, nothing written.
     page.fill("#id_cron", "* * * * * *")
+    page.fill("#id_timezone", "Europe/Atlantis")
+    page.locator("input[name=_save]").click()
+    assert "InvalidSchedule" in page.content() and "Europe/Atlantis" in page.content()
+    assert not Schedule.objects.exists()
+
+    # The schedule, every second in Paris time, made by clicking: the worker fires it.
+    page.fill("#id_timezone", "Europe/Paris")
     page.select_option("#id_catch_up", "once")
     page.locator("input[name=_save]").click()
     page.wait_for_url("**/admin/leases/schedule/")
@@ -118,6 +125,7 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
     page.goto(f"{live_server.url}/admin/leases/schedule/")
     row = page.locator("#result_list tbody tr").first.inner_text()
     assert "once" in row and "UTC" in row and "sched:clicked:" in row  # next tick, last tick, last execution
+    assert "Europe/Paris" in row  # its zone, and its next tick in Paris time
 
     # The executions list filtered by schedule, by clicking the filter.
     page.goto(f"{live_server.url}/admin/journal/execution/")

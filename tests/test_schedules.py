@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, available_timezones
 
 import pytest
 from django.db import connections
@@ -221,3 +222,214 @@ def test_a_definition_is_written_whole_or_refused_with_our_error(name, cron, flo
     row = Schedule.objects.get(pk=spec.name)
     assert (row.cron, row.flow, row.catch_up) == (" ".join(cron.split()), flow, catch_up)
     Schedule.objects.filter(pk=spec.name).delete()
+
+
+# -- time zones: the cron read on a zone's wall clock, daylight saving included -------------------------
+# Europe/Paris in 2026: clocks go 02:00 CET -> 03:00 CEST on Sunday March 29 (01:00 UTC) and
+# 03:00 CEST -> 02:00 CET on Sunday October 25 (01:00 UTC). A tick is a UTC instant either way.
+PARIS = "Europe/Paris"
+DST_ZONES = ["Europe/Paris", "America/New_York", "Australia/Sydney", "America/Santiago", "Australia/Lord_Howe"]
+
+
+def utc(*fields: int) -> datetime:
+    return datetime(*fields, tzinfo=UTC)
+
+
+def ticks_after(cron: str, after: datetime, count: int, tz: str) -> list[datetime]:
+    moments = [sc.next_tick(cron, after, tz)]
+    while len(moments) < count:
+        moments.append(sc.next_tick(cron, moments[-1], tz))
+    return moments
+
+
+def test_a_paris_weekday_morning_is_nine_local_on_both_sides_of_each_dst_change():
+    """`0 9 * * 1-5` in Paris is 08:00 UTC in winter and 07:00 UTC in summer."""
+    assert ticks_after("0 9 * * 1-5", utc(2026, 3, 26), 3, PARIS) == [utc(2026, 3, 26, 8), utc(2026, 3, 27, 8),
+                                                                       utc(2026, 3, 30, 7)]
+    assert ticks_after("0 9 * * 1-5", utc(2026, 10, 22), 3, PARIS) == [utc(2026, 10, 22, 7), utc(2026, 10, 23, 7),
+                                                                        utc(2026, 10, 26, 8)]
+
+
+def test_a_skipped_local_time_fires_once_at_the_end_of_the_gap():
+    """02:30 does not exist in Paris on March 29: the 02:30 daily tick fires at 03:00 CEST (01:00 UTC),
+    once; two ticks in the gap (02:00 and 02:30) are one tick there, not two."""
+    assert ticks_after("30 2 * * *", utc(2026, 3, 27, 12), 3, PARIS) == [utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1),
+                                                                          utc(2026, 3, 30, 0, 30)]
+    assert ticks_after("0,30 2 * * *", utc(2026, 3, 28, 12), 3, PARIS) == [utc(2026, 3, 29, 1), utc(2026, 3, 30, 0),
+                                                                            utc(2026, 3, 30, 0, 30)]
+
+
+def test_a_repeated_local_time_fires_once_at_its_first_occurrence():
+    """02:30 happens twice in Paris on October 25 (CEST, then CET): the daily tick fires once, at the
+    first (00:30 UTC). From inside the repeated hour, after that tick, the next one is the next day's
+    and the latest one is that first occurrence (cronsim alone would answer 00:30 UTC, before `after`,
+    and the day before)."""
+    assert ticks_after("30 2 * * *", utc(2026, 10, 24, 12), 2, PARIS) == [utc(2026, 10, 25, 0, 30),
+                                                                          utc(2026, 10, 26, 1, 30)]
+    inside = utc(2026, 10, 25, 1, 15)  # 02:15 CET, the second pass of the hour
+    assert sc.next_tick("30 2 * * *", inside, PARIS) == utc(2026, 10, 26, 1, 30)
+    assert sc.latest_tick("30 2 * * *", inside, PARIS) == utc(2026, 10, 25, 0, 30)
+
+
+def test_an_elapsed_time_cron_follows_the_real_hours_through_both_changes():
+    """A cron with a `*` minute or hour field (and any 6-field cron) names instants, not wall-clock
+    appointments: an hourly `30 * * * *` has no 02:30 on March 29 and two on October 25, an hour
+    apart, like every other hour; a 6-field `0 30 2 * * *` likewise skips March 29 and fires twice
+    on October 25."""
+    assert ticks_after("30 * * * *", utc(2026, 3, 29), 3, PARIS) == [utc(2026, 3, 29, 0, 30), utc(2026, 3, 29, 1, 30),
+                                                                      utc(2026, 3, 29, 2, 30)]
+    assert ticks_after("30 * * * *", utc(2026, 10, 25), 3, PARIS) == [utc(2026, 10, 25, 0, 30),
+                                                                       utc(2026, 10, 25, 1, 30),
+                                                                       utc(2026, 10, 25, 2, 30)]
+    assert ticks_after("0 30 2 * * *", utc(2026, 3, 28, 12), 1, PARIS) == [utc(2026, 3, 30, 0, 30)]
+    assert ticks_after("0 30 2 * * *", utc(2026, 10, 24, 12), 3, PARIS) == [utc(2026, 10, 25, 0, 30),
+                                                                             utc(2026, 10, 25, 1, 30),
+                                                                             utc(2026, 10, 26, 1, 30)]
+
+
+@pytest.mark.parametrize(("due", "now", "policy", "expected"), [
+    # Spring forward: the 28th's 02:30 CET was missed, now is 30 s after the 29th's tick (03:00 CEST).
+    (utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1, 0, 30), "skip", [utc(2026, 3, 29, 1)]),
+    (utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1, 0, 30), "once", [utc(2026, 3, 29, 1)]),
+    (utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1, 0, 30), "all", [utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1)]),
+    # Fall back: the 24th's tick was missed; now is inside the repeated hour, 45 min after the 25th's.
+    (utc(2026, 10, 24, 0, 30), utc(2026, 10, 25, 1, 15), "skip", []),
+    (utc(2026, 10, 24, 0, 30), utc(2026, 10, 25, 1, 15), "once", [utc(2026, 10, 25, 0, 30)]),
+    (utc(2026, 10, 24, 0, 30), utc(2026, 10, 25, 1, 15), "all", [utc(2026, 10, 24, 0, 30), utc(2026, 10, 25, 0, 30)]),
+])
+def test_catch_up_policies_across_a_dst_change(due, now, policy, expected):
+    """The catch-up policies count local days, not 24-hour spans; the next tick is after `now`, never
+    the repeated hour's tick again."""
+    ticks, upcoming, skipped = sc.plan("30 2 * * *", due, now, policy, 60, 100, PARIS)
+    assert ticks == expected and skipped == (0 if expected else 1)
+    assert upcoming == (utc(2026, 3, 30, 0, 30) if now.month == 3 else utc(2026, 10, 26, 1, 30)) and upcoming > now
+
+
+def first_real_minute(day, hour: int, minute: int, tz: ZoneInfo) -> datetime:
+    """The wall-clock appointment `hour:minute` on `day`: that local time (its first occurrence when it is
+    repeated), or the first local minute after it that exists when the clocks skipped it."""
+    naive = datetime.combine(day, datetime.min.time()).replace(hour=hour, minute=minute)
+    while (aware := naive.replace(tzinfo=tz)) != aware.astimezone(UTC).astimezone(tz):  # does not exist
+        naive += timedelta(minutes=1)
+    return aware.astimezone(UTC)
+
+
+@settings(max_examples=150, deadline=None)
+@given(zone_name=st.sampled_from(DST_ZONES), hour=st.integers(0, 23), minute=st.integers(0, 59),
+       start=st.datetimes(min_value=datetime(2026, 1, 1), max_value=datetime(2026, 12, 1)))
+def test_a_fixed_time_cron_fires_exactly_once_per_local_day_through_every_dst_change(zone_name, hour, minute, start):
+    """For any daily `M H * * *` in a zone with daylight saving (north and south, a one-hour and a
+    half-hour change, one at midnight), over the 45 days from any moment of 2026: one tick per local
+    day, at the appointment's first occurrence or at the end of the gap that skipped it; the ticks are
+    increasing UTC instants; latest_tick finds each tick from it and from just before the next one;
+    `all` catch-up over the span starts exactly those ticks."""
+    tz = ZoneInfo(zone_name)
+    cron = f"{minute} {hour} * * *"
+    after = start.replace(tzinfo=UTC)
+    moments = ticks_after(cron, after, 45, zone_name)
+    first_day = after.astimezone(tz).date()
+    days = [m.astimezone(tz).date() for m in moments]
+    assert days == sorted(set(days)) and (days[-1] - days[0]).days == 44
+    assert moments == [first_real_minute(d, hour, minute, tz) for d in days]
+    assert days[0] in (first_day, first_day + timedelta(days=1))
+    for earlier, later in itertools.pairwise(moments):
+        assert sc.latest_tick(cron, earlier, zone_name) == earlier
+        assert sc.latest_tick(cron, later - timedelta(seconds=1), zone_name) == earlier
+    ticks, upcoming, _ = sc.plan(cron, moments[0], moments[-1], "all", 60, 100, zone_name)
+    assert ticks == moments and upcoming > moments[-1]
+
+
+def transition_days(now: datetime) -> list:
+    """Paris's DST days (the last Sundays of March and October) of this year and the last."""
+    days = [datetime(year, month, 31).date() for year in (now.year - 1, now.year) for month in (3, 10)]
+    return [day - timedelta(days=(day.weekday() + 1) % 7) for day in days]
+
+
+def latest_transitions(now: datetime) -> datetime:
+    """The earlier of Paris's latest spring-forward and fall-back days at least a day before `now`, as
+    UTC midnight: a span from the day before it to now crosses both."""
+    recent = [day for day in transition_days(now) if now.date() - timedelta(days=366) < day < now.date()]
+    return datetime.combine(min(recent[-2:]), datetime.min.time(), tzinfo=UTC)
+
+
+@pytest.mark.django_db(transaction=True)
+class TestTimeZones:
+    def test_a_paris_schedule_ticks_on_its_wall_clock_across_both_dst_changes(self):
+        """A daily 02:30 Paris schedule whose workers were down since the day before the earlier of the
+        latest two DST changes: catch_up=all starts one execution per local day (the claims go on
+        until nothing is due), the spring-forward day's at 03:00 CEST, the fall-back day's once at its
+        first 02:30; the ids are UTC instants; the next tick is tomorrow's 02:30 in Paris."""
+        now = timezone.now()
+        sc.define("paris", "30 2 * * *", "sched.echo", {"tz": True}, catch_up="all", timezone=PARIS)
+        row = Schedule.objects.get(pk="paris")
+        assert row.timezone == PARIS
+        first = sc.next_tick("30 2 * * *", latest_transitions(now) - timedelta(days=1), PARIS)
+        set_back("paris", first)
+        started: list[sc.Started] = []
+        while batch := sc.tick():
+            started.extend(batch)
+        paris = ZoneInfo(PARIS)
+        days = [s.tick.astimezone(paris).date() for s in started]
+        assert days == [first.astimezone(paris).date() + timedelta(days=i) for i in range(len(days))]
+        assert [s.tick for s in started] == [first_real_minute(d, 2, 30, paris) for d in days]
+        assert started[-1].tick > now - timedelta(days=1)
+        ids = [s.execution_id for s in started]
+        assert queued_ids() == sorted(ids) and len(set(ids)) == len(ids)
+        for change in transition_days(now):  # each DST day of the span: one id, the appointment's
+            if first.date() <= change <= started[-1].tick.date():
+                assert [i for i in ids if i.startswith(f"sched:paris:{change:%Y-%m-%d}")] == [
+                    sc.execution_id("paris", first_real_minute(change, 2, 30, paris))]
+        if datetime(2026, 10, 26, tzinfo=UTC) < now and first < datetime(2026, 3, 29, tzinfo=UTC):
+            assert "sched:paris:2026-03-29T01:00:00Z" in ids and "sched:paris:2026-10-25T00:30:00Z" in ids
+            assert "sched:paris:2026-10-25T01:30:00Z" not in ids
+        upcoming = Schedule.objects.get(pk="paris").next_tick_at
+        assert upcoming > timezone.now() and upcoming.astimezone(paris).strftime("%H:%M") in ("02:30", "03:00")
+
+    def test_a_new_time_zone_moves_the_next_tick_and_the_same_one_keeps_it(self):
+        sc.define("tz-move", "0 9 * * *", "sched.echo", now=T0, timezone=PARIS)
+        assert Schedule.objects.get(pk="tz-move").next_tick_at == utc(2026, 12, 2, 8)  # 09:00 CET
+        sc.define("tz-move", "0 9 * * *", "sched.echo", {"n": 2}, now=T0 + timedelta(days=3), timezone=PARIS)
+        assert Schedule.objects.get(pk="tz-move").next_tick_at == utc(2026, 12, 2, 8)
+        sc.define("tz-move", "0 9 * * *", "sched.echo", now=T0, timezone="America/New_York")
+        assert Schedule.objects.get(pk="tz-move").next_tick_at == utc(2026, 12, 1, 14)  # 09:00 EST
+
+    def test_the_decorator_and_sync_write_the_zone(self):
+        sc.schedule("0 9 * * 1-5", flow="sched.echo", name="tz-code", timezone=PARIS)
+        try:
+            sc.sync_code_schedules()
+            row = Schedule.objects.get(pk="tz-code")
+            assert (row.source, row.timezone) == ("code", PARIS)
+            assert row.next_tick_at.astimezone(ZoneInfo(PARIS)).hour == 9
+        finally:
+            sc.forget_code_schedule("tz-code")
+
+    @pytest.mark.parametrize("bad", ["", "utc", "Europe/Nowhere", "europe/paris", " Europe/Paris", "Europe/Paris/",
+                                     "../etc/passwd", "/etc/passwd", "localtime", "Europe/Paris\x00", "+01:00", 1,
+                                     None])
+    def test_an_unknown_zone_is_refused_by_every_way_in_with_nothing_written(self, bad):
+        with pytest.raises(sc.InvalidSchedule, match="time zone"):
+            sc.define("bad-zone", "0 9 * * *", "sched.echo", timezone=bad)
+        with pytest.raises(sc.InvalidSchedule, match="time zone"):
+            sc.schedule("0 9 * * *", flow="sched.echo", name="bad-zone", timezone=bad)
+        assert "bad-zone" not in sc.code_schedules()
+        assert not Schedule.objects.exists() and not OrmQ.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(zone_name=st.one_of(st.sampled_from(sorted(available_timezones())), st.text(max_size=40),
+                           st.sampled_from(DST_ZONES).map(str.lower),
+                           st.sampled_from(DST_ZONES).map(lambda z: z + "/")))
+def test_a_zone_is_written_when_zoneinfo_knows_it_and_refused_with_our_error_otherwise(zone_name):
+    before = timezone.now()
+    try:
+        spec = sc.define("zoned", "0 9 * * *", "sched.echo", timezone=zone_name)
+    except sc.InvalidSchedule as exc:
+        assert "time zone" in str(exc)
+        assert zone_name not in available_timezones() or zone_name == "localtime"
+        assert not Schedule.objects.exists()
+        return
+    row = Schedule.objects.get(pk="zoned")
+    assert row.timezone == spec.timezone == zone_name and zone_name != "localtime"
+    assert row.next_tick_at == sc.next_tick("0 9 * * *", before, zone_name)
+    Schedule.objects.filter(pk="zoned").delete()

@@ -57,6 +57,7 @@ class DueSchedule:
     catch_up: str
     queue: str
     next_tick_at: datetime
+    timezone: str = "UTC"  # the IANA zone the cron is evaluated in (its ticks are UTC instants all the same)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,7 @@ class ScheduleWrite:
     enabled: bool
     source: str
     next_tick_at: datetime
+    timezone: str = "UTC"  # an IANA name, validated (leases.schedules.parse_zone)
 
 
 class ScheduleStatements(ABC):
@@ -82,8 +84,8 @@ class ScheduleStatements(ABC):
     @abstractmethod
     def save_schedule(self, row: ScheduleWrite) -> None:
         """Insert or update the schedule named row.name. An update keeps the row's next tick (and its
-        last tick) unless the cron changed or a disabled schedule is enabled again: then the next
-        tick is row.next_tick_at (missed ticks of a disabled schedule are not caught up)."""
+        last tick) unless the cron or the time zone changed or a disabled schedule is enabled again:
+        then the next tick is row.next_tick_at (missed ticks of a disabled schedule are not caught up)."""
 
     @abstractmethod
     def claim_due_schedules(self, limit: int, flows: Sequence[str] | None = None) -> tuple[datetime, list[DueSchedule]]:

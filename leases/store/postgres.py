@@ -238,16 +238,19 @@ WHERE w.seen_at < now() - %(older)s::float8 * interval '1 second'
 
 # -- schedule: save --
 # An upsert by name. The row's next tick survives an update (a worker restart re-saves every code
-# schedule) unless the cron changed or a disabled schedule is enabled again; then the new definition's
-# first tick replaces it, so the missed ticks of a disabled schedule are never caught up.
+# schedule) unless the cron or the time zone changed (the same cron names other instants in another
+# zone) or a disabled schedule is enabled again; then the new definition's first tick replaces it, so
+# the missed ticks of a disabled schedule are never caught up.
 SAVE_SCHEDULE = """
-INSERT INTO leases_schedule AS s (name, cron, flow, input, catch_up, queue, enabled, source, next_tick_at,
-                                  last_tick_at, last_execution_id, created_at, updated_at)
-VALUES (%(name)s, %(cron)s, %(flow)s, %(input)s::jsonb, %(catch_up)s, %(queue)s, %(enabled)s, %(source)s,
-        %(next)s, NULL, '', now(), now())
-ON CONFLICT (name) DO UPDATE SET cron = EXCLUDED.cron, flow = EXCLUDED.flow, input = EXCLUDED.input,
-    catch_up = EXCLUDED.catch_up, queue = EXCLUDED.queue, enabled = EXCLUDED.enabled, source = EXCLUDED.source,
-    next_tick_at = CASE WHEN s.cron = EXCLUDED.cron AND (s.enabled OR NOT EXCLUDED.enabled)
+INSERT INTO leases_schedule AS s (name, cron, timezone, flow, input, catch_up, queue, enabled, source,
+                                  next_tick_at, last_tick_at, last_execution_id, created_at, updated_at)
+VALUES (%(name)s, %(cron)s, %(timezone)s, %(flow)s, %(input)s::jsonb, %(catch_up)s, %(queue)s, %(enabled)s,
+        %(source)s, %(next)s, NULL, '', now(), now())
+ON CONFLICT (name) DO UPDATE SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, flow = EXCLUDED.flow,
+    input = EXCLUDED.input, catch_up = EXCLUDED.catch_up, queue = EXCLUDED.queue, enabled = EXCLUDED.enabled,
+    source = EXCLUDED.source,
+    next_tick_at = CASE WHEN s.cron = EXCLUDED.cron AND s.timezone = EXCLUDED.timezone
+                             AND (s.enabled OR NOT EXCLUDED.enabled)
                         THEN s.next_tick_at ELSE EXCLUDED.next_tick_at END,
     updated_at = now()
 """
@@ -261,7 +264,7 @@ ON CONFLICT (name) DO UPDATE SET cron = EXCLUDED.cron, flow = EXCLUDED.flow, inp
 # derived from the schedule and the tick, would make the second start a no-op). now() is the
 # transaction's start, the one clock every host shares.
 CLAIM_DUE_SCHEDULES = """
-SELECT name, cron, flow, input, catch_up, queue, next_tick_at, now() FROM leases_schedule
+SELECT name, cron, flow, input, catch_up, queue, next_tick_at, timezone, now() FROM leases_schedule
 WHERE enabled AND next_tick_at <= now() AND (%(any_flow)s OR flow = ANY(%(flows)s::text[]))
 ORDER BY next_tick_at, name
 LIMIT %(limit)s
@@ -281,8 +284,9 @@ WHERE name = %(name)s
 
 
 def _schedule_params(row) -> dict:
-    return {"name": row.name, "cron": row.cron, "flow": row.flow, "input": row.input, "catch_up": row.catch_up,
-            "queue": row.queue, "enabled": row.enabled, "source": row.source, "next": row.next_tick_at}
+    return {"name": row.name, "cron": row.cron, "timezone": row.timezone, "flow": row.flow, "input": row.input,
+            "catch_up": row.catch_up, "queue": row.queue, "enabled": row.enabled, "source": row.source,
+            "next": row.next_tick_at}
 
 
 class PostgresSchedules:
@@ -296,9 +300,9 @@ class PostgresSchedules:
         if not rows:
             return self._rows(DATABASE_NOW, [])[0][0], []
         # Django's psycopg loaders hand jsonb back as its text (the JSONField decodes it): decode here too.
-        return rows[0][7], [DueSchedule(name, cron, flow, json.loads(data) if isinstance(data, str) else data,
-                                        catch_up, queue, due)
-                            for name, cron, flow, data, catch_up, queue, due, _ in rows]
+        return rows[0][8], [DueSchedule(name, cron, flow, json.loads(data) if isinstance(data, str) else data,
+                                        catch_up, queue, due, zone)
+                            for name, cron, flow, data, catch_up, queue, due, zone, _ in rows]
 
     def advance_schedule(self, name, next_tick_at, last_tick_at, last_execution_id):
         self._count(ADVANCE_SCHEDULE, {"name": name, "next": next_tick_at, "last": last_tick_at,

@@ -123,20 +123,22 @@ def _pairs(items: Sequence[Item]) -> str:
 
 # -- schedule: save --
 SAVE_SCHEDULE = """
-INSERT INTO leases_schedule (name, cron, flow, input, catch_up, queue, enabled, source, next_tick_at,
+INSERT INTO leases_schedule (name, cron, timezone, flow, input, catch_up, queue, enabled, source, next_tick_at,
                              last_tick_at, last_execution_id, created_at, updated_at)
-VALUES (%(name)s, %(cron)s, %(flow)s, %(input)s, %(catch_up)s, %(queue)s, %(enabled)s, %(source)s, %(next)s,
-        NULL, '', %(now)s, %(now)s)
-ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, flow = excluded.flow, input = excluded.input,
-    catch_up = excluded.catch_up, queue = excluded.queue, enabled = excluded.enabled, source = excluded.source,
-    next_tick_at = CASE WHEN leases_schedule.cron = excluded.cron AND (leases_schedule.enabled OR NOT excluded.enabled)
+VALUES (%(name)s, %(cron)s, %(timezone)s, %(flow)s, %(input)s, %(catch_up)s, %(queue)s, %(enabled)s, %(source)s,
+        %(next)s, NULL, '', %(now)s, %(now)s)
+ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone, flow = excluded.flow,
+    input = excluded.input, catch_up = excluded.catch_up, queue = excluded.queue, enabled = excluded.enabled,
+    source = excluded.source,
+    next_tick_at = CASE WHEN leases_schedule.cron = excluded.cron AND leases_schedule.timezone = excluded.timezone
+                             AND (leases_schedule.enabled OR NOT excluded.enabled)
                         THEN leases_schedule.next_tick_at ELSE excluded.next_tick_at END,
     updated_at = excluded.updated_at
 """
 
 # -- schedule: claim due -- (under the write lock of the caller's transaction)
 CLAIM_DUE_SCHEDULES = """
-SELECT name, cron, flow, input, catch_up, queue, next_tick_at FROM leases_schedule
+SELECT name, cron, flow, input, catch_up, queue, next_tick_at, timezone FROM leases_schedule
 WHERE enabled AND next_tick_at <= %(now)s AND (%(any_flow)s OR flow IN (SELECT value FROM json_each(%(flows)s)))
 ORDER BY next_tick_at, name
 LIMIT %(limit)s
@@ -160,7 +162,8 @@ class SqliteSchedules:
     """The schedule statements of SqliteLeaseStore (mixed in below)."""
 
     def save_schedule(self, row):
-        self._count(SAVE_SCHEDULE, {"name": row.name, "cron": row.cron, "flow": row.flow, "input": row.input,
+        self._count(SAVE_SCHEDULE, {"name": row.name, "cron": row.cron, "timezone": row.timezone, "flow": row.flow,
+                                    "input": row.input,
                                     "catch_up": row.catch_up, "queue": row.queue, "enabled": row.enabled,
                                     "source": row.source, "next": stamp(row.next_tick_at), "now": stamp(_now())})
 
@@ -169,8 +172,8 @@ class SqliteSchedules:
         rows = self._rows(CLAIM_DUE_SCHEDULES, {"now": stamp(now), "limit": limit, "any_flow": flows is None,
                                                 "flows": json.dumps(list(flows or []))})
         return now, [DueSchedule(name, cron, flow, json.loads(data) if isinstance(data, str) else data, catch_up,
-                                 queue, _moment(due))
-                     for name, cron, flow, data, catch_up, queue, due in rows]
+                                 queue, _moment(due), zone)
+                     for name, cron, flow, data, catch_up, queue, due, zone in rows]
 
     def advance_schedule(self, name, next_tick_at, last_tick_at, last_execution_id):
         self._count(ADVANCE_SCHEDULE, {"name": name, "next": stamp(next_tick_at), "now": stamp(_now()),

@@ -56,6 +56,21 @@ class SchedulesContract:
         store.save_schedule(write("u", first + timedelta(days=4), cron="0 * * * *"))
         assert Schedule.objects.get(pk="u").next_tick_at == first + timedelta(days=4)
 
+    def test_the_time_zone_is_saved_and_claimed_and_a_new_one_replaces_the_next_tick(self, store):
+        past = timezone.now().replace(microsecond=0) - timedelta(minutes=1)
+        store.save_schedule(ScheduleWrite("tz", "0 9 * * *", "conformance.flow", "{}", "skip", "", True, "code",
+                                          past, "Europe/Paris"))
+        with transaction.atomic():
+            (due,) = store.claim_due_schedules(10)[1]
+        assert (due.name, due.timezone, due.next_tick_at) == ("tz", "Europe/Paris", past)
+        store.save_schedule(ScheduleWrite("tz", "0 9 * * *", "conformance.flow", "{}", "skip", "", True, "code",
+                                          past + timedelta(days=1), "Europe/Paris"))
+        assert Schedule.objects.get(pk="tz").next_tick_at == past
+        store.save_schedule(ScheduleWrite("tz", "0 9 * * *", "conformance.flow", "{}", "skip", "", True, "code",
+                                          past + timedelta(days=2), "Asia/Tokyo"))
+        row = Schedule.objects.get(pk="tz")
+        assert (row.timezone, row.next_tick_at) == ("Asia/Tokyo", past + timedelta(days=2))
+
     def test_the_advance_moves_the_next_and_last_tick(self, store):
         past = timezone.now().replace(microsecond=0) - timedelta(minutes=1)
         store.save_schedule(write("adv", past))
