@@ -21,6 +21,10 @@ register(
     Setting("LOOM_RECOVERY_EVERY", float, 5.0, "Seconds between recovery sweeps of a worker.", 0.01),
     Setting("LOOM_RECOVERY_MAX_ATTEMPTS", int, 5, "Recoveries of one execution before it is marked stuck.", 1),
     Setting("LOOM_RECOVERY_BATCH", int, 16, "Executions one sweep takes over at most (resumed in parallel).", 1),
+    Setting("LOOM_RECOVERY_FULL_EVERY", float, 600.0,
+            "Seconds between a worker's full orphan passes (one also at its start): in between, a sweep looks for "
+            "orphans only among the headers that passed the grace since its last sweep (0: every sweep is full).",
+            0.0),
     Setting("LOOM_WORKER_RETENTION", float, 86400.0,
             "Seconds the workers page keeps a worker that stopped or vanished (pruned by loom_worker).", 0),
     Setting("LOOM_SCHEDULE_EVERY", float, 1.0, "Seconds between a worker's ticks of the cron schedules.", 0.01),

@@ -12,6 +12,13 @@ The loop is a thread of the worker, not a django-q2 schedule: django-q2 schedule
 minute-grained, and recovery must react within seconds of a TTL. leases.tasks.recovery_sweep is
 the same sweep as a django-q2 task, scheduled every minute as a backstop.
 
+Orphans (running executions without a lease past the grace) are looked for by their header's
+updated_at, which stays at the moment the run became running however long it runs: reading every
+header past the grace would read every long run on every sweep. So a worker's sweep reads only the
+headers that passed the grace since its last complete sweep (OrphanReach), and a full orphan pass
+runs at its start and every LOOM_RECOVERY_FULL_EVERY seconds, for what no window saw (a lease row
+deleted under a live header, a sweep that could not run).
+
 Logged (logger "loom.recovery", docs/workers.md "Logs"): every takeover (execution, flow, fence
 token, attempt), every recovered run's end (status and duration), every execution marked stuck.
 """
@@ -31,12 +38,18 @@ from leases.store import Takeover, store_for
 
 log = logging.getLogger("loom.recovery")
 PRUNE_EVERY = 60.0  # seconds between two prunings of old worker rows by one worker
+# Seconds a sweep's orphan window reaches back beyond the previous complete sweep: the two read the
+# database's clock at slightly different delays after the process's, and a header's updated_at is its
+# transaction's start, which may commit a little later. What falls outside is the full pass's.
+ORPHAN_OVERLAP = 30.0
 
 
-def sweep(owner: str, limit: int | None = None, alias: str | None = None) -> Takeover:
+def sweep(owner: str, limit: int | None = None, alias: str | None = None,
+          reach: OrphanReach | None = None) -> Takeover:
     """One takeover transaction for `owner` on one shard (`alias`; default: the bound or first shard), over
     the flows registered in this process (a worker without a flow's code leaves its executions to workers
-    that have it). Disabled (empty) when LOOM_LEASE_MODE is off."""
+    that have it). Disabled (empty) when LOOM_LEASE_MODE is off. `reach`: the caller's memory of its
+    previous sweeps, which bounds how far back orphans are read; None: a full orphan pass."""
     from journal.flows import registry
 
     if conf.get("LOOM_LEASE_MODE") == "off":
@@ -45,13 +58,54 @@ def sweep(owner: str, limit: int | None = None, alias: str | None = None) -> Tak
     if not flows:
         return Takeover()
     ttl = conf.get("LOOM_LEASE_TTL")
-    return store_for(alias).takeover(
+    limit = limit or conf.get("LOOM_RECOVERY_BATCH")
+    window = None if reach is None else reach.window(alias)
+    began = time.monotonic()
+    result = store_for(alias).takeover(
         owner, ttl,
         orphan_after=conf.lease_grace() + ttl,  # a live lazy run has its lease by then
         max_attempts=conf.get("LOOM_RECOVERY_MAX_ATTEMPTS"),
-        limit=limit or conf.get("LOOM_RECOVERY_BATCH"),
+        limit=limit,
         flows=flows,
+        orphan_window=window,
     )
+    if reach is not None:
+        # Fewer candidates than the limit: every orphan the window reached was taken (a full batch may
+        # have left some, in no particular order: the next window still reaches back to them).
+        reach.swept(alias, began, window, complete=len(result.flow_of) < limit)
+    return result
+
+
+class OrphanReach:
+    """How far back one process's next sweep of a shard reads orphans: the full orphan pass when it never
+    completed one there or its last is LOOM_RECOVERY_FULL_EVERY old, else a window from the start of its
+    last complete sweep (plus ORPHAN_OVERLAP). A header's updated_at does not move while it runs, so the
+    windows of consecutive sweeps, overlapping, see every header as it passes the grace: the common sweep
+    reads the headers that aged past the grace since the last one, not every long run."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.covered: dict[str | None, float] = {}  # shard -> monotonic start of its last complete sweep
+        self.full: dict[str | None, float] = {}  # shard -> monotonic start of its last complete full pass
+
+    def window(self, alias: str | None) -> float | None:
+        """Seconds of headers the next sweep of `alias` reads past the grace; None: a full orphan pass."""
+        now = time.monotonic()
+        with self.lock:
+            full, covered = self.full.get(alias), self.covered.get(alias)
+        if full is None or covered is None or now - full >= conf.get("LOOM_RECOVERY_FULL_EVERY"):
+            return None
+        return now - covered + ORPHAN_OVERLAP
+
+    def swept(self, alias: str | None, began: float, window: float | None, complete: bool) -> None:
+        """Record a sweep of `alias` that began at `began` (monotonic) with `window`; an incomplete one
+        (it filled its limit) changes nothing, so the next reaches back as far again."""
+        if not complete:
+            return
+        with self.lock:
+            self.covered[alias] = max(began, self.covered.get(alias, began))
+            if window is None:
+                self.full[alias] = max(began, self.full.get(alias, began))
 
 
 def log_takeover(result: Takeover) -> None:
@@ -112,6 +166,7 @@ class RecoveryService:
         self.inflight: set[str] = set()
         self.lock = threading.Lock()
         self.prune_at = 0.0  # monotonic time of the next pruning of old worker rows
+        self.reach = OrphanReach()  # a full orphan pass first, then windows (and a full pass now and then)
 
     def start(self, worker) -> None:
         self.owner = worker.worker_id
@@ -138,7 +193,7 @@ class RecoveryService:
         if free <= 0:
             return
         try:
-            result = sweep(self.owner, free, alias)
+            result = sweep(self.owner, free, alias, self.reach)
         except DatabaseError as exc:
             log.warning("recovery sweep of %s on %s failed; retrying: %s", self.owner, alias, exc)
             connections[alias].close()

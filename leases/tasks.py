@@ -37,7 +37,7 @@ from django.utils.crypto import salted_hmac
 from journal import shards
 from journal.atomic import atomic
 from leases.keeper import get_keeper
-from leases.recovery import log_takeover, prune_workers, resume_one, sweep
+from leases.recovery import OrphanReach, log_takeover, prune_workers, resume_one, sweep
 from leases.store import Reservation, store_for
 
 SCHEDULE_NAME = "loom.recovery_sweep"
@@ -262,12 +262,17 @@ def prune_reservations() -> int:
                if header_status(eid) is not None)
 
 
+# This process's memory of its backstop sweeps (a django-q2 worker process runs the task every minute or
+# so): a full orphan pass in its first and every LOOM_RECOVERY_FULL_EVERY seconds, windows in between.
+BACKSTOP_REACH = OrphanReach()
+
+
 def recovery_sweep() -> int:
     """One takeover sweep per shard and the resumes, and a tick of the due cron schedules, in this
     process (django-q2 schedule: every minute)."""
     count = 0
     for alias in shards.shards():
-        taken = sweep(get_keeper(alias).worker_id, alias=alias)
+        taken = sweep(get_keeper(alias).worker_id, alias=alias, reach=BACKSTOP_REACH)
         log_takeover(taken)
         for execution_id, token in taken.taken:
             resume_one(execution_id, taken.flow_of.get(execution_id, "?"), token)

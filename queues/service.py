@@ -19,10 +19,12 @@ execution never began is offered again after LOOM_QUEUE_CLAIM_TIMEOUT.
 from __future__ import annotations
 
 import logging
+import queue
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from functools import partial
 
 from django.conf import settings
 from django.db import DatabaseError, connections, router
@@ -86,6 +88,61 @@ def run_claimed(claimed, using: str | None = None) -> str:
     return outcome.status
 
 
+class Runners:
+    """The runner threads of one dispatcher (a fixed pool). Each keeps its database connections from one
+    run to the next (a run's statements reuse them) and closes them when it leaves: a ThreadPoolExecutor's
+    threads would end (or idle on) with their sessions open, one per thread, until collected.
+
+    stop() tells every thread to leave after its current run; the idle ones leave at once, closing their
+    sessions, and are waited for. A thread in a run is not: the run stops at its next step once the
+    heartbeat hands its lease back (that service stops after the dispatcher), and the thread then closes
+    its sessions and leaves. A task handed over after stop() is dropped, not begun (its claim is offered
+    again after LOOM_QUEUE_CLAIM_TIMEOUT)."""
+
+    def __init__(self, size: int) -> None:
+        self.tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.busy: set[threading.Thread] = set()
+        self.threads = [threading.Thread(target=self._loop, name=f"loom-queue-run-{n}", daemon=True)
+                        for n in range(size)]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, task: Callable[[], None]) -> None:
+        self.tasks.put(task)
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        try:
+            while (task := self.tasks.get()) is not None:
+                if self.stopping.is_set():
+                    continue  # handed over too late: not begun, offered again after the claim timeout
+                with self.lock:
+                    self.busy.add(me)
+                try:
+                    task()
+                except Exception:
+                    log.exception("queue runner: a task failed")
+                finally:
+                    with self.lock:
+                        self.busy.discard(me)
+        finally:
+            connections.close_all()  # this thread's sessions, on every database it used
+
+    def stop(self, timeout: float) -> None:
+        """Every thread leaves after its current run (closing its sessions); wait up to `timeout` seconds
+        for those not in a run."""
+        self.stopping.set()
+        for _ in self.threads:
+            self.tasks.put(None)
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            idle = [thread for thread in self.threads if thread not in self.busy]
+        for thread in idle:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 class QueueService:
     """The worker service (leases.worker.register_service): dispatcher thread + runner pool.
 
@@ -100,7 +157,7 @@ class QueueService:
         self.wake = threading.Event()
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
-        self.pool: ThreadPoolExecutor | None = None
+        self.pool: Runners | None = None
         self.free = 0
         self.claimed = 0  # entries this process claimed (tests, logs)
         self.prune_at = 0.0  # monotonic time of the next pruning of finished entries
@@ -135,7 +192,7 @@ class QueueService:
             finally:
                 connections[alias].close()
         self.free = threads
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="loom-queue")
+        self.pool = Runners(threads)
         channel = conf.get("LOOM_QUEUE_CHANNEL")
         if channel:
             self.listeners = [threading.Thread(target=self._listen, args=(alias, channel), daemon=True,
@@ -281,7 +338,7 @@ class QueueService:
                 with self.lock:
                     self.free -= 1
                     self.claimed += 1
-                self.pool.submit(self._run, entry, alias)
+                self.pool.submit(partial(self._run, entry, alias))
             if claimed:
                 hot.append(name)
                 got_any = True
@@ -304,6 +361,7 @@ class QueueService:
         for listener in self.listeners:  # each closes its session within 0.25 s of `stopping`
             listener.join(timeout)
         if self.pool is not None:
-            # Runs in flight stop at their next step once the heartbeat hands their leases back (it stops
-            # after us); their entries stay started and the executions are recovered by other workers.
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            # The idle runners close their sessions and are waited for. Runs in flight stop at their next
+            # step once the heartbeat hands their leases back (it stops after us), then their threads close
+            # theirs; their entries stay started and the executions are recovered by other workers.
+            self.pool.stop(timeout)

@@ -24,6 +24,21 @@ def nap(ctx, value):
     return ctx.step("nap", time.sleep, value.get("seconds", 0.2))
 
 
+@flow("queues.test.session")
+def session(ctx, value):
+    """One step that answers the database session it ran on (PostgreSQL's backend pid of this thread's
+    connection): which sessions a dispatcher's runner threads hold."""
+    return ctx.step("pid", _backend_pid)
+
+
+def _backend_pid() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
 @task
 def add(a: int, b: int) -> int:
     return a + b

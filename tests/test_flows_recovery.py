@@ -17,7 +17,7 @@ from journal.models import Event, Execution, Fence
 from leases.keeper import LeaseKeeper, get_keeper, reset_keeper
 from leases.models import Lease
 from leases.ownership import install
-from leases.recovery import RecoveryService, sweep
+from leases.recovery import OrphanReach, RecoveryService, sweep
 from tests import lease_flows  # noqa: F401  (registers the flows)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,10 +63,12 @@ def recovered_by(eid: str) -> dict:
     return next(e.payload["recovered_by"] for e in Event.objects.read(eid) if "recovered_by" in e.payload)
 
 
-def test_one_recovery_by_the_backstop_task_advances_the_fence_once():
+def test_one_recovery_by_the_backstop_task_advances_the_fence_once(monkeypatch):
     """leases.tasks.recovery_sweep: takeover (fence 1 -> 2), then the resume runs at fence 2 and settles."""
+    from leases import tasks
     from leases.tasks import recovery_sweep
 
+    monkeypatch.setattr(tasks, "BACKSTOP_REACH", OrphanReach())  # this process's first backstop: a full pass
     orphan("rec-1")
     assert recovery_sweep() == 1
     assert Execution.objects.get(pk="rec-1").status == "completed"
@@ -86,6 +88,38 @@ def test_one_recovery_by_the_worker_service_advances_the_fence_once():
         service.stop(5)
     assert Fence.objects.current("rec-2") == 2
     assert recovered_by("rec-2") == {"by": recovered_by("rec-2")["by"], "fence": 2}
+
+
+def test_an_orphan_older_than_the_sweeps_window_is_taken_by_the_full_orphan_pass(settings):
+    """A sweep with a memory of its previous ones (OrphanReach) looks for orphans only among the headers
+    that passed the grace since then: an orphan whose header passed it long before (its lease row deleted
+    under it, say) is not seen by that window, and is taken by the next full orphan pass."""
+    settings.LOOM_RECOVERY_FULL_EVERY = 3600.0
+    reach, owner = OrphanReach(), get_keeper().worker_id
+    assert reach.window("default") is None
+    assert sweep(owner, alias="default", reach=reach).taken == []  # the first: a full pass, nothing to take
+    assert reach.window("default") is not None
+    orphan("rec-old")  # header 5 minutes old: past the grace long before the last sweep
+    assert sweep(owner, alias="default", reach=reach).taken == []  # the window does not reach it
+    settings.LOOM_RECOVERY_FULL_EVERY = 0.0  # the full pass is due
+    assert reach.window("default") is None
+    assert sweep(owner, alias="default", reach=reach).taken == [("rec-old", 2)]
+
+
+def test_the_worker_service_runs_the_full_orphan_pass_again_after_its_first(settings):
+    """The recovery thread's first sweep is a full orphan pass, and so is one every
+    LOOM_RECOVERY_FULL_EVERY seconds: an orphan whose header is older than every window, appearing after
+    the service's first sweep, is still recovered."""
+    settings.LOOM_RECOVERY_FULL_EVERY = 0.2
+    service = RecoveryService()
+    service.start(SimpleNamespace(worker_id=get_keeper().worker_id))
+    try:
+        wait_until(lambda: service.reach.window("default") is not None)  # the first full pass completed
+        orphan("rec-late")
+        wait_until(lambda: Execution.objects.get(pk="rec-late").status == "completed")
+    finally:
+        service.stop(5)
+    assert Fence.objects.current("rec-late") == 2
 
 
 def test_a_resume_with_a_token_taken_over_since_is_refused_and_writes_nothing():

@@ -397,50 +397,72 @@ def _plan_nodes(plan: dict):
 
 
 def test_the_recovery_sweep_reads_the_lapsed_executions_by_index_not_every_running_one():
-    """Issue 16 (growth): the candidates statement of a sweep reads the expired leases by their
-    expires_at index and the orphans (running, no lease, older than the grace) by the partial index
-    of running executions' updated_at, then each header by primary key: neither journal_execution nor
-    leases_lease is scanned, so its cost follows the lapsed executions, not the 20,000 live ones.
-    It still takes exactly the expired and the orphaned ones."""
+    """Issue 16 (growth): the candidates statement of a common sweep reads the expired leases by their
+    expires_at index and the orphans (running, no lease) by the partial index of running executions'
+    updated_at, only among the headers that passed the grace within its window, then each header by
+    primary key. The 20,000 live executions are long runs whose headers are all older than the grace
+    (a running header's updated_at stays at its start: steps and renewals do not touch it), so reading
+    every header past the grace would read each of them on every sweep: neither journal_execution nor
+    leases_lease is scanned and no node reads 100 rows (PostgreSQL), the orphan arm is a range on both
+    ends and the statement runs fewer VM instructions than there are live executions (SQLite). It takes
+    exactly the expired and the recent orphans; the old orphans are the full orphan pass's, which takes
+    them."""
     from datetime import UTC, datetime, timedelta
 
     from leases.store import postgres as pg_statements
     from leases.store import sqlite as sqlite_statements
 
     store = store_for()
+    now = datetime.now(UTC)
     live = [f"live-{n:05d}" for n in range(LIVE)]
-    Execution.objects.bulk_create(Execution(id=eid, flow="leases.noop") for eid in live)
+    Execution.objects.bulk_create(Execution(id=eid, flow="leases.noop", updated_at=now - timedelta(hours=1))
+                                  for eid in live)
     store.fill_leases("holder", live, 1, 3600)
     expired = [running(f"exp-{n}") for n in range(5)]
     store.fill_leases("holder", expired, 1, -60)
-    orphans = [running(f"orph-{n}") for n in range(3)]
-    Execution.objects.filter(id__in=orphans).update(updated_at=datetime.now(UTC) - timedelta(hours=1))
+    recent = [running(f"orph-{n}") for n in range(3)]
+    Execution.objects.filter(id__in=recent).update(updated_at=now - timedelta(seconds=90))
+    old = [running(f"orph-old-{n}") for n in range(2)]
+    Execution.objects.filter(id__in=old).update(updated_at=now - timedelta(hours=2))
     params = {"limit": 20, "any_flow": False, "flows": ["leases.noop"]}
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE journal_execution")
         cursor.execute("ANALYZE leases_lease")
         if connection.vendor == "postgresql":
             cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + pg_statements.TAKEOVER_CANDIDATES,
-                           {**params, "orphan": 60.0})
+                           {**params, "orphan": 60.0, "window": 300.0})
             plan = cursor.fetchone()[0]
             nodes = list(_plan_nodes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]))
             scans = [n for n in nodes if n.get("Relation Name") in ("journal_execution", "leases_lease")]
             assert scans and all(n["Node Type"] != "Seq Scan" for n in scans), nodes
-            read = max(n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0) for n in scans)
+            read = max((n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)) * n.get("Actual Loops", 1)
+                       for n in scans)
             assert read < 100, (read, nodes)  # the 8 lapsed ones, not 20,000 live ones
         else:
-            now = datetime.now(UTC)
-            cursor.execute("EXPLAIN QUERY PLAN " + sqlite_statements.TAKEOVER_CANDIDATES,
-                           {**params, "flows": json.dumps(params["flows"]), "now": sqlite_statements.stamp(now),
-                            "orphan": sqlite_statements.stamp(now - timedelta(seconds=60))})
+            cutoff = now - timedelta(seconds=60)
+            sqlite_params = {**params, "flows": json.dumps(params["flows"]), "now": sqlite_statements.stamp(now),
+                             "orphan": sqlite_statements.stamp(cutoff),
+                             "since": sqlite_statements.stamp(cutoff - timedelta(seconds=300))}
+            cursor.execute("EXPLAIN QUERY PLAN " + sqlite_statements.TAKEOVER_CANDIDATES, sqlite_params)
             details = [row[3] for row in cursor.fetchall()]
             reads = [d for d in details if d.startswith(("SCAN", "SEARCH")) and " json_each" not in d
                      and not d.startswith("SCAN c")]
             assert reads and all(d.startswith("SEARCH") for d in reads), details
-            assert any("journal_exec_running_upd (updated_at<?)" in d for d in reads), details
+            assert any("journal_exec_running_upd (updated_at>? AND updated_at<?)" in d for d in reads), details
             assert any("expires_at<?" in d for d in reads), details
-    taken = store.takeover("sweeper", ttl=30, orphan_after=60, max_attempts=5, limit=20, flows=["leases.noop"])
-    assert taken.taken == sorted((eid, 2) for eid in expired + orphans) and taken.stuck == []
+            steps = []  # one entry per 100 VM instructions the statement runs
+            connection.connection.set_progress_handler(lambda: steps.append(1), 100)
+            try:
+                cursor.execute(sqlite_statements.TAKEOVER_CANDIDATES, sqlite_params)
+                assert len(cursor.fetchall()) == 8
+            finally:
+                connection.connection.set_progress_handler(None, 0)
+            assert len(steps) * 100 < LIVE, len(steps)  # it cannot have visited each live execution
+    taken = store.takeover("sweeper", ttl=30, orphan_after=60, max_attempts=5, limit=20, flows=["leases.noop"],
+                           orphan_window=300)
+    assert taken.taken == sorted((eid, 2) for eid in expired + recent) and taken.stuck == []
+    full = store.takeover("sweeper", ttl=30, orphan_after=60, max_attempts=5, limit=20, flows=["leases.noop"])
+    assert full.taken == [(eid, 2) for eid in old] and full.stuck == []
 
 
 @pytest.mark.postgres
@@ -459,7 +481,8 @@ def test_two_sweepers_take_disjoint_executions_and_the_second_skips_the_first_on
     def first_sweeper():
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(TAKEOVER_CANDIDATES, {"orphan": 60.0, "limit": 3, "any_flow": True, "flows": []})
+                cursor.execute(TAKEOVER_CANDIDATES, {"orphan": 60.0, "window": None, "limit": 3, "any_flow": True,
+                                                      "flows": []})
                 seen["first"] = [row[0] for row in cursor.fetchall()]
                 locked.set()
                 done.wait(30)

@@ -148,6 +148,31 @@ def test_a_terminated_listener_reconnects_and_later_enqueues_still_wake_it(queue
     assert wait_completed([eid], BOUND) == [eid]
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_dispatcher_leaves_no_session_of_its_runner_threads(queue, settings):
+    """Each runner thread keeps its connection from one run to the next; stop() ends them: no session a
+    runner ran a flow on is still connected once the service has stopped (only the test's own and what
+    other parts of this process hold, the lease keeper's say, remain)."""
+    settings.LOOM_QUEUE_THREADS = 2
+    settings.LOOM_QUEUE_POLL = 0.05
+    declare_queue(queue, concurrency=2)
+    service = QueueService()
+    service.start(SimpleNamespace(worker_id="sessions"))
+    try:
+        eids = [enqueue("queues.test.session", {}, queue=queue).execution_id for _ in range(4)]
+        assert wait_completed(eids, 2 * BOUND) == sorted(eids)
+    finally:
+        service.stop(5)
+    ran_on = set(Execution.objects.filter(pk__in=eids).values_list("result", flat=True))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] not in ran_on
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid = ANY(%s)",
+                       [sorted(ran_on)])
+        assert cursor.fetchall() == []
+
+
 @pytest.mark.django_db
 def test_next_due_is_the_time_to_the_earliest_deferred_entry_of_known_flows(queue):
     store = store_for()

@@ -309,6 +309,14 @@ EXECUTION_EXISTS = "EXISTS (SELECT 1 FROM journal_execution e WHERE e.id = {eid}
 # - orphans: running executions last updated more than %(orphan)s seconds ago (journal_exec_running_upd,
 #   the partial index of running rows' updated_at: only the old ones are read) for which {unleased},
 #   the leases store's test on `o.id`, finds no lease row (a lazy run takes its lease after the grace).
+#   A running header's updated_at is the moment it became running (start, retry, wake, takeover):
+#   steps and renewals never touch it, so a long run's header stays old, leased or not. %(window)s
+#   bounds the read from below: only the headers that passed the grace in the last %(window)s seconds
+#   (the common sweep, leases/recovery.py OrphanReach: its cost follows the headers that aged past the
+#   grace since the last sweep, not every long run); NULL reads all of them (the full orphan pass, at
+#   a worker's start and every LOOM_RECOVERY_FULL_EVERY seconds). COALESCE keeps the bound one
+#   expression of the parameters and now(), so even a generic plan (server-side binding) takes it as
+#   an index bound.
 # The arms are disjoint (a lease row or none) and each yields an id once (primary keys): UNION ALL.
 # Each id is then read by primary key and re-checked running (the arms are a snapshot: a run that
 # settled since is skipped), then filtered by flow. FOR UPDATE OF e SKIP LOCKED: two sweepers never
@@ -318,6 +326,8 @@ SELECT e.id, e.recoveries, e.flow
 FROM (
     SELECT o.id FROM journal_execution o
     WHERE o.status = 'running' AND o.updated_at < now() - %(orphan)s::float8 * interval '1 second'
+      AND o.updated_at >= COALESCE(now() - (%(orphan)s::float8 + %(window)s::float8) * interval '1 second',
+                                   '-infinity'::timestamptz)
       AND {unleased}
     UNION ALL
     {expired}

@@ -101,7 +101,8 @@ STREAM_TIP_SQL = "SELECT MAX(j.seq) AS tip FROM journal_event j WHERE j.stream_i
 EXECUTION_EXISTS = "EXISTS (SELECT 1 FROM journal_execution e WHERE e.id = {eid})"
 
 # -- hook: RECOVERY_CANDIDATES -- (see postgres.RECOVERY_CANDIDATES: the same two arms; %(orphan)s is
-# the cutoff stamp) no SKIP LOCKED: the sweep's transaction holds the write lock (BEGIN IMMEDIATE), so
+# the cutoff stamp, %(since)s the window's lower stamp, '' for the full orphan pass: the empty string
+# sorts before every stamp) no SKIP LOCKED: the sweep's transaction holds the write lock (BEGIN IMMEDIATE), so
 # two sweepers run one after the other. `o.status = 'running'` is spelled as journal_exec_running_upd's
 # predicate, or SQLite would not use the partial index. CROSS JOIN: SQLite keeps the arms as the outer
 # loop and reads each header by primary key (it could otherwise walk every running header in id order
@@ -110,7 +111,7 @@ RECOVERY_CANDIDATES = """
 SELECT e.id, e.recoveries, e.flow
 FROM (
     SELECT o.id AS id FROM journal_execution o
-    WHERE o.status = 'running' AND o.updated_at < %(orphan)s AND {unleased}
+    WHERE o.status = 'running' AND o.updated_at < %(orphan)s AND o.updated_at >= %(since)s AND {unleased}
     UNION ALL
     {expired}
 ) c

@@ -116,7 +116,9 @@ UPDATE leases_lease l SET expires_at = now() FROM (
 # neither waits for the other) with our two terms, in one statement: the expired arm reads only the
 # lapsed range of the expires_at index (no lock on the lease: TAKEOVER_CLAIM re-checks the expiry
 # under its row lock, and a renewal that committed first wins there), and the orphan arm probes the
-# primary key for each old running execution the journal's partial index yields.
+# primary key for each old running execution the journal's partial index yields: those that passed
+# the grace within %(window)s seconds (the common sweep), or all of them when it is NULL (the full
+# orphan pass; leases/recovery.py OrphanReach decides which).
 TAKEOVER_CANDIDATES = journal_sql.RECOVERY_CANDIDATES.format(
     expired="SELECT l.execution_id FROM leases_lease l WHERE l.expires_at < now()",
     unleased="NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.execution_id = o.id)",
@@ -370,10 +372,11 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
         eids, tokens = _split(items)
         return self._count(EXPIRE, {"owner": owner, "eids": eids, "tokens": tokens})
 
-    def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None):
+    def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None, orphan_window=None):
         with atomic(self.alias):
-            candidates = self._rows(TAKEOVER_CANDIDATES, {"orphan": orphan_after, "limit": limit,
-                                                          "any_flow": flows is None, "flows": list(flows or [])})
+            candidates = self._rows(TAKEOVER_CANDIDATES, {"orphan": orphan_after, "window": orphan_window,
+                                                          "limit": limit, "any_flow": flows is None,
+                                                          "flows": list(flows or [])})
             if not candidates:
                 return Takeover()
             stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]

@@ -59,7 +59,8 @@ UPDATE leases_lease SET expires_at = %(now)s WHERE owner = %(owner)s AND (execut
 
 # -- takeover: candidates --
 # See leases/store/postgres.py: expired lease (by the expires_at index), or none for longer than
-# `orphan_after` (the journal's RECOVERY_CANDIDATES hook with our two terms, in one statement).
+# `orphan_after` (the journal's RECOVERY_CANDIDATES hook with our two terms, in one statement); the
+# orphans only among headers stamped since %(since)s ('' for the full orphan pass).
 TAKEOVER_CANDIDATES = journal_sql.RECOVERY_CANDIDATES.format(
     expired="SELECT l.execution_id FROM leases_lease l WHERE l.expires_at < %(now)s",
     unleased="NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.execution_id = o.id)",
@@ -235,14 +236,15 @@ class SqliteLeaseStore(SqliteSchedules, LeaseStore):
             return 0
         return self._count(EXPIRE, {"owner": owner, "items": _pairs(items), "now": stamp(_now())})
 
-    def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None):
+    def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None, orphan_window=None):
         # BEGIN IMMEDIATE: the whole check-and-take runs under the write lock.
         with atomic(self.alias):
             now = _now()
             times = self._times(ttl)
+            since = "" if orphan_window is None else stamp(now - timedelta(seconds=orphan_after + orphan_window))
             candidates = self._rows(TAKEOVER_CANDIDATES, {
-                "now": times["now"], "orphan": stamp(now - timedelta(seconds=orphan_after)), "limit": limit,
-                "any_flow": flows is None, "flows": json.dumps(list(flows or []))})
+                "now": times["now"], "orphan": stamp(now - timedelta(seconds=orphan_after)), "since": since,
+                "limit": limit, "any_flow": flows is None, "flows": json.dumps(list(flows or []))})
             if not candidates:
                 return Takeover()
             stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]

@@ -169,6 +169,25 @@ class LeaseStoreContract(SchedulesContract, StoreContract):
         assert holder("y") is None and holder("done") is None
         assert store.takeover("b", TTL, -60.0, 5, 10, flows=[]).taken == []
 
+    def test_the_orphan_window_reads_only_headers_that_just_passed_the_grace_and_the_full_pass_all(self, store):
+        """orphan_window: an orphan whose header passed orphan_after within the window is taken; one that
+        passed it earlier is left to the full orphan pass (orphan_window None), which takes it. Expired
+        leases are taken whatever their header's age."""
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        now = timezone.now()
+        for eid, age in (("recent", 90), ("old", 7200), ("expired", 7200)):
+            running(eid)
+            Execution.objects.filter(id=eid).update(updated_at=now - timedelta(seconds=age))
+        store.acquire_many("a", [("expired", 1)], TTL)
+        store.expire_many("a", [("expired", 1)])
+        windowed = store.takeover("b", TTL, 60.0, 5, 10, orphan_window=300.0)
+        assert windowed.taken == [("expired", 2), ("recent", 2)]
+        assert store.takeover("b", TTL, 60.0, 5, 10, orphan_window=300.0).taken == []
+        assert store.takeover("b", TTL, 60.0, 5, 10).taken == [("old", 2)]
+
     def test_takeover_takes_at_most_limit(self, store):
         for eid in ("x1", "x2", "x3"):
             running(eid)
