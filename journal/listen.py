@@ -24,6 +24,13 @@ CONNECT_TIMEOUT_S = 10
 them must not hold a listener (or a worker's start) for the kernel's two minutes."""
 
 
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+"""TCP keepalives unless the alias's OPTIONS set them: a listener only reads, so a session the network dropped
+silently (a NAT or a failover that sends no reset) would otherwise wait for notifications forever while its
+callers sleep their longer listening poll; with these, the kernel ends it in about a minute and the listener
+reconnects."""
+
+
 def direct_address(alias: str) -> dict | None:
     """Where LISTEN may connect for `alias`: the alias itself, or — for an alias behind a transaction-pooling
     PgBouncer (DISABLE_SERVER_SIDE_CURSORS) — its `LOOM_DIRECT` entry ({"HOST": ..., "PORT": ...}: the
@@ -51,6 +58,8 @@ def session_params(alias: str) -> dict[str, Any] | None:
         else:
             params.pop(key, None)  # libpq's default (a Unix socket, port 5432), as Django's own connection
     params.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    for key, value in KEEPALIVES.items():
+        params.setdefault(key, value)
     params["autocommit"] = True
     return params
 

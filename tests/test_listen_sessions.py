@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection, connections
 
-from journal.listen import CONNECT_TIMEOUT_S, listen, session_params
+from journal.listen import CONNECT_TIMEOUT_S, KEEPALIVES, listen, session_params
 
 
 @pytest.fixture
@@ -28,6 +28,7 @@ def test_the_session_keeps_the_aliases_options_and_only_loom_direct_moves_host_a
     assert params["sslmode"] == "disable" and params["application_name"] == "loom-x"
     assert params["dbname"] == alias_settings["NAME"] and params["autocommit"] is True
     assert params["connect_timeout"] == CONNECT_TIMEOUT_S
+    assert {k: params[k] for k in KEEPALIVES} == KEEPALIVES  # a silently dropped session is noticed
     alias_settings["OPTIONS"]["connect_timeout"] = 3
     assert session_params("default")["connect_timeout"] == 3  # the alias's own wins
     alias_settings["LOOM_DIRECT"] = {"HOST": "10.9.8.7", "PORT": 5999}
