@@ -1,11 +1,14 @@
 """The admin over shards (journal/shards.py): one mechanism for every page of a model whose rows live on
 every shard (the journal's, leases', projections' and queues' models, ShardRouter.routes).
 
-- The list merges every shard's rows (count, pages, ordering) and shows each row's shard in a "shard" column.
+- The list merges every shard's rows (count, pages, ordering: ShardedChangeList, ShardedRows) and shows each
+  row's shard in a "shard" column; a shard that cannot be read is left out and named in a message.
 - A row's link carries its shard (`?shard=<alias>`): ids are not unique across shards (a subscription's or
   an event's integer id, a checkpoint's consumer, a worker id registered on each shard), so the change page
-  reads the shard it is told. Without the parameter (a link built elsewhere: an inline's, the history's) it
-  reads the shard `find_shard` names: the first that holds the id (executions: the id's placement).
+  reads the shard it is told, and its own links (History, a form's redirects) carry it on. Without the
+  parameter (a link built elsewhere: an inline's, the history page's breadcrumb) it reads the shard
+  `find_shard` names: the first that holds the id (executions: the id's placement). A row's page whose shard
+  cannot be read answers 503 naming it.
 - An action's checkbox names the row's shard (`<alias>:<pk>`); the action is given the selection on the first
   shard picked, and `selection()` gives it the selection on each shard, so it acts on the rows that were
   ticked, on their own databases, never on a row of another shard that shares an id.
@@ -106,21 +109,24 @@ def _merge_order(queryset: QuerySet) -> tuple[QuerySet, list[tuple[str, bool]]]:
 class ShardedRows:
     """The rows of one query on several shards, merged in the query's order: what the admin's paginator counts
     and slices, and what a bulk action lists. A page [a:b] reads at most b rows per shard; each row remembers
-    its shard (`row._state.db`). A shard that cannot be read is left out and named in `unreachable`."""
+    its shard (`row._state.db`). With `skip_unreachable` (the list page) a shard that cannot be read is left
+    out and named in `unreachable`; else its error is raised (an action never silently skips a shard's rows).
+    One part is read as it is: no merge, so no change of order."""
 
     ordered = True  # the paginator's check: the order is the queryset's, applied per shard and in the merge
 
-    def __init__(self, parts: list[QuerySet]):
-        merged = [_merge_order(part) for part in parts]
+    def __init__(self, parts: list[QuerySet], skip_unreachable: bool = False):
+        merged = [_merge_order(part) for part in parts] if len(parts) > 1 else [(part, []) for part in parts]
         self.parts = [part for part, _ in merged]
         self.keys = merged[0][1] if merged else []
+        self.skip_unreachable = skip_unreachable
         self.unreachable: dict[str, str] = {}  # alias -> the error's first line
         self._count: int | None = None
 
     @classmethod
-    def over(cls, queryset: QuerySet, aliases: list[str]) -> ShardedRows:
+    def over(cls, queryset: QuerySet, aliases: list[str], skip_unreachable: bool = False) -> ShardedRows:
         """The same query on each alias."""
-        return cls([queryset.using(alias) for alias in aliases])
+        return cls([queryset.using(alias) for alias in aliases], skip_unreachable)
 
     def _read(self, read) -> list:
         """`read(part)` on each shard still reachable; a shard whose connection fails is dropped and named."""
@@ -129,6 +135,8 @@ class ShardedRows:
             try:
                 found.append(read(part))
             except UNREACHABLE as error:
+                if not self.skip_unreachable:
+                    raise
                 self.unreachable[part.db] = _first_line(error)
                 self.parts.remove(part)
         return found
@@ -175,7 +183,7 @@ class ShardedChangeList(ChangeList):
     def get_results(self, request) -> None:
         if not spans_shards(self.model_admin):
             return super().get_results(request)
-        rows = ShardedRows.over(self.queryset, shards.shards())
+        rows = ShardedRows.over(self.queryset, shards.shards(), skip_unreachable=True)
         result_count = rows.count()
         show_full = self.model_admin.show_full_result_count
         if not show_full:
@@ -183,7 +191,7 @@ class ShardedChangeList(ChangeList):
         elif self.queryset.query.where == self.root_queryset.query.where:  # nothing narrows it: the same count
             full_result_count = result_count
         else:
-            root = ShardedRows.over(self.root_queryset, [part.db for part in rows.parts])
+            root = ShardedRows.over(self.root_queryset, [part.db for part in rows.parts], skip_unreachable=True)
             full_result_count = root.count()
             rows.unreachable.update(root.unreachable)
         self.result_count, self.full_result_count = result_count, full_result_count
@@ -244,6 +252,7 @@ class ShardedAdmin:
     names its shard (executions: the stream's placement)."""
 
     rows_per_shard = True  # False: list one database's rows (each row stands for every shard's: queues)
+    shard_list_depth = 10_000  # the most rows a merged list reads from each shard for one page (ShardedChangeList)
 
     def get_changelist(self, request, **kwargs):
         return ShardedChangeList
@@ -313,8 +322,6 @@ class ShardedAdmin:
             return preserved
         return "&".join(filter(None, [preserved, urlencode({SHARD_PARAM: alias})]))
 
-    shard_list_depth = 10_000  # the most rows a merged list reads from each shard for one page (ShardedChangeList)
-
     def row_page(self, request, object_id: str, render) -> object:
         """`render()` (a row's page) on the row's shard, rendered while it is bound; a shard that cannot be
         read answers 503 naming it (shard_unreachable), not a traceback."""
@@ -322,6 +329,8 @@ class ShardedAdmin:
             with self.on_row_shard(request, object_id):
                 return _rendered(render())
         except UNREACHABLE as error:
+            if not spans_shards(self):  # one database: Django's own error, as ever
+                raise
             return self.shard_unreachable(request, ShardUnreachable(getattr(request, "loom_shard", None) or "?",
                                                                     error))
         except ShardUnreachable as error:
