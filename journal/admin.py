@@ -301,11 +301,7 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         def sharded_view(request, object_id):
             if stored_id_problem(unquote(object_id)) is not None:  # NUL, lone surrogate: no such execution
                 raise Http404("no such execution")
-            with self.on_row_shard(request, object_id):  # the execution's page reads its shard
-                response = view(request, object_id)
-                if hasattr(response, "render"):
-                    response.render()
-                return response
+            return self.row_page(request, object_id, lambda: view(request, object_id))  # on its shard
 
         def view(request, object_id):
             execution = get_object_or_404(Execution, pk=unquote(object_id))
@@ -340,8 +336,8 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         return super().get_object(request, object_id, from_field)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        with self.on_row_shard(request, object_id):  # its header, log and panels on the execution's shard
-            return self._change_view(request, object_id, form_url, extra_context)
+        # its header, log and panels on the execution's shard (a 503 naming it when it cannot be read)
+        return self.row_page(request, object_id, lambda: self._change_view(request, object_id, form_url, extra_context))
 
     def _change_view(self, request, object_id, form_url="", extra_context=None):
         from journal.exceptions import InvalidStream

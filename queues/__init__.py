@@ -35,10 +35,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def stats(using: str | None = None) -> list[QueueStats]:
+def stats(using: str | None = None, unreachable: dict[str, str] | None = None) -> list[QueueStats]:
     """Every queue with its caps, depth (pending, ready) and running count (admin, command line). With
-    LOOM_SHARDS and no `using`: every shard's counts added up per queue (the caps shown are each shard's)."""
-    from django.db import router
+    LOOM_SHARDS and no `using`: every shard's counts added up per queue (the caps shown are each shard's).
+    Given `unreachable` (the admin), a shard whose connection fails is left out of the sums and named there
+    (alias -> the error's first line) instead of failing the whole page."""
+    from django.db import InterfaceError, OperationalError, router
 
     from journal import shards
     from queues.models import Queue
@@ -48,7 +50,14 @@ def stats(using: str | None = None) -> list[QueueStats]:
         return store_for(using or router.db_for_read(Queue)).queue_stats()
     merged: dict[str, QueueStats] = {}
     for alias in shards.shards():
-        for one in store_for(alias).queue_stats():
+        try:
+            found = store_for(alias).queue_stats()
+        except (OperationalError, InterfaceError) as error:
+            if unreachable is None:
+                raise
+            unreachable[alias] = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            continue
+        for one in found:
             seen = merged.get(one.name)
             merged[one.name] = one if seen is None else replace(
                 seen, pending=seen.pending + one.pending, ready=seen.ready + one.ready,

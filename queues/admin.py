@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -24,7 +24,7 @@ def _figures(queue: Queue):
 
     found = _stats.get()
     if found is None or queue.pk not in found:  # every shard's figures added up, as on the list
-        found = {row.name: row for row in queues.stats()}
+        found = {row.name: row for row in queues.stats(unreachable={})}  # an unreachable shard's left out
     return found.get(queue.pk)
 
 
@@ -41,7 +41,11 @@ class QueueAdmin(ReadOnlyAdmin):
     def changelist_view(self, request, extra_context=None):
         import queues
 
-        token = _stats.set({row.name: row for row in queues.stats()})
+        unreachable: dict[str, str] = {}
+        token = _stats.set({row.name: row for row in queues.stats(unreachable=unreachable)})
+        for alias, reason in unreachable.items():  # the other shards' figures are still shown, added up
+            self.message_user(request, f"Shard “{alias}” could not be read ({reason}): its queue figures are not "
+                                       "in these sums.", messages.ERROR)
         try:
             response = super().changelist_view(request, extra_context)
             if hasattr(response, "render"):

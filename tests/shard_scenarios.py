@@ -759,6 +759,120 @@ def waits_over_shards(arg) -> dict:
     }
 
 
+def _admin_client(run: str):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user, _ = get_user_model().objects.get_or_create(username=f"{run}-admin", is_staff=True, is_superuser=True)
+    client = Client(raise_request_exception=False)
+    client.force_login(user)
+    return client
+
+
+def _consumers(html: str, run: str) -> list[str]:
+    """The consumers listed in a subscriptions page's result table, in order."""
+    import re
+
+    table = html.split('id="result_list"')[1].split("</table>")[0] if 'id="result_list"' in html else ""
+    return re.findall(rf">({re.escape(run)}-[a-zA-Z]+-\d{{3}})<", table)
+
+
+def admin_merged_list(arg) -> dict:
+    """The subscriptions list over two shards, ordered by consumer (text): more rows on shard1 than on default
+    (its later pages exist only in the merge), consumers "a-", "B-" on shard1 and "c-" on default (a linguistic
+    collation puts a before B, bytes B before a). Every page opens and lists each row once; the default shard
+    is counted once; a page past the depth cap says so; the action bar shows when only shard1 has rows; a
+    shard1 row's History link opens shard1's row."""
+    import re
+
+    from django.db import connections, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from journal import shards
+    from projections.admin import SubscriptionAdmin
+    from projections.models import Subscription
+
+    run = arg["run"]
+    default, other = shards.shards()
+    collations = {alias: connections[alias].cursor().execute(
+        "SELECT datcollate, datlocprovider::text, coalesce(daticulocale, '') FROM pg_database "
+        "WHERE datname = current_database()").fetchone() for alias in (default, other)}
+    Subscription.objects.using(default).bulk_create(
+        [Subscription(consumer=f"{run}-c-{i:03}", stream="s") for i in range(120)])
+    Subscription.objects.using(other).bulk_create(
+        [Subscription(consumer=f"{run}-{p}-{i:03}", stream="s") for p in ("a", "B") for i in range(110)])
+    client = _admin_client(run)
+    pages, listed = {}, []
+    for number in (1, 2, 3, 4):
+        response = client.get("/admin/projections/subscription/", {"q": run, "p": number})
+        pages[number] = [response.status_code, response.get("Location")]
+        listed += _consumers(response.content.decode(), run) if response.status_code == 200 else []
+    first = client.get("/admin/projections/subscription/", {"q": run}).content.decode()
+    counted = re.search(r"(\d+) subscriptions?", first)
+    with CaptureQueriesContext(connections[default]) as queries:
+        client.get("/admin/projections/subscription/")
+    counts = sum(1 for q in queries.captured_queries if "projections_subscription" in q["sql"]
+                 and "COUNT(" in q["sql"].upper())
+    depth = getattr(SubscriptionAdmin, "shard_list_depth", None)
+    SubscriptionAdmin.shard_list_depth = 200
+    try:
+        deep = client.get("/admin/projections/subscription/", {"q": run, "p": 3})
+    finally:
+        SubscriptionAdmin.shard_list_depth = depth
+    deep_html = deep.content.decode()
+    # Only shard1 has subscriptions (default's are removed inside a transaction rolled back afterwards).
+    with transaction.atomic(using=default):
+        Subscription.objects.using(default).all().delete()
+        only = client.get("/admin/projections/subscription/", {"q": f"{run}-a"}).content.decode()
+        transaction.set_rollback(True, using=default)
+    # One id on both shards: shard1's change page, then its History link.
+    shared = Subscription.objects.using(other).filter(consumer=f"{run}-a-000").get().pk
+    Subscription.objects.using(default).update_or_create(
+        id=shared, defaults={"consumer": f"{run}-h-default", "stream": "s"})
+    Subscription.objects.using(other).filter(pk=shared).update(consumer=f"{run}-h-shard1")
+    change = client.get(f"/admin/projections/subscription/{shared}/change/", {"shard": other}).content.decode()
+    history_link = re.search(r'href="([^"]*/history/[^"]*)"', change)
+    history = client.get(history_link[1].replace("&amp;", "&")).content.decode() if history_link else ""
+    title = re.search(r"<title>(.*?)</title>", history, re.S)
+    return {"collations": collations, "pages": pages, "listed": listed, "count": counted and counted[1],
+            "default_counts": counts, "deep": [deep.status_code, len(_consumers(deep_html, run)),
+                                               "past the first 200 rows" in deep_html],
+            "only_rows": len(_consumers(only, run)), "only_actions": 'name="action"' in only,
+            "history_link": history_link and history_link[1], "history_title": title and title[1].strip(),
+            "change_shows": f"{run}-h-shard1" in change}
+
+
+def admin_shard_down(arg) -> dict:
+    """A third shard whose server does not answer (nothing listens on its port): every list page still lists
+    the reachable shards' rows, with an error naming the unreachable one; a row's page on it answers 503."""
+    import re
+
+    from journal import shards
+    from projections.models import Subscription
+
+    run = arg["run"]
+    up, down = shards.shards()[:2], shards.shards()[2]
+    for alias in up:
+        Subscription.objects.using(alias).create(consumer=f"{run}-d-on-{alias}", stream="s")
+    client = _admin_client(run)
+    lists = {}
+    for url in ("/admin/journal/execution/", "/admin/projections/subscription/", "/admin/leases/worker/",
+                "/admin/queues/queue/", "/admin/journal/event/", "/admin/projections/checkpoint/"):
+        response = client.get(url, {"q": run} if "subscription" in url else {})
+        errors = re.findall(r'<li class="error">(.*?)</li>', response.content.decode())
+        lists[url] = [response.status_code, response.get("Location"),
+                      any(f"“{down}” could not be read" in m for m in errors)]
+    subs = client.get("/admin/projections/subscription/", {"q": run}).content.decode()
+    on_down = next(f"{run}-x{i}" for i in range(1000) if shards.shard_for(f"{run}-x{i}") == down)
+    pages = {}
+    for url in (f"/admin/projections/subscription/1/change/?shard={down}",
+                f"/admin/journal/execution/{on_down}/change/", f"/admin/journal/execution/{on_down}/cancel/"):
+        response = client.get(url)
+        pages[url] = [response.status_code, f"“{down}” could not be read" in response.content.decode()]
+    return {"lists": lists, "pages": pages, "down": down,
+            "listed": sorted(set(re.findall(rf">({re.escape(run)}-d-on-[a-z0-9]+)<", subs)))}
+
+
 def main() -> None:
     django.setup()
     name = sys.argv[1]

@@ -40,9 +40,18 @@ def listening(address: str) -> bool:
         return False
 
 
-def psql(server: str, sql: str) -> None:
-    subprocess.run(["psql", f"postgres://postgres@{server}/postgres", "-qtAc", sql], check=True,
-                   capture_output=True)
+def psql(server: str, sql: str) -> str:
+    return subprocess.run(["psql", f"postgres://postgres@{server}/postgres", "-qtAc", sql], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def linguistic(server: str) -> str:
+    """CREATE DATABASE's locale clause: the server's default when it is a linguistic collation (production's
+    usual), else ICU en-US, so that text orders as a production server orders it (a before B, "C" puts B
+    first) and the admin's merge over shards is tested against it."""
+    if psql(server, "SHOW lc_collate").split(".")[0] not in ("C", "POSIX"):
+        return ""
+    return " TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'"
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +63,7 @@ def shard_env(tmp_path_factory) -> dict[str, str]:
     name = f"{base.path.lstrip('/')}_s".replace("-", "_")
     for server, db in ((main, f"{name}0"), (SHARD1, f"{name}1")):
         psql(server, f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-        psql(server, f"CREATE DATABASE {db}")
+        psql(server, f"CREATE DATABASE {db}{linguistic(server)}")
     env = dict(os.environ)
     env.update({
         "DATABASE_URL": f"postgres://postgres@{main}/{name}0",
@@ -184,6 +193,39 @@ def test_leases_workers_subscriptions_and_checkpoints_are_listed_opened_and_acte
     if Path("/usr/bin/chromium").exists():  # the Unblock button was clicked in the browser (else a Client POST)
         assert "1 subscription(s) unblocked" in (facts["clicked"] or ""), facts["clicked"]
     assert facts["blocked"] == {"default": True, "shard1": False}
+
+
+def test_a_sharded_list_pages_through_every_shards_rows_in_one_order_once_each(shard_env):
+    """More subscriptions on shard1 than on default, ordered by consumer under a linguistic collation (review r1
+    F1, F2, F3, F4, F5): every page opens (not only the default shard's own), lists each row once and "B-"
+    before "a-" (byte order on every shard and in the merge), the default shard is counted once, a page past
+    the depth cap says so, the action bar follows the merged rows, and History opens the row's own shard."""
+    facts = scenario(shard_env, "admin_merged_list", {"run": "ml"})
+    linguistic_order = [c[1] in ("i", "icu") or c[0].split(".")[0] not in ("C", "POSIX")
+                        for c in facts["collations"].values()]
+    assert all(linguistic_order), facts["collations"]  # where "a-" sorts before "B-"
+    assert facts["pages"] == {str(n): [200, None] for n in (1, 2, 3, 4)}, facts["pages"]
+    expected = ([f"ml-B-{i:03}" for i in range(110)] + [f"ml-a-{i:03}" for i in range(110)]
+                + [f"ml-c-{i:03}" for i in range(120)])
+    assert facts["listed"] == expected, [n for n in facts["listed"] if facts["listed"].count(n) > 1][:5]
+    assert facts["count"] == "340"
+    assert facts["default_counts"] == 1  # Django's own count and full count on default are not run as well
+    assert facts["deep"] == [200, 0, True]  # past the cap: a message, no rows, not a whole shard read
+    assert facts["only_rows"] == 100 and facts["only_actions"]  # rows on shard1 only: actions still offered
+    assert facts["change_shows"] and "shard=shard1" in (facts["history_link"] or ""), facts["history_link"]
+    assert facts["history_title"].startswith("Change history: ml-h-shard1"), facts["history_title"]
+
+
+def test_an_unreachable_shard_leaves_every_list_listing_the_others_and_its_rows_pages_answer_503(shard_env):
+    """A third shard whose server does not answer (its port has no listener; no server is stopped): the lists
+    show default's and shard1's rows with an error naming it, never a 500; its rows' pages answer 503."""
+    urls = f"{shard_env['SHARD_DATABASE_URLS']};shard2=postgres://postgres@127.0.0.1:5439/nothing"
+    facts = scenario(shard_env, "admin_shard_down", {"run": "down"}, SHARD_DATABASE_URLS=urls,
+                     LOOM_SHARDS="default,shard1,shard2")
+    assert facts["down"] == "shard2"
+    assert all(found == [200, None, True] for found in facts["lists"].values()), facts["lists"]
+    assert facts["listed"] == ["down-d-on-default", "down-d-on-shard1"]
+    assert all(found == [503, True] for found in facts["pages"].values()), facts["pages"]
 
 
 def test_queues_schedules_the_cli_and_tasks_act_on_each_executions_shard(shard_env):
