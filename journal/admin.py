@@ -59,6 +59,7 @@ VERBS = ("resume", "retry", "cancel", "wake", "suspend", "message", "fork")
 FORMS = ("message", "fork")  # verbs whose confirmation page is a form with fields
 CONFIRMED = ("cancel", "suspend", *FORMS)  # verbs that act only after their confirmation page
 UNSETTLED = ("running", "stuck", "waiting", "suspended")
+BULK_LIMIT = 500  # rows one bulk action acts on; the rest of a larger selection is named, never dropped silently
 
 
 def plan(execution: Execution, verb: str, force: bool = False) -> tuple[bool, str]:
@@ -268,13 +269,18 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
 
     def _bulk(self, request, queryset, verb: str):
         # The selection on every shard (journal/admin_shards.py); each act() runs on its execution's shard.
-        executions = list(ShardedRows(self.selection(request, queryset))[:500])
+        selected = ShardedRows(self.selection(request, queryset))
+        executions = list(selected[:BULK_LIMIT])
+        left = max(0, selected.count() - len(executions))
         rows = [(execution, *plan(execution, verb)) for execution in executions]
         if request.POST.get("post") == "yes":
             done = sum(act(request, execution.pk, verb) for execution, will, _ in rows if will)
             skipped = [execution.pk for execution, will, _ in rows if not will]
             if skipped:
                 messages.warning(request, f"{verb}: nothing done for {', '.join(skipped)}")
+            if left:
+                messages.warning(request, f"{verb}: {left} more selected execution(s) were not touched (at most "
+                                          f"{BULK_LIMIT} per action): run it again for them")
             if not done and not skipped:
                 messages.info(request, f"{verb}: nothing selected")
             return None
@@ -282,6 +288,7 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
             **self.admin_site.each_context(request), "opts": self.model._meta,
             "title": f"{verb.capitalize()} executions?", "verb": verb, "rows": rows,
             "any_will": any(will for _, will, _ in rows), "picked": [pick_value(e) for e, _, _ in rows],
+            "left": left, "limit": BULK_LIMIT,
             "action_checkbox_name": ACTION_CHECKBOX_NAME, "action": f"{verb}_executions",
             **_crumbs(None, f"{verb.capitalize()} executions"),
         }
@@ -426,17 +433,23 @@ class DataKeyAdmin(SafeChangeList, ReadOnlyAdmin):
         from journal.privacy import forget
 
         # The selection on every shard; a subject's keys on several shards are listed (and forgotten) once.
-        subjects = list({s.pk: s for s in ShardedRows(self.selection(request, queryset))[:500]}.values())
+        selected = ShardedRows(self.selection(request, queryset))
+        subjects = list({s.pk: s for s in selected[:BULK_LIMIT]}.values())
+        left = max(0, selected.count() - BULK_LIMIT)  # rows past the limit (a subject may have one per shard)
         if request.POST.get("post") == "yes":
             by = f"admin:{request.user.get_username()}"
             for subject in subjects:
                 # With shards a subject's keys are on every shard its data is on: forget on all of them.
                 forget(subject.pk, by=by, alias=None if shards.sharded() else queryset.db)
             messages.success(request, f"forgotten: {', '.join(s.pk for s in subjects)}")
+            if left:
+                messages.warning(request, f"forget: {left} more selected key row(s) were not touched (at most "
+                                          f"{BULK_LIMIT} per action): run it again for them")
             return None
         context = {
             **self.admin_site.each_context(request), "opts": self.model._meta, "subjects": subjects,
             "title": "Forget these data subjects?", "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "left": left, "limit": BULK_LIMIT,
             "picked": [pick_value(s) for s in subjects],
         }
         return TemplateResponse(request, "journal/datakey_forget_confirm.html", context)

@@ -253,6 +253,26 @@ def test_bulk_actions_show_what_will_happen_before_doing_it(admin_client):
     assert b"only a failed execution can be retried (this one is completed)" in page.content
 
 
+def test_a_select_across_larger_than_one_action_says_how_many_rows_it_leaves(admin_client, settings):
+    """Select-all over more rows than one bulk action takes: the confirmation page names what is left out
+    (before: it listed the first rows only, and the rest were silently not touched)."""
+    from journal import admin as journal_admin
+
+    for n in range(5):
+        failed(f"many-{n}")
+    limit = journal_admin.BULK_LIMIT
+    journal_admin.BULK_LIMIT = 3
+    try:
+        page = admin_client.post("/admin/journal/execution/", {
+            "action": "cancel_executions", "select_across": "1", "index": "0",
+            "_selected_action": ["many-0"]})
+    finally:
+        journal_admin.BULK_LIMIT = limit
+    body = page.content.decode()
+    assert page.status_code == 200 and 'id="loom-left"' in body
+    assert "2 more selected row(s) are not included" in body
+
+
 # -- permissions --------------------------------------------------------------------------------------
 def staff(client, *perms: str) -> User:
     user = User.objects.create_user("op", password="pw", is_staff=True)
