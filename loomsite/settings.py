@@ -120,6 +120,9 @@ def _database(url: str | None = None) -> dict:
     if db["ENGINE"] == "django.db.backends.postgresql":
         # Server-side binding: psycopg prepares the journal's fixed statements once per connection.
         options.setdefault("server_side_binding", env.bool("LOOM_PG_SERVER_SIDE_BINDING", default=True))
+        # A server that drops packets (a shard behind a dead route) fails a connect in 10 s, not the kernel's
+        # two minutes: a worker starting while a shard is unreachable starts, and retries it (docs/scaling.md).
+        options.setdefault("connect_timeout", env.int("PG_CONNECT_TIMEOUT", default=10))
         # Behind PgBouncer in transaction pooling (POOLER_PORTS="6432:5432": pooler port -> server port): no
         # server-side cursors and no named prepared statements (Django's marker, read by journal.store.postgres
         # may_prepare), and LISTEN on the server itself (LOOM_DIRECT, projections/listener.py). docs/scaling.md.
