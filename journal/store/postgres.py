@@ -367,17 +367,21 @@ ORDER BY e.stream_id, c.at, e.seq
 
 # -- read_sealed -- (only when journal/privacy is in use: codec.active())
 # A stream's events AND, beside each, the key row of the data subject its "$sealed" header names first
-# ([[path, subject], ...]): a load of sealed events costs no round trip more than a plain one. One index
-# probe of journal_datakey's unique subject per event, in the read's own index order: no CTE holding the
-# payloads, no sort (the earlier form, a UNION of the events and the subjects' rows ordered after, cost a
-# plain stream's read about 0.2 ms of server time; this one about 0.02 ms, docs/privacy.md "Cost"). A plain
-# payload has no header: NULL, no key read. The subject column is the key row's (NULL: no row); any other
-# subject of a header (a second one in the same event, or one with no row) is looked up by the codec in
-# one more statement (keys.for_read), never taken for forgotten.
+# ([[path, subject], ...]): a load of sealed events costs no round trip more than a plain one. The key row
+# comes from a LATERAL probe of journal_datakey's subject index per event, in the read's own index order:
+# no CTE holding the payloads and no sort of them (the earlier form, the events UNION the subjects' rows
+# ordered after, cost about 0.2 ms more server time per 100-event read, docs/privacy.md "Cost"). LATERAL
+# with LIMIT 1, not a plain LEFT JOIN: the planner cannot turn it into a hash join, which on a stream it
+# overestimates seq-scans the whole key table for every read. A plain payload has no header: a NULL probe,
+# no key read. The subject column is the key row's (NULL: no row); any other subject of a header (a second
+# one in the same event, or one with no row) is looked up by the codec in one more statement for the whole
+# read (keys.for_read), never taken for forgotten.
 READ_SEALED = """
 SELECT e.id, e.stream_id, e.seq, e.type, e.payload, e.recorded_at, k.subject, k.master_id, k.wrapped
 FROM journal_event e
-LEFT JOIN journal_datakey k ON k.subject = e.payload->'$sealed'->0->>1
+LEFT JOIN LATERAL (
+    SELECT subject, master_id, wrapped FROM journal_datakey WHERE subject = e.payload->'$sealed'->0->>1 LIMIT 1
+) k ON true
 WHERE e.stream_id = %(stream)s AND e.seq > %(after)s ORDER BY e.seq LIMIT %(limit)s
 """
 
