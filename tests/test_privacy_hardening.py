@@ -154,9 +154,9 @@ def test_a_payload_with_a_reserved_key_is_refused_naming_it_and_nothing_is_writt
     assert Event.objects.read(stream) == []
 
 
-@pytest.mark.parametrize("header", [{"$sealed": "yes"}, {"$sealed": [["email", "c-1"]]}, {"$blobs": "x"},
-                                    {"$blobs": [["doc"]], "doc": "../../etc/passwd"}, {"$content": "../secret"},
-                                    {"$content": 7, "$size": 1}])
+@pytest.mark.parametrize("header", [{"$sealed": "yes"}, {"$sealed": None}, {"$sealed": [["email", "c-1"]]},
+                                    {"$blobs": "x"}, {"$blobs": [["doc"]], "doc": "../../etc/passwd"},
+                                    {"$content": "../secret"}, {"$content": 7, "$size": 1}])
 def test_a_stored_payload_with_a_malformed_header_reads_as_a_named_error(sealed, header):
     """A row changed in the table (or written as plain data before reserved keys were refused) is named on
     read: TamperedCiphertext with the stream and seq, never a bare ValueError or a path of the storage."""

@@ -360,6 +360,9 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
     return events
 
 
+_NOTHING = object()
+
+
 def _reveal_sealed(store, events: list[StoredEvent], todo: list[int], key_rows: dict | None) -> list[StoredEvent]:
     """`reveal` for the system (no disclosure) of events whose only header is "$sealed": each payload changed
     in place (parsed for this read only), no copy. The checks of the general path, in two passes: every
@@ -371,7 +374,7 @@ def _reveal_sealed(store, events: list[StoredEvent], todo: list[int], key_rows: 
     str] are of that shape), so what is left per field is the field's own decryption."""
     subjects: set[str] = set()
     headers = []  # each event's header, taken out of its payload; equal headers as one object
-    checked: Any = None
+    checked: Any = _NOTHING  # equal to no JSON value (None is one: "$sealed": null is checked like any other)
     for i in todo:
         p = events[i].payload
         sealed = p.pop(SEALED)
