@@ -98,6 +98,8 @@ def signup(ctx, value: Signup):
 declare("PrivacyOrder", ["email", "address.street"], subject="customer_id")
 declare("PrivacyScan", ["image"], subject="customer_id", blobs=["image"])
 declare("PrivacyAttachment", blobs=["data"])
+declare("PrivacyTrade", ["buyer_email"], subject="buyer")  # two subjects in one payload
+declare("PrivacyTrade", ["seller_email"], subject="seller")
 
 
 class Photo(BaseModel):

@@ -154,9 +154,9 @@ def test_a_payload_with_a_reserved_key_is_refused_naming_it_and_nothing_is_writt
     assert Event.objects.read(stream) == []
 
 
-@pytest.mark.parametrize("header", [{"$sealed": "yes"}, {"$sealed": [["email", "c-1"]]}, {"$blobs": "x"},
-                                    {"$blobs": [["doc"]], "doc": "../../etc/passwd"}, {"$content": "../secret"},
-                                    {"$content": 7, "$size": 1}])
+@pytest.mark.parametrize("header", [{"$sealed": "yes"}, {"$sealed": None}, {"$sealed": [["email", "c-1"]]},
+                                    {"$blobs": "x"}, {"$blobs": [["doc"]], "doc": "../../etc/passwd"},
+                                    {"$content": "../secret"}, {"$content": 7, "$size": 1}])
 def test_a_stored_payload_with_a_malformed_header_reads_as_a_named_error(sealed, header):
     """A row changed in the table (or written as plain data before reserved keys were refused) is named on
     read: TamperedCiphertext with the stream and seq, never a bare ValueError or a path of the storage."""
@@ -164,6 +164,19 @@ def test_a_stored_payload_with_a_malformed_header_reads_as_a_named_error(sealed,
     Event.objects.filter(stream_id="malformed-1").update(payload={"doc": "d", "email": "e", **header})
     with pytest.raises(TamperedCiphertext, match=r"malformed-1#0: the payload's \$(sealed|blobs|content)"):
         Event.objects.read("malformed-1")
+
+
+@pytest.mark.parametrize("change", [{"$sealed": [[["email"], 7]]}, {"$sealed": [[["email"], "c-h"], [[], "c-h"]]},
+                                    {"$size": 3}])
+def test_a_malformed_header_after_well_formed_ones_of_the_same_read_is_named(sealed, change):
+    """Events of a read mostly share one header, checked once: a later one that differs (a subject that is not
+    a string, an empty path, a second reference) is still checked, and named with its own seq."""
+    Event.objects.append("malformed-2", [Envelope("PrivacyOrder", {"customer_id": "c-h", "email": f"{n}@x"})
+                                         for n in range(3)])
+    stored = Event.objects.get(stream_id="malformed-2", seq=2).payload
+    Event.objects.filter(stream_id="malformed-2", seq=2).update(payload={**stored, **change})
+    with pytest.raises(TamperedCiphertext, match=r"malformed-2#2: the payload's \$(sealed|size)"):
+        Event.objects.read("malformed-2")
 
 
 # -- P4: the content directory -------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ Each field's ciphertext is bound (AES-GCM associated data) to its event type, pa
 ciphertext moved to another field or subject fails like a tampered one (TamperedCiphertext).
 
 Reading: whole-payload references are resolved in one content-store call; the keys of every subject of
-the batch are looked up in one statement (on PostgreSQL inside the read's own, `READ_SEALED`); the blob
+the batch are looked up in one statement (on PostgreSQL they come with the read's own, `READ_SEALED`); the blob
 fields a reader will see are fetched in one more call; each field is decrypted, or replaced by FORGOTTEN
 (no key: the subject was forgotten) or WITHHELD (the reader may not see it).
 """
@@ -25,7 +25,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -257,12 +257,24 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
            key_rows: dict | None = None) -> list[StoredEvent]:
     """The events as `reader` may see them (None: the system, everything still decryptable).
 
-    key_rows: the key rows of the subjects named in these events' own headers, when the read's statement
-    fetched them with the events (no statement more for those)."""
-    todo = [i for i, e in enumerate(events) if type(e.payload) is dict
-            and (SEALED in e.payload or BLOBS in e.payload or CONTENT in e.payload)]
+    key_rows: subject -> key row, of the rows the read's own statement brought with the events (PostgreSQL's
+    READ_SEALED): no statement more for those subjects."""
+    todo = []
+    only_sealed = True  # no blob, no stored-away payload: the common case, _reveal_sealed
+    for i, e in enumerate(events):
+        p = e.payload
+        if type(p) is dict:
+            if SEALED in p:
+                todo.append(i)
+                if BLOBS in p or CONTENT in p:
+                    only_sealed = False
+            elif BLOBS in p or CONTENT in p:
+                todo.append(i)
+                only_sealed = False
     if not todo:
         return events
+    if only_sealed and reader is None:
+        return _reveal_sealed(store, events, todo, key_rows)
     events = list(events)
     payloads = {i: events[i].payload for i in todo}
     for i, p in payloads.items():  # a header not in our shape is named before anything is read by it
@@ -271,9 +283,6 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
                 _malformed(events[i], CONTENT)
         elif (problem := _header_problem(p)) is not None:
             _malformed(events[i], problem)
-    known = None
-    if key_rows is not None:
-        known = ({subject for p in payloads.values() for _, subject in p.get(SEALED, ())}, key_rows)
     whole = {p[CONTENT] for p in payloads.values() if CONTENT in p}
     if whole:
         got = content.store().get_many(whole)
@@ -283,7 +292,7 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
                 if (problem := _header_problem(p)) is not None:
                     _malformed(events[i], problem)
     subjects = {subject for p in payloads.values() for _, subject in p.get(SEALED, ())}
-    data_keys = keys.for_read(store, subjects, known) if subjects else {}
+    data_keys = keys.for_read(store, subjects, key_rows) if subjects else {}
 
     def verdict(event: StoredEvent, path: Path, subject: str) -> Any:
         """The field's key; None: forgotten; False: withheld from this reader."""
@@ -351,7 +360,71 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
     return events
 
 
+_NOTHING = object()
+
+
+def _reveal_sealed(store, events: list[StoredEvent], todo: list[int], key_rows: dict | None) -> list[StoredEvent]:
+    """`reveal` for the system (no disclosure) of events whose only header is "$sealed": each payload changed
+    in place (parsed for this read only), no copy. The checks of the general path, in two passes: every
+    header is checked and its subjects gathered before any key is looked up or any field read; then each
+    field is opened (base64, its AES-GCM tag checked, its plaintext decoded) or marked FORGOTTEN.
+
+    The events of a read mostly carry the same header (same fields, same subject): a header equal (==) to
+    the one before is neither checked again nor planned again (JSON values equal to a list of [list of str,
+    str] are of that shape), so what is left per field is the field's own decryption."""
+    subjects: set[str] = set()
+    headers = []  # each event's header, taken out of its payload; equal headers as one object
+    checked: Any = _NOTHING  # equal to no JSON value (None is one: "$sealed": null is checked like any other)
+    for i in todo:
+        p = events[i].payload
+        sealed = p.pop(SEALED)
+        if sealed == checked:
+            sealed = checked
+        else:
+            if type(sealed) is not list:
+                _malformed(events[i], SEALED)
+            for entry in sealed:
+                if (type(entry) is not list or len(entry) != 2 or type(entry[1]) is not str or not entry[1]
+                        or not _is_path(entry[0])):
+                    _malformed(events[i], SEALED)
+                subjects.add(entry[1])
+            checked = sealed
+        if SIZE in p:  # a resolved payload holds no second reference (_header_problem's order: SEALED first)
+            _malformed(events[i], SIZE)
+        headers.append(sealed)
+    data_keys = keys.for_read(store, subjects, key_rows)
+    a2b, nonce = binascii.a2b_base64, NONCE
+    planned: Any = None
+    plan_type = ""
+    plan: list[tuple[Path, str | None, AESGCM | None, bytes]] = []
+    for i, sealed in zip(todo, headers, strict=True):
+        event = events[i]
+        p = event.payload
+        if sealed is not planned or event.type != plan_type:
+            plan = [(tuple(path), path[0] if len(path) == 1 else None, data_keys[subject],
+                     _aad(event.type, tuple(path), subject)) for path, subject in sealed]
+            planned, plan_type = sealed, event.type
+        for path, name, key, aad in plan:
+            text = p.get(name) if name is not None else marking.get(p, path)
+            if key is None:
+                value: Any = FORGOTTEN
+            else:
+                try:  # _open, inline: this is the per-field cost of a read
+                    raw = a2b(text, strict_mode=True) if type(text) is str else b""
+                    plain = key.decrypt(raw[:nonce], raw[nonce:], aad)
+                except (InvalidTag, ValueError, binascii.Error):
+                    _tampered(event, path)
+                value = plain[1:].decode() if plain[:1] == b"s" else json.loads(plain[1:])
+            if name is not None:
+                p[name] = value
+            else:
+                _set(p, path, value)
+    return events
+
+
 def _is_path(value: Any) -> bool:
+    if type(value) is list and len(value) == 1:  # the common case: a top-level field
+        return type(value[0]) is str and value[0] != ""
     return type(value) is list and bool(value) and all(type(part) is str and part for part in value)
 
 
@@ -376,7 +449,7 @@ def _header_problem(p: Any) -> str | None:
     return None
 
 
-def _malformed(event: StoredEvent, key: str) -> None:
+def _malformed(event: StoredEvent, key: str) -> NoReturn:
     raise TamperedCiphertext(f"{event.stream_id}#{event.seq}: the payload's {key} is not in the shape Loom's sealing "
                              "writes (changed in the table, or written as plain data before reserved keys were "
                              "refused)")
@@ -395,9 +468,13 @@ def _open(key: AESGCM, event: StoredEvent, path: Path, aad: bytes, text: Any) ->
         raw = binascii.a2b_base64(text, strict_mode=True) if type(text) is str else b""
         plain = key.decrypt(raw[:NONCE], raw[NONCE:], aad)
     except (InvalidTag, ValueError, binascii.Error):
-        raise TamperedCiphertext(f"{event.stream_id}#{event.seq} field {'.'.join(path)}: the ciphertext fails its "
-                                 "AES-GCM tag (changed after it was written)") from None
+        _tampered(event, path)
     return plain[1:].decode() if plain[:1] == b"s" else json.loads(plain[1:])
+
+
+def _tampered(event: StoredEvent, path: Path) -> NoReturn:
+    raise TamperedCiphertext(f"{event.stream_id}#{event.seq} field {'.'.join(path)}: the ciphertext fails its "
+                             "AES-GCM tag (changed after it was written)") from None
 
 
 def withhold(type_: str, payload: Any) -> Any:

@@ -216,13 +216,14 @@ def _remember(store, subject: str, wrapped: str | None, key: AESGCM | None) -> N
         transaction.on_commit(lambda: cache.put(store.alias, subject, wrapped, key), using=store.alias)
 
 
-def for_read(store, subjects: set[str], known: tuple[set[str], dict] | None = None) -> dict[str, AESGCM | None]:
+def for_read(store, subjects: set[str], known: dict | None = None) -> dict[str, AESGCM | None]:
     """The data keys of `subjects` as the database holds them now: one statement for all of them.
 
-    known: (subjects, their rows) already read by the read's own statement (PostgreSQL reads the keys of
-    the subjects it finds in the events' headers in the same statement); only the others are looked up."""
-    covered, rows = known if known is not None else (set(), {})
-    rest = subjects - covered
+    known: subject -> (master id, wrapped) of key rows the read's own statement brought with the events
+    (PostgreSQL's READ_SEALED: the row of each event's first sealed subject); only the other subjects are
+    looked up, all in one statement."""
+    rows = known or {}
+    rest = [s for s in subjects if s not in rows]
     if rest:
         rows = {**rows, **store.data_keys(sorted(rest))}
     return {s: _unwrap(s, rows.get(s), store) for s in subjects}
