@@ -19,6 +19,7 @@ def alias_settings():
     yield connections["default"].settings_dict
     connections["default"].settings_dict.clear()
     connections["default"].settings_dict.update(saved)
+    connections["default"].close()  # a session the test's options opened is not the next test's
 
 
 @pytest.mark.postgres
@@ -54,7 +55,8 @@ def test_a_session_opened_with_the_aliases_options_listens(alias_settings):
     assert conn is not None
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'loom-listen-test'")
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'loom-listen-test' "
+                           "AND query LIKE 'LISTEN%%' AND datname = current_database()")
             assert cursor.fetchone()[0] == 1
             cursor.execute("NOTIFY loom_listen_test, 'hello'")
         assert [n.payload for n in conn.notifies(timeout=5, stop_after=1)] == ["hello"]
