@@ -50,6 +50,7 @@ from journal.admin_base import ReadOnlyAdmin, SafeChangeList, panel_fields
 from journal.admin_filters import QueueFilter, ScheduleFilter
 from journal.admin_shards import ShardedRows, pick_value
 from journal.aggregates.admin import AggregateAdmin
+from journal.exceptions import ForgetIncomplete
 from journal.ids import stored_id_problem
 from journal.models import AggregateStream, DataKey, Event, Execution, Fence, Snapshot
 from journal.privacy import Reader, reader_for_user
@@ -433,15 +434,35 @@ class DataKeyAdmin(SafeChangeList, ReadOnlyAdmin):
         from journal.privacy import forget
 
         # The selection on every shard; a subject's keys on several shards are listed (and forgotten) once.
-        selected = ShardedRows(self.selection(request, queryset))
+        selected = ShardedRows(self.selection(request, queryset), skip_unreachable=True)
         subjects = list({s.pk: s for s in selected[:BULK_LIMIT]}.values())
         left = max(0, selected.count() - BULK_LIMIT)  # rows past the limit (a subject may have one per shard)
+        if selected.unreachable:  # a selection read in part is not what was ticked: refuse it whole, and say why
+            messages.error(request, (
+                f"Forget: the selection could not be read on shard(s) {', '.join(selected.unreachable)} "
+                f"({'; '.join(f'{a}: {r}' for a, r in selected.unreachable.items())}): nothing was forgotten. "
+                "Run the action again once the shard is back."))
+            return None
         if request.POST.get("post") == "yes":
             by = f"admin:{request.user.get_username()}"
+            done, incomplete = [], []
             for subject in subjects:
-                # With shards a subject's keys are on every shard its data is on: forget on all of them.
-                forget(subject.pk, by=by, alias=None if shards.sharded() else queryset.db)
-            messages.success(request, f"forgotten: {', '.join(s.pk for s in subjects)}")
+                # With shards a subject's keys are on every shard its data is on: forget on all of them. A shard
+                # that does not answer stops neither the others nor the next subject; the operator is told.
+                try:
+                    forget(subject.pk, by=by, alias=None if shards.sharded() else queryset.db)
+                except ForgetIncomplete as exc:
+                    incomplete.append(exc)
+                else:
+                    done.append(subject.pk)
+            if done:
+                messages.success(request, f"forgotten: {', '.join(done)}")
+            for exc in incomplete:
+                messages.error(request, (
+                    f"Subject {exc.subject} is NOT forgotten on shard(s) {', '.join(exc.failed)} "
+                    f"({'; '.join(f'{a}: {r}' for a, r in exc.failed.items())}): its key there is still held and "
+                    f"its data there still readable. Done on: {', '.join(exc.forgotten) or 'no shard'}. Run this "
+                    "action again once the shard is back."))
             if left:
                 messages.warning(request, f"forget: {left} more selected key row(s) were not touched (at most "
                                           f"{BULK_LIMIT} per action): run it again for them")

@@ -98,3 +98,17 @@ class ForgottenData(PrivacyError):
 
 class ContentMissing(PrivacyError):
     """An event refers to content (SHA-256) that the content store no longer holds, or holds changed."""
+
+
+class ForgetIncomplete(PrivacyError):
+    """A forget over several shards was done on some and not on others: the subject's key is tombstoned on
+    the shards in `.forgotten` and still held on those in `.failed` (alias -> the error's first line), whose
+    copy of its data stays readable until the forget is run again (it is idempotent) once they answer."""
+
+    def __init__(self, subject: str, forgotten: list[str], failed: dict[str, str]):
+        self.subject, self.forgotten, self.failed = subject, list(forgotten), dict(failed)
+        done = ", ".join(self.forgotten) or "none"
+        why = "; ".join(f"{alias}: {reason}" for alias, reason in self.failed.items())
+        super().__init__(f"forget({subject!r}) is incomplete: not done on shard(s) {', '.join(self.failed)} "
+                         f"({why}), where its key is still held; done on {done}. Forget again once they are "
+                         "back (it is idempotent).")

@@ -873,6 +873,101 @@ def admin_shard_down(arg) -> dict:
             "listed": sorted(set(re.findall(rf">({re.escape(run)}-d-on-[a-z0-9]+)<", subs)))}
 
 
+def forget_shard_down(arg) -> dict:
+    """A subject's data on three shards, its keys cached; then the third shard's server stops answering (its
+    alias re-pointed at a port where nothing listens, in this process): forget, the admin's forget action, then
+    the shard back (the alias re-pointed at its server) and forget again."""
+    import io
+    import re
+
+    from django.core.management import call_command
+    from django.db import connections
+
+    from journal import shards
+    from journal.envelopes import Envelope
+    from journal.models import DataKey, Event
+    from journal.privacy import FORGOTTEN, forget, keys
+    from journal.privacy.forget import AUDIT_STREAM, FORGOTTEN_EVENT
+    from tests import privacy_fixtures  # noqa: F401  (PrivacyOrder)
+
+    run = arg["run"]
+    down = shards.shards()[2]
+    real_port = connections[down].settings_dict["PORT"]
+    ann, cid, dan, eve = (f"{run}-{who}" for who in ("ann", "cid", "dan", "eve"))  # forget, admin, admin, CLI
+    streams = ids_on_each_shard(f"{run}-o", 1)
+    for sid in streams:
+        for who in (ann, cid, dan, eve):
+            Event.objects.append(sid, Envelope("PrivacyOrder", {"customer_id": who, "email": f"{who}@example.org"}))
+
+    def point(alias: str, port) -> None:
+        connections[alias].close()
+        connections[alias].settings_dict["PORT"] = port
+
+    def reads(who: str) -> dict:
+        out = {}
+        for sid in streams:
+            try:
+                out[shards.shard_for(sid)] = [e.payload["email"] for e in Event.objects.read(sid)
+                                              if e.payload["customer_id"] == who]
+            except Exception as exc:
+                out[shards.shard_for(sid)] = type(exc).__name__
+        return out
+
+    def tombstoned(who: str, aliases: list[str]) -> dict:
+        return {a: DataKey.objects.using(a).filter(subject=who, wrapped__isnull=True).exists() for a in aliases}
+
+    def audits(who: str, aliases: list[str]) -> dict:
+        return {a: sum(1 for e in Event.objects.db_manager(a).read(AUDIT_STREAM)
+                       if e.type == FORGOTTEN_EVENT and e.payload.get("subject") == who) for a in aliases}
+
+    def attempt(who: str) -> dict:
+        try:
+            forget(who, by="dpo")
+        except Exception as exc:
+            return {"error": type(exc).__name__, "text": str(exc), "notes": getattr(exc, "__notes__", []),
+                    "forgotten": getattr(exc, "forgotten", None), "failed": sorted(getattr(exc, "failed", {}) or [])}
+        return {"error": None}
+
+    before = reads(ann)
+    cached_before = keys.cache.get(down, ann) is not None and keys.cache.get(down, ann)[1] is not None
+    up = [a for a in shards.shards() if a != down]
+    point(down, "5439")
+    failed = attempt(ann)
+    facts = {"down": down, "up": up, "before": before, "cached_before": cached_before, "failed": failed,
+             "cached_after": keys.cache.get(down, ann), "reads_down": reads(ann),
+             "tombstones_down": tombstoned(ann, up), "audits_down": audits(ann, up)}
+    # The admin's action, the subject ticked on the reachable shards (the list shows no row of the down one).
+    # Two subjects ticked: the first's failure on the down shard must not keep the second from being forgotten.
+    client = _admin_client(run)
+
+    def action(query: str, data: dict) -> dict:
+        response = client.post("/admin/journal/datakey/?q=" + query, {"action": "forget_subjects", "index": 0,
+                                                                      "post": "yes", **data}, follow=True)
+        html = response.content.decode()
+        return {"status": response.status_code, "errors": re.findall(r'<li class="error">(.*?)</li>', html, re.S),
+                "successes": re.findall(r'<li class="success">(.*?)</li>', html, re.S)}
+
+    facts["admin"] = {**action(run, {"_selected_action": [f"{a}:{who}" for a in up for who in (cid, dan)]}),
+                      "tombstones": {who: tombstoned(who, up) for who in (cid, dan)}}
+    # Every row matching the search (select_across): the down shard's rows cannot be read, so nothing is done.
+    facts["admin_across"] = {**action(eve, {"select_across": "1", "_selected_action": [f"{up[0]}:{eve}"]}),
+                             "tombstones": tombstoned(eve, up)}
+    try:
+        call_command("loom_keys", "forget", eve, "--by", "dpo", stdout=io.StringIO())
+        facts["cli"] = None
+    except Exception as exc:
+        facts["cli"] = [type(exc).__name__, str(exc)]
+    facts["cli_tombstones"] = tombstoned(eve, up)
+    point(down, real_port)
+    facts["back"] = {"reads_before_again": reads(ann), "audits": audits(ann, [down]),
+                     "again": [attempt(ann), attempt(ann), attempt(cid), attempt(dan), attempt(eve)],
+                     "reads": {who: reads(who) for who in (ann, cid, dan, eve)},
+                     "tombstones": {who: tombstoned(who, shards.shards()) for who in (ann, cid, dan, eve)},
+                     "audits_after": audits(ann, shards.shards())}
+    facts["forgotten"] = FORGOTTEN
+    return facts
+
+
 def main() -> None:
     django.setup()
     name = sys.argv[1]

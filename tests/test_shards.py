@@ -264,6 +264,78 @@ def test_a_subjects_keys_live_on_each_shard_and_one_forget_tombstones_it_on_ever
     assert after["bob_on_second"] == forgotten  # no shard made a new key for a forgotten subject
 
 
+@pytest.fixture(scope="module")
+def forget_shard_down(shard_env) -> dict:
+    """The facts of one scenario: a subject's data on three shards (the third a database of its own on the
+    shard1 server); then the third's server stops answering (its alias re-pointed, in the scenario's process,
+    at a port where nothing listens; no server is stopped): forget(), the admin's forget action and the CLI's;
+    then the alias re-pointed at its server and forget run again."""
+    shard1_url = shard_env["SHARD_DATABASE_URLS"].split("=", 1)[1]
+    third = shard1_url[:-1] + "2"  # .../<suite db>_s1 -> .../<suite db>_s2
+    server, db = urlsplit(third).netloc.split("@")[1], urlsplit(third).path.lstrip("/")
+    psql(server, f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    psql(server, f"CREATE DATABASE {db}{linguistic(server)}")
+    env = {**shard_env, "SHARD_DATABASE_URLS": f"{shard_env['SHARD_DATABASE_URLS']};shard2={third}",
+           "LOOM_SHARDS": "default,shard1,shard2", "LOOM_KEYS": "ka:" + "A" * 43 + "="}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--database", "shard2", "--noinput", "-v0"], env=env,
+                   cwd=ROOT, check=True)
+    facts = scenario(env, "forget_shard_down", {"run": "fd"})
+    assert facts["down"] == "shard2" and facts["up"] == ["default", "shard1"]
+    assert facts["before"] == {alias: ["fd-ann@example.org"] for alias in ("default", "shard1", "shard2")}
+    return facts
+
+
+def test_forget_with_a_shard_unreachable_raises_forget_incomplete_naming_the_shards_done_and_not(
+        forget_shard_down):
+    failed = forget_shard_down["failed"]
+    assert failed["error"] == "ForgetIncomplete", failed  # ours, not the driver's OperationalError
+    assert failed["forgotten"] == ["default", "shard1"] and failed["failed"] == ["shard2"], failed
+    assert "not done on shard(s) shard2" in failed["text"] and "done on default, shard1" in failed["text"]
+
+
+def test_forget_with_a_shard_unreachable_tombstones_every_reachable_shard_and_audits_only_those(
+        forget_shard_down):
+    facts, forgotten = forget_shard_down, forget_shard_down["forgotten"]
+    assert facts["tombstones_down"] == {"default": True, "shard1": True}
+    assert facts["reads_down"] == {"default": [forgotten], "shard1": [forgotten], "shard2": "OperationalError"}
+    assert facts["audits_down"] == {"default": 1, "shard1": 1}
+    assert facts["back"]["audits"] == {"shard2": 0}  # no audit event claims the shard that was not forgotten
+
+
+def test_forget_with_a_shard_unreachable_leaves_no_key_of_it_in_the_process_cache(forget_shard_down):
+    assert forget_shard_down["cached_before"]  # the read before had cached the down shard's key
+    cached = forget_shard_down["cached_after"]
+    assert cached is None or cached[1] is None, cached
+
+
+def test_the_admins_forget_with_a_shard_unreachable_tells_the_operator_and_forgets_every_ticked_subject(
+        forget_shard_down):
+    """Two subjects ticked: each is forgotten on the reachable shards and named in an error with the shard it
+    is not forgotten on; no 500, no success message. Every row of a search (select_across) cannot be read
+    there: nothing is forgotten and the error says so. The CLI's forget says the same as a command error."""
+    admin, across = forget_shard_down["admin"], forget_shard_down["admin_across"]
+    assert admin["status"] == 200 and admin["successes"] == [], admin
+    for who in ("fd-cid", "fd-dan"):
+        assert any(f"Subject {who} is NOT forgotten on shard(s) shard2" in m for m in admin["errors"]), admin["errors"]
+        assert admin["tombstones"][who] == {"default": True, "shard1": True}
+    assert across["status"] == 200 and across["successes"] == [], across
+    assert any("shard2" in m and "nothing was forgotten" in m for m in across["errors"]), across["errors"]
+    assert across["tombstones"] == {"default": False, "shard1": False}
+    cli = forget_shard_down["cli"]
+    assert cli and cli[0] == "CommandError" and "not done on shard(s) shard2" in cli[1], cli
+    assert forget_shard_down["cli_tombstones"] == {"default": True, "shard1": True}
+
+
+def test_forget_again_once_the_shard_is_back_completes_idempotently_and_every_read_shows_the_marker(
+        forget_shard_down):
+    back, forgotten = forget_shard_down["back"], forget_shard_down["forgotten"]
+    assert back["reads_before_again"]["shard2"] == ["fd-ann@example.org"]  # as the error said: not there yet
+    assert back["again"] == [{"error": None}] * 5
+    every = {"default": [forgotten], "shard1": [forgotten], "shard2": [forgotten]}
+    assert back["reads"] == {who: every for who in ("fd-ann", "fd-cid", "fd-dan", "fd-eve")}
+    assert all(t == {"default": True, "shard1": True, "shard2": True} for t in back["tombstones"].values())
+    assert back["audits_after"] == {"default": 3, "shard1": 3, "shard2": 2}  # one per forget done on each
+
 def test_flows_that_wait_park_wake_and_chain_on_their_own_shards(shard_env):
     facts = scenario(shard_env, "waits_over_shards", {"run": "wt"}, LOOM_FLOW_MODULES="tests.shard_fixtures")
     assert set(facts["parked"].values()) == {"waiting"} and set(facts["waits"].values()) == {"recv"}

@@ -7,7 +7,8 @@ evicted first and again after the commit, and the subject's blobs are erased fro
 once the forget is committed. Every read afterwards shows FORGOTTEN for the subject's fields.
 
 With LOOM_SHARDS a subject has a data key on each shard where its data was sealed; `forget` tombstones it
-on every shard (one transaction and one audit event on each: nothing is atomic across shards).
+on every shard (one transaction and one audit event on each: nothing is atomic across shards); a shard that
+cannot be reached leaves the others forgotten and raises ForgetIncomplete naming it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from django.db import transaction
 
 from journal.atomic import atomic
 from journal.envelopes import Envelope
-from journal.exceptions import InvalidPayload, SequenceConflict
+from journal.exceptions import ForgetIncomplete, InvalidPayload, SequenceConflict
 from journal.privacy import keys
 
 AUDIT_STREAM = "loom.privacy.audit"
@@ -29,8 +30,11 @@ def forget(subject: str, *, by: str, alias: str | None = None) -> None:
     Without `alias`, on every shard (journal/shards.py; one database unsharded): data keys live on the shard
     of the events they seal (a read joins them in its statement), so each shard holds its own key of a
     subject, and each gets the tombstone, so that no shard later makes a new key for a forgotten subject.
-    Each shard's forget is its own transaction with its own audit event; a shard that fails is tried after
-    the others and its error raised (a note names the shards): forget again, it is idempotent."""
+    Each shard's forget is its own transaction with its own audit event. Every shard's cached key of the
+    subject is evicted before any shard is tried, so that none is served from this process's cache whatever
+    fails. A shard that fails (down, refusing connections) does not stop the others: they are all tried, and
+    ForgetIncomplete then names the shards done and those not done (its cause is the first shard's error);
+    forget again once they are back, it is idempotent."""
     from django.db import DatabaseError
 
     from journal import shards
@@ -40,20 +44,27 @@ def forget(subject: str, *, by: str, alias: str | None = None) -> None:
     if not isinstance(by, str) or not by:
         raise InvalidPayload("forget(subject, by=...) names who asked (the audit event records it)")
     aliases = [alias] if alias is not None else shards.shards()
+    for one in aliases:
+        keys.cache.evict(one, subject)
     if len(aliases) == 1:
         _forget_on(aliases[0], subject, by)
         return
-    failed: list[tuple[str, DatabaseError]] = []
+    done: list[str] = []
+    failed: dict[str, BaseException] = {}
     for one in aliases:
         try:
             _forget_on(one, subject, by)
-        except DatabaseError as exc:
-            failed.append((one, exc))
+        except (DatabaseError, SequenceConflict) as exc:  # this shard's transaction rolled back: nothing of it
+            failed[one] = exc
+        else:
+            done.append(one)
     if failed:
-        error = failed[0][1]
-        error.add_note(f"forget({subject!r}) failed on shard(s) {', '.join(a for a, _ in failed)} and was done on "
-                       "the others; forget again once they are back")
-        raise error
+        raise ForgetIncomplete(subject, done, {a: _first_line(e) for a, e in failed.items()}) from next(
+            iter(failed.values()))
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _forget_on(alias: str, subject: str, by: str) -> None:
