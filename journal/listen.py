@@ -46,6 +46,17 @@ def direct_address(alias: str) -> dict | None:
     return {"HOST": s.get("HOST"), "PORT": s.get("PORT")}
 
 
+def polls_without_direct(alias: str, who: str, poll: str) -> bool:
+    """Whether `who` must poll (every `poll`, a setting's name) instead of listening on `alias`: behind a
+    transaction pooler without a LOOM_DIRECT address. Said here, once per caller: the caller starts no
+    listener, since retrying a configuration that cannot change while the process runs would only spin."""
+    if direct_address(alias) is not None:
+        return False
+    log.warning("%s: %s is behind a transaction pooler and has no LOOM_DIRECT address: no LISTEN, polling every "
+                "%s (docs/scaling.md)", who, alias, poll)
+    return True
+
+
 def session_params(alias: str) -> dict[str, Any] | None:
     """psycopg.connect's keyword arguments of a LISTEN session on `alias`, or None (pooled, no LOOM_DIRECT)."""
     address = direct_address(alias)

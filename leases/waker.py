@@ -67,6 +67,7 @@ class WakeService:
         return self._woken + sum(part.woken for part in self.parts)
 
     def start(self, worker) -> None:
+        from journal.listen import polls_without_direct
         from journal.store import store_for
 
         if self.parts:
@@ -75,7 +76,8 @@ class WakeService:
             return
         self.pool = ThreadPoolExecutor(max_workers=conf.get("LOOM_WAIT_BATCH"), thread_name_prefix="loom-woken")
         self.threads = [threading.Thread(target=self._loop, name="loom-waker", daemon=True)]
-        if store_for(self.alias).wait_notifications:
+        if store_for(self.alias).wait_notifications and not polls_without_direct(
+                self.alias, "waker of parked executions", "LOOM_WAIT_POLL"):
             self.threads.append(threading.Thread(target=self._listen, name="loom-waker-listen", daemon=True))
         for thread in self.threads:
             thread.start()

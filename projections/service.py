@@ -19,7 +19,7 @@ from django.db import DatabaseError, connections
 
 from journal import conf, shards
 from journal.identity import node_identity
-from journal.listen import direct_address
+from journal.listen import polls_without_direct
 from projections.correlate import correlate
 from projections.declarations import Registry, registry
 from projections.drain import CycleResult, DrainController
@@ -124,9 +124,7 @@ class DrainService:
             self.lanes[lane.name] = item
         self._spawn(self._correlate_loop, "loom-correlate")
         listen = store_for(self.alias).notifications and conf.get("LOOM_DRAIN_LISTEN")
-        if listen and direct_address(self.alias) is None:
-            log.warning("projections: %s is behind a transaction pooler and has no LOOM_DIRECT address: "
-                        "no LISTEN, the drains poll every LOOM_DRAIN_POLL_MS", self.alias)
+        if listen and polls_without_direct(self.alias, "projections' drains", "LOOM_DRAIN_POLL_MS"):
             listen = False
         if listen:
             self.listener = Listener(self.registry, self.alias, self.wake_lanes, self.correlate_wake.set,

@@ -170,6 +170,7 @@ class QueueService:
 
     def start(self, worker) -> None:
         from journal import shards
+        from journal.listen import polls_without_direct
         from queues.declarations import write_declared
         from queues.models import QueueEntry
         from queues.store import store_for
@@ -197,7 +198,9 @@ class QueueService:
         if channel:
             self.listeners = [threading.Thread(target=self._listen, args=(alias, channel), daemon=True,
                                                name=f"loom-queue-listen-{alias}")
-                              for alias in self.aliases if store_for(alias).notifications]
+                              for alias in self.aliases if store_for(alias).notifications
+                              and not polls_without_direct(alias, f"queue dispatcher of {self.owner}",
+                                                           "LOOM_QUEUE_POLL")]
         for listener in self.listeners:
             listener.start()
         self.thread = threading.Thread(target=self._loop, name="loom-queue-dispatcher", daemon=True)

@@ -373,6 +373,135 @@ def pooled(arg) -> dict:
             "pooled": behind_pooler(connections["default"]), "prepares": may_prepare(connections["default"])}
 
 
+def _pooler_servers(pooler: str) -> set[int]:
+    """The backend pids of PgBouncer's server connections (its admin console, scripts/shard-servers): a LISTEN
+    session among them would have gone through the pooler."""
+    import psycopg
+
+    host, port = pooler.rsplit(":", 1)
+    with psycopg.connect(host=host, port=int(port), dbname="pgbouncer", user="postgres", autocommit=True,
+                         cursor_factory=psycopg.ClientCursor) as conn:
+        cursor = conn.execute("SHOW SERVERS")
+        column = [c.name for c in cursor.description].index("remote_pid")
+        return {row[column] for row in cursor.fetchall()}
+
+
+def _listen_sessions(direct, channel: str) -> list[int]:
+    """The pids of the sessions LISTENing on `channel` of this database, read on the server itself."""
+    rows = direct.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
+                          [f'LISTEN "{channel}"']).fetchall()
+    return sorted(row[0] for row in rows)
+
+
+def _within(condition, bound: float) -> bool:
+    """Whether `condition()` held within `bound` seconds (a bound, not a timing claim)."""
+    give_up = time.monotonic() + bound
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def pooled_listeners(arg) -> dict:
+    """The application's alias on PgBouncer (transaction pooling) with POOLER_PORTS: every LISTEN of the
+    runtime goes to the server itself (LOOM_DIRECT). The polls are 30 s and every wait is bounded at 10 s,
+    so what completes in time was woken by a notification: a flow parked in recv woken by the waker's
+    LISTEN, a get_event caller woken by the process's get_event listener, a new enqueue picked up by the
+    queue dispatcher's LISTEN. With `no_direct`, the alias has no LOOM_DIRECT (polls short instead): each
+    falls back to polling, no LISTEN session exists, and nothing hangs."""
+    import logging
+    from types import SimpleNamespace
+
+    import psycopg
+    from django.db import connections
+
+    from journal import conf
+    from journal.flows import event_listener, get_event, send, start
+    from journal.listen import direct_address
+    from journal.models import Execution
+    from journal.store.postgres import behind_pooler
+    from leases.waker import WakeService
+    from queues import declare_queue, enqueue
+    from queues.service import QueueService
+
+    run, bound = arg["run"], arg["bound"]
+    # Without LOOM_DIRECT no session is expected: a second is enough to see none appear.
+    listening_bound = 1.0 if arg.get("no_direct") else bound
+    settings_dict = connections["default"].settings_dict
+    if arg.get("no_direct"):
+        settings_dict.pop("LOOM_DIRECT", None)
+    said: list[str] = []
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    handler = Said(logging.WARNING)
+    logging.getLogger("loom").addHandler(handler)
+    server = f"{settings_dict['HOST']}:{arg['direct_port']}"
+    direct = psycopg.connect(host=settings_dict["HOST"], port=arg["direct_port"], dbname=settings_dict["NAME"],
+                             user=settings_dict["USER"], autocommit=True)
+    waits, queued = conf.get("LOOM_WAIT_CHANNEL"), conf.get("LOOM_QUEUE_CHANNEL")
+
+    def sessions(channel: str) -> dict:
+        pids = _listen_sessions(direct, channel)
+        return {"count": len(pids), "via_pooler": bool(set(pids) & _pooler_servers(arg["pooler"]))}
+
+    def completed(eid: str) -> bool:
+        return Execution.objects.filter(pk=eid, status="completed").exists()
+
+    facts: dict = {"pooled": behind_pooler(connections["default"]), "direct": direct_address("default"),
+                   "server": server}
+    waker, dispatcher = WakeService(), QueueService()
+    try:
+        # (2) the waker of parked executions: idle (nothing due, a 30 s poll), then a message to a parked recv.
+        waker.start(SimpleNamespace(worker_id=f"{run}-waker"))
+        facts["waker_listening"] = _within(lambda: sessions(waits)["count"] >= 1, listening_bound)
+        facts["waker_session"] = sessions(waits)
+        time.sleep(0.5)  # its first claim found nothing: it sleeps its poll now
+        parked = f"{run}-parked"
+        facts["parked"] = start("shards.recv", {}, execution_id=parked).status
+        send(parked, "go", "by the waker")
+        facts["parked_woken"] = _within(lambda: completed(parked), bound)
+
+        # (1) a get_event caller, woken through the process's listener by the set_event of the flow it waits on.
+        caller = f"{run}-caller"
+        start("shards.recv", {}, execution_id=caller)
+        got: list = []
+        thread = threading.Thread(target=lambda: (got.append(get_event(caller, "got", timeout=bound, default="unset")),
+                                                  connections.close_all()))
+        thread.start()
+        listener = event_listener.listener_for("default")
+        facts["caller_waiting"] = _within(lambda: listener.waiting() == 1, bound)
+        facts["get_event_listening"] = _within(lambda: listener.connected and sessions(waits)["count"] >= 2,
+                                               listening_bound)
+        facts["get_event_sessions"] = sessions(waits)
+        send(caller, "go", "to the caller")
+        thread.join(bound + 30)
+        facts["got"] = got
+
+        # (3) the queue dispatcher: idle (30 s polls), then an enqueue.
+        declare_queue(f"{run}-q", concurrency=1)
+        dispatcher.start(SimpleNamespace(worker_id=f"{run}-dispatcher"))
+        facts["dispatcher_listening"] = _within(lambda: sessions(queued)["count"] >= 1, listening_bound)
+        facts["dispatcher_session"] = sessions(queued)
+        time.sleep(0.5)  # its first pass found nothing: idle now
+        entry = enqueue("shards.one", 7, queue=f"{run}-q").execution_id
+        facts["enqueued_started"] = _within(lambda: completed(entry), bound)
+    finally:
+        stopped = time.monotonic()
+        dispatcher.stop(5)
+        waker.stop(5)
+        event_listener.close_shared()
+        facts["stopped_within"] = time.monotonic() - stopped < 30
+        logging.getLogger("loom").removeHandler(handler)
+        direct.close()
+        connections.close_all()
+    facts["said"] = said
+    return facts
+
+
 def admin_pages(arg) -> dict:
     """The executions list merges every shard (count, pages, order); an execution's page and its action views
     read its own shard."""

@@ -446,6 +446,60 @@ def test_behind_pgbouncer_in_transaction_pooling_nothing_is_prepared_and_everyth
     assert facts["tips"] == [19] and facts["flows"] == [3] and facts["aggregate"] == 5
 
 
+def pooled_scenario(shard_env: dict, name: str, arg: dict, **overrides: str) -> dict:
+    """`name` in a child whose default alias is on PgBouncer (POOLER_PORTS maps it to the server's port); the
+    pooler's server connections to this database are closed at the end (a shared server has few to spare)."""
+    if not listening(BOUNCER):
+        pytest.skip(f"no PgBouncer on {BOUNCER}: scripts/shard-servers starts it (CI does)")
+    host, port = BOUNCER.rsplit(":", 1)
+    direct = urlsplit(shard_env["DATABASE_URL"])
+    try:
+        return scenario(shard_env, name, {**arg, "pooler": BOUNCER, "direct_port": direct.port},
+                        DATABASE_URL=f"postgres://postgres@{host}:{port}{direct.path}",
+                        POOLER_PORTS=f"{port}:{direct.port}", LOOM_SHARDS="default", **overrides)
+    finally:
+        release_pooled({"HOST": host, "PORT": port, "NAME": direct.path.lstrip("/"), "USER": "postgres"})
+
+
+# Listeners' tests: polls far beyond the bound, so what happens within it was woken by a notification.
+SLOW_POLLS = {"LOOM_WAIT_POLL": "30", "LOOM_QUEUE_POLL": "30", "LOOM_QUEUE_IDLE_POLL": "30",
+              "LOOM_WAIT_INLINE_MAX": "0", "LOOM_WAIT_BATCH": "2", "LOOM_QUEUE_THREADS": "2"}
+
+
+def test_behind_pgbouncer_every_listen_session_is_on_the_server_and_wakes_before_the_poll(shard_env):
+    """The waker of parked executions, a get_event caller and the queue dispatcher, each woken through its
+    LISTEN session on the server itself (LOOM_DIRECT, not one of the pooler's server connections) while
+    the application's alias is on the pooler; their polls (30 s) are beyond the bound (10 s)."""
+    facts = pooled_scenario(shard_env, "pooled_listeners", {"run": "pl", "bound": 10}, **SLOW_POLLS)
+    assert facts["pooled"] is True and facts["direct"]["PORT"] == urlsplit(shard_env["DATABASE_URL"]).port, facts
+    assert facts["waker_listening"] and facts["waker_session"] == {"count": 1, "via_pooler": False}, facts
+    assert facts["parked"] == "waiting" and facts["parked_woken"], facts
+    assert facts["caller_waiting"] and facts["get_event_listening"], facts
+    assert facts["get_event_sessions"] == {"count": 2, "via_pooler": False}, facts  # the waker's and get_event's
+    assert facts["got"] == ["to the caller"], facts
+    assert facts["dispatcher_listening"] and facts["dispatcher_session"] == {"count": 1, "via_pooler": False}, facts
+    assert facts["enqueued_started"], facts
+    assert facts["stopped_within"] and facts["said"] == [], facts
+
+
+def test_behind_pgbouncer_without_a_direct_address_every_listener_polls_and_says_so_once(shard_env):
+    """A pooled alias without LOOM_DIRECT cannot LISTEN (the pooler would hand the session to other clients):
+    the waker, the get_event listener and the queue dispatcher each poll (short polls here), open no LISTEN
+    session, say so once in the log, and nothing hangs."""
+    facts = pooled_scenario(shard_env, "pooled_listeners", {"run": "pn", "bound": 10, "no_direct": True},
+                            **{**SLOW_POLLS, "LOOM_WAIT_POLL": "0.5", "LOOM_QUEUE_POLL": "0.5",
+                               "LOOM_QUEUE_IDLE_POLL": "0.5"})
+    assert facts["pooled"] is True and facts["direct"] is None, facts
+    assert facts["waker_session"]["count"] == facts["dispatcher_session"]["count"] == 0, facts
+    assert facts["get_event_sessions"]["count"] == 0 and not facts["get_event_listening"], facts
+    assert facts["parked_woken"] and facts["got"] == ["to the caller"] and facts["enqueued_started"], facts
+    assert facts["stopped_within"], facts
+    said = [line for line in facts["said"] if "LOOM_DIRECT" in line]
+    for who in ("waker", "get_event", "queue dispatcher"):
+        assert len([line for line in said if who in line]) == 1, (who, facts["said"])
+    assert len(said) == 3, facts["said"]
+
+
 def test_manage_py_check_is_clean_with_two_real_shards_and_refuses_a_missing_alias(shard_env):
     def check(**overrides: str) -> str:
         proc = subprocess.run([sys.executable, "manage.py", "check"], env={**shard_env, **overrides}, cwd=ROOT,

@@ -76,6 +76,10 @@ class EventListener:
         self._stopping = threading.Event()
         self._last_waiter = time.monotonic()
         self.connected = False  # tests and diagnostics: whether the session is LISTENing now
+        # Behind a pooler without LOOM_DIRECT no session can listen: no thread, the waiters poll (said once).
+        from journal.listen import polls_without_direct
+
+        self.polling = polls_without_direct(alias, "get_event listener", "LOOM_WAIT_POLL")
 
     def waiter(self, execution_id: str) -> Waiter:
         """A subscription for `execution_id`, before the caller reads the value (no lost wake-up)."""
@@ -100,7 +104,7 @@ class EventListener:
             if execution_id is None:
                 return
             self._waiters.setdefault(execution_id, set()).add(waiter)
-            if self._thread is None and not self._stopping.is_set():
+            if self._thread is None and not self._stopping.is_set() and not self.polling:
                 self._thread = threading.Thread(target=self._run, name=f"loom-get-event-{self.alias}",
                                                 daemon=True)
                 self._thread.start()
