@@ -74,6 +74,10 @@ class LeaseClaim:
     def end(self, released: bool = False) -> None:
         self.keeper.end(self, released)
 
+    def abandon(self) -> None:
+        """The run halted with the execution still running: the lease lapses (journal/flows/ownership.py)."""
+        self.keeper.end(self, unfinished=True)
+
     def __repr__(self) -> str:
         return f"<LeaseClaim {self.execution_id}@{self.token} {self.state}{' lost' if self._lost else ''}>"
 
@@ -187,8 +191,12 @@ class LeaseKeeper:
                 self.cond.notify_all()  # the keeper may be sleeping until a later renewal
         return claim
 
-    def end(self, claim: LeaseClaim, released: bool = False) -> None:
-        """The run is over; released=True: its settle statement deleted the lease already."""
+    def end(self, claim: LeaseClaim, released: bool = False, unfinished: bool = False) -> None:
+        """The run is over; released=True: its settle statement deleted the lease already. unfinished=True:
+        the execution is still running (the run halted): its lease is neither renewed nor deleted, so it
+        lapses after the TTL and the recovery sweep's expired-lease arm takes the execution over. (Deleting
+        it would leave a running execution without a lease whose header is older than the sweeps' orphan
+        window: only the rare full pass would find it.)"""
         with self.cond:
             if claim.ended:
                 return
@@ -197,7 +205,7 @@ class LeaseKeeper:
                 self.pending.pop(claim, None)  # within the grace: no lease was ever written
             elif claim.state == HELD:
                 self.held.pop(claim, None)
-                if not claim._lost and not released:
+                if not claim._lost and not released and not unfinished:
                     if not self.release_q:
                         self.release_due = time.monotonic() + RELEASE_DELAY
                         self.cond.notify_all()

@@ -122,7 +122,7 @@ class Runners:
                     self.busy.add(me)
                 try:
                     task()
-                except Exception:
+                except BaseException:  # SystemExit or CancelledError from a flow: the thread (its slot) stays
                     log.exception("queue runner: a task failed")
                 finally:
                     with self.lock:

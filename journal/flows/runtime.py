@@ -72,8 +72,8 @@ from journal.store import store_for
 class Runner:
     """One run of one execution: its pending events, its folded state, its claim."""
 
-    __slots__ = ("claim", "continued_to", "deadline_signalled", "every", "pending", "recovered", "released", "run",
-                 "state")
+    __slots__ = ("claim", "continued_to", "deadline_signalled", "every", "let_go", "pending", "recovered",
+                 "released", "run", "state")
 
     def __init__(self, run: writer.RunHandle, state: ExecutionState, claim: Claim | None):
         self.run = run
@@ -82,6 +82,7 @@ class Runner:
         self.pending: list[Envelope] = []
         self.every = snapshot_every()
         self.released = False  # the settle statement deleted the run's lease row
+        self.let_go = False  # the run settled or parked: the execution is no longer running under us
         self.deadline_signalled = False  # DeadlineExceeded was raised in this run (a handler may go on)
         self.continued_to: str | None = None  # the next run of a continue_as_new (its settle carries messages)
         # A resume notes who took over in its first STEP_STARTED ("recovered_by": the admin's
@@ -129,6 +130,8 @@ class Runner:
             raise Halt(OwnershipLost(run.execution_id, str(exc))) from None
         except Exception as exc:  # refused (stale fence: taken over) or the database failed: stop the run
             raise Halt(exc) from None
+        if settle is not None:
+            self.let_go = True
         if settle is not None and settle.released:
             self.released = True
         if fresh:
@@ -200,6 +203,7 @@ class Runner:
         if self.pending:
             self.flush()
         waits.park(self.run, spec)
+        self.let_go = True
         return Outcome(self.run.execution_id, "waiting", None, None)
 
     def check_start(self) -> None:
@@ -297,6 +301,8 @@ class Runner:
             if self.claim is not None:
                 if self.released:
                     self.claim.end(released=True)
+                elif not self.let_go and hasattr(self.claim, "abandon"):
+                    self.claim.abandon()  # still running: its lease lapses and recovery takes it over
                 else:
                     self.claim.end()
 
