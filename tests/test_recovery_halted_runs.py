@@ -23,10 +23,18 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.mark.usefixtures("short_leases")
 def test_a_run_whose_write_failed_keeps_its_lease_to_lapse_and_the_windowed_sweep_takes_it(settings, monkeypatch):
+    from leases.keeper import get_keeper
     from leases.ownership import install
 
     settings.LOOM_LEASE_MODE = "eager"  # the lease row is written with the run's bootstrap
     install("eager")
+    try:
+        _halt_and_recover(monkeypatch)
+    finally:
+        get_keeper().shutdown()  # its thread must not outlive the test (it would tick into the next one)
+
+
+def _halt_and_recover(monkeypatch) -> None:
     reach = OrphanReach()
     assert sweep("sweeper", reach=reach).taken == []  # the worker's start: its full pass, complete
     real = writer.write
