@@ -415,8 +415,8 @@ def test_the_recovery_sweep_reads_the_lapsed_executions_by_index_not_every_runni
     store = store_for()
     now = datetime.now(UTC)
     live = [f"live-{n:05d}" for n in range(LIVE)]
-    Execution.objects.bulk_create(Execution(id=eid, flow="leases.noop", updated_at=now - timedelta(hours=1))
-                                  for eid in live)
+    Execution.objects.bulk_create((Execution(id=eid, flow="leases.noop", updated_at=now - timedelta(hours=1))
+                                   for eid in live), batch_size=2000)  # Django 5.2: one statement is > 65,535 params
     store.fill_leases("holder", live, 1, 3600)
     expired = [running(f"exp-{n}") for n in range(5)]
     store.fill_leases("holder", expired, 1, -60)
