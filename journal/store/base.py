@@ -153,6 +153,18 @@ class DatabaseBound:
     def connection(self):
         return connections[self.alias]
 
+    def _rows(self, sql: str, params) -> list[tuple]:
+        """Run one statement; its rows, or [] for a statement that returns none (every app's store)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def _count(self, sql: str, params) -> int:
+        """Run one statement; the number of rows it changed."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount
+
     def bulk_load(self, table: str, columns: Sequence[str], rows: Iterable[tuple]) -> None:
         """Benchmarks only (the `growth` section's pre-filled tables): load `rows` into a table of the
         calling store's own app in one transaction, as fast as the backend allows: COPY on PostgreSQL,

@@ -111,18 +111,6 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
     #: journal/flows/ownership.py), or None: its leases are written by the keeper only.
     companion: Companion | None = None
 
-    def _rows(self, sql: str, params) -> list[tuple]:
-        """Run one statement; its rows, or [] for a statement that returns none."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall() if cursor.description else []
-
-    def _count(self, sql: str, params) -> int:
-        """Run one statement; the number of rows it changed."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.rowcount
-
     def prepare_keeper_session(self) -> None:
         """Tune the keeper thread's own connection (once per connection); nothing by default."""
         return None

@@ -131,16 +131,6 @@ class QueueStore(DatabaseBound, ABC):
     #: dispatcher may LISTEN instead of polling; without it every dispatcher polls (LOOM_QUEUE_POLL).
     notifications = False
 
-    def _rows(self, sql: str, params) -> list[tuple]:
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall() if cursor.description else []
-
-    def _count(self, sql: str, params) -> int:
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.rowcount
-
     @abstractmethod
     def has_queue(self, name: str) -> bool:
         """Whether a row of that queue exists (declared by some process)."""
