@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # (loomsite.E003). Anywhere else, set SECRET_KEY, the same in every process (docs/security.md).
 export ALLOW_DEV_SECRET_KEY ?= true
 
-.PHONY: venv bench bench-docs test lint serve worker migrate
+.PHONY: venv bench bench-docs test lint serve worker api migrate
 
 venv:
 	@scripts/bootstrap $(VENV) "$(DJANGO)"
@@ -39,3 +39,9 @@ serve: migrate
 ## A background worker (leases, recovery, projection drains).
 worker: migrate
 	$(PY) manage.py loom_worker
+
+## The HTTP API on http://127.0.0.1:8001/api/ (gunicorn, warm workers; docs/http-api.md). API_TOKEN is the
+## bearer token it accepts (LOOM_API_TOKENS), required: no API runs open.
+api: migrate
+	@test -n "$(API_TOKEN)" || { echo "make api: give API_TOKEN=<a long secret> (the bearer token the API accepts)" >&2; exit 2; }
+	LOOM_API_TOKENS="$(API_TOKEN)" $(PY) manage.py serve_api --workers 2

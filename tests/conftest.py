@@ -25,6 +25,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs PostgreSQL (run with DATABASE_URL=postgres://...)")
 
 
+# Skip reasons that mean "a server or package this machine lacks" (the shard servers, PgBouncer, Chromium,
+# root). Locally such a test skips with its reason; under CI (CI=true) .ci/run installs and starts all of
+# them, so the same skip is a failure: a test skipping there would hide a gap behind a green run.
+MISSING_PARTS = ("scripts/shard-servers", "/usr/bin/chromium", "CI runs as root")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") != "true" or not report.skipped or not isinstance(report.longrepr, tuple):
+        return
+    reason = str(report.longrepr[2])
+    if any(part in reason for part in MISSING_PARTS):
+        report.outcome = "failed"
+        report.longrepr = f"CI=true: this test would skip ({reason}); .ci/run must provide what it needs"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_session_outlives_the_suite(django_db_setup):
     """Before the test database is dropped: stop what the process itself keeps open (coalescers, lease
