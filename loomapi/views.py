@@ -6,10 +6,10 @@ runtime's errors into JSON 4xx, and any other exception into a JSON 500 with an 
 traceback, never sent). Views are CSRF-exempt: they take a bearer token, not cookies, so a
 cross-site form cannot ride on a browser session.
 
-A durable start does not run here: it is queued for a worker (queues.enqueue, the one start primitive:
-the execution exists at once, status `queued`) and answered `202 Accepted` at once, so a long flow never holds a request thread (`?wait=` lets a
-caller wait, bounded, for the outcome). Transient calls run here, bounded by
-LOOM_API_CALL_TIMEOUT (loomapi/calls.py).
+A durable start does not run here: it is queued for a worker (queues.enqueue, the one start
+primitive: the execution exists at once, status `queued`) and answered `202 Accepted` at once, so
+a long flow never holds a request thread (`?wait=` lets a caller wait, bounded, for the outcome).
+Transient calls run here, bounded by LOOM_API_CALL_TIMEOUT (loomapi/calls.py).
 """
 
 from __future__ import annotations
@@ -180,7 +180,8 @@ def start_execution(request, name: str):
     except ExecutionExists:  # a racing start of the same id won: answered as a repeat of it
         header = header_status(execution_id)
         if header is None:
-            raise errors.ExecutionConflict(f"execution {execution_id!r} already exists; choose a new execution_id")
+            raise errors.ExecutionConflict(
+                f"execution {execution_id!r} already exists; choose a new execution_id") from None
         return _existing(principal, flow.name, execution_id, header, wait)
     except (InvalidEnqueue, UnknownQueue) as exc:
         raise errors.InvalidBody(str(exc)) from None

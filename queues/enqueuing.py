@@ -158,7 +158,7 @@ def _enqueue(definition, stored: Any, meta: dict | None, meta_text: str, deadlin
 
 def _same_start(flow: str, stored: Any, execution_id: str, meta: dict | None) -> bool:
     """Whether an existing execution is this start again: queued, same flow, same starter (meta's
-    `started_by`), same input (as the log holds it; code may compare: it holds the plaintext anyway. The HTTP API decides
+    `started_by`), same input (as the log holds it: code holds the plaintext anyway. The HTTP API decides
     by flow and starter only, loomapi/views.py, so no caller learns withheld input by guessing)."""
     from journal.flows.queued import started_by
     from journal.models import Event

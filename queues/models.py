@@ -66,7 +66,8 @@ class QueueEntry(models.Model):
     resume_fence = models.BigIntegerField(
         null=True, blank=True, help_text="A resume (hand-over): resume the execution from this fence token. Empty: "
                                          "a start (begin the queued execution).")
-    resume_force = models.BooleanField(default=False, db_default=False, help_text="The resume takes over a live owner (hand_over force).")
+    resume_force = models.BooleanField(default=False, db_default=False,
+                                       help_text="The resume takes over a live owner (hand_over force).")
 
     class Meta:
         ordering = ["-id"]

@@ -97,9 +97,9 @@ def run_queued(execution_id: str, flow: str, claim_holds: Callable[[], bool]) ->
     One transaction: `claim_holds()` (the entry's begin, under its row lock), the header's lock, the fence
     advanced from QUEUED_FENCE (a second begin, through a claim offered again, is refused by it) and the
     status queued -> running. The flow must be registered here (UnknownFlow, before anything changes)."""
+    from journal.flows.ownership import get_ownership
     from journal.flows.registry import get_flow
     from journal.flows.runtime import RUNNING, Runner
-    from journal.flows.ownership import get_ownership
     from journal.flows.state import load_state
     from journal.models import Event, Fence
     from journal.store import store_for
