@@ -80,7 +80,10 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
         release_reservation(execution_id)
         return {"execution_id": exists.execution_id, "status": exists.status, "duplicate": True}
     release_reservation(queued.execution_id)
-    log.info("old-scheme start execution=%s flow=%s: queued on %s", queued.execution_id, flow, queued.queue)
+    if queued.created:
+        log.info("old-scheme start execution=%s flow=%s: queued on %s", queued.execution_id, flow, queued.queue)
+    else:
+        log.info("duplicate execution=%s flow=%s: queued already, nothing to do", queued.execution_id, flow)
     return {"execution_id": queued.execution_id, "status": "queued", "duplicate": not queued.created}
 
 
@@ -213,7 +216,26 @@ def recovery_sweep() -> int:
 
     tick()  # cron schedules too, minute-grained, for a deployment that runs only qcluster (docs/schedules.md)
     wake_backstop()
+    queue_backstop()
     return count
+
+
+QUEUE_BACKSTOP_LIMIT = 100  # queued executions one backstop run begins at most (the next minute takes more)
+
+
+def queue_backstop() -> int:
+    """Run due queue entries here, within their queues' caps (the minute backstop of the queue dispatcher,
+    for deployments that run only qcluster: a queued start begins within a minute there)."""
+    from django.apps import apps
+
+    if not apps.is_installed("queues"):
+        return 0
+    from queues import run_due
+
+    ran = len(run_due(QUEUE_BACKSTOP_LIMIT))
+    if ran:
+        log.info("queue backstop: %d queued execution(s) run", ran)
+    return ran
 
 
 WAKE_BACKSTOP_LIMIT = 1000  # executions one backstop run wakes at most (the next minute takes the rest)

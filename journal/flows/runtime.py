@@ -701,12 +701,12 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
 @shards.by_stream
 def outcome_of(execution_id: str) -> Outcome:
     """The outcome as the log says now (a bounded read); while it is not settled, running, or waiting /
-    suspended as its header says when it is parked."""
+    suspended / queued as its header says when it is parked or not begun."""
     state = load_state(execution_id)
     status = state.status
     if not state.settled:
         header = writer.header_status(execution_id)
-        if header is not None and header[0] in PARKED:
+        if header is not None and (header[0] in PARKED or header[0] == "queued"):  # the log cannot tell these
             status = header[0]
     return Outcome(execution_id, status, state.result, state.error or None)
 
