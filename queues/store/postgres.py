@@ -254,13 +254,15 @@ WHERE qq.name = q.queue_id AND q.state IN ('done', 'cancelled')
 """
 
 # -- cancel_pending --
-# Pending, or claimed and not begun (no begin, no header). The UPDATE locks the entry row: it waits for
-# a dequeue that locked the row as a candidate, or for the runner's begin; either way the WHERE is
-# re-checked on the row they committed, so a cancel and a begin never both succeed.
+# Pending, or claimed and not begun (no begin; its execution still queued, or no header: an old entry).
+# The UPDATE locks the entry row: it waits for a dequeue that locked the row as a candidate, or for the
+# runner's begin; either way the WHERE is re-checked on the row they committed, so a cancel and a begin
+# never both succeed. The re-check is of begun_at, a column of the row itself: the header's status is a
+# subquery, which the re-check reads in the statement's first snapshot (still queued), not the begin's.
 CANCEL_PENDING = f"""
 UPDATE queues_entry q SET state = 'cancelled', finished_at = now()
 WHERE q.execution_id = %s AND (q.state = 'pending'
-    OR (q.state = 'started' AND {NOT_BEGUN}))
+    OR (q.state = 'started' AND q.begun_at IS NULL AND {NOT_BEGUN}))
 """
 
 # -- begin --
