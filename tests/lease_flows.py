@@ -97,3 +97,19 @@ def queue_old_scheme_start(flow_name: str, input, execution_id: str, meta: dict 
         store_for(_alias()).reserve_start(execution_id, flow_name, input_hash(stored), _starter(meta))
         async_task("leases.tasks.run_start", flow_name, sealed, execution_id, meta,
                    task_name=f"start {flow_name} {execution_id}"[:100], q_options={"timeout": -1})
+
+
+def handed_over() -> list[dict]:
+    """The hand-overs waiting for a worker (issue #24: resume entries on the execution's queue, no longer
+    django-q2 tasks), oldest first: func "resume", args (execution id, fence handed over, force)."""
+    from queues.models import QueueEntry
+
+    return [{"func": "resume", "args": (e.execution_id, e.resume_fence, e.resume_force)}
+            for e in QueueEntry.objects.filter(state="pending", resume_fence__isnull=False).order_by("id")]
+
+
+def run_handed_over_here() -> list[dict]:
+    """Run every due queue entry here, as a worker's dispatcher would (queues.run_due): their statuses."""
+    from queues import run_due
+
+    return [{"status": status} for status in run_due()]

@@ -254,7 +254,8 @@ WHERE qq.name = q.queue_id AND q.state IN ('done', 'cancelled')
 """
 
 # -- cancel_pending --
-# Pending, or claimed and not begun (no begin; its execution still queued, or no header: an old entry).
+# Pending, or claimed and not begun (no begin; its execution still queued, or just cancelled by
+# journal.flows.cancel, whose hook calls this; or no header: an old entry).
 # The UPDATE locks the entry row: it waits for a dequeue that locked the row as a candidate, or for the
 # runner's begin; either way the WHERE is re-checked on the row they committed, so a cancel and a begin
 # never both succeed. The re-check is of begun_at, a column of the row itself: the header's status is a
@@ -262,7 +263,8 @@ WHERE qq.name = q.queue_id AND q.state IN ('done', 'cancelled')
 CANCEL_PENDING = f"""
 UPDATE queues_entry q SET state = 'cancelled', finished_at = now()
 WHERE q.execution_id = %s AND (q.state = 'pending'
-    OR (q.state = 'started' AND q.begun_at IS NULL AND {NOT_BEGUN}))
+    OR (q.state = 'started' AND q.begun_at IS NULL
+        AND (q.resume_fence IS NOT NULL OR COALESCE({STATUS}, 'queued') IN ('queued', 'cancelled'))))
 """
 
 # -- begin --

@@ -175,7 +175,8 @@ WHERE state IN ('done', 'cancelled') AND finished_at < %(cutoff)s
 CANCEL_PENDING = f"""
 UPDATE queues_entry AS q SET state = 'cancelled', finished_at = %s
 WHERE q.execution_id = %s AND (q.state = 'pending'
-    OR (q.state = 'started' AND q.begun_at IS NULL AND {NOT_BEGUN}))
+    OR (q.state = 'started' AND q.begun_at IS NULL
+        AND (q.resume_fence IS NOT NULL OR COALESCE({STATUS}, 'queued') IN ('queued', 'cancelled'))))
 """
 BEGIN = """
 UPDATE queues_entry SET begun_at = %s
