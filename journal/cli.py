@@ -348,7 +348,8 @@ def cancel(using: str | None, execution_id: str, reason: str = "") -> Reply:
     using = _home(using, execution_id)
     if _unstorable(reason):
         raise Refused("--reason: text the database can hold (no NUL, no lone surrogate)", USAGE)
-    if header_status(execution_id) is None and apps.is_installed("queues"):
+    header = header_status(execution_id)
+    if header is None and apps.is_installed("queues"):  # an entry written before queued executions
         from queues.store import store_for
 
         if store_for(using).cancel_pending(execution_id):
@@ -361,6 +362,9 @@ def cancel(using: str | None, execution_id: str, reason: str = "") -> Reply:
             raise Refused(f"execution {execution_id!r} was just taken from queue {entry['queue']!r} by a worker "
                           "and has not begun; cancel it again in a moment, once it exists", REFUSED, "NotBegun")
     out = cancel_execution(execution_id, reason or "cancelled from the command line (manage.py loom)")
+    if header is not None and header[0] == "queued":  # its entry is cancelled with it: it never begins
+        return Reply({"execution_id": execution_id, "status": out.status, "reason": out.error, "queued": True},
+                     [f"cancelled {execution_id} (it was queued, not started)"])
     return Reply({"execution_id": execution_id, "status": out.status, "reason": out.error},
                  [f"{execution_id}: {out.status}"])
 

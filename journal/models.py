@@ -68,6 +68,7 @@ class Execution(models.Model):
     """The header of an execution stream (its id is the stream id), kept for listing and recovery."""
 
     class Status(models.TextChoices):
+        QUEUED = "queued"  # accepted on a queue, not begun: a worker's dispatcher begins it (journal/flows/queued.py)
         RUNNING = "running"
         WAITING = "waiting"  # parked on a timer, a message or a child: no lease, no thread (journal_wait)
         SUSPENDED = "suspended"  # suspend(): no lease, no wait, no worker until resume()

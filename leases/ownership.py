@@ -76,11 +76,11 @@ class LeaseOwnership:
 
     def live_owner(self, execution_id: str) -> str | None:
         """Who provably drives a running execution now, so that resume/hand-over must not take it
-        over (docs/leases.md "Live"): an unexpired lease (database clock) held by another process, or
-        held by this one for a run in progress here; or no lease row yet, fence token 1 (a fresh
-        start: lazy runs only go unleased then) and a header younger than grace + TTL (the sweep's
-        own orphan rule). A lease of this worker id that no run here holds is the recovery sweep's
-        takeover, handed to the resume that follows: not live."""
+        over (docs/leases.md "Live"): an unexpired lease (database clock) held by another process, or held by
+        this one for a run in progress here; or no lease row yet, fence token 1 or 2 (a fresh start, or a
+        queued execution just begun: lazy runs only go unleased then) and a header younger than grace + TTL
+        (the sweep's own orphan rule). A lease of this worker id that no run here holds is the recovery
+        sweep's takeover, handed to the resume that follows: not live."""
         from django.db.models.functions import Now
 
         from journal.models import Execution, Fence
@@ -104,7 +104,9 @@ class LeaseOwnership:
                 return f"worker {owner} (lease expires in {left:.1f} s)"
             return None
         window = conf.lease_grace() + conf.get("LOOM_LEASE_TTL")
-        if Fence.objects.current(execution_id) == 1 and (now - updated_at).total_seconds() < window:
+        # Token 1: a fresh start; token 2: a queued execution its runner began (journal/flows/queued.py: the
+        # begin advanced from the enqueue's token 1, and the run leases lazily like a fresh start).
+        if Fence.objects.current(execution_id) in (1, 2) and (now - updated_at).total_seconds() < window:
             return "a fresh run within its lazy-lease grace (no lease row yet)"
         return None
 

@@ -9,10 +9,10 @@
 
 Why it is exactly once: a tick's execution id is derived from the schedule and the tick
 (`sched:<name>:<tick, UTC ISO>`), so two workers that both tried to start it would name the same
-execution, and the second start is a no-op (the start reservation, leases.tasks, or the queue's
-execution id). They do not even try: `tick()` claims the due schedules under a row lock (FOR UPDATE
-SKIP LOCKED on PostgreSQL, the write lock on SQLite), starts their ticks and moves their next tick in
-one transaction. The rows, not any process's memory, say what is due.
+execution, and the second start is a no-op (the queued execution's id: every tick is queued, on the
+schedule's queue or the default one). They do not even try: `tick()` claims the due schedules under a
+row lock (FOR UPDATE SKIP LOCKED on PostgreSQL, the write lock on SQLite), starts their ticks and
+moves their next tick in one transaction. The rows, not any process's memory, say what is due.
 
 With LOOM_SHARDS the schedules stay on one database (the router leaves `leases.Schedule` on the default
 one: a schedule names no stream); each tick's execution is placed by its id on its shard like any start
@@ -178,14 +178,7 @@ def validate(name: object, cron: object, flow: str | Flow, input: Any = None, ca
         raise InvalidSchedule(f"schedule {name}: catch_up is one of {', '.join(CATCH_UP)}, not {catch_up!r}")
     if not isinstance(queue, str) or len(queue) > 100:
         raise InvalidSchedule(f"schedule {name}: queue is a name of at most 100 characters, not {queue!r}")
-    if queue:
-        _check_queue(name, queue)
-    else:
-        from django.apps import apps
-
-        if not apps.is_installed("django_q"):
-            raise InvalidSchedule(f"schedule {name}: without a queue its ticks are queued starts, which need "
-                                  "django_q in INSTALLED_APPS (docs/workers.md); or give it a queue")
+    _check_queue(name, queue or "default")  # without a queue: the default queue (always declared)
     definition = get_flow(flow)  # UnknownFlow
     value = {} if input is None else input
     _, stored = definition.prepare(value)  # InvalidInput (the flow's model, the journal's JSON rules)
@@ -366,18 +359,14 @@ def _start(row, eid: str, moment: datetime, using: str) -> bool:
     meta = {"started_by": f"schedule:{row.name}", "schedule": row.name, "tick": moment.isoformat()}
     try:
         with atomic(using):
-            if row.queue:
-                from queues import enqueue
+            from queues import enqueue
 
-                # With LOOM_SHARDS the entry goes to the tick's execution's shard, in its own transaction
-                # there: a claim rolled back after it committed re-enqueues the same id, a no-op (exactly once
-                # by the id, as between workers).
-                enqueue(row.flow, row.input, queue=row.queue, execution_id=eid, meta=meta,
-                        using=None if shards.sharded() else using)
-            else:
-                from leases.tasks import enqueue_start
-
-                enqueue_start(row.flow, row.input, execution_id=eid, meta=meta)
+            # Every tick is a queued execution, on the schedule's queue or the default one (caps apply, any
+            # loom_worker's dispatcher runs it, --no-cluster too). With LOOM_SHARDS the entry goes to the
+            # tick's execution's shard, in its own transaction there: a claim rolled back after it committed
+            # re-enqueues the same id, a no-op (exactly once by the id, as between workers).
+            enqueue(row.flow, row.input, queue=row.queue or "default", execution_id=eid, meta=meta,
+                    using=None if shards.sharded() else using)
     except ExecutionExists as exists:  # the tick's id is taken already: that start is this tick's
         log.info("schedule %s: tick %s already started (%s)", row.name, moment.isoformat(), exists.status)
         return True

@@ -1,24 +1,18 @@
-"""django-q2 tasks of the leases app: queued executions and the minute-grained recovery backstop.
+"""django-q2 tasks of the leases app: the minute-grained backstop, and shims for old-scheme starts.
 
-    from leases.tasks import enqueue_start
-    eid = enqueue_start("orders.fulfil", {"order": 7})   # the execution id; runs in a loom_worker
+Loom's starts no longer travel through django-q2's broker: every durable start is a queued execution
+on the one leased queue (queues.enqueue: its header, status queued, and its entry in one transaction),
+which loom_worker's dispatchers run within the queues' caps (docs/workers.md). What django-q2 still does:
+- its cluster (forked by `manage.py loom_worker`, or `qcluster`) hosts the project's own `async_task`s,
+  and the every-minute `recovery_sweep` backstop, which also runs due queue entries for a deployment that
+  runs only qcluster (no dispatcher there);
+- `run_start` and `journal.flows.handover.run_handed_over` stay as the bodies of tasks queued under the old
+  scheme before an upgrade: delivered now, each is routed into the queue (a queued execution under the
+  id its reservation holds, or a resume entry), so it runs once, under the caps. `enqueue_start` is kept
+  for callers of the old name: it is queues.enqueue on the default queue.
 
-Tasks run in django-q2's worker processes (forked by the cluster of `manage.py loom_worker` or
-`qcluster`); each gets its own lease keeper under its own worker id.
-
-Why a queued start survives a killed worker within about a lease TTL (docs/workers.md):
-- the execution id is fixed and reserved (leases.StartReservation) when the start is queued, so
-  the task is idempotent: a second delivery of it finds the execution (ExecutionExists) and does
-  nothing, and a task that is not the reserved start does nothing either;
-- a task that raised is not acknowledged (Q_CLUSTER max_attempts 0, check loom.W115): the broker
-  delivers it again after `retry`, maybe to a worker that has the flow;
-- so the broker may re-deliver early: Q_CLUSTER `retry` (the seconds a taken, unacknowledged task
-  stays invisible) is set to about LOOM_LEASE_TTL (system check loom.W112). A start taken by a
-  worker that died before it began is re-delivered after `retry`;
-- a start that began is a running execution with a lease (or none yet, within the lazy grace):
-  the recovery sweep of any worker takes it over once the lease expired, with a fence advance;
-- the task has no django-q2 timeout (a durable run is bounded by its lease, not the broker): a
-  re-delivery of a start still running is the no-op above, never a second run.
+A reservation (leases.StartReservation) is what the old scheme wrote beside its task; it is read here
+only to refuse a delivered task that is not the reserved start, and pruned by the backstop.
 """
 
 from __future__ import annotations
@@ -26,16 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import router, transaction
+from django.db import router
 from django.utils.crypto import salted_hmac
 
 from journal import shards
-from journal.atomic import atomic
 from leases.keeper import get_keeper
 from leases.recovery import OrphanReach, log_takeover, prune_workers, resume_one, sweep
 from leases.store import Reservation, store_for
@@ -52,17 +44,19 @@ log = logging.getLogger("loom.worker")
 
 
 def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict | None = None) -> dict:
-    """Start a durable execution in this worker process (the body of a queued execution).
+    """The body of a start queued under the old scheme (a django-q2 task): routed into the one start path,
+    a queued execution on the default queue under its reserved id (a loom_worker's dispatcher runs it).
 
-    A delivery that finds the execution already there (an earlier delivery began it, or it was
-    started by other means) does nothing and reports its status: if that run's worker died, the
-    recovery sweep finishes it."""
-    from journal.flows import ExecutionExists, OwnershipLost, start
+    A delivery that finds the execution already there (an earlier delivery queued it, or it was started by
+    other means) does nothing and reports its status; one that is not the start its id was reserved for,
+    or whose input's data subject was forgotten meanwhile, is refused."""
+    from journal.flows import ExecutionExists
     from journal.flows.runtime import unseal_started
     from journal.privacy.codec import Sealed
+    from queues import enqueue
 
-    # A flow with marked input is queued sealed (reserve_and_enqueue): the reservation's hash is of the input.
-    # Sealed with the subject's key on the execution's shard (data keys live per shard): read there.
+    # A flow with marked input was queued sealed (the old reserve_and_enqueue): the reservation's hash is of
+    # the input. Sealed with the subject's key on the execution's shard (data keys live per shard): read there.
     plain = input
     if isinstance(input, Sealed) and isinstance(execution_id, str) and execution_id and "\x00" not in execution_id:
         with shards.on_stream(execution_id):
@@ -78,33 +72,19 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     if refused is not None:
         log.warning("refused execution=%s flow=%s: %s", execution_id, flow, refused)
         return {"execution_id": execution_id, "status": "refused", "duplicate": True, "error": refused}
-    began = time.monotonic()
-    # A fresh start bootstraps at fence token 1 (journal/flows/runtime.py).
-    log.info("start execution=%s flow=%s fence=1 (queued)", execution_id, flow)
     try:
-        outcome = start(flow, input, execution_id=execution_id, meta=meta)
+        queued = enqueue(flow, plain, execution_id=execution_id, meta=meta)
     except ExecutionExists as exists:
         log.info("duplicate execution=%s flow=%s: already %s, nothing to do", exists.execution_id, flow,
                  exists.status)
         release_reservation(execution_id)
         return {"execution_id": exists.execution_id, "status": exists.status, "duplicate": True}
-    except OwnershipLost as lost:
-        log.warning("halted execution=%s flow=%s fence=1 duration=%.3fs: %s", execution_id, flow,
-                    time.monotonic() - began, lost)
-        raise
-    except Exception:
-        log.exception("error execution=%s flow=%s fence=1 duration=%.3fs", execution_id, flow,
-                      time.monotonic() - began)
-        raise
-    duration = time.monotonic() - began
-    release_reservation(outcome.execution_id)
-    if outcome.status == "failed":
-        log.warning("failed execution=%s flow=%s fence=1 duration=%.3fs error=%s", outcome.execution_id, flow,
-                    duration, outcome.error)
+    release_reservation(queued.execution_id)
+    if queued.created:
+        log.info("old-scheme start execution=%s flow=%s: queued on %s", queued.execution_id, flow, queued.queue)
     else:
-        log.info("%s execution=%s flow=%s fence=1 duration=%.3fs", outcome.status, outcome.execution_id, flow,
-                 duration)
-    return {"execution_id": outcome.execution_id, "status": outcome.status}
+        log.info("duplicate execution=%s flow=%s: queued already, nothing to do", queued.execution_id, flow)
+    return {"execution_id": queued.execution_id, "status": "queued", "duplicate": not queued.created}
 
 
 def _forgotten(flow: str, plain: Any) -> bool:
@@ -119,20 +99,13 @@ def _forgotten(flow: str, plain: Any) -> bool:
 
 
 def enqueue_start(flow: str, input: Any, execution_id: str | None = None, meta: dict | None = None) -> str:
-    """Queue a start for the worker cluster; returns the execution id (minted here when not given).
+    """The old name of a queued start: queues.enqueue on the default queue; returns the execution id.
 
-    The flow, the input and the id are checked now (UnknownFlow, InvalidInput), so a bad start is
-    refused to the caller instead of failing later in a worker. The id is reserved with the task
-    (reserve_and_enqueue): a repeat of the same start queues nothing more; the id already reserved
-    by a start with another flow, input or starter is ExecutionExists."""
-    from journal.flows import ExecutionExists
-    from journal.flows.runtime import prepare_start
+    Checked now (UnknownFlow, InvalidInput); a repeat of the same start queues nothing more; the id of
+    another start or of an existing execution is ExecutionExists."""
+    from queues import enqueue
 
-    definition, _, stored, execution_id = prepare_start(flow, input, execution_id)
-    existing = reserve_and_enqueue(definition.name, stored, execution_id, meta)
-    if existing is not None and not existing.begun and not existing.same_request:
-        raise ExecutionExists(execution_id, "queued", existing.flow)
-    return execution_id  # a repeat of a queued or begun start queues nothing more
+    return enqueue(flow, input, execution_id=execution_id, meta=meta).execution_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,46 +144,6 @@ def input_hashes(stored: Any) -> list[str]:
 def _starter(meta: dict | None) -> str:
     value = (meta or {}).get("started_by") if isinstance(meta, dict) else None
     return value if isinstance(value, str) else ""
-
-
-def reserve_and_enqueue(flow: str, stored: Any, execution_id: str, meta: dict | None = None) -> Reserved | None:
-    """Reserve `execution_id` and queue its start in one transaction; None when queued, else the
-    reservation (or execution) that already holds the id, and nothing is queued.
-
-    The reservation row and django-q2's ORM-queue row commit together (same database alias), so a
-    start is never queued without its reservation nor reserved without its task. The reservation is
-    the leases store's one insert-or-nothing (RESERVE_START): two concurrent starts of one id cannot
-    both be queued."""
-    from django_q.conf import Conf
-    from django_q.tasks import async_task
-
-    from journal.flows.runtime import seal_started
-    from journal.flows.writer import header_status
-
-    alias = _alias()
-    digest, starter = input_hash(stored), _starter(meta)
-    # Marked input fields are sealed before the input reaches the broker: django-q2 keeps its tasks' args
-    # (pickled and signed, not encrypted) in its queue and task rows, where `forget` cannot reach them.
-    with shards.on_stream(execution_id):  # sealed with the subject's key on the execution's shard
-        sealed = seal_started(flow, stored)
-    task = ("leases.tasks.run_start", flow, sealed, execution_id, meta)
-    options = {"task_name": f"start {flow} {execution_id}"[:100], "q_options": {"timeout": -1}}
-    with atomic(alias):
-        reserved, holder = store_for(alias).reserve_start(execution_id, flow, digest, starter)
-        if not reserved:
-            if holder is None:  # the reservation that won was released: its execution began
-                return Reserved(flow, "", False, begun=True)
-            return Reserved(holder.flow, holder.started_by, holder.matches(flow, input_hashes(stored), starter))
-        # A worker deletes a reservation only after the execution's header committed: an insert
-        # that won a free id re-reads the header so that it does not reserve a begun execution.
-        if header_status(execution_id) is not None:
-            transaction.set_rollback(True, using=alias)
-            return Reserved(flow, "", False, begun=True)
-        if not Conf.SYNC:
-            async_task(*task, **options)
-    if Conf.SYNC:  # django-q2's sync mode runs the task inside async_task: after the reservation committed
-        async_task(*task, **options)
-    return None
 
 
 def _foreign_start(flow: str, stored: Any, execution_id: str | None, meta: dict | None) -> str | None:
@@ -283,7 +216,26 @@ def recovery_sweep() -> int:
 
     tick()  # cron schedules too, minute-grained, for a deployment that runs only qcluster (docs/schedules.md)
     wake_backstop()
+    queue_backstop()
     return count
+
+
+QUEUE_BACKSTOP_LIMIT = 100  # queued executions one backstop run begins at most (the next minute takes more)
+
+
+def queue_backstop() -> int:
+    """Run due queue entries here, within their queues' caps (the minute backstop of the queue dispatcher,
+    for deployments that run only qcluster: a queued start begins within a minute there)."""
+    from django.apps import apps
+
+    if not apps.is_installed("queues"):
+        return 0
+    from queues import run_due
+
+    ran = len(run_due(QUEUE_BACKSTOP_LIMIT))
+    if ran:
+        log.info("queue backstop: %d queued execution(s) run", ran)
+    return ran
 
 
 WAKE_BACKSTOP_LIMIT = 1000  # executions one backstop run wakes at most (the next minute takes the rest)

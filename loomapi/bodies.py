@@ -31,9 +31,21 @@ class CallBody:
 
 @dataclass(frozen=True, slots=True)
 class StartBody(CallBody):
-    """A durable start: a call body plus an optional caller-chosen execution id (idempotency key)."""
+    """A durable start: a call body plus an optional caller-chosen execution id (idempotency key) and the
+    queue options every door of a start takes (queues.enqueue: queue, partition_key, priority, dedup_id,
+    delay or start_at, timeout)."""
 
     execution_id: str | None = None
+    queue: str = "default"
+    partition_key: str | None = None
+    priority: int = 0
+    dedup_id: str | None = None
+    delay: float | None = None
+    start_at: Any = None  # an aware datetime
+    timeout: float | None = None
+
+
+QUEUE_KEYS = {"queue", "partition_key", "priority", "dedup_id", "delay", "start_at", "timeout"}
 
 
 def has_body(request) -> bool:
@@ -128,13 +140,55 @@ def call_body(data: Any) -> CallBody:
 
 
 def start_body(data: Any) -> StartBody:
-    data = _object(data, {"input", "state", "execution_id"})
+    data = _object(data, {"input", "state", "execution_id", *QUEUE_KEYS})
     execution_id = data.get("execution_id")
     if execution_id is not None:
         problem = id_problem(execution_id)
         if problem is not None:
             raise InvalidBody(f"'execution_id' {ascii(execution_id)[:80]} is refused: {problem}")
-    return StartBody(data["input"], data.get("state", _NO_STATE), execution_id)
+    names = {key: _option_name(data, key) for key in ("queue", "partition_key", "dedup_id")}
+    priority = data.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidBody(f"'priority' is a whole number from -100 to 100, got {ascii(priority)[:40]}")
+    delay, timeout = _number(data, "delay"), _number(data, "timeout")
+    start_at = data.get("start_at")
+    if start_at is not None:
+        start_at = _moment(start_at)
+    if delay is not None and start_at is not None:
+        raise InvalidBody("give 'delay' or 'start_at', not both")
+    return StartBody(data["input"], data.get("state", _NO_STATE), execution_id, names["queue"] or "default",
+                     names["partition_key"], priority, names["dedup_id"], delay, start_at, timeout)
+
+
+def _option_name(data: dict, key: str) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    problem = id_problem(value) if isinstance(value, str) else f"a {key} is a string"
+    if problem is not None:
+        raise InvalidBody(f"{key!r} {ascii(value)[:80]} is refused: {problem}")
+    return value
+
+
+def _number(data: dict, key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10 ** 9:
+        raise InvalidBody(f"{key!r} is a number of seconds from 0, got {ascii(value)[:40]}")
+    return float(value)
+
+
+def _moment(value: Any):
+    from datetime import datetime
+
+    try:
+        moment = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise InvalidBody(f"'start_at' is an ISO 8601 time with its offset, got {ascii(value)[:60]}")
+    return moment
 
 
 def wait_seconds(request) -> float:

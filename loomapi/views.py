@@ -6,10 +6,10 @@ runtime's errors into JSON 4xx, and any other exception into a JSON 500 with an 
 traceback, never sent). Views are CSRF-exempt: they take a bearer token, not cookies, so a
 cross-site form cannot ride on a browser session.
 
-A durable start does not run here: it is queued for a worker (leases.tasks.enqueue_start) and
-answered `202 Accepted` at once, so a long flow never holds a request thread (`?wait=` lets a
-caller wait, bounded, for the outcome). Transient calls run here, bounded by
-LOOM_API_CALL_TIMEOUT (loomapi/calls.py).
+A durable start does not run here: it is queued for a worker (queues.enqueue, the one start
+primitive: the execution exists at once, status `queued`) and answered `202 Accepted` at once, so
+a long flow never holds a request thread (`?wait=` lets a caller wait, bounded, for the outcome).
+Transient calls run here, bounded by LOOM_API_CALL_TIMEOUT (loomapi/calls.py).
 """
 
 from __future__ import annotations
@@ -148,10 +148,13 @@ def call(request, name: str):
 def start_execution(request, name: str):
     """Queue a durable execution for a worker: 202 with its Location at once; idempotent on execution_id.
 
-    `?wait=<seconds>` (at most LOOM_API_MAX_WAIT) waits for the outcome: 201 with it when the
-    execution settled in time, else the same 202.
+    The start is queues.enqueue, the one start primitive (the body's queue options: queue, partition_key,
+    priority, dedup_id, delay or start_at, timeout): the execution exists from the answer on, status
+    `queued`, and a loom_worker's dispatcher begins it within the queue's caps. `?wait=<seconds>` (at most
+    LOOM_API_MAX_WAIT) waits for the outcome: 201 with it when the execution settled in time, else 202.
     """
-    from leases.tasks import reserve_and_enqueue
+    from journal.flows import ExecutionExists
+    from queues import InvalidEnqueue, UnknownQueue, enqueue
 
     body = start_body(read_json(request))
     wait = wait_seconds(request)
@@ -159,26 +162,36 @@ def start_execution(request, name: str):
     principal: Principal = request.loom_principal
     require_flow(principal, flow.name)
     value = flow_input(body)
-    _, stored = flow.prepare(value)  # invalid input is refused (422) before anything is queued
+    flow.prepare(value)  # invalid input is refused (422) before anything is queued
     execution_id = body.execution_id or str(ULID())
     refuse_aggregate_namespace(execution_id)
     header = header_status(execution_id)
     if header is not None:
-        return _existing(principal, flow.name, execution_id, header, stored, wait)
+        return _existing(principal, flow.name, execution_id, header, wait)
     if _stream_exists(execution_id):
         raise errors.ExecutionConflict(f"a journal stream named {execution_id!r} exists and is not an execution; "
                                        "choose another execution_id")
     current = trace.current()
     meta = {"started_by": principal.name, "trace_id": current.trace_id, "span_id": current.span_id}
-    # The id is reserved with the queued task, in one transaction (leases.tasks): a second start of
-    # it, before or after a worker began the first, is answered from the reservation or the execution.
-    found = reserve_and_enqueue(flow.name, stored, execution_id, meta)
-    if found is not None and found.begun:
-        return _existing(principal, flow.name, execution_id, header_status(execution_id), stored, wait)
-    if found is not None:
-        return _reserved(principal, flow.name, execution_id, found, wait)
-    logger.info("queued start of flow %s as execution %s by %s (trace %s)", flow.name, execution_id,
-                principal.name, current.trace_id)
+    try:
+        queued = enqueue(flow.name, value, body.queue, execution_id=execution_id, partition_key=body.partition_key,
+                         priority=body.priority, dedup_id=body.dedup_id, run_after=_run_after(body), meta=meta,
+                         timeout=body.timeout)
+    except ExecutionExists:  # a racing start of the same id won: answered as a repeat of it
+        header = header_status(execution_id)
+        if header is None:
+            raise errors.ExecutionConflict(
+                f"execution {execution_id!r} already exists; choose a new execution_id") from None
+        return _existing(principal, flow.name, execution_id, header, wait)
+    except (InvalidEnqueue, UnknownQueue) as exc:
+        raise errors.InvalidBody(str(exc)) from None
+    if not queued.created:
+        existing = header_status(queued.execution_id)
+        if queued.execution_id != execution_id:  # the dedup id is held by a live execution: that one
+            return _deduplicated(principal, queued.execution_id, existing, wait)
+        return _existing(principal, flow.name, execution_id, existing, wait)
+    logger.info("queued start of flow %s as execution %s on queue %s by %s (trace %s)", flow.name, execution_id,
+                body.queue, principal.name, current.trace_id)
     location = {"Location": _location(execution_id)}
     status = "queued"
     if wait and (waiting := waiter()):
@@ -196,47 +209,51 @@ def start_execution(request, name: str):
                           "error": None, "created": True}, status=202, headers=location)
 
 
-def _existing(principal: Principal, flow: str, execution_id: str, header: tuple, stored: Any, wait: float):
-    """A start of an id that exists: the existing execution if it is this very request (after up to
-    `wait` seconds for it to settle), else 409."""
+def _run_after(body):
+    """The start's not-before time from the body's delay or start_at (None: now)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    if body.delay is not None:
+        return timezone.now() + timedelta(seconds=body.delay)
+    return body.start_at
+
+
+def _existing(principal: Principal, flow: str, execution_id: str, header: tuple, wait: float):
+    """A start of an id that exists: answered as GET would (404) to a token that may not read it; 200 with
+    the execution (after up to `wait` seconds for it to settle) when it is the same starter's start of the
+    same flow; else 409. Never decided by the input (issue #25: comparing a guessed input with the
+    decrypted stored one confirmed withheld personal data to a token that sees it redacted)."""
     existing_flow = header[1]
-    started = _started_payload(execution_id)
-    if not principal.may_read(_started_by(started), existing_flow):
-        raise errors.ExecutionConflict(f"execution {execution_id!r} already exists; choose a new execution_id")
+    starter = _started_by(_started_payload(execution_id))
+    if not principal.may_read(starter, existing_flow):
+        raise errors.UnknownExecutionError(f"execution {execution_id!r} does not exist")
     if existing_flow != flow:
         raise errors.ExecutionConflict(
             f"execution {execution_id!r} already exists for flow {existing_flow!r}, not {flow!r}")
-    # The id is an idempotency key: a repeat must be the same request, not a new one under an old id.
-    if started.get("input") != stored:
-        raise errors.ExecutionConflict(
-            f"execution {execution_id!r} already exists with a different input; "
-            "choose a new execution_id for a new execution")
+    if (starter or "") != principal.name:
+        raise errors.ExecutionConflict(f"execution {execution_id!r} was started by another starter; "
+                                       "choose a new execution_id for a new execution")
+    return _answer_existing(execution_id, header, wait)
+
+
+def _deduplicated(principal: Principal, execution_id: str, header: tuple | None, wait: float) -> HttpResponse:
+    """A start whose dedup id a live execution of the queue holds: that execution (200, created false) to a
+    token that may read it; else 409 (the dedup id is taken)."""
+    if header is None or not principal.may_read(_started_by(_started_payload(execution_id)), header[1]):
+        raise errors.ExecutionConflict("the dedup_id is held by a live execution of the queue; choose another")
+    return _answer_existing(execution_id, header, wait)
+
+
+def _answer_existing(execution_id: str, header: tuple, wait: float) -> HttpResponse:
     if wait and header[0] not in TERMINAL and (waiting := waiter()):
         with waiting:
             header = _wait_settled(execution_id, wait) or header_status(execution_id) or header
-    status, _, result, error = header
+    status, existing_flow, result, error = header
     existing = {"execution_id": execution_id, "flow": existing_flow, "status": status, "result": result,
                 "error": error or None, "created": False}
     return json_response(existing, status=200, headers={"Location": _location(execution_id)})
-
-
-def _reserved(principal: Principal, flow: str, execution_id: str, found, wait: float) -> HttpResponse:
-    """A start of an id reserved by a queued start that has not begun: 200 `queued` (created false)
-    if it is the same request again, else 409, as for an existing execution."""
-    if not principal.may_read(found.started_by or None, found.flow):
-        raise errors.ExecutionConflict(f"execution {execution_id!r} already exists; choose a new execution_id")
-    if found.flow != flow:
-        raise errors.ExecutionConflict(
-            f"execution {execution_id!r} already exists for flow {found.flow!r}, not {flow!r}")
-    if not found.same_request:
-        raise errors.ExecutionConflict(
-            f"execution {execution_id!r} is already queued by another start (another input or token); "
-            "choose a new execution_id for a new execution")
-    header = header_status(execution_id)
-    if header is not None:  # a worker began it meanwhile
-        return _existing(principal, flow, execution_id, header, _started_payload(execution_id).get("input"), wait)
-    return json_response({"execution_id": execution_id, "flow": flow, "status": "queued", "result": None,
-                          "error": None, "created": False}, status=200, headers={"Location": _location(execution_id)})
 
 
 _waiters: threading.BoundedSemaphore | None = None

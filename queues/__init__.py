@@ -19,9 +19,11 @@ from queues.exceptions import InvalidEnqueue, InvalidQueue, QueueError, QueueFul
 
 if TYPE_CHECKING:
     from queues.enqueuing import Enqueued, enqueue
+    from queues.service import run_due
     from queues.store.base import QueueStats
 
-_LAZY = {"enqueue": "queues.enqueuing", "Enqueued": "queues.enqueuing", "QueueStats": "queues.store.base"}
+_LAZY = {"enqueue": "queues.enqueuing", "Enqueued": "queues.enqueuing", "QueueStats": "queues.store.base",
+         "run_due": "queues.service"}
 
 
 def __getattr__(name: str) -> Any:
@@ -90,14 +92,27 @@ def entry_of(execution_id: str, using: str | None = None):
 
 def cancel_pending(execution_id: str, using: str | None = None) -> bool:
     """Cancel a queued start whose run has not begun (pending, or claimed by a worker that has not begun
-    it: that worker then does not start it); False if its run has begun, it finished, or it is unknown."""
+    it: that worker then does not start it), and its queued execution with it (journal.flows.cancel, in the
+    same transaction); False if its run has begun, it finished, or it is unknown."""
+    from journal.atomic import atomic
+    from journal.flows.queued import QUEUED
+    from journal.flows.writer import header_status
     from journal.ids import stored_id_problem
     from queues.store import store_for
 
     if stored_id_problem(execution_id) is not None:
         return False  # nothing to cancel: no entry can have an id the database cannot hold (review R5)
-    return store_for(_home(execution_id, using)).cancel_pending(execution_id)
+    alias = _home(execution_id, using)
+    with atomic(alias):
+        if not store_for(alias).cancel_pending(execution_id):
+            return False
+        header = header_status(execution_id)
+        if header is not None and header[0] == QUEUED:
+            from journal.flows import cancel
+
+            cancel(execution_id, "cancelled before it began")
+    return True
 
 
 __all__ = ["Enqueued", "InvalidEnqueue", "InvalidQueue", "QueueError", "QueueFull", "QueueSpec", "QueueStats",
-           "UnknownQueue",            "cancel_pending", "declare_queue", "enqueue", "entry_of", "stats"]
+           "UnknownQueue",            "cancel_pending", "declare_queue", "enqueue", "entry_of", "run_due", "stats"]

@@ -64,7 +64,9 @@ register(
     Setting("LOOM_QUEUE_RETENTION", float, 86400.0,
             "Seconds a finished queue entry is kept (loom_worker prunes older ones; never inside a rate window).", 0),
     Setting("LOOM_QUEUE_DEFAULT_CONCURRENCY", int, 10,
-            "Cap of a queue a Tasks backend names without declaring it in LOOM_QUEUES.", 1),
+            "Cap of the `default` queue (always declared, unless LOOM_QUEUES or code declares it: API starts, "
+            "hand-overs, cron ticks and starts without a queue run there) and of a queue a Tasks backend names "
+            "without declaring it in LOOM_QUEUES.", 1),
 )
 
 

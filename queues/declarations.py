@@ -78,6 +78,9 @@ _written: dict[tuple[str, str], QueueSpec] = {}  # (alias, name) -> the spec thi
 _lock = threading.Lock()
 
 
+DEFAULT = "default"  # the queue that always exists
+
+
 def declare_queue(name: str, concurrency: int, partition_concurrency: int | None = None,
                   rate_limit: int | None = None, rate_period: float | None = None) -> QueueSpec:
     """Declare a queue in code (a flows module, an AppConfig.ready()); InvalidQueue if unusable.
@@ -89,10 +92,11 @@ def declare_queue(name: str, concurrency: int, partition_concurrency: int | None
 
 
 def declared() -> dict[str, QueueSpec]:
-    """Every queue this process declares: code declarations, then LOOM_QUEUES over them."""
+    """Every queue this process declares: the `default` queue (LOOM_QUEUE_DEFAULT_CONCURRENCY: every door
+    without a queue starts there, so caps apply everywhere), code declarations, then LOOM_QUEUES over them."""
     from queues import conf
 
-    specs = dict(_declared)
+    specs = {DEFAULT: QueueSpec(DEFAULT, conf.get("LOOM_QUEUE_DEFAULT_CONCURRENCY")), **_declared}
     for name, options in conf.get("LOOM_QUEUES").items():
         specs[name] = QueueSpec.from_options(name, options)
     return specs

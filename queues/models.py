@@ -35,7 +35,8 @@ class Queue(models.Model):
 
 
 class QueueEntry(models.Model):
-    """One queued start: its execution id is fixed at enqueue, so running it twice is a no-op."""
+    """One queued start (its execution is written, status queued, in the same transaction) or a handed-over
+    resume of an execution: one entry per execution; the execution's fence makes a second run a no-op."""
 
     STATES = [(PENDING, "pending"), (STARTED, "started"), (DONE, "done"), (CANCELLED, "cancelled")]
 
@@ -45,7 +46,9 @@ class QueueEntry(models.Model):
     queue = models.ForeignKey(Queue, on_delete=models.PROTECT, db_index=False, related_name="entries")
     execution_id = models.CharField(max_length=200, unique=True)
     flow = models.CharField(max_length=200)
-    input = models.TextField(help_text="The flow's input as JSON text (journal/jsonvalues.py rules).")
+    input = models.TextField(help_text="The input as the execution's header shows it (marked fields withheld: the "
+                                       "runner reads the input from the journal); entries written before queued "
+                                       "executions hold the whole input here.")
     meta = models.TextField(blank=True, default="", help_text="$meta of the start as JSON text, or empty.")
     partition_key = models.CharField(max_length=200, null=True, blank=True)
     priority = models.SmallIntegerField(default=0, help_text="-100..100; higher starts first.")
@@ -60,6 +63,11 @@ class QueueEntry(models.Model):
         null=True, blank=True,
         help_text="When the claimer's runner began it (until then a cancel still stops it; review R4).")
     attempts = models.IntegerField(default=0, help_text="Claims (more than one: re-offered after a lost claim).")
+    resume_fence = models.BigIntegerField(
+        null=True, blank=True, help_text="A resume (hand-over): resume the execution from this fence token. Empty: "
+                                         "a start (begin the queued execution).")
+    resume_force = models.BooleanField(default=False, db_default=False,
+                                       help_text="The resume takes over a live owner (hand_over force).")
 
     class Meta:
         ordering = ["-id"]

@@ -10,10 +10,10 @@ which queues have work it could claim (of flows registered here), and for each c
 entries as it has free threads. Every cap is decided by the store's dequeue, serialised per queue in
 the database, never here: this process's memory holds only how many of its own threads are free.
 
-A run is `journal.flows.start` under the execution id fixed at enqueue, with a lease like any run:
-if this process dies, its executions are running executions whose leases expire, and any worker's
-recovery sweep takes them over (they keep their queue slot until they settle). A claim whose
-execution never began is offered again after LOOM_QUEUE_CLAIM_TIMEOUT.
+A run begins the queued execution written at enqueue (journal.flows.queued.run_queued), with a lease
+like any run: if this process dies, its executions are running executions whose leases expire, and any
+worker's recovery sweep takes them over (they keep their queue slot until they settle). A claim whose
+execution never began (still queued) is offered again after LOOM_QUEUE_CLAIM_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -55,37 +55,94 @@ def import_task_flows() -> None:
 
 def run_claimed(claimed, using: str | None = None) -> str:
     """Run one claimed entry to its end in this thread; its status (or "cancelled": cancelled before it
-    began, or no longer this claim's; "duplicate", "halted", "error")."""
-    from journal.flows import ExecutionExists, OwnershipLost, start
+    began, or no longer this claim's; "duplicate": its execution was no longer queued, begun by another
+    claim or settled; "halted", "error", "refused").
+
+    A start entry begins its queued execution (journal.flows.queued.run_queued: the entry's begin, the
+    header's lock, the fence advanced from the enqueue's and status running, in one transaction), then the
+    flow runs from its log. An entry written before queued executions (no header; its input in the row)
+    runs once the old way. A resume entry (a hand-over) resumes from its fence. Only flows registered here
+    run (the dispatcher claims no other), and nothing from the row is imported or unpickled."""
+    from journal.flows import ExecutionExists, FlowError, NotResumable, OwnershipLost, resume, start
+    from journal.flows.queued import LEGACY, NOT_HELD, run_queued
     from queues.models import QueueEntry
     from queues.store import store_for
 
-    # Begin only if the claim still stands (review R4): a cancel that came first wins, and from here on
-    # a cancel is refused (the execution's own cancel applies).
-    if not store_for(using or router.db_for_write(QueueEntry)).begin(claimed.execution_id, claimed.worker,
-                                                                     claimed.attempts):
-        log.info("not started execution=%s flow=%s: cancelled or offered again since the claim",
-                 claimed.execution_id, claimed.flow)
-        return "cancelled"
+    store = store_for(using or router.db_for_write(QueueEntry))
+    eid, flow = claimed.execution_id, claimed.flow
+
+    def claim_holds() -> bool:
+        # Begin only if the claim still stands (review R4): a cancel that came first wins, and from here on
+        # a cancel of the entry is refused (the execution's own cancel applies).
+        return store.begin(eid, claimed.worker, claimed.attempts)
+
     began = time.monotonic()
-    log.info("start execution=%s flow=%s attempt=%d (queued)", claimed.execution_id, claimed.flow, claimed.attempts)
     try:
-        outcome = start(claimed.flow, claimed.input, execution_id=claimed.execution_id, meta=claimed.meta)
+        if claimed.resume_fence is not None:
+            if not claim_holds():
+                outcome = NOT_HELD
+            else:
+                log.info("resume execution=%s flow=%s fence=%s (handed over, queued)", eid, flow, claimed.resume_fence)
+                try:
+                    outcome = resume(eid, force=claimed.resume_force, expected_fence=claimed.resume_fence)
+                except (NotResumable, FlowError) as exc:
+                    log.warning("handed-over resume of %s (fence %s) not run: %s", eid, claimed.resume_fence, exc)
+                    return "refused"
+        else:
+            outcome = run_queued(eid, flow, claim_holds)
+            if outcome == LEGACY:  # an entry written before queued executions: its input is in the row
+                log.info("start execution=%s flow=%s attempt=%d (queued, old entry)", eid, flow, claimed.attempts)
+                outcome = start(flow, claimed.input, execution_id=eid, meta=claimed.meta)
     except ExecutionExists as exists:
-        log.info("duplicate execution=%s flow=%s: already %s, nothing to do", claimed.execution_id, claimed.flow,
-                 exists.status)
+        log.info("duplicate execution=%s flow=%s: already %s, nothing to do", eid, flow, exists.status)
         return "duplicate"
     except OwnershipLost as lost:
-        log.warning("halted execution=%s flow=%s: %s", claimed.execution_id, claimed.flow, lost)
+        log.warning("halted execution=%s flow=%s: %s", eid, flow, lost)
         return "halted"
     except Exception:
-        log.exception("error execution=%s flow=%s duration=%.3fs", claimed.execution_id, claimed.flow,
-                      time.monotonic() - began)
+        log.exception("error execution=%s flow=%s duration=%.3fs", eid, flow, time.monotonic() - began)
         return "error"
+    if outcome in (NOT_HELD, "cancelled"):  # not this claim's any more, or the execution was cancelled
+        log.info("not started execution=%s flow=%s: cancelled or offered again since the claim", eid, flow)
+        return "cancelled"
+    if isinstance(outcome, str):
+        log.info("duplicate execution=%s flow=%s: already %s, nothing to do", eid, flow, outcome)
+        return "duplicate"
     level = logging.WARNING if outcome.status == "failed" else logging.INFO
-    log.log(level, "%s execution=%s flow=%s duration=%.3fs", outcome.status, claimed.execution_id, claimed.flow,
+    log.log(level, "%s execution=%s flow=%s attempt=%d duration=%.3fs", outcome.status, eid, flow, claimed.attempts,
             time.monotonic() - began)
     return outcome.status
+
+
+def run_due(limit: int = 100, owner: str | None = None) -> list[str]:
+    """Claim due entries of the flows registered here, within every queue's caps, and run each in THIS
+    thread (tests, an embedding, a cron, the minute backstop of a qcluster-only deployment); a loom_worker's
+    dispatcher does the same in a pool. Every shard; up to `limit` runs in all. The statuses, in order."""
+    from journal import shards
+    from journal.flows import registry
+    from journal.identity import node_identity
+    from queues.store import store_for
+
+    flows = sorted(registry.registered())
+    owner = owner or node_identity()
+    done: list[str] = []
+    timeout = conf.claim_timeout()
+    for alias in shards.shards() if shards.sharded() else [router.db_for_write(_entry_model())]:
+        store = store_for(alias)
+        while flows and len(done) < limit:
+            claimed = []
+            for name in store.ready_queues(flows, timeout):
+                claimed += store.dequeue(name, owner, limit - len(done) - len(claimed), flows, timeout) or []
+            if not claimed:
+                break
+            done += [run_claimed(entry, alias) for entry in claimed]
+    return done
+
+
+def _entry_model():
+    from queues.models import QueueEntry
+
+    return QueueEntry
 
 
 class Runners:

@@ -32,17 +32,34 @@ def hangs(ctx: Context, seconds: float) -> str:
 
 @contextlib.contextmanager
 def queued_starts_run_inline(monkeypatch) -> Iterator[None]:
-    """django-q2's sync mode for a test: a queued start (or retry) runs inside async_task, in this process,
-    on the test's database, without ownership leases (the runs are short).
+    """Queued starts (and hand-overs, retries) run in this process right after they are queued, on the
+    test's database, without ownership leases (the runs are short): every door queues on the one leased
+    queue (issue #24), and `queues.run_due` runs what is due here, as a worker's dispatcher would.
 
-    django-q2 sends post_spawn in sync mode too, and the leases app's receiver would start a lease
-    keeper thread in the test process that outlives the test: it is disconnected meanwhile.
+    django-q2's sync mode stays on for old-scheme tasks a test queues itself; django-q2 sends post_spawn
+    in sync mode too, and the leases app's receiver would start a lease keeper thread in the test process
+    that outlives the test: it is disconnected meanwhile.
     """
     from django_q.signals import post_spawn
 
+    from journal.flows.handover import RESUME_QUEUES
     from journal.flows.ownership import get_ownership, set_ownership
+    from journal.flows.runtime import QUEUE_STARTS
     from leases.worker import register_q_child
+    from queues import enqueuing
+    from queues.service import run_due
 
+    def then_run(queue_it):
+        def queued(*args, **kwargs):
+            answer = queue_it(*args, **kwargs)
+            run_due()
+            return answer
+
+        return queued
+
+    monkeypatch.setattr("queues.enqueue", then_run(enqueuing.enqueue))
+    doors = (QUEUE_STARTS[:], RESUME_QUEUES[:])
+    QUEUE_STARTS[:], RESUME_QUEUES[:] = [then_run(enqueuing.enqueue)], [then_run(enqueuing.enqueue_resume)]
     monkeypatch.setattr("django_q.conf.Conf.SYNC", True)
     disconnected = post_spawn.disconnect(dispatch_uid="leases.register_q_child")
     installed = get_ownership()
@@ -50,6 +67,7 @@ def queued_starts_run_inline(monkeypatch) -> Iterator[None]:
     try:
         yield
     finally:
+        QUEUE_STARTS[:], RESUME_QUEUES[:] = doors
         set_ownership(installed)
         if disconnected:
             post_spawn.connect(register_q_child, dispatch_uid="leases.register_q_child")

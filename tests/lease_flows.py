@@ -75,3 +75,41 @@ def gated(ctx, value):
     who = ctx.step("wait", wait)
     ctx.step("after", lambda: 3)
     return who
+
+
+def queue_old_scheme_start(flow_name: str, input, execution_id: str, meta: dict | None = None) -> None:
+    """What a start queued before issue #24 left behind (leases.tasks.reserve_and_enqueue, removed): a
+    reservation row of its id and a django-q2 task `leases.tasks.run_start` with the input (marked fields
+    sealed), in one transaction; the migration path's tests deliver such tasks after the upgrade."""
+    from django.db import transaction
+    from django_q.tasks import async_task
+
+    from journal import shards
+    from journal.flows import get_flow
+    from journal.flows.runtime import seal_started
+    from leases.store import store_for
+    from leases.tasks import _alias, _starter, input_hash
+
+    _, stored = get_flow(flow_name).prepare(input)
+    with shards.on_stream(execution_id):
+        sealed = seal_started(flow_name, stored)
+    with transaction.atomic(using=_alias()):
+        store_for(_alias()).reserve_start(execution_id, flow_name, input_hash(stored), _starter(meta))
+        async_task("leases.tasks.run_start", flow_name, sealed, execution_id, meta,
+                   task_name=f"start {flow_name} {execution_id}"[:100], q_options={"timeout": -1})
+
+
+def handed_over() -> list[dict]:
+    """The hand-overs waiting for a worker (issue #24: resume entries on the execution's queue, no longer
+    django-q2 tasks), oldest first: func "resume", args (execution id, fence handed over, force)."""
+    from queues.models import QueueEntry
+
+    return [{"func": "resume", "args": (e.execution_id, e.resume_fence, e.resume_force)}
+            for e in QueueEntry.objects.filter(state="pending", resume_fence__isnull=False).order_by("id")]
+
+
+def run_handed_over_here() -> list[dict]:
+    """Run every due queue entry here, as a worker's dispatcher would (queues.run_due): their statuses."""
+    from queues import run_due
+
+    return [{"status": status} for status in run_due()]

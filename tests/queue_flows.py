@@ -74,3 +74,12 @@ async def asleep(n: int) -> int:
 @task
 def unreturnable() -> object:
     return object()
+
+
+@flow("queues.test.inbox")
+def inbox(ctx, value):
+    """Waits for a message on "go" (sent while it was still queued: messages wait for it), publishes it as
+    the event "got" and returns it."""
+    message = ctx.recv("go", timeout=value.get("timeout", 5))
+    ctx.set_event("got", message)
+    return message

@@ -6,14 +6,12 @@ client (permissions, confirmation pages, what is queued) and the runtime directl
 
 from __future__ import annotations
 
-import pydoc
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.db import connection
-from django_q.models import OrmQ
 
 from journal.flows import (
     ExecutionBusy,
@@ -32,6 +30,7 @@ from leases.keeper import LeaseKeeper
 from leases.ownership import LeaseOwnership
 from leases.store import store_for
 from tests import admin_flows as af
+from tests.lease_flows import handed_over, run_handed_over_here
 
 pytestmark = pytest.mark.django_db
 
@@ -57,18 +56,14 @@ def leased(settings):
 
 
 def queued() -> list[dict]:
-    """The tasks waiting on django-q2's ORM queue (func, args)."""
-    return [row.task for row in OrmQ.objects.all()]
+    """The hand-overs waiting for a worker (issue #24: resume entries on the queue, not django-q2 tasks)."""
+    return handed_over()
 
 
 def run_queued() -> list:
-    """Run every queued task here, as a worker of the cluster would, and empty the queue."""
-    results = []
-    for row in list(OrmQ.objects.all()):
-        task = row.task
-        row.delete()
-        results.append(pydoc.locate(task["func"])(*task["args"], **task["kwargs"]))
-    return results
+    """Run every due queue entry here, as a worker's dispatcher would (issue #24: hand-overs are resume
+    entries on the queue, no longer django-q2 tasks)."""
+    return run_handed_over_here()
 
 
 def crashed(execution_id: str) -> None:
@@ -106,7 +101,7 @@ def test_resume_button_hands_the_run_to_a_worker_instead_of_running_it_in_the_re
     assert Execution.objects.get(pk="ho-1").status == "running"
     assert Fence.objects.current("ho-1") == 1  # the web process took nothing over
     assert any("handed over to a worker" in t for t in texts(response))
-    assert [t["func"] for t in queued()] == ["journal.flows.handover.run_handed_over"]
+    assert [t["func"] for t in queued()] == ["resume"]
     assert run_queued()[0]["status"] == "completed"
     assert Execution.objects.get(pk="ho-1").status == "completed"
     assert Fence.objects.current("ho-1") == 2

@@ -1,6 +1,10 @@
-"""Queued starts reserve their execution id at enqueue (leases.StartReservation): a second start of the id
-is answered from the reservation before any worker began the first, and a worker runs only the start the
-reservation describes. Tasks stay in django-q2's ORM queue here until the test delivers them."""
+"""Repeated starts of one execution id, and the migration path of reservations.
+
+Issue #24: a queued start is an execution at once (status queued), so a second start of its id is answered
+from the execution (issue #25: 200 to the same starter of the same flow, 404 to a token that may not read
+it, as GET answers, else 409; never decided by the input). Reservations (leases.StartReservation) are what
+starts queued before that wrote beside their django-q2 task: a delivered old-scheme task runs only the start
+its reservation describes, once. Entries and old-scheme tasks wait here until the test delivers them."""
 
 from __future__ import annotations
 
@@ -16,7 +20,9 @@ from journal.flows.ownership import get_ownership, set_ownership
 from journal.models import Event, Execution
 from leases.models import StartReservation
 from leases.tasks import enqueue_start, prune_reservations, run_start
+from queues.models import QueueEntry
 from tests import api_flows  # noqa: F401  (registers tests.api.gated)
+from tests.lease_flows import queue_old_scheme_start
 
 pytestmark = pytest.mark.django_db
 
@@ -51,44 +57,48 @@ def get(client: Client, token: str, path: str):
 
 
 def deliver_all() -> list[dict]:
-    """Run every queued task once, as a django-q2 worker would, and empty the queue."""
-    outcomes = []
+    """Run every old-scheme task once, as a django-q2 worker would (each routes its start into the queue),
+    empty django-q2's queue, then run every due queue entry as a dispatcher would."""
+    from queues import run_due
+
     for queued in OrmQ.objects.order_by("id"):
         task = queued.task
-        outcomes.append(run_start(*task["args"], **task["kwargs"]))
+        run_start(*task["args"], **task["kwargs"])
         queued.delete()
-    return outcomes
+    return [{"status": status} for status in run_due()]
 
 
-def test_a_second_start_of_a_queued_id_by_another_token_is_409_and_cannot_take_it_over(client):
-    """The reviewer's repro: before the fix both got 202 created:true, bob's ran, alice's GET was 404."""
+def test_a_second_start_of_a_queued_id_by_another_token_is_404_and_cannot_take_it_over(client):
+    """The reviewer's repro: before the fix both got 202 created:true, bob's ran, alice's GET was 404. Issue
+    #25: bob, who may not read alice's executions, is answered as GET answers him (404), never 409; alice's
+    repeat is hers whatever its input (200, created false, status queued)."""
     path = "/api/flows/calc.add/executions"
     first = post(client, ALICE, path, {"input": {"a": 1, "b": 2}, "execution_id": "X"})
     assert (first.status_code, first.json()["created"]) == (202, True)
     stolen = post(client, BOB, path, {"input": {"a": 100, "b": 200}, "execution_id": "X"})
-    assert stolen.status_code == 409, stolen.content
+    assert stolen.status_code == 404, stolen.content
     changed = post(client, ALICE, path, {"input": {"a": 5, "b": 5}, "execution_id": "X"})
-    assert changed.status_code == 409, changed.content
+    assert (changed.status_code, changed.json()["created"]) == (200, False), changed.content
     again = post(client, ALICE, path, {"input": {"a": 1, "b": 2}, "execution_id": "X"})
     assert again.status_code == 200
     assert again.json() == {"execution_id": "X", "flow": "calc.add", "status": "queued", "result": None,
                             "error": None, "created": False}
-    assert OrmQ.objects.count() == 1  # only alice's first start was queued
+    assert QueueEntry.objects.filter(execution_id="X").count() == 1  # only alice's first start was queued
     queued = get(client, ALICE, "/api/executions/X")
-    assert queued.status_code == 202
-    assert (queued.json()["status"], queued.json()["flow"], queued.json()["events"]) == ("queued", "calc.add", [])
+    assert queued.status_code == 200
+    assert (queued.json()["status"], queued.json()["flow"]) == ("queued", "calc.add")
     assert get(client, BOB, "/api/executions/X").status_code == 404  # bob may not read alice's
     assert [o["status"] for o in deliver_all()] == ["completed"]
     done = get(client, ALICE, "/api/executions/X").json()
     assert (done["status"], done["result"]) == ("completed", 3)
-    assert not StartReservation.objects.exists()  # the execution holds the id now
-    assert post(client, BOB, path, {"input": {"a": 100, "b": 200}, "execution_id": "X"}).status_code == 409
+    assert not StartReservation.objects.exists()
+    assert post(client, BOB, path, {"input": {"a": 100, "b": 200}, "execution_id": "X"}).status_code == 404
 
 
 def test_a_delivered_start_that_is_not_the_reserved_one_does_nothing():
     """A task whose flow, input or starter differ from the id's reservation (one queued by other means)
     is refused by run_start: the reserved start is the one that runs."""
-    enqueue_start("calc.add", {"a": 1, "b": 2}, execution_id="R", meta={"started_by": "alice"})
+    queue_old_scheme_start("calc.add", {"a": 1, "b": 2}, "R", {"started_by": "alice"})
     foreign = run_start("calc.add", {"a": 100, "b": 200}, "R", {"started_by": "bob"})
     assert (foreign["status"], foreign["duplicate"]) == ("refused", True)
     assert not Event.objects.filter(stream_id="R").exists()
@@ -103,22 +113,22 @@ def test_enqueue_start_repeats_are_idempotent_and_a_different_input_is_refused()
     assert enqueue_start("calc.add", {"a": 1, "b": 2}, execution_id="I") == "I"
     with pytest.raises(ExecutionExists):
         enqueue_start("calc.add", {"a": 9, "b": 2}, execution_id="I")
-    assert OrmQ.objects.count() == 1
+    assert QueueEntry.objects.filter(execution_id="I").count() == 1 and not OrmQ.objects.exists()
     deliver_all()
     assert enqueue_start("calc.add", {"a": 1, "b": 2}, execution_id="I") == "I"  # begun: nothing more queued
-    assert OrmQ.objects.count() == 0
+    assert QueueEntry.objects.filter(execution_id="I").count() == 1
 
 
 def test_reservations_of_begun_executions_are_pruned_and_are_no_orphans():
     """A worker that died between the execution's first write and deleting the reservation leaves it;
     the backstop's prune removes it. A reservation has no execution header, so recovery never sees it."""
-    enqueue_start("calc.add", {"a": 1, "b": 2}, execution_id="P1")
-    enqueue_start("calc.add", {"a": 1, "b": 2}, execution_id="P2")
+    queue_old_scheme_start("calc.add", {"a": 1, "b": 2}, "P1")  # queued before issue #24
+    queue_old_scheme_start("calc.add", {"a": 1, "b": 2}, "P2")
     assert not Execution.objects.filter(pk__in=["P1", "P2"]).exists()
     row = StartReservation.objects.get(pk="P1")
     deliver_all()
     StartReservation.objects.bulk_create([row])  # as if the delete had not happened
-    enqueue_start("calc.add", {"a": 1, "b": 2}, execution_id="P3")
+    queue_old_scheme_start("calc.add", {"a": 1, "b": 2}, "P3")
     assert prune_reservations() == 1
     assert list(StartReservation.objects.values_list("pk", flat=True)) == ["P3"]
 
@@ -130,7 +140,7 @@ def test_a_token_scoped_to_some_flows_reads_only_executions_of_those_flows(clien
     assert get(client, CALC, "/api/executions/G").status_code == 404
     assert post(client, CALC, "/api/flows/calc.add/executions", {"input": {"a": 1, "b": 1},
                                                                   "execution_id": "C"}).status_code == 202
-    assert get(client, CALC, "/api/executions/C").status_code == 202
+    assert get(client, CALC, "/api/executions/C").status_code == 200  # issue #24: an execution, queued
 
 
 def test_two_token_entries_with_one_name_are_a_system_check_error(settings):
@@ -160,16 +170,15 @@ def test_a_reservation_keeps_no_bare_hash_of_the_input_and_survives_a_key_rotati
 
     value = {"email": "ann@example.org"}
     bare = hashlib.sha256(json.dumps(value, separators=(",", ":")).encode()).hexdigest()
-    assert enqueue_start("tests.api_reservations.echo", value, execution_id="K") == "K"
+    queue_old_scheme_start("tests.api_reservations.echo", value, "K")  # queued before issue #24
     row = StartReservation.objects.get(execution_id="K")
     assert row.input_hash != bare and row.input_hash == input_hash(value)
     old = settings.SECRET_KEY
     settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "rotated-" + "r" * 50, [old]
     assert input_hash(value) != row.input_hash
-    assert enqueue_start("tests.api_reservations.echo", value, execution_id="K") == "K"  # the same request
     assert OrmQ.objects.count() == 1
     StartReservation.objects.create(execution_id="L", flow="tests.api_reservations.echo", input_hash=bare)
     legacy = run_start("tests.api_reservations.echo", value, "L", None)
-    assert [o["status"] for o in deliver_all()] == ["completed"]
-    assert legacy["status"] == "completed"
+    assert legacy["status"] == "queued"  # routed into the queue
+    assert [o["status"] for o in deliver_all()] == ["completed", "completed"]
     assert Execution.objects.filter(id__in=["K", "L"], status="completed").count() == 2

@@ -25,6 +25,7 @@ from leases import schedules as sc
 from tests import admin_flows as af
 from tests import schedule_flows  # noqa: F401
 from tests.conftest import ROOT
+from tests.lease_flows import handed_over
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -138,10 +139,10 @@ def test_resume_hands_a_crashed_run_to_a_worker_and_refuses_a_settled_one():
     crashed("cli-resume")
     code, _, out = loom("executions", "resume", "cli-resume")
     assert code == 0 and out["handed_over"] is True and out["fence"] == 1
-    assert [row.task["args"][0] for row in OrmQ.objects.all()] == ["cli-resume"]
+    assert [t["args"][0] for t in handed_over()] == ["cli-resume"]  # issue #24: a resume entry, not a q2 task
     start("sched.echo", {}, execution_id="cli-settled")
     assert loom("executions", "resume", "cli-settled")[0] == 1
-    assert OrmQ.objects.count() == 1
+    assert len(handed_over()) == 1
 
 
 def test_retry_records_a_new_attempt_of_a_failed_execution_only():
@@ -198,9 +199,10 @@ def test_queues_lists_caps_depth_and_running_and_filters_executions_by_queue():
         code, _, queues = loom("queues")
         row = next(q for q in queues if q["name"] == "cli-mail")
         assert code == 0 and (row["concurrency"], row["pending"], row["running"]) == (3, 2, 0)
-        start("sched.echo", {"n": 1}, execution_id=first.execution_id)  # as a worker would, for the filter
         start("sched.echo", {}, execution_id="cli-not-queued")
-        assert [r["id"] for r in loom("executions", "list", "--queue", "cli-mail")[2]] == ["cli-q1"]
+        # Issue #24: both queued starts are executions already (status queued), listed with their queue.
+        listed = loom("executions", "list", "--queue", "cli-mail")[2]
+        assert sorted(r["id"] for r in listed) == [first.execution_id, "cli-q2"]
         code, _, out = loom("executions", "cancel", "cli-q2")  # pending, not started: its entry is cancelled
         assert code == 0 and out["queued"] is True
         from queues.models import QueueEntry

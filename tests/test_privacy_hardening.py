@@ -18,12 +18,11 @@ from hypothesis import strategies as st
 from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, TamperedCiphertext
 from journal.flows import describe
-from journal.models import Event
+from journal.models import Event, Execution
 from journal.privacy import keys
 from journal.privacy.codec import RESERVED
 from leases.tasks import run_start
 from tests import privacy_fixtures as fx
-from tests.api_flows import queued_starts_run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -60,26 +59,25 @@ def api_start(client, execution_id: str, email: str):
 
 
 def test_a_queued_start_puts_no_marked_value_in_the_brokers_rows_and_runs(sealed, client, monkeypatch):
-    """The API's start queues the input sealed: neither django-q2's queue row nor (after the run) its task row
-    holds the value; the worker's start writes it once, sealed, and the system reads it back."""
+    """The API's start queues the input sealed (issue #24: the queued execution's EXECUTION_STARTED, sealed by
+    the writer, with its header and entry): no django-q2 row, and neither the entry nor the header holds the
+    value; the worker's run reads it back from the log, and the system reads it back."""
+    from queues import run_due
+    from queues.models import QueueEntry
+
     sealed.LOOM_API_AUTH = True
     sealed.LOOM_API_TOKENS = [{"token": TOKEN, "name": "starter"}]
     assert api_start(client, "pq-1", "queued@example.org").status_code == 202
-    assert OrmQ.objects.count() == 1
-    assert "queued@example.org" not in broker_rows()
-    queued = OrmQ.objects.get().task
-    outcome = run_start(*queued["args"], **queued["kwargs"])
-    assert outcome["status"] == "completed", outcome
+    assert not OrmQ.objects.exists() and "queued@example.org" not in broker_rows()
+    entry = QueueEntry.objects.get(execution_id="pq-1")
+    assert "queued@example.org" not in entry.input + entry.meta
+    assert "queued@example.org" not in json.dumps(Execution.objects.get(pk="pq-1").input)
+    assert run_due() == ["completed"]
     assert describe("pq-1")["input"]["email"] == "queued@example.org"
     started = Event.objects.filter(stream_id="pq-1", seq=0).values_list("payload", flat=True).get()
     started = started if isinstance(started, dict) else json.loads(started)
     assert started["$sealed"] == [[["input", "email"], "c-q"]]  # sealed once, by the enqueue
     assert "queued@example.org" not in json.dumps(started)
-    with queued_starts_run_inline(monkeypatch):
-        assert api_start(client, "pq-2", "synced@example.org").status_code == 202
-    assert Task.objects.filter(name__contains="pq-2").exists()
-    assert describe("pq-2")["status"] == "completed"
-    assert "synced@example.org" not in broker_rows()
 
 
 # -- P2: an aggregate whose event type is marked by declare() ------------------------------------------------------
@@ -306,9 +304,10 @@ def test_a_queued_start_whose_subject_is_forgotten_before_it_runs_starts_nothing
     from journal.models import Execution
     from journal.privacy import forget
     from leases.models import StartReservation
-    from leases.tasks import enqueue_start
+    from tests.lease_flows import queue_old_scheme_start
 
-    enqueue_start("test.privacy.signup", {"customer_id": "c-gone", "email": "gone@example.org"}, "pq-gone")
+    # A start queued before issue #24 (a django-q2 task, its input sealed), delivered after the forget.
+    queue_old_scheme_start("test.privacy.signup", {"customer_id": "c-gone", "email": "gone@example.org"}, "pq-gone")
     forget("c-gone", by="dpo")
     queued = OrmQ.objects.get().task
     outcome = run_start(*queued["args"], **queued["kwargs"])

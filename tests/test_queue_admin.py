@@ -80,7 +80,7 @@ def test_a_schedule_in_a_time_zone_is_made_in_the_admin_which_shows_the_zone_and
 
 
 def test_executions_filter_by_schedule_and_by_queue(admin_client):
-    from queues import declare_queue, enqueue
+    from queues import declare_queue, enqueue, run_due
     from queues.declarations import forget
 
     sc.define("hourly", "0 * * * *", "sched.echo")
@@ -89,7 +89,7 @@ def test_executions_filter_by_schedule_and_by_queue(admin_client):
     declare_queue("adm-q", concurrency=2)
     try:
         enqueue("sched.echo", {"q": 1}, queue="adm-q", execution_id="queued-run")
-        start("sched.echo", {"q": 1}, execution_id="queued-run")
+        run_due()  # a worker begins it (issue #24: the queued execution exists already; start() would refuse)
         by_schedule = admin_client.get("/admin/journal/execution/?schedule=hourly").content.decode()
         assert "sched:hourly:2026-12-01T10:00:00Z" in by_schedule and "plain-run" not in by_schedule
         by_queue = admin_client.get("/admin/journal/execution/?queue=adm-q").content.decode()

@@ -67,10 +67,11 @@ def running(queue: str) -> int:
 
 def test_start_with_a_queue_enqueues_and_runs_nothing_here(queue):
     """journal.flows.start(..., queue=...) is queues.enqueue: an entry with its options, status queued, and a
-    second start with the same dedup id answers the live entry's execution; no event is written yet."""
+    second start with the same dedup id answers the live entry's execution; no step runs here (the execution
+    exists at once, status queued: issue #24)."""
     declare_queue(queue, concurrency=2)
     first = start("queues.test.double", {"n": 1}, queue=queue, priority=5, dedup_id="d-1", partition_key="p")
-    assert first.status == "queued" and not first.ok and not Execution.objects.filter(pk=first.execution_id).exists()
+    assert first.status == "queued" and not first.ok and Execution.objects.get(pk=first.execution_id).status == "queued"
     entry = QueueEntry.objects.get(execution_id=first.execution_id)
     assert (entry.state, entry.priority, entry.partition_key, entry.dedup_id) == ("pending", 5, "p", "d-1")
     again = start("queues.test.double", {"n": 2}, queue=queue, dedup_id="d-1")
@@ -84,8 +85,6 @@ def test_queue_options_without_a_queue_and_a_timeout_on_a_queue_are_refused(queu
     declare_queue(queue, concurrency=1)
     with pytest.raises(InvalidInput, match="give queue="):
         start("queues.test.double", {"n": 1}, dedup_id="x")
-    with pytest.raises(InvalidInput, match="no timeout"):
-        start("queues.test.double", {"n": 1}, queue=queue, timeout=5)
     assert not QueueEntry.objects.filter(queue__name=queue).exists() and not Execution.objects.exists()
 
 
@@ -183,11 +182,11 @@ def test_an_entry_can_be_cancelled_until_its_run_begins(queue):
     assert cancel_pending(a.execution_id)  # claimed, not begun
     assert cancel_pending(c.execution_id)  # pending
     assert run_claimed(claimed_a) == "cancelled"
-    assert not Execution.objects.filter(pk=a.execution_id).exists()
+    assert Execution.objects.get(pk=a.execution_id).status == "cancelled"  # issue #24: it existed, queued
     assert run_claimed(claimed_b) == "completed"
     assert not cancel_pending(b.execution_id) and not cancel_pending("no-such-entry")
     assert claim(queue) == []  # the cancelled ones are never started
-    assert not Execution.objects.filter(pk=c.execution_id).exists()
+    assert Execution.objects.get(pk=c.execution_id).status == "cancelled"
 
 
 @pytest.mark.postgres
@@ -230,7 +229,8 @@ def test_a_cancel_racing_the_runner_either_cancels_or_lets_it_run(queue):
         exists = Execution.objects.filter(pk=eid).exists()
         state = QueueEntry.objects.get(execution_id=eid).state
         if cancelled:
-            assert (run, exists, state) == ("cancelled", False, "cancelled"), eid
+            status = Execution.objects.get(pk=eid).status  # issue #24: the queued execution exists, cancelled
+            assert (run, exists, status, state) == ("cancelled", True, "cancelled", "cancelled"), eid
         else:
             assert run == "completed" and exists and state == "started", eid
 
@@ -257,7 +257,7 @@ def test_a_running_execution_keeps_its_slot_until_it_settles(queue):
     enqueue("queues.test.double", {"n": 1}, queue=queue, execution_id=f"{queue}-run")
     enqueue("queues.test.double", {"n": 2}, queue=queue)
     (entry,) = claim(queue)
-    Execution.objects.create(id=entry.execution_id, flow=entry.flow)  # begun, then its worker died
+    Execution.objects.filter(pk=entry.execution_id).update(status="running")  # begun, then its worker died
     assert claim(queue, timeout=0.0) == []  # not re-offered (it began) and still counted
     Execution.objects.filter(pk=entry.execution_id).update(status="completed")  # e.g. recovered and finished
     assert inputs(claim(queue)) == [2]
@@ -270,7 +270,7 @@ def test_a_stuck_execution_keeps_its_slot(queue):
     enqueue("queues.test.double", {"n": 1}, queue=queue)
     enqueue("queues.test.double", {"n": 2}, queue=queue)
     (entry,) = claim(queue)
-    Execution.objects.create(id=entry.execution_id, flow=entry.flow, status="stuck")
+    Execution.objects.filter(pk=entry.execution_id).update(status="stuck")
     assert claim(queue) == [] and running(queue) == 1
     Execution.objects.filter(pk=entry.execution_id).update(status="cancelled")
     assert inputs(claim(queue)) == [2]

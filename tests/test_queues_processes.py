@@ -175,3 +175,72 @@ def test_django_tasks_run_in_a_worker_process(env):
     failed = queue_flows.explode.get_result(failing.id)
     assert failed.errors[0].exception_class_path == "builtins.ValueError"
     assert all(queue_flows.add.get_result(r.id).worker_ids == ["tw0"] for r in results)
+
+
+def test_api_starts_and_queueless_cron_ticks_obey_the_default_queue_cap_on_no_cluster_workers(
+        child_env, tmp_path, client, settings):
+    """Issue #24: API starts and cron ticks without a queue were django-q2 tasks: outside every cap, and with
+    `loom_worker --no-cluster` they piled up unrun. Now each is a queued execution on the default queue:
+    two --no-cluster workers (6 runner threads) run them all, never more than the default cap at once."""
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from leases import schedules as sc
+    from leases.models import Schedule
+    from queues.store import store_for as queue_store
+    from tests.conftest import ROOT
+
+    cap, token = 2, "ops-token-0123456789abcdef"
+    settings.LOOM_QUEUE_DEFAULT_CONCURRENCY = cap
+    settings.LOOM_API_AUTH, settings.LOOM_API_TOKENS = True, [{"token": token, "name": "ops"}]
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.queue_flows", "LOOM_QUEUE_THREADS": "3",
+           "LOOM_QUEUE_POLL": "0.02", "LOOM_SCHEDULE_EVERY": "0.2", "LOOM_QUEUE_DEFAULT_CONCURRENCY": str(cap),
+           "LOOM_LEASE_MODE": "lazy"}
+    for n in range(8):
+        answer = client.post("/api/flows/queues.test.nap/executions", content_type="application/json",
+                             data=json.dumps({"input": {"seconds": 0.3}, "execution_id": f"qc-api-{n}"}),
+                             headers={"Authorization": f"Bearer {token}"})
+        assert (answer.status_code, answer.json()["status"]) == (202, "queued")
+    sc.define("qc-tick", "* * * * * *", "queues.test.nap", {"seconds": 0.3}, catch_up="all")
+    Schedule.objects.filter(pk="qc-tick").update(next_tick_at=timezone.now() - timedelta(seconds=5))
+
+    def running() -> int:
+        return sum(queue_store().running_by_partition("default").values())
+
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        try:
+            while not stop.wait(0.01):
+                samples.append(running())
+        finally:
+            connection.close()
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    procs = [subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--no-cluster", "--id", f"qc-{i}"],
+                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for i in range(2)]
+    try:
+        def settled() -> tuple[int, int]:
+            done = Execution.objects.filter(status="completed")
+            return done.filter(pk__startswith="qc-api-").count(), done.filter(pk__startswith="sched:qc-tick:").count()
+
+        wait_until(lambda: settled()[0] == 8 and settled()[1] >= 6, "API starts and cron ticks completed",
+                   timeout=120)
+        Schedule.objects.filter(pk="qc-tick").update(enabled=False)
+    finally:
+        stop.set()
+        sampler.join()
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
+    assert max(samples) <= cap, f"{max(samples)} ran at once on the default queue capped at {cap}"
+    assert max(samples) == cap  # the cap was reached: 6 threads, 14 naps
+    ticks = QueueEntry.objects.filter(queue_id="default", execution_id__startswith="sched:qc-tick:")
+    assert ticks.count() == Execution.objects.filter(pk__startswith="sched:qc-tick:").count() >= 6

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from journal.flows import UnknownFlow
 from journal.flows.errors import InvalidInput
+from journal.models import Execution
 from leases import schedules as sc
 from leases.models import Schedule, StartReservation
 from tests import schedule_flows  # noqa: F401  (registers sched.echo)
@@ -26,8 +27,11 @@ T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def queued_ids() -> list[str]:
-    """The execution ids of the starts queued on django-q2's ORM broker (one per task row)."""
-    return sorted(task.task["args"][2] for task in OrmQ.objects.all())
+    """The execution ids of the starts queued on the default queue (a tick without a queue of its own):
+    issue #24, every tick is a queued execution on the one leased queue, no longer a django-q2 task."""
+    from queues.models import QueueEntry
+
+    return sorted(QueueEntry.objects.filter(queue_id="default").values_list("execution_id", flat=True))
 
 
 def set_back(name: str, due: datetime) -> None:
@@ -81,8 +85,9 @@ class TestTicks:
         started = sc.tick()
         assert [s.execution_id for s in started] == [sc.execution_id("every-min", started[0].tick)]
         assert queued_ids() == [started[0].execution_id]
-        assert StartReservation.objects.filter(pk=started[0].execution_id).exists()
-        assert OrmQ.objects.get().task["args"][1] == {"n": 1}  # the input, as JSON (not its text)
+        header = Execution.objects.get(pk=started[0].execution_id)  # issue #24: an execution at once, queued
+        assert (header.status, header.input) == ("queued", {"n": 1})  # the input, as JSON (not its text)
+        assert not OrmQ.objects.exists() and not StartReservation.objects.exists()
         row = Schedule.objects.get(pk="every-min")
         assert row.last_tick_at == started[0].tick and row.last_execution_id == started[0].execution_id
         assert row.next_tick_at > timezone.now() - timedelta(seconds=1)

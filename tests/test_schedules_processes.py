@@ -14,7 +14,6 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from django_q.models import OrmQ
 
 from journal.models import Execution
 from leases import schedules as sc
@@ -37,6 +36,15 @@ print(json.dumps(started))
 """
 
 
+def queued_ticks(prefix: str) -> list[str]:
+    """The ticks queued on the default queue (issue #24: a tick without a queue of its own is a queued
+    execution there, no longer a django-q2 task), by execution id."""
+    from queues.models import QueueEntry
+
+    return sorted(QueueEntry.objects.filter(queue_id="default", execution_id__startswith=prefix)
+                  .values_list("execution_id", flat=True))
+
+
 def test_four_processes_racing_start_every_tick_exactly_once(child_env):
     """An every-second schedule 20 s behind (catch_up=all) and still ticking: four processes tick it
     for 2 s. Each tick is started by exactly one process, none is lost, one queued start per tick."""
@@ -54,8 +62,7 @@ def test_four_processes_racing_start_every_tick_exactly_once(child_env):
     ticks = sorted(ids)
     seconds = [int(eid[-3:-1]) for eid in ticks]  # ...:SSZ, contiguous modulo the minute
     assert all((b - a) % 60 == 1 for a, b in itertools.pairwise(seconds))
-    queued = sorted(task.task["args"][2] for task in OrmQ.objects.all())
-    assert queued == ticks
+    assert queued_ticks("sched:proc-race:") == ticks
 
 
 def test_a_real_worker_fires_a_schedule_and_its_execution_completes(child_env):
@@ -94,12 +101,12 @@ def test_four_loom_workers_start_each_tick_once_even_when_one_is_sigkilled(child
              for i in range(4)]
     try:
         deadline = time.monotonic() + 90
-        while OrmQ.objects.count() < 3:  # the workers are up and ticking
+        while len(queued_ticks("sched:w4:")) < 3:  # the workers are up and ticking
             assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "workers did not tick"
             time.sleep(0.1)
         procs[0].kill()  # SIGKILL: whatever tick it was in rolls back; the others carry on
-        seen = OrmQ.objects.count()
-        while OrmQ.objects.count() < seen + 3:
+        seen = len(queued_ticks("sched:w4:"))
+        while len(queued_ticks("sched:w4:")) < seen + 3:
             assert all(p.poll() is None for p in procs[1:]) and time.monotonic() < deadline, "ticks stopped"
             time.sleep(0.1)
     finally:
@@ -108,7 +115,7 @@ def test_four_loom_workers_start_each_tick_once_even_when_one_is_sigkilled(child
         logs = [proc.communicate(timeout=60)[1] for proc in procs]
     # A worker logs a start after its commit: an id in two logs would be a tick started twice.
     started = [eid for log in logs for eid in re.findall(r"started execution=(sched:w4:\S+)", log)]
-    queued = sorted(task.task["args"][2] for task in OrmQ.objects.all())
+    queued = queued_ticks("sched:w4:")
     assert len(set(started)) == len(started) >= 6 and set(started) <= set(queued)
     assert len(set(queued)) == len(queued)  # one queued start per tick
     seconds = [int(eid[-3:-1]) for eid in queued]

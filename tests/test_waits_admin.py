@@ -9,7 +9,6 @@ The test client checks permissions, plans and what each verb writes (woken in th
 from __future__ import annotations
 
 import os
-import pydoc
 import signal
 import subprocess
 import sys
@@ -17,13 +16,14 @@ import time
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django_q.models import OrmQ
 
 from journal.flows import ownership as own
 from journal.flows import start
 from journal.models import Event, Execution
+from queues.models import QueueEntry
 from tests import edge_waits_flows as wf
 from tests.conftest import ROOT
+from tests.lease_flows import run_handed_over_here
 from tests.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
 
 PAGE = "/admin/journal/execution/{}/change/"
@@ -53,11 +53,9 @@ def wake_all() -> None:
 
 
 def run_queued() -> None:
-    """Run the tasks queued for django-q2 here, as a worker of the cluster would."""
-    for row in list(OrmQ.objects.all()):
-        task = row.task
-        row.delete()
-        pydoc.locate(task["func"])(*task["args"], **task["kwargs"])
+    """Run every due queue entry here, as a worker's dispatcher would (issue #24: hand-overs are resume
+    entries on the queue, no longer django-q2 tasks)."""
+    run_handed_over_here()
 
 
 def types(execution_id: str) -> list[str]:
@@ -174,7 +172,7 @@ def test_suspend_asks_first_then_resume_hands_the_run_to_a_worker(admin_client, 
     page = admin_client.get(PAGE.format("ad-susp")).content.decode()
     assert "loom-resume-button" in page and "loom-suspend-button" not in page
     admin_client.post("/admin/journal/execution/ad-susp/resume/")
-    assert OrmQ.objects.count() == 1  # handed to a worker, not run in the request
+    assert QueueEntry.objects.filter(execution_id="ad-susp", state="pending").count() == 1  # handed to a worker
     run_queued()
     assert Execution.objects.get(pk="ad-susp").status == "waiting"  # it waits for its message again
 

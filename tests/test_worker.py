@@ -25,7 +25,7 @@ from leases.models import Lease, Worker
 from leases.recovery import prune_workers
 from leases.store import store_for
 from leases.tasks import SCHEDULE_NAME, enqueue_start, ensure_schedule, run_start
-from tests.lease_flows import create_effects_table, effects
+from tests.lease_flows import create_effects_table, effects, queue_old_scheme_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,16 +53,16 @@ def running(eid: str, flow: str = "leases.noop") -> str:
 # -- queued starts ---------------------------------------------------------------------------------
 
 def test_enqueue_start_returns_the_execution_id_not_the_task_id():
-    """Without an execution_id the id is minted at enqueue time and returned; the queued task
-    carries it, so every delivery of the task starts that one execution."""
+    """Without an execution_id the id is minted at enqueue time and returned. Issue #24: enqueue_start is
+    queues.enqueue on the default queue: the execution exists at once (queued), no django-q2 task is made,
+    and a dispatcher (run_due here) runs it."""
+    from queues import run_due
+
     eid = enqueue_start("leases.noop", {})
     given = enqueue_start("leases.noop", {}, execution_id="chosen-1")
-    tasks = queued()
-    assert given == "chosen-1"
-    assert sorted(t["args"][2] for t in tasks) == sorted([eid, "chosen-1"])
-    assert eid not in {t["id"] for t in tasks}  # not django-q2's task id
-    assert not Execution.objects.filter(id=eid).exists()  # queued, not started
-    run_start(*tasks[[t["args"][2] for t in tasks].index(eid)]["args"])
+    assert given == "chosen-1" and not queued()
+    assert Execution.objects.get(id=eid).status == "queued"  # queued, not started
+    assert sorted(run_due()) == ["completed", "completed"]
     assert Execution.objects.get(id=eid).status == "completed"
 
 
@@ -77,28 +77,36 @@ def test_a_bad_queued_start_is_refused_to_the_caller_and_nothing_is_queued():
 
 
 def test_a_second_delivery_of_a_queued_start_runs_nothing():
-    """The broker re-delivers a task whose worker died (Q_CLUSTER retry): the second delivery
-    finds the execution and does nothing, so each step's effect exists once."""
+    """The broker re-delivers a task whose worker died (Q_CLUSTER retry). An old-scheme task (queued before
+    issue #24) is routed into the queue: the first delivery queues its execution, the second finds it and
+    does nothing, and the dispatcher runs it once: each step's effect exists once."""
+    from queues import run_due
+
     create_effects_table()
-    eid = enqueue_start("leases.steps", {"n": 3, "pause": 0})
+    queue_old_scheme_start("leases.steps", {"n": 3, "pause": 0}, "old-steps")
     (task,) = queued()
     first = run_start(*task["args"])
     second = run_start(*task["args"])
-    assert first == {"execution_id": eid, "status": "completed"}
-    assert second == {"execution_id": eid, "status": "completed", "duplicate": True}
-    assert [e for e in effects() if e[0] == eid] == [(eid, "s000"), (eid, "s001"), (eid, "s002")]
+    assert first == {"execution_id": "old-steps", "status": "queued", "duplicate": False}
+    assert second == {"execution_id": "old-steps", "status": "queued", "duplicate": True}
+    assert run_due() == ["completed"] and run_due() == []
+    assert run_start(*task["args"])["duplicate"] is True  # a third delivery, after the run: nothing
+    assert [e for e in effects() if e[0] == "old-steps"] == [("old-steps", f"s00{n}") for n in range(3)]
 
 
 def test_queued_starts_and_recoveries_are_logged_with_id_flow_fence_and_duration(caplog):
-    eid = enqueue_start("leases.noop", {})
+    from queues import run_due
+
+    queue_old_scheme_start("leases.noop", {}, "old-noop")
     (task,) = queued()
     with caplog.at_level(logging.INFO, logger="loom"):
         run_start(*task["args"])
         run_start(*task["args"])
-    lines = [r.getMessage() for r in caplog.records if r.name == "loom.worker"]
-    assert f"start execution={eid} flow=leases.noop fence=1 (queued)" in lines
-    assert any(line.startswith(f"completed execution={eid} flow=leases.noop fence=1 duration=") for line in lines)
-    assert any(line.startswith(f"duplicate execution={eid}") for line in lines)
+        run_due()
+    lines = [r.getMessage() for r in caplog.records if r.name in ("loom.worker", "loom.queues")]
+    assert "old-scheme start execution=old-noop flow=leases.noop: queued on default" in lines
+    assert any(line.startswith("duplicate execution=old-noop") for line in lines)
+    assert any(line.startswith("completed execution=old-noop flow=leases.noop attempt=1 duration=") for line in lines)
 
 
 def test_the_recovery_backstop_saves_no_successes_in_django_q2():
@@ -259,12 +267,12 @@ def test_a_queued_start_that_raised_stays_in_the_orm_queue_for_another_worker(mo
     from django_q.signing import SignedPackage
 
     from journal.flows import UnknownFlow
-    from leases.tasks import enqueue_start, run_start
+    from leases.tasks import run_start
 
     if max_attempts is not None:
         monkeypatch.setattr(Conf, "MAX_ATTEMPTS", max_attempts)
     assert (0 if max_attempts is None else max_attempts) == Conf.MAX_ATTEMPTS
-    enqueue_start("calc.add", {"a": 1, "b": 2}, execution_id="raised-1")
+    queue_old_scheme_start("calc.add", {"a": 1, "b": 2}, "raised-1")  # a task queued before issue #24
     broker = get_broker()
     [(ack_id, payload)] = broker.dequeue()
     task = SignedPackage.loads(payload)

@@ -11,6 +11,9 @@ from journal.flows.state import ExecutionState
 from journal.timestamps import stamp
 
 PARKED = frozenset({"waiting", "suspended"})
+# Statuses the header knows and the log does not (it says "not settled"): parked, or queued (accepted, not
+# begun: journal/flows/queued.py).
+FROM_HEADER = PARKED | {"queued"}
 
 
 def timeline(events) -> list[dict[str, Any]]:
@@ -100,8 +103,9 @@ def describe(execution_id: str, reader=None) -> dict[str, Any]:
     return {
         "execution_id": execution_id,
         "flow": state.flow,
-        # A parked execution's log says it is not settled; its header says how it waits.
-        "status": header.get("status") if not state.settled and header.get("status") in PARKED else state.status,
+        # A parked or queued execution's log says it is not settled; its header says how it waits.
+        "status": header.get("status") if not state.settled and header.get("status") in FROM_HEADER
+        else state.status,
         "input": state.input,
         "result": state.result,
         "error": state.error or None,

@@ -365,8 +365,9 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
 
     queue (and partition_key, priority, dedup_id): the start is queued on that queue (the queues app,
     docs/queues.md) and a loom_worker runs it within the queue's caps; Outcome status "queued", with the
-    execution id (the existing one when dedup_id matched a live entry). start_at/delay become the
-    entry's not-before time.
+    execution id (the existing one when dedup_id matched a live entry). The execution exists at once
+    (status queued: it can be shown, cancelled, messaged). start_at/delay become the entry's not-before
+    time; timeout the execution's deadline, from now.
     """
     if queue is not None:
         return _queued_start(flow, input, execution_id, meta, queue, start_at, delay, timeout,
@@ -433,11 +434,9 @@ def _queued_start(flow, input, execution_id, meta, queue, start_at, delay, timeo
     """start(..., queue=...): an entry on the queue, nothing run here (checked and written by the queues app)."""
     if not QUEUE_STARTS:
         raise InvalidInput("start(queue=...) needs the queues app in INSTALLED_APPS (docs/queues.md)")
-    if timeout is not None:
-        raise InvalidInput("a queued start takes no timeout= (start it with one from a flow, or without a queue)")
     run_after = _start_due(start_at, delay)
     queued = QUEUE_STARTS[0](flow, input, queue, execution_id=execution_id, partition_key=partition_key,
-                             priority=priority, dedup_id=dedup_id, run_after=run_after, meta=meta)
+                             priority=priority, dedup_id=dedup_id, run_after=run_after, meta=meta, timeout=timeout)
     return Outcome(queued.execution_id, "queued")
 
 
@@ -591,6 +590,9 @@ def _retry_view(execution_id: str) -> tuple[int | None, tuple[str, str, Any, str
 # a queued execution is counted against its queue's cap again, or refused when the queue is full),
 # so that journal never imports it.
 RERUN_HOOKS: list = []
+# Callables (execution_id) run once a cancel settled an execution (queues: its pending entry is cancelled,
+# so a queued execution's entry never begins); best effort: the dequeue treats a settled header as done.
+CANCEL_HOOKS: list = []
 
 
 @shards.by_stream
@@ -690,6 +692,8 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     except Halt as halt:
         raise halt.error from None
     runner.after_settle()
+    for hook in CANCEL_HOOKS:
+        hook(execution_id)
     waits.cancel_children(execution_id, children, reason)
     return Outcome(execution_id, CANCELLED, None, reason)
 
@@ -697,12 +701,12 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
 @shards.by_stream
 def outcome_of(execution_id: str) -> Outcome:
     """The outcome as the log says now (a bounded read); while it is not settled, running, or waiting /
-    suspended as its header says when it is parked."""
+    suspended / queued as its header says when it is parked or not begun."""
     state = load_state(execution_id)
     status = state.status
     if not state.settled:
         header = writer.header_status(execution_id)
-        if header is not None and header[0] in PARKED:
+        if header is not None and (header[0] in PARKED or header[0] == "queued"):  # the log cannot tell these
             status = header[0]
     return Outcome(execution_id, status, state.result, state.error or None)
 

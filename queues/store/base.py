@@ -23,6 +23,21 @@ from journal.store.base import EXECUTION_STATUS_OF, DatabaseBound
 SETTLED = ("completed", "failed", "cancelled")
 
 
+def not_begun(q: str, status: str) -> str:
+    """SQL: the claimed entry `q`'s run has not begun (its claim may be offered again). A start entry: its
+    execution is still queued (or, written before queued executions, has no header yet: NULL). A resume
+    entry (a hand-over): its runner has not begun it (begun_at: its begin and the resume's takeover follow
+    each other; a worker that dies between them leaves a running execution the recovery sweep takes over)."""
+    return (f"(({q}.resume_fence IS NULL AND COALESCE({status}, 'queued') = 'queued')"
+            f" OR ({q}.resume_fence IS NOT NULL AND {q}.begun_at IS NULL))")
+
+
+def begun_late(x: str) -> str:
+    """SQL: a start entry offered again whose first claimer began it late after all (its execution left
+    `queued`): it is started again (counted). Never a resume entry (its execution runs before it began)."""
+    return f"({x}.resume_fence IS NULL AND {x}.status IS NOT NULL AND {x}.status <> 'queued')"
+
+
 @dataclass(frozen=True, slots=True)
 class NewEntry:
     """A start to queue, validated and encoded before any SQL (queues/enqueuing.py)."""
@@ -39,6 +54,9 @@ class NewEntry:
     # The enqueuing process's declaration of the queue (concurrency, partition_concurrency, rate_limit,
     # rate_period): the row is created with it if it is missing, in the same statement or transaction.
     caps: tuple | None = None
+    # A resume entry (journal.flows.hand_over): resume the execution from this fence token (else a start).
+    resume_fence: int | None = None
+    resume_force: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +79,8 @@ class Claimed:
     meta: dict | None
     attempts: int
     worker: str = ""  # who claimed it: the runner's begin is conditional on its own claim
+    resume_fence: int | None = None  # a resume entry: resume from this fence (else: begin a start)
+    resume_force: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +164,12 @@ class QueueStore(DatabaseBound, ABC):
         """Queue a start; None when inserted. When a live entry (pending or started, whose execution has
         not settled) of the queue holds the dedup id, or any entry holds the execution id, nothing is
         written and that entry is returned. Racing inserts of one dedup id or execution id: one wins."""
+
+    @abstractmethod
+    def upsert_resume(self, entry: NewEntry) -> bool:
+        """Queue a resume of an existing execution (entry.resume_fence set): its entry, if it has one, is
+        pending again as a resume (in its own queue: the caller names it), else one is inserted. False
+        (nothing written) when its entry is a pending start (the execution is queued: a worker begins it)."""
 
     @abstractmethod
     def ready_queues(self, flows: Sequence[str], claim_timeout: float) -> list[str]:

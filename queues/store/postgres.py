@@ -13,9 +13,22 @@ from __future__ import annotations
 
 from journal.atomic import atomic
 from journal.store.base import EXECUTION_STATUS_OF
-from queues.store.base import SETTLED, Caps, Claimed, Existing, QueueStats, QueueStore, check_room, decode
+from queues.store.base import (
+    SETTLED,
+    Caps,
+    Claimed,
+    Existing,
+    QueueStats,
+    QueueStore,
+    begun_late,
+    check_room,
+    decode,
+    not_begun,
+)
 
 STATUS = EXECUTION_STATUS_OF.format(eid="q.execution_id")
+NOT_BEGUN = not_begun("q", STATUS)
+NOT_BEGUN_X, BEGUN_LATE_X = not_begun("x", "x.status"), begun_late("x")
 SETTLED_SQL = "(" + ", ".join(f"'{s}'" for s in SETTLED) + ")"
 
 # -- has_queue --
@@ -37,7 +50,8 @@ ON CONFLICT (name) DO UPDATE SET concurrency = EXCLUDED.concurrency,
 # it done: mark it now, so that the insert below is not refused by a finished execution.
 FREE_DEDUP = f"""
 UPDATE queues_entry q SET state = 'done', finished_at = now()
-WHERE q.queue_id = %(queue)s AND q.dedup_id = %(dedup)s AND q.state = 'started' AND {STATUS} IN {SETTLED_SQL}
+WHERE q.queue_id = %(queue)s AND q.dedup_id = %(dedup)s AND q.state IN ('pending', 'started')
+  AND {STATUS} IN {SETTLED_SQL}
 """
 
 # -- enqueue: insert --
@@ -83,6 +97,33 @@ ORDER BY by_dedup DESC
 LIMIT 1
 """
 
+# -- upsert_resume --
+# A hand-over's resume (journal.flows.handover): the execution's one entry (execution_id is unique) is
+# pending again as a resume from the handed-over fence, in its own queue, or a new entry in the queue
+# named; never over a pending start (the execution is queued: its start entry begins it). The upsert
+# locks the entry row: it orders with a begin and a cancel like any update of the row. Notified as an
+# insert is.
+UPSERT_RESUME = """
+WITH queue_row AS (
+    INSERT INTO queues_queue (name, concurrency, partition_concurrency, rate_limit, rate_period, updated_at)
+    SELECT %(queue)s, %(concurrency)s, %(partition_cap)s, %(rate)s, %(period)s, now()
+    WHERE %(concurrency)s::int IS NOT NULL
+    ON CONFLICT (name) DO NOTHING
+), up AS (
+    INSERT INTO queues_entry (queue_id, execution_id, flow, input, meta, partition_key, priority, dedup_id, state,
+                              run_after, enqueued_at, worker, attempts, resume_fence, resume_force)
+    VALUES (%(queue)s, %(eid)s, %(flow)s, '', '', NULL, %(priority)s, NULL, 'pending', now(), now(), '', 0,
+            %(fence)s, %(force)s)
+    ON CONFLICT (execution_id) DO UPDATE SET state = 'pending', resume_fence = EXCLUDED.resume_fence,
+        resume_force = EXCLUDED.resume_force, run_after = now(), worker = '', begun_at = NULL, finished_at = NULL
+    WHERE queues_entry.state <> 'pending' OR queues_entry.resume_fence IS NOT NULL
+    RETURNING queue_id
+), note AS (
+    SELECT pg_notify(%(channel)s, queue_id) FROM up WHERE %(channel)s <> ''
+)
+SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM note)
+"""
+
 # -- ready_queues --
 # Per queue row, one probe of the due index (queues_entry_due: the range run_after <= now(), so entries
 # deferred to later are never read; stops at the first due entry of a known flow) and one
@@ -92,7 +133,7 @@ SELECT qq.name FROM queues_queue qq
 WHERE EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'
               AND q.run_after <= now() AND q.flow = ANY(%(flows)s::text[]))
    OR EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'started'
-              AND q.started_at < now() - %(timeout)s::float8 * interval '1 second' AND {STATUS} IS NULL)
+              AND q.started_at < now() - %(timeout)s::float8 * interval '1 second' AND {NOT_BEGUN})
 """
 
 # -- next_due --
@@ -137,11 +178,11 @@ UPDATE queues_entry q SET state = y.next, finished_at = CASE WHEN y.next = 'done
 FROM (
     SELECT x.id, CASE
         WHEN x.status IN {SETTLED_SQL} THEN 'done'
-        WHEN x.state = 'started' AND x.status IS NULL
+        WHEN x.state = 'started' AND {NOT_BEGUN_X}
              AND x.started_at < now() - %(timeout)s::float8 * interval '1 second' THEN 'pending'
-        WHEN x.state = 'pending' AND x.status IS NOT NULL THEN 'started'
+        WHEN x.state = 'pending' AND {BEGUN_LATE_X} THEN 'started'
     END AS next
-    FROM (SELECT q.id, q.state, q.started_at, {STATUS} AS status FROM queues_entry q
+    FROM (SELECT q.id, q.state, q.started_at, q.begun_at, q.resume_fence, {STATUS} AS status FROM queues_entry q
           WHERE q.queue_id = %(queue)s AND (q.state = 'started' OR (q.state = 'pending' AND q.attempts > 0))) x
 ) y
 WHERE q.id = y.id AND y.next IS NOT NULL AND y.next <> q.state
@@ -184,7 +225,7 @@ CLAIM = """
 UPDATE queues_entry SET state = 'started', started_at = now(), worker = %(owner)s, attempts = attempts + 1,
     begun_at = NULL
 WHERE id = ANY(%(ids)s::bigint[])
-RETURNING id, execution_id, flow, input, meta, attempts
+RETURNING id, execution_id, flow, input, meta, attempts, resume_fence, resume_force
 """
 
 # -- queue_stats --
@@ -213,13 +254,17 @@ WHERE qq.name = q.queue_id AND q.state IN ('done', 'cancelled')
 """
 
 # -- cancel_pending --
-# Pending, or claimed and not begun (no begin, no header). The UPDATE locks the entry row: it waits for
-# a dequeue that locked the row as a candidate, or for the runner's begin; either way the WHERE is
-# re-checked on the row they committed, so a cancel and a begin never both succeed.
+# Pending, or claimed and not begun (no begin; its execution still queued, or just cancelled by
+# journal.flows.cancel, whose hook calls this; or no header: an old entry).
+# The UPDATE locks the entry row: it waits for a dequeue that locked the row as a candidate, or for the
+# runner's begin; either way the WHERE is re-checked on the row they committed, so a cancel and a begin
+# never both succeed. The re-check is of begun_at, a column of the row itself: the header's status is a
+# subquery, which the re-check reads in the statement's first snapshot (still queued), not the begin's.
 CANCEL_PENDING = f"""
 UPDATE queues_entry q SET state = 'cancelled', finished_at = now()
 WHERE q.execution_id = %s AND (q.state = 'pending'
-    OR (q.state = 'started' AND q.begun_at IS NULL AND {STATUS} IS NULL))
+    OR (q.state = 'started' AND q.begun_at IS NULL
+        AND (q.resume_fence IS NOT NULL OR COALESCE({STATUS}, 'queued') IN ('queued', 'cancelled'))))
 """
 
 # -- begin --
@@ -287,6 +332,13 @@ class PostgresQueueStore(QueueStore):
                 return Existing(eid, flow, decode(text), bool(by_dedup))
         raise RuntimeError(f"enqueue of {entry.execution_id!r} kept conflicting with entries that vanished")
 
+    def upsert_resume(self, entry):
+        params = {"queue": entry.queue, "eid": entry.execution_id, "flow": entry.flow, "priority": entry.priority,
+                  "fence": entry.resume_fence, "force": entry.resume_force, "channel": channel(),
+                  **dict(zip(("concurrency", "partition_cap", "rate", "period"), entry.caps or (None,) * 4,
+                             strict=True))}
+        return self._rows(UPSERT_RESUME, params)[0][0] == 1
+
     def ready_queues(self, flows, claim_timeout):
         return [r[0] for r in self._rows(READY_QUEUES, {"flows": list(flows), "timeout": claim_timeout})]
 
@@ -316,7 +368,8 @@ class PostgresQueueStore(QueueStore):
                 return []
             rows = self._rows(CLAIM, {"ids": ids, "owner": owner})
         by_id = {r[0]: r for r in rows}
-        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner) for r in (by_id[i] for i in ids)]
+        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner, r[6], bool(r[7]))
+                for r in (by_id[i] for i in ids)]
 
     def queue_stats(self):
         return [QueueStats(*r) for r in self._rows(QUEUE_STATS, [])]

@@ -15,9 +15,22 @@ from datetime import UTC, datetime, timedelta
 from journal.atomic import atomic
 from journal.store.base import EXECUTION_STATUS_OF
 from leases.store.sqlite import stamp
-from queues.store.base import SETTLED, Caps, Claimed, Existing, QueueStats, QueueStore, check_room, decode
+from queues.store.base import (
+    SETTLED,
+    Caps,
+    Claimed,
+    Existing,
+    QueueStats,
+    QueueStore,
+    begun_late,
+    check_room,
+    decode,
+    not_begun,
+)
 
 STATUS = EXECUTION_STATUS_OF.format(eid="q.execution_id")
+NOT_BEGUN = not_begun("q", STATUS)
+NOT_BEGUN_X, BEGUN_LATE_X = not_begun("x", "x.status"), begun_late("x")
 SETTLED_SQL = "(" + ", ".join(f"'{s}'" for s in SETTLED) + ")"
 FLOWS = "(SELECT value FROM json_each(%(flows)s))"
 
@@ -36,7 +49,8 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency,
 # -- enqueue: free the dedup id -- (see postgres.py)
 FREE_DEDUP = f"""
 UPDATE queues_entry AS q SET state = 'done', finished_at = %(now)s
-WHERE q.queue_id = %(queue)s AND q.dedup_id = %(dedup)s AND q.state = 'started' AND {STATUS} IN {SETTLED_SQL}
+WHERE q.queue_id = %(queue)s AND q.dedup_id = %(dedup)s AND q.state IN ('pending', 'started')
+  AND {STATUS} IN {SETTLED_SQL}
 """
 
 # -- enqueue: queue row -- (see postgres.py: created from the enqueuer's declaration if missing)
@@ -67,13 +81,25 @@ ORDER BY by_dedup DESC
 LIMIT 1
 """
 
+# -- upsert_resume -- (see postgres.py; the queue row first, as an enqueue does)
+UPSERT_RESUME = """
+INSERT INTO queues_entry (queue_id, execution_id, flow, input, meta, partition_key, priority, dedup_id, state,
+                          run_after, enqueued_at, worker, attempts, resume_fence, resume_force)
+VALUES (%(queue)s, %(eid)s, %(flow)s, '', '', NULL, %(priority)s, NULL, 'pending', %(now)s, %(now)s, '', 0,
+        %(fence)s, %(force)s)
+ON CONFLICT (execution_id) DO UPDATE SET state = 'pending', resume_fence = excluded.resume_fence,
+    resume_force = excluded.resume_force, run_after = excluded.run_after, worker = '', begun_at = NULL,
+    finished_at = NULL
+WHERE queues_entry.state <> 'pending' OR queues_entry.resume_fence IS NOT NULL
+"""
+
 # -- ready_queues -- (see postgres.py)
 READY_QUEUES = f"""
 SELECT qq.name FROM queues_queue qq
 WHERE EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'
               AND q.run_after <= %(now)s AND q.flow IN {FLOWS})
    OR EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'started'
-              AND q.started_at < %(claim_cutoff)s AND {STATUS} IS NULL)
+              AND q.started_at < %(claim_cutoff)s AND {NOT_BEGUN})
 """
 
 # -- next_due -- (see postgres.py; SQLite never notifies, so only tests and the contract read it)
@@ -93,10 +119,10 @@ UPDATE queues_entry SET state = y.next,
 FROM (
     SELECT x.id, CASE
         WHEN x.status IN {SETTLED_SQL} THEN 'done'
-        WHEN x.state = 'started' AND x.status IS NULL AND x.started_at < %(claim_cutoff)s THEN 'pending'
-        WHEN x.state = 'pending' AND x.status IS NOT NULL THEN 'started'
+        WHEN x.state = 'started' AND {NOT_BEGUN_X} AND x.started_at < %(claim_cutoff)s THEN 'pending'
+        WHEN x.state = 'pending' AND {BEGUN_LATE_X} THEN 'started'
     END AS next
-    FROM (SELECT q.id, q.state, q.started_at, {STATUS} AS status FROM queues_entry q
+    FROM (SELECT q.id, q.state, q.started_at, q.begun_at, q.resume_fence, {STATUS} AS status FROM queues_entry q
           WHERE q.queue_id = %(queue)s AND (q.state = 'started' OR (q.state = 'pending' AND q.attempts > 0))) x
 ) y
 WHERE queues_entry.id = y.id AND y.next IS NOT NULL AND y.next <> queues_entry.state
@@ -120,7 +146,7 @@ CLAIM = """
 UPDATE queues_entry SET state = 'started', started_at = %(now)s, worker = %(owner)s, attempts = attempts + 1,
     begun_at = NULL
 WHERE id IN (SELECT value FROM json_each(%(ids)s))
-RETURNING id, execution_id, flow, input, meta, attempts
+RETURNING id, execution_id, flow, input, meta, attempts, resume_fence, resume_force
 """
 
 # -- queue_stats -- (see postgres.py: one grouped pass over the pending set)
@@ -149,7 +175,8 @@ WHERE state IN ('done', 'cancelled') AND finished_at < %(cutoff)s
 CANCEL_PENDING = f"""
 UPDATE queues_entry AS q SET state = 'cancelled', finished_at = %s
 WHERE q.execution_id = %s AND (q.state = 'pending'
-    OR (q.state = 'started' AND q.begun_at IS NULL AND {STATUS} IS NULL))
+    OR (q.state = 'started' AND q.begun_at IS NULL
+        AND (q.resume_fence IS NOT NULL OR COALESCE({STATUS}, 'queued') IN ('queued', 'cancelled'))))
 """
 BEGIN = """
 UPDATE queues_entry SET begun_at = %s
@@ -197,6 +224,16 @@ class SqliteQueueStore(QueueStore):
             eid, flow, text, by_dedup = self._rows(EXISTING_ENTRY, params)[0]
         return Existing(eid, flow, decode(text), bool(by_dedup))
 
+    def upsert_resume(self, entry):
+        with atomic(self.alias):
+            params = {"queue": entry.queue, "eid": entry.execution_id, "flow": entry.flow,
+                      "priority": entry.priority, "fence": entry.resume_fence, "force": entry.resume_force,
+                      "now": stamp(_now())}
+            if entry.caps is not None:
+                self._count(ENSURE_QUEUE, {**params, **dict(zip(("concurrency", "partition_cap", "rate", "period"),
+                                                                 entry.caps, strict=True))})
+            return self._count(UPSERT_RESUME, params) == 1
+
     def ready_queues(self, flows, claim_timeout):
         now = _now()
         return [r[0] for r in self._rows(READY_QUEUES, {
@@ -233,7 +270,8 @@ class SqliteQueueStore(QueueStore):
                 return []
             rows = self._rows(CLAIM, {"ids": json.dumps(ids), "owner": owner, "now": stamp(now)})
         by_id = {r[0]: r for r in rows}
-        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner) for r in (by_id[i] for i in ids)]
+        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner, r[6], bool(r[7]))
+                for r in (by_id[i] for i in ids)]
 
     def queue_stats(self):
         return [QueueStats(*r) for r in self._rows(QUEUE_STATS, {"now": stamp(_now())})]
