@@ -76,6 +76,7 @@ class _TaskPages(SafeChangeList):
     """What Success and Failure pages share: pickled columns deferred, read as text, decoded safely."""
 
     actions = [resubmit_task]
+    withheld_lookups = PICKLED
 
     def get_queryset(self, request: HttpRequest):
         texts = {f"{column}_text": Cast(column, output_field=TextField()) for column in PICKLED}
