@@ -54,3 +54,36 @@ def test_the_cleanup_deletes_expired_attempts_for_staff_who_may_delete_them(clie
     assert response.status_code == 302
     assert list(AccessAttempt.objects.values_list("username", flat=True)) == ["fresh"]
     assert "Cleaned up 1 expired access attempts." in client.get(response["Location"]).content.decode()
+
+
+# -- sessions: nothing in the database to replay --------------------------------------------------------------
+
+def test_a_database_reader_finds_no_session_to_replay(client):
+    """Before (the database session engine): a role that may only SELECT read the superuser's live session
+    key from django_session, sent it as its own cookie and had the admin. Now nothing there lets a second
+    client in: loomsite keeps sessions in a signed cookie."""
+    from django.contrib.sessions.models import Session
+    from django.test import Client
+
+    User.objects.create_superuser("root", "root@example.com", "a long passphrase 42")
+    login = client.post(reverse("admin:login"), {"username": "root", "password": "a long passphrase 42",
+                                                 "next": reverse("admin:index")})
+    assert login.status_code == 302 and client.get(reverse("admin:index")).status_code == 200
+    stored = list(Session.objects.values_list("session_key", flat=True))
+    for key in stored:  # what a reader of django_session would replay
+        replayer = Client()
+        replayer.cookies["sessionid"] = key
+        assert replayer.get(reverse("admin:index")).status_code == 302  # to the login page
+    assert stored == []
+
+
+def test_the_check_warns_a_host_project_that_keeps_sessions_in_the_database(settings):
+    from journal.checks import check_session_engine
+
+    assert check_session_engine() == []  # loomsite: signed cookies
+    for engine in ("django.contrib.sessions.backends.db", "django.contrib.sessions.backends.cached_db"):
+        settings.SESSION_ENGINE = engine
+        warnings = check_session_engine()
+        assert [w.id for w in warnings] == ["loom.W040"] and "docs/security.md" in warnings[0].hint
+    settings.SESSION_ENGINE = "django.contrib.sessions.backends.cache"
+    assert check_session_engine() == []
