@@ -164,6 +164,7 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("id", "flow", "status", "progress", "duration", "created", "finished", "recoveries", "shard")
     list_filter = (("status", StatusFilter), "flow", QueueFilter, ScheduleFilter)
     search_fields = ("id", "flow")
+    withheld_lookups = ("input", "result", "error")  # a viewer may see their sensitive fields redacted
     readonly_fields = ("id", "flow", "status", "input_json", "result_json", "error", "recoveries", "created",
                        "updated", "finished")
     fields = readonly_fields  # and the panels other apps add (journal.admin_base.add_execution_panel)
@@ -387,6 +388,7 @@ class EventAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("stream_id", "seq", "type", "recorded")
     list_filter = ("type",)
     search_fields = ("stream_id",)
+    withheld_lookups = ("payload",)
     readonly_fields = ("id", "stream_id", "seq", "type", "payload_json", "recorded")
     fields = readonly_fields
     show_full_result_count = False
@@ -418,6 +420,7 @@ class DataKeyAdmin(SafeChangeList, ReadOnlyAdmin):
 
     list_display = ("subject", "state", "master_id", "created_at", "forgotten_at", "forgotten_by")
     search_fields = ("subject",)
+    withheld_lookups = ("wrapped",)  # the wrapped key: never shown, never filtered on (a prefix oracle)
     fields = readonly_fields = ("subject", "state", "master_id", "created_at", "forgotten_at", "forgotten_by")
     actions = ["forget_subjects"]
     show_full_result_count = False
@@ -487,6 +490,7 @@ class FenceAdmin(SafeChangeList, ReadOnlyAdmin):
 class SnapshotAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("stream_id", "seq", "created_at")
     search_fields = ("stream_id",)
+    withheld_lookups = ("state",)
     readonly_fields = ("stream_id", "seq", "state", "created_at")
 
 

@@ -133,3 +133,23 @@ def check_content_dir(app_configs=None, **kwargs) -> list:
     return [Warning(f"LOOM_CONTENT_DIR is the relative path {content.directory()!r}",
                     hint="Give an absolute path, or leave it empty with settings.BASE_DIR set "
                          "(<BASE_DIR>/var/loom-content); docs/privacy.md, 'The content store'.", id="loom.W032")]
+
+
+DATABASE_SESSION_ENGINES = frozenset({"django.contrib.sessions.backends.db",
+                                      "django.contrib.sessions.backends.cached_db"})
+
+
+@register()
+def check_session_engine(app_configs=None, **kwargs) -> list:
+    """loom.W040: the admin's sessions are stored in the database (Django's default engine). A database role
+    that can only SELECT reads a live staff or superuser session key from `django_session`, sends it as its
+    cookie and is that user in the admin, where personal data is shown decrypted to those allowed to see it."""
+    from django.apps import apps
+
+    if not apps.is_installed("django.contrib.admin") or settings.SESSION_ENGINE not in DATABASE_SESSION_ENGINES:
+        return []
+    return [Warning(f"SESSION_ENGINE is {settings.SESSION_ENGINE!r}: whoever can read the django_session table "
+                    "can replay a live admin session (a reporting role that may only SELECT becomes a superuser)",
+                    hint='Use SESSION_ENGINE = "django.contrib.sessions.backends.signed_cookies" (or a cache '
+                         "that no database reader can read), or keep every reporting role off django_session; "
+                         "docs/security.md, 'What a database reader learns'.", id="loom.W040")]

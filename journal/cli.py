@@ -246,10 +246,11 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 # -- show / steps -----------------------------------------------------------------------------------------
 @acting
-def show(using: str | None, execution_id: str) -> Reply:
-    """Header, lease, fence, queue entry and timeline of one execution."""
+def show(using: str | None, execution_id: str, reveal: bool = False) -> Reply:
+    """Header, lease, fence, queue entry and timeline of one execution; sensitive fields redacted unless
+    `reveal` (see _describe)."""
     using = _home(using, execution_id)
-    view = _describe(using, execution_id)
+    view = _describe(using, execution_id, reveal)
     lease = _lease(using, execution_id)
     entry = _entry(using, execution_id)
     data = {
@@ -280,16 +281,21 @@ def show(using: str | None, execution_id: str) -> Reply:
 
 
 @acting
-def steps(using: str | None, execution_id: str) -> Reply:
-    """The timeline of one execution: one row per step attempt."""
-    rows = _steps(_describe(_home(using, execution_id), execution_id)["steps"])
+def steps(using: str | None, execution_id: str, reveal: bool = False) -> Reply:
+    """The timeline of one execution: one row per step attempt (sensitive fields redacted unless `reveal`)."""
+    rows = _steps(_describe(_home(using, execution_id), execution_id, reveal)["steps"])
     return Reply(rows, _step_lines(rows))
 
 
-def _describe(using: str, execution_id: str) -> dict:
+def _describe(using: str, execution_id: str, reveal: bool = False) -> dict:
+    """The execution as describe() reads it. Its sensitive fields (docs/privacy.md) are `<redacted>` as for an
+    admin user without a disclosure role, so that a terminal, a pasted output or a CI log shows no personal
+    data by default; `reveal` (the `--reveal` flag, for an operator allowed to see them) reads them in clear."""
     from journal.flows.describe import describe
+    from journal.privacy import Reader
 
-    return describe(_check_id(execution_id))  # on its shard (describe binds it); `using` is that shard
+    reader = None if reveal else Reader("", frozenset())  # None: the system, everything; else: withhold all
+    return describe(_check_id(execution_id), reader)  # on its shard (describe binds it); `using` is that shard
 
 
 def _steps(rows: list[dict]) -> list[dict]:

@@ -124,6 +124,10 @@ register(
     Setting("LOOM_COALESCE_FLUSHERS", int, 2, "Flush threads (each with its own connection) per coalescer.", 1),
     # flows
     Setting("LOOM_FLOW_MODULES", list, [], "Modules imported at start-up so that their flows are registered."),
+    Setting("LOOM_EXPOSED_INTERNAL_FLOWS", list, [],
+            "Internal flows (named `loom.*`, e.g. the Tasks backend's `loom.task`) that the HTTP API and the "
+            "admin's schedule form may nevertheless start or call, by exact name; any other internal flow "
+            "answers there as an unknown one (docs/security.md)."),
     Setting("LOOM_WORKER_ID", str, "", "Name of this worker (default: host:pid)."),
     # flows that wait (journal/flows/waits.py)
     Setting("LOOM_WAIT_INLINE_MAX", float, 1.0,

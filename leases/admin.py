@@ -107,6 +107,8 @@ class RecoveryAdmin(ReadOnlyAdmin):
     (any status), or stuck. Stuck ones (recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS) need a
     person: fix the cause, then resume them by hand (journal.flows.resume)."""
 
+    withheld_lookups = ("input", "result", "error")
+
     list_display = ("id", "flow", "status", "recoveries", "lease_owner", "lease_expires_in", "error", "updated_at")
     list_filter = ("status",)
     search_fields = ("id", "flow")

@@ -14,7 +14,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from journal.admin_base import RefuseUnstorableFilters
-from journal.flows.errors import FlowError
+from journal.flows.errors import FlowError, UnknownFlow
+from journal.flows.registry import exposed
 from journal.timestamps import stamp
 from leases import schedules as sc
 from leases.models import Schedule
@@ -32,6 +33,11 @@ class ScheduleForm(forms.ModelForm):
         if self.errors:
             return data
         name = self.instance.name if self.instance and self.instance.pk else data.get("name")
+        flow = data.get("flow") or ""
+        if not exposed(flow):
+            # An internal flow (loom.task runs any task by path) is refused as an unknown name would be: a
+            # staff user who may add schedules is not thereby allowed to run code (docs/security.md).
+            raise forms.ValidationError(f"UnknownFlow: {UnknownFlow(flow)}")
         try:
             self.spec = sc.validate(name, data.get("cron"), data.get("flow") or "", data.get("input"),
                                     data.get("catch_up"), data.get("queue") or "", data.get("enabled", True),

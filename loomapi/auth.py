@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from journal import conf
-from loomapi.errors import Forbidden, Unauthorized
+from journal.flows.errors import UnknownFlow
+from journal.flows.registry import exposed
+from loomapi.errors import Unauthorized, UnknownFlowError
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="loom"'}
 _ENTRY_KEYS = {"token", "name", "flows", "read", "roles"}
@@ -55,7 +57,10 @@ class Principal:
         return None if self is ANONYMOUS else Reader(self.name, frozenset(self.roles))
 
     def may_use(self, flow: str) -> bool:
-        return any(fnmatch.fnmatchcase(flow, pattern) for pattern in self.flows)
+        """Start, call (and read) `flow`: one of this token's patterns matches it, and it is not an
+        internal flow (`loom.*`) that LOOM_EXPOSED_INTERNAL_FLOWS leaves out; no pattern (not `*`, not
+        `loom.*`) reaches one of those, which run code by path (journal/flows/registry.py `exposed`)."""
+        return exposed(flow) and any(fnmatch.fnmatchcase(flow, pattern) for pattern in self.flows)
 
     def may_read(self, started_by: str | None, flow: str) -> bool:
         """Read (and retry) an execution: only of a flow this token may use, and, with "read": "own",
@@ -146,6 +151,8 @@ def authenticate(request) -> Principal:
 
 
 def require_flow(principal: Principal, flow: str) -> None:
-    """Forbidden (403) unless the token may start or call `flow`."""
+    """404 unknown_flow unless the token may start or call `flow`: the very answer of a flow that is not
+    registered (status, code and message), so that a token cannot tell a flow outside its scope, or an
+    internal one, from a name nobody registered (no enumeration of flow names)."""
     if not principal.may_use(flow):
-        raise Forbidden(f"this token may not use flow {flow!r}")
+        raise UnknownFlowError(str(UnknownFlow(flow)))

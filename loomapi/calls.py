@@ -46,11 +46,25 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
+def _guarded(flow: Flow, value: Any) -> Outcome:
+    """invoke_transient, where a BaseException the flow raises (SystemExit, KeyboardInterrupt: a flow, or a
+    module it imports, calling sys.exit) is a failed outcome naming it, as any exception is: it must not
+    end the API process that serves every other request (the transient runtime catches Exception only)."""
+    try:
+        return invoke_transient(flow, value)
+    except Exception:
+        raise  # the runtime's own refusals (InvalidInput...): answered by the view as before
+    except BaseException as exc:
+        logger.error("flow %s raised %s in a transient call; answered as a failure, the process stays",
+                     flow.name, type(exc).__name__)
+        return Outcome(None, "failed", None, f"{type(exc).__name__}: {exc} (a flow may not exit the process)")
+
+
 def _run(flow: Flow, value: Any) -> Outcome:
     from django.db import connections
 
     try:
-        return invoke_transient(flow, value)
+        return _guarded(flow, value)
     finally:
         # A pool thread is not a request thread: Django's request_finished does not close its connections.
         connections.close_all()
@@ -60,7 +74,7 @@ def call_with_timeout(flow: Flow, value: Any) -> Outcome:
     """invoke_transient(flow, value), bounded by LOOM_API_CALL_TIMEOUT (None: no bound, run here)."""
     timeout = conf.get("LOOM_API_CALL_TIMEOUT")
     if timeout is None:
-        return invoke_transient(flow, value)
+        return _guarded(flow, value)
     context = contextvars.copy_context()  # the trace id follows the call into the pool thread
     future = _executor().submit(context.run, _run, flow, value)
     try:

@@ -58,13 +58,6 @@ class Unauthorized(ApiError):
     code = "unauthorized"
 
 
-class Forbidden(ApiError):
-    """The token is valid but its scope does not cover this flow (see LOOM_API_TOKENS scopes)."""
-
-    status = 403
-    code = "forbidden"
-
-
 class NotFound(ApiError):
     """No such route, flow or execution."""
 
@@ -73,6 +66,8 @@ class NotFound(ApiError):
 
 
 class UnknownFlowError(NotFound):
+    """No flow is registered under that name, or none this token may use (the same answer: loomapi/auth.py)."""
+
     code = "unknown_flow"
 
 

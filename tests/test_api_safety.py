@@ -120,9 +120,9 @@ def test_a_start_under_an_existing_stream_that_is_not_an_execution_is_refused(cl
 
 def test_a_token_scoped_to_some_flows_may_not_start_or_call_others(client):
     body = {"input": {"value": 1}}
-    assert error_code(post(client, "/api/flows/tests.api_safety.echo/call", body, CALC_ONLY), 403) == "forbidden"
-    assert error_code(post(client, "/api/flows/tests.api_safety.echo/executions", body, CALC_ONLY), 403) \
-        == "forbidden"
+    assert error_code(post(client, "/api/flows/tests.api_safety.echo/call", body, CALC_ONLY), 404) == "unknown_flow"
+    assert error_code(post(client, "/api/flows/tests.api_safety.echo/executions", body, CALC_ONLY), 404) \
+        == "unknown_flow"
     assert Event.objects.count() == 0
     assert post(client, "/api/flows/calc.add/call", {"input": {"a": 1, "b": 2}}, CALC_ONLY).json()["result"] == 3
 
@@ -143,7 +143,7 @@ def test_a_read_own_token_reads_only_the_executions_it_started(client):
 def test_tokens_from_the_environment_may_be_a_json_array_of_scoped_entries(settings, client):
     settings.LOOM_API_TOKENS = json.dumps([{"token": CALC_ONLY, "flows": ["calc.*"]}, FULL])
     assert post(client, "/api/flows/calc.add/call", {"input": {"a": 1, "b": 2}}, CALC_ONLY).status_code == 200
-    assert post(client, "/api/flows/tests.api_safety.echo/call", {"input": 1}, CALC_ONLY).status_code == 403
+    assert post(client, "/api/flows/tests.api_safety.echo/call", {"input": 1}, CALC_ONLY).status_code == 404
     assert post(client, "/api/flows/tests.api_safety.echo/call", {"input": 1}, FULL).status_code == 200
     settings.LOOM_API_TOKENS = f"{FULL},{CALC_ONLY}"  # the old comma-separated form: full access each
     assert post(client, "/api/flows/tests.api_safety.echo/call", {"input": 1}, CALC_ONLY).status_code == 200

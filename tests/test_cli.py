@@ -261,3 +261,32 @@ def test_any_id_or_filter_text_is_answered_with_an_exit_code_and_nothing_written
     code, _, listed = loom("executions", "list", f"{option}={text}")
     assert (code == 0 and listed == []) or (code == 2 and listed["ok"] is False)
     assert not Event.objects.exists() and not OrmQ.objects.exists()
+
+
+def test_show_and_steps_redact_sensitive_fields_unless_reveal(settings, tmp_path):
+    """Before: `show` and `steps` printed the Sensitive email of the input and of the step's result in clear,
+    to anyone at the terminal and into any log the output went to. Now `<redacted>` unless `--reveal`."""
+    from journal.privacy import keys
+    from tests import privacy_fixtures as fx
+
+    settings.LOOM_KEYS = [fx.KEY_A]
+    settings.LOOM_CONTENT_DIR = str(tmp_path / "content")
+    keys.cache.clear()
+    try:
+        start("test.privacy.signup", {"customer_id": "c-1", "email": "ann@example.com"}, execution_id="cli-pii")
+        for verb in ("show", "steps"):
+            code, text, _ = loom("executions", verb, "cli-pii")
+            assert code == 0 and "ann@example.com" not in text and "<redacted>" in text, (verb, text)
+            out = io.StringIO()
+            call_command("loom", "executions", verb, "cli-pii", stdout=out)  # the text form too
+            assert "ann@example.com" not in out.getvalue()
+            code, text, _ = loom("executions", verb, "cli-pii", "--reveal")
+            assert code == 0 and "ann@example.com" in text
+        _, _, shown = loom("executions", "show", "cli-pii", "--reveal")
+        assert shown["input"]["email"] == "ann@example.com"
+        assert shown["steps"][0]["result"]["text"] == "hi ann@example.com"
+        _, _, redacted = loom("executions", "show", "cli-pii")
+        assert redacted["input"] == {"customer_id": "c-1", "email": "<redacted>"}
+        assert redacted["steps"][0]["result"]["text"] == "<redacted>"
+    finally:
+        keys.cache.clear()

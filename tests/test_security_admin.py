@@ -95,3 +95,65 @@ def test_a_nul_in_an_admin_filter_is_refused_without_the_sites_middleware(admin_
     assert response.status_code == 302, response.status_code
     assert response["Location"] == f"{url}?e=1"
     assert admin_client.get(response["Location"]).status_code == 200
+
+
+# --- no filter on a secret column (issue 25) -----------------------------------------------------------------
+
+# Text and JSON columns of Loom's admin pages that a viewer is shown whole anyway, so a filter on them tells
+# nothing more. Every other one must be in its admin's withheld_lookups.
+SHOWN_WHOLE = {
+    ("leases.Schedule", "input"), ("projections.Subscription", "error"), ("benchmarks.BenchRun", "argv"),
+    ("benchmarks.BenchRun", "error"), ("benchmarks.BenchRun", "settings"),  # stored redacted (recording.py)
+    ("benchmarks.BenchResult", "params"), ("benchmarks.BenchResult", "metrics"),
+    ("django_q.Schedule", "args"), ("django_q.Schedule", "kwargs"),  # shown on its (read-only) page
+    ("django_q.OrmQ", "payload"),  # a signed pickle: a filter compares the stored text, decodes nothing
+    ("journal.AggregateStream", "payload"),  # its list is the index of states (q= on stream ids): no lookups
+    ("axes.AccessAttempt", "get_data"), ("axes.AccessAttempt", "post_data"),  # shown (passwords masked)
+}
+OUR_ADMIN_MODULES = ("journal.", "leases.", "queues.", "projections.", "benchmarks.", "loomsite.")
+
+
+def data_columns() -> list[tuple[str, str, object]]:
+    """(model label, column, admin) for every text, JSON or pickled column of a page Loom registers."""
+    found = []
+    for model, model_admin in admin.site._registry.items():
+        if not type(model_admin).__module__.startswith(OUR_ADMIN_MODULES):
+            continue
+        for field in model._meta.concrete_fields:
+            if field.get_internal_type() in ("TextField", "JSONField", "BinaryField"):
+                found.append((model._meta.label, field.name, model_admin))
+    return found
+
+
+def test_every_data_column_of_a_loom_admin_is_withheld_from_filters_or_shown_whole():
+    """A new admin page or column is covered here without a new test: name it harmless or withhold it."""
+    columns = data_columns()
+    assert ("journal.DataKey", "wrapped") in {(label, name) for label, name, _ in columns}
+    unchecked = [(label, name) for label, name, model_admin in columns
+                 if name not in getattr(model_admin, "withheld_lookups", ()) and (label, name) not in SHOWN_WHOLE]
+    assert unchecked == []
+
+
+@pytest.mark.parametrize(("label", "column"), sorted({(label, name) for label, name, admin_ in data_columns()
+                                                      if name in getattr(admin_, "withheld_lookups", ())}))
+def test_a_filter_on_a_withheld_column_is_refused(client, label, column):
+    """Before: `?wrapped__startswith=<prefix>` listed the subjects whose wrapped key starts so (a prefix
+    oracle for view-only staff). Now every lookup on such a column is refused, 400, whatever it would match."""
+    from django.apps import apps
+
+    model = apps.get_model(label)
+    staff(client, model._meta.app_label, f"view_{model._meta.model_name}")
+    url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+    assert client.get(url).status_code == 200
+    for lookup in (column, f"{column}__startswith", f"{column}__isnull", f"{column}__contains"):
+        assert client.get(f"{url}?{lookup}=a").status_code == 400, lookup
+
+
+def test_a_data_key_cannot_be_told_by_a_prefix_of_its_wrapped_value(client):
+    from journal.models import DataKey
+
+    DataKey.objects.create(subject="alice", master_id="m1", wrapped="QUJDRA==")
+    staff(client, "journal", "view_datakey")
+    url = reverse("admin:journal_datakey_changelist")
+    answers = {prefix: client.get(f"{url}?wrapped__startswith={prefix}").status_code for prefix in ("Q", "Z")}
+    assert answers == {"Q": 400, "Z": 400}

@@ -4,10 +4,13 @@ every worker runs, so it needs a permission (leases/admin_q.py); view-only staff
 
 from __future__ import annotations
 
+import base64
+import pickle
 import uuid
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db.models import TextField, Value
 from django.urls import reverse
 from django.utils import timezone
 from django_q.models import Failure, OrmQ, Success, Task
@@ -73,3 +76,104 @@ def test_a_hostile_filter_on_the_task_pages_is_refused_without_the_sites_middlew
     url = reverse(f"admin:django_q_{model._meta.model_name}_changelist")
     response = admin_client.get(f"{url}?{query}")
     assert response.status_code == 302 and response["Location"] == f"{url}?e=1"
+
+
+# -- forged pickles in django_q_task are never decoded (issue 25) -------------------------------------------
+
+RAN: list[str] = []
+
+
+def mark(what: str) -> str:
+    """What a forged pickle calls when it is loaded (an attacker's would call os.system)."""
+    RAN.append(what)
+    return what
+
+
+class Forged:
+    """Pickles as a call of `mark`: unpickling it runs code."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __reduce__(self):
+        return mark, (self.what,)
+
+
+def forged_task(success: bool) -> Task:
+    """A django_q_task row as a database writer could forge it: each pickled column's text (base64 of a
+    pickle, as django-picklefield stores it) written as is, not through the field."""
+    task = finished_task(success)
+    forged = {column: Value(base64.b64encode(pickle.dumps(Forged(column))).decode(), output_field=TextField())
+              for column in ("args", "kwargs", "result")}
+    Task.objects.filter(pk=task.pk).update(**forged)
+    return task
+
+
+@pytest.mark.parametrize("model", [Success, Failure])
+def test_opening_a_forged_task_row_runs_nothing(client, model):
+    """Before: the list page (and the detail page) unpickled args, kwargs and result: RAN was
+    ["args", "kwargs", "result"] (code run in the web process for a view-only user). Now the columns are
+    decoded as plain values only, and the forged ones are shown as refused."""
+    task = forged_task(success=model is Success)
+    staff(client, "django_q", f"view_{model._meta.model_name}")
+    name = model._meta.model_name
+    listing = client.get(reverse(f"admin:django_q_{name}_changelist"))
+    assert listing.status_code == 200 and task.name in listing.content.decode()
+    detail = client.get(reverse(f"admin:django_q_{name}_change", args=[task.pk]))
+    assert detail.status_code == 200
+    assert detail.content.decode().count("not shown: the pickle names tests.test_security_tasks_admin.mark") == 3
+    assert RAN == []
+
+
+def test_plain_arguments_and_results_are_still_shown(client):
+    task = finished_task(success=True)
+    staff(client, "django_q", "view_success")
+    page = client.get(reverse("admin:django_q_success_change", args=[task.pk])).content.decode()
+    assert "(1.5,)" in page and "{}" in page
+
+
+def test_a_forged_task_is_not_resubmitted_and_runs_nothing(client):
+    task = forged_task(success=True)
+    staff(client, "django_q", "view_success", "change_success")
+    queued = OrmQ.objects.count()
+    response = resubmit(client, Success, task)
+    assert response.status_code == 302
+    assert OrmQ.objects.count() == queued and RAN == []
+    page = client.get(response["Location"]).content.decode()
+    assert "Not resubmitted (their arguments are not plain values)" in page and task.name in page
+
+
+# -- django-q2 schedules are code execution: superusers only (issue 25) --------------------------------------
+
+def q_schedule_form(func: str = "os.system") -> dict:
+    return {"name": "evil", "func": func, "hook": "", "args": "'touch /tmp/pwned'", "kwargs": "",
+            "schedule_type": "O", "minutes": "", "repeats": "-1", "next_run_0": "2030-01-01",
+            "next_run_1": "00:00:00", "cron": "", "cluster": "", "intended_date_kwarg": ""}
+
+
+def test_a_staff_user_holding_add_schedule_cannot_schedule_a_callable(client):
+    """Before: 302 and a Schedule row calling os.system in the worker. Now the add page is refused (403),
+    nothing is written, and the list is read-only."""
+    from django_q.models import Schedule
+
+    staff(client, "django_q", "add_schedule", "change_schedule", "delete_schedule", "view_schedule")
+    assert client.get(reverse("admin:django_q_schedule_add")).status_code == 403
+    assert client.post(reverse("admin:django_q_schedule_add"), q_schedule_form()).status_code == 403
+    assert not Schedule.objects.exists()
+    row = Schedule.objects.create(name="nightly", func="math.floor", args="1.5")
+    page = client.get(reverse("admin:django_q_schedule_change", args=[row.pk])).content.decode()
+    assert 'name="_save"' not in page
+    assert client.post(reverse("admin:django_q_schedule_change", args=[row.pk]),
+                       q_schedule_form()).status_code == 403
+    row.refresh_from_db()
+    assert row.func == "math.floor"
+    listing = client.get(reverse("admin:django_q_schedule_changelist")).content.decode()
+    assert 'value="delete_selected"' not in listing
+
+
+def test_a_superuser_still_manages_django_q_schedules(admin_client):
+    from django_q.models import Schedule
+
+    response = admin_client.post(reverse("admin:django_q_schedule_add"), q_schedule_form("math.floor"))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Schedule.objects.get().func == "math.floor"

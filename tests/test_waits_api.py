@@ -122,7 +122,7 @@ def test_bad_message_bodies_get_the_api_error_shape_and_write_nothing(client, bo
     assert rows() == before
 
 
-def test_unknown_executions_and_unscoped_tokens_get_404_or_403(client):
+def test_unknown_executions_and_unscoped_tokens_get_404(client):
     start("edge.receiver", {"topic": "go"}, execution_id="api-scope")
     before = rows()
     assert_error(post(client, "/api/executions/nope/messages", {"topic": "t", "payload": 1}), 404,

@@ -87,6 +87,23 @@ def get_flow(name: str | Flow) -> Flow:
         raise UnknownFlow(name) from None
 
 
+INTERNAL_PREFIX = "loom."
+"""Flows named so are Loom's own machinery (the Tasks backend's `loom.task` imports and calls a task by
+path): started by Loom's code, never by a caller from outside unless LOOM_EXPOSED_INTERNAL_FLOWS names them."""
+
+
+def is_internal(name: str) -> bool:
+    return name.startswith(INTERNAL_PREFIX)
+
+
+def exposed(name: str) -> bool:
+    """May a caller from outside (an API token, the admin's schedule form) start or call flow `name`?
+    Every flow but an internal one that LOOM_EXPOSED_INTERNAL_FLOWS does not name exactly."""
+    from journal import conf
+
+    return not is_internal(name) or name in conf.get("LOOM_EXPOSED_INTERNAL_FLOWS")
+
+
 def registered() -> dict[str, Flow]:
     return dict(_REGISTRY)
 

@@ -1,7 +1,8 @@
 """`manage.py loom`: inspect and operate executions, queues and schedules from a terminal.
 
     manage.py loom executions list [--status S] [--flow F] [--queue Q] [--schedule NAME] [--since 2h] [--stuck]
-    manage.py loom executions show|steps|cancel|resume|retry ID
+    manage.py loom executions show|steps ID [--reveal]
+    manage.py loom executions cancel|resume|retry ID
     manage.py loom executions fork ID --from-step N
     manage.py loom queues
     manage.py loom schedules
@@ -57,6 +58,9 @@ class Command(BaseCommand):
                            ("fork", "A new execution replaying the first N steps (needs flows that wait).")):
             sub = options(verbs.add_parser(verb, help=text))
             sub.add_argument("execution_id", metavar="ID")
+            if verb in ("show", "steps"):
+                sub.add_argument("--reveal", action="store_true",
+                                 help="Print sensitive fields (docs/privacy.md) in clear; redacted without it.")
             if verb == "cancel":
                 sub.add_argument("--reason", default="", help="Recorded with the cancel.")
             if verb == "resume":
@@ -99,5 +103,7 @@ class Command(BaseCommand):
             return cli.resume(using, eid, options["force"])
         if verb == "fork":
             return cli.fork(using, eid, options["from_step"], options["new_id"])
+        if verb in ("show", "steps"):
+            return getattr(cli, verb)(using, eid, options["reveal"])
         return getattr(cli, verb)(using, eid)
 
