@@ -91,6 +91,11 @@ class TamperedCiphertext(PrivacyError):
     field it is bound to) was changed after it was written."""
 
 
+class SealDowngraded(TamperedCiphertext):
+    """A stored event holds in clear a field its type marks as sensitive, not named by its "$sealed" header:
+    the header was edited to downgrade the field (or the event was written before the field was marked)."""
+
+
 class ForgottenData(PrivacyError):
     """A state needs a field whose data subject was forgotten, and its schema asks for an error
     (`Sensitive(..., forgotten="error")`) rather than the marker."""

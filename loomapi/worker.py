@@ -5,13 +5,20 @@ the thread then blocks reading the rest of the request. Two clients that send ha
 stall hold two threads for as long as they like (gunicorn's --timeout does not apply: the worker's
 main loop keeps heartbeating), and every other request queues behind them.
 
-`BufferingWorker` reads in its main loop instead, without blocking, the way a buffering reverse proxy
+``BufferingWorker` reads in its main loop instead, without blocking, the way a buffering reverse proxy
 does: a connection reaches a request thread only once its whole request is buffered (the head and a
 body of known length, or every chunk of a chunked body), so a thread never waits on a client. A
 request that is not complete within `read_timeout` seconds of its first wait is answered
-`408 Request Timeout` and closed. A body larger than LOOM_API_MAX_BODY_BYTES is not buffered: the
-request goes to a thread on its head alone, is refused `413` on its declared length and the
-connection is closed (the view answers `Connection: close`, see `close_header_wrapper`).
+`408 Request Timeout` and closed.
+
+What is buffered is bounded as a whole (loomapi/framing.py frames each read as it arrives, in linear
+time): a declared body larger than LOOM_API_MAX_BODY_BYTES is not buffered, the request goes to a
+thread on its head alone and is refused `413` on its declared length; a chunked body whose data or
+framing (size lines, extensions, trailer) passes its bound is answered `413` (malformed framing `400`)
+by the main loop, and the connection closed. A request to the API with a body but no accepted token
+goes to a thread on its head alone too, so its body is never buffered: the view answers `401`. The
+views answer `Connection: close` when they answer without reading a body (see
+`close_header_wrapper`).
 
 Retiring: a request thread that sees a call stuck past its timeout (loomapi/calls.py) calls
 `retire_current_worker()`. The worker stops accepting, finishes its other requests within the
@@ -23,6 +30,8 @@ the graceful timeout has passed.
 from __future__ import annotations
 
 import contextlib
+import hmac
+import json
 import logging
 import os
 import selectors
@@ -33,13 +42,15 @@ from functools import partial
 
 from gunicorn.workers.gthread import ThreadWorker
 
+from loomapi.framing import RequestFramer, Verdict
+
 logger = logging.getLogger("loomapi.server")
 
 READ_TIMEOUT = 10.0
 """Seconds a client gets to send a whole request (serve_api --read-timeout sets it before the fork)."""
 
-MAX_HEAD_BYTES = 64 * 1024
-"""A head longer than this goes to a thread as it is: gunicorn's parser refuses it (400)."""
+READ_STEPS = 16
+"""Reads (of up to 64 KiB) from one connection per turn of the main loop."""
 
 _current: BufferingWorker | None = None
 
@@ -66,56 +77,50 @@ def body_limit() -> int:
 def complete(buffer: bytes | bytearray, limit: int) -> bool:
     """True when `buffer` holds a whole request head and its body, or as much as a thread should wait for.
 
-    Also True for what the parser will refuse anyway (a head over MAX_HEAD_BYTES, a malformed
-    length or chunk size, a declared body over `limit`): the thread answers it at once.
+    Also True for what is refused anyway (a head over MAX_HEAD_BYTES, a malformed length or chunk
+    size, a declared body over `limit`, framing over its bounds): it is answered at once.
     """
-    end = buffer.find(b"\r\n\r\n")
-    if end < 0:
-        return len(buffer) > MAX_HEAD_BYTES
-    body_start = end + 4
-    length, chunked = 0, False
-    for line in bytes(buffer[:end]).split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"content-length":
-            if not value.strip().isdigit():
-                return True
-            length = int(value.strip())
-        elif name == b"transfer-encoding" and b"chunked" in value.lower():
-            chunked = True
-    if chunked:
-        return _chunks_complete(buffer, body_start, limit)
-    if length > limit:
-        return True  # refused on its declared length; the rest is not waited for
-    return len(buffer) - body_start >= length
+    return RequestFramer(limit).advance(buffer) is not Verdict.MORE
 
 
-def _expects_continue(buffer: bytes | bytearray) -> bool:
-    end = buffer.find(b"\r\n\r\n")
-    return end >= 0 and b"\r\nexpect: 100-continue" in bytes(buffer[:end]).lower()
+def _expects_continue(framer: RequestFramer) -> bool:
+    return (framer.header(b"expect") or b"").lower() == b"100-continue"
 
 
-def _chunks_complete(buffer: bytes | bytearray, pos: int, limit: int) -> bool:
-    """Walk the chunked body from `pos`: True at its last chunk and trailers, or past `limit` bytes."""
-    total = 0
-    while True:
-        line_end = buffer.find(b"\r\n", pos)
-        if line_end < 0:
-            return len(buffer) - pos > 1024  # a chunk-size line this long is malformed: let the parser say so
-        size_text = bytes(buffer[pos:line_end]).split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            return True
-        if size == 0:
-            # Trailer fields, then an empty line.
-            return buffer.find(b"\r\n\r\n", line_end) >= 0 or buffer[line_end:line_end + 4] == b"\r\n\r\n"
-        total += size
-        if total > limit:
-            return True
-        pos = line_end + 2 + size + 2
-        if pos > len(buffer):
-            return False
+def refused_before_its_body(framer: RequestFramer) -> bool:
+    """True when a request with a body would be refused 401 by the API: it goes to a thread on its head.
+
+    The body of a caller with no valid token is never buffered (a stalled or slow body would hold
+    the worker's memory for the read timeout on behalf of nobody). The view answers 401 with
+    `Connection: close` without reading the body. /api/health needs no token; paths outside /api/
+    (the admin's forms) are buffered as before.
+    """
+    from journal import conf
+
+    if not framer.has_body or not conf.get("LOOM_API_AUTH"):
+        return False
+    path = framer.path()
+    if not path.startswith("/api/") or path == "/api/health":
+        return False
+    return not _token_accepted(framer.header(b"authorization") or b"")
+
+
+def _token_accepted(header: bytes) -> bool:
+    """The head's bearer token is one of LOOM_API_TOKENS (compared in constant time, like the view does)."""
+    from loomapi.auth import TokenConfigError, token_entries
+
+    scheme, _, token = header.partition(b" ")
+    offered = token.strip()
+    if scheme.lower() != b"bearer" or not offered:
+        return False
+    try:
+        entries = token_entries()
+    except TokenConfigError:
+        return False  # the view answers this configuration error itself
+    found = False
+    for entry in entries:
+        found = hmac.compare_digest(offered, entry.token) or found
+    return found
 
 
 class BufferingWorker(ThreadWorker):
@@ -147,25 +152,29 @@ class BufferingWorker(ThreadWorker):
         if conn.parser is not None:
             buffered = conn.parser.unreader.take_buffered()
         conn.loom_buffer = bytearray(buffered)
+        conn.loom_framer = RequestFramer(body_limit())
         conn.loom_deadline = time.monotonic() + READ_TIMEOUT
-        if buffered and complete(conn.loom_buffer, body_limit()):
-            self._hand_over(conn)
+        conn.loom_continued = False
+        if buffered and self._act(conn, conn.loom_framer.advance(conn.loom_buffer)):
             return
         conn.sock.setblocking(False)
         self.reading_conns.append(conn)
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_readable, conn))
 
     def _on_readable(self, conn, client) -> None:
-        """Read what the client sent (without blocking); hand the request over once it is whole."""
+        """Read what the client sent (without blocking), framing it read by read; act once it is whole
+        or refused. At most READ_STEPS reads per turn, so one fast client cannot hold the main loop."""
         closed = False
+        verdict = Verdict.MORE
         try:
-            while True:
+            for _ in range(READ_STEPS):
                 data = conn.sock.recv(65536)
                 if not data:
                     closed = True
                     break
                 conn.loom_buffer += data
-                if len(data) < 65536:
+                verdict = conn.loom_framer.advance(conn.loom_buffer)
+                if verdict is not Verdict.MORE or len(data) < 65536:
                     break
         except (BlockingIOError, InterruptedError):
             pass
@@ -174,16 +183,31 @@ class BufferingWorker(ThreadWorker):
         if closed:
             self._drop(conn)
             return
-        if complete(conn.loom_buffer, body_limit()):
-            self._stop_reading(conn)
-            self._hand_over(conn)
-        elif not getattr(conn, "loom_continued", False) and _expects_continue(conn.loom_buffer):
+        if self._act(conn, verdict, reading=True):
+            return
+        if not conn.loom_continued and _expects_continue(conn.loom_framer):
             # The client waits for "100 Continue" before it sends the body (curl does, for larger
             # bodies): say it now, or it would wait its own timeout first. (gunicorn may send one
             # more when it builds the request; a client ignores extra 1xx responses, RFC 9110 15.2.)
             conn.loom_continued = True
             with contextlib.suppress(OSError):
                 conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _act(self, conn, verdict: Verdict, reading: bool = False) -> bool:
+        """Hand the request over or refuse it for `verdict`; True when it is no longer being read."""
+        framer = conn.loom_framer
+        if verdict is Verdict.MORE and framer.head_done and refused_before_its_body(framer):
+            verdict = Verdict.PARSER  # the view answers 401 from the head alone
+        if verdict is Verdict.MORE:
+            return False
+        if verdict in (Verdict.TOO_LARGE, Verdict.MALFORMED):
+            logger.info("refusing a request from %s: %s", conn.client, framer.problem)
+            self._drop(conn, _refusal(verdict, framer.problem))
+            return True
+        if reading:
+            self._stop_reading(conn)
+        self._hand_over(conn)
+        return True
 
     def _hand_over(self, conn) -> None:
         if conn.parser is None:
@@ -204,6 +228,7 @@ class BufferingWorker(ThreadWorker):
         self._stop_reading(conn)
         if answer:
             with contextlib.suppress(OSError):  # best effort, non-blocking: a stalled client may not read it
+                conn.sock.setblocking(False)
                 conn.sock.send(answer)
         self.nr_conns -= 1
         conn.close()
@@ -236,6 +261,17 @@ class BufferingWorker(ThreadWorker):
         self.method_queue.defer(lambda: None)  # wake the main loop so that it starts stopping
         grace = float(self.cfg.graceful_timeout) + 1.0
         threading.Thread(target=_exit_after, args=(grace,), name="loomapi-retire", daemon=True).start()
+
+
+def _refusal(verdict: Verdict, problem: str) -> bytes:
+    """The whole response to a request refused by the main loop (it then closes the connection)."""
+    if verdict is Verdict.TOO_LARGE:
+        status, code = b"413 Content Too Large", "payload_too_large"
+    else:
+        status, code = b"400 Bad Request", "bad_request"
+    body = json.dumps({"error": {"code": code, "message": f"request refused: {problem}", "id": None}}).encode()
+    return (b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+            % (status, len(body), body))
 
 
 _TIMEOUT_BODY = b'{"error": {"code": "request_timeout", "message": "the request was not sent in time", "id": null}}'

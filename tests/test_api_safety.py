@@ -348,3 +348,50 @@ def test_aggregate_states_the_api_cannot_guard_are_deploy_check_warnings(setting
     settings.LOOM_AGGREGATE_MODULES = ["tests.test_api_safety"]
     found = {m.id for m in run_checks(include_deployment_checks=True) if (m.id or "").startswith("loomapi.W00")}
     assert "loomapi.W005" not in found and "loomapi.W004" in found
+
+
+class CountingBuffer(bytearray):
+    """A buffer that counts the bytes its searches walk over (what framing a request costs)."""
+
+    walked = 0
+
+    def find(self, sub, start=0, *rest):
+        found = super().find(sub, start, *rest)
+        CountingBuffer.walked += (found if found >= 0 else len(self)) + len(sub) - start
+        return found
+
+
+def test_framing_a_request_read_a_few_bytes_at_a_time_walks_it_a_bounded_number_of_times():
+    """The buffer used to be re-walked from its first chunk on every read: quadratic in the chunks."""
+    from loomapi.framing import RequestFramer, Verdict
+
+    wire = HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + b"1;x=y\r\na\r\n" * 5000 + b"0\r\nX-T: 1\r\n\r\n"
+    framer, buffer = RequestFramer(1 << 20), CountingBuffer()
+    CountingBuffer.walked = 0
+    verdicts = []
+    for i in range(0, len(wire), 3):
+        buffer += wire[i:i + 3]
+        verdicts.append(framer.advance(buffer))
+    assert verdicts[-1] is Verdict.WHOLE and set(verdicts[:-1]) == {Verdict.MORE}
+    assert CountingBuffer.walked < 4 * len(wire)
+
+
+@pytest.mark.parametrize(("tail", "verdict"), [
+    (b"1\r\na\r\n0\r\n" + b"X-T: " + b"t" * 40000 + b"\r\n", "too_large"),      # trailer section over 32 KiB
+    (b"1\r\na\r\n0\r\n" + b"X-T: " + b"t" * 40000, "too_large"),               # ... even before its CRLF
+    (b"1;" + b"e" * 9000, "malformed"),                                       # chunk-size line over 8190
+    (b"1\r\nab\r\n", "malformed"),                                             # data not ended by CRLF
+    (b"100000\r\n", "too_large"),                                              # one chunk over the limit
+    (b"1\r\na\r\n" * 30000, "too_large"),                                       # framing over limit + 64 KiB
+])
+def test_chunked_framing_past_its_bounds_is_refused(tail, verdict):
+    from loomapi.framing import RequestFramer
+
+    framer = RequestFramer(1000)
+    buffer = bytearray(HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
+    for i in range(0, len(tail), 4096):
+        buffer += tail[i:i + 4096]
+        result = framer.advance(buffer)
+        if result.value != "more":
+            break
+    assert result.value == verdict and framer.problem

@@ -336,3 +336,127 @@ def test_with_one_request_thread_a_start_does_not_wait(child_env, servers):
     assert (status, body["status"]) == (202, "queued")
     assert request(conn, "GET", "/api/health")[0] == 200
     conn.close()
+
+
+# -- the whole request is bounded on the wire, not only its body's data (issue #25) ------------------------
+
+MiB = 1 << 20
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in bytes, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def flood(sock: socket.socket, head: bytes, line: bytes, total: int) -> bytes:
+    """Send `head`, then `line` repeated up to `total` bytes (or until the server closes); what it answered."""
+    sock.sendall(head)
+    block = line * max(1, 65536 // max(1, len(line)))
+    sent = 0
+    try:
+        while sent < total:
+            sock.sendall(block)
+            sent += len(block)
+    except OSError:  # the server refused and closed: the rest is not taken
+        pass
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except OSError:
+        pass
+    sock.close()
+    return received
+
+
+def chunked_head(token: str = TOKEN) -> bytes:
+    return (b"POST /api/flows/calc.add/call HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + token.encode()
+            + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+
+def still_answers(server: Server) -> None:
+    conn = server.connection()
+    status, body, _ = request(conn, "POST", "/api/flows/calc.add/call", {"input": {"a": 20, "b": 22}})
+    assert (status, body["result"]) == (200, 42)
+    conn.close()
+
+
+@pytest.mark.parametrize("attack", ["trailer", "tiny_chunks", "extensions"])
+def test_framing_without_end_is_refused_and_the_worker_memory_stays_bounded(child_env, servers, attack):
+    """96 MiB of trailer lines, of one-byte chunks or of chunk extensions, on one connection: the
+    worker answered none of it before and buffered it all (RSS +200 MiB for 198 MiB of trailer);
+    it is refused once past its bound, the worker's peak RSS grows by far less than was sent, and it
+    keeps answering."""
+    server = servers(server_env(child_env, LOOM_API_MAX_BODY_BYTES="100000"), 1, "--read-timeout", "120")
+    still_answers(server)
+    (worker,) = server.workers
+    before = peak_rss(worker)
+    head = chunked_head()
+    if attack == "trailer":
+        head += b'1b\r\n{"input": {"a": 1, "b": 2}}\r\n0\r\n'
+        line = b"X-Trailer: " + b"t" * 100 + b"\r\n"
+    elif attack == "tiny_chunks":
+        line = b"1\r\n \r\n"
+    else:
+        line = b"1;" + b"e" * 4000 + b"=1;" + b"f" * 4000 + b"\r\n \r\n"
+    received = flood(server.raw(), head, line, 96 * MiB)
+    if received:  # the refusal may be lost to a reset when the client is still sending
+        assert received.startswith((b"HTTP/1.1 413 ", b"HTTP/1.1 400 ")), received[:200]
+        assert b"Connection: close" in received
+    assert peak_rss(worker) - before < 24 * MiB
+    assert server.workers == set(children(server.process.pid))  # the same worker, not a replacement
+    still_answers(server)
+
+
+def test_a_chunk_extension_over_its_bound_is_a_400(child_env, servers):
+    server = servers(server_env(child_env))
+    sock = server.raw()
+    received = flood(sock, chunked_head() + b"1;" + b"e" * 9000 + b"\r\n", b"", 0)
+    assert received.startswith(b"HTTP/1.1 400 "), received[:200]
+    assert b'"bad_request"' in received
+    still_answers(server)
+
+
+def test_a_body_of_many_tiny_chunks_with_extensions_and_trailer_is_read(child_env, servers):
+    """Within the bounds, every legal framing still reaches the view: one byte per chunk, each with
+    an extension, sent in many small writes, then a trailer."""
+    server = servers(server_env(child_env))
+    body = b'{"input": {"a": 40, "b": 2}}' + b" " * 3000
+    sock = server.raw()
+    sock.sendall(chunked_head())
+    chunks = [b"1;n=%d\r\n%s\r\n" % (i, body[i:i + 1]) for i in range(len(body))]
+    for i in range(0, len(chunks), 7):
+        sock.sendall(b"".join(chunks[i:i + 7]))
+    sock.sendall(b"0\r\nX-Checksum: none\r\n\r\n")
+    received = b""
+    while b"\r\n\r\n" not in received or b"}" not in received.split(b"\r\n\r\n", 1)[1]:
+        chunk = sock.recv(4096)
+        assert chunk, received
+        received += chunk
+    sock.close()
+    assert received.startswith(b"HTTP/1.1 200 "), received[:300]
+    assert json.loads(received.split(b"\r\n\r\n", 1)[1])["result"] == 42
+
+
+@pytest.mark.parametrize("framing", [b"Content-Length: 100000\r\n\r\n" + b"{" * 10,
+                                     b"Transfer-Encoding: chunked\r\n\r\n10\r\n{\"input\": ", ])
+@pytest.mark.parametrize("authorization", [b"", b"Authorization: Bearer wrong-token-0123456789\r\n"])
+def test_a_caller_without_a_valid_token_is_answered_401_before_its_body(child_env, servers, framing, authorization):
+    """The body stalls after its first bytes; the server answers 401 from the head at once instead of
+    buffering the body for the read timeout (120 s here, past the client's 30 s wait)."""
+    server = servers(server_env(child_env), 1, "--read-timeout", "120")
+    sock = server.raw()
+    sock.sendall(b"POST /api/flows/calc.add/call HTTP/1.1\r\nHost: 127.0.0.1\r\n" + authorization
+                 + b"Content-Type: application/json\r\n" + framing)
+    received = b""
+    while b'"unauthorized"' not in received:
+        chunk = sock.recv(4096)  # the socket's 30 s timeout: before the fix nothing came for 120 s
+        assert chunk, received
+        received += chunk
+    sock.close()
+    assert received.startswith(b"HTTP/1.1 401 ")
+    assert b"Connection: close" in received
+    still_answers(server)

@@ -76,7 +76,7 @@ def test_a_queued_start_puts_no_marked_value_in_the_brokers_rows_and_runs(sealed
     assert describe("pq-1")["input"]["email"] == "queued@example.org"
     started = Event.objects.filter(stream_id="pq-1", seq=0).values_list("payload", flat=True).get()
     started = started if isinstance(started, dict) else json.loads(started)
-    assert started["$sealed"] == [[["input", "email"], "c-q"]]  # sealed once, by the enqueue
+    assert started["$sealed"] == [[["input", "email"], "c-q", 2]]  # sealed once, bound to pq-1
     assert "queued@example.org" not in json.dumps(started)
 
 

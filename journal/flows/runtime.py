@@ -404,13 +404,11 @@ def _start(definition: Flow, value: Any, stored: Any, execution_id: str, meta: d
     extra = extra or {}
     state = ExecutionState(execution_id)
     runner = Runner(writer.RunHandle(execution_id, definition.name, stored), state, None)
-    if sealed is not None:
-        if sealed.get("flow") != definition.name:
-            raise InvalidInput(f"a sealed input of flow {sealed.get('flow')!r} cannot start {definition.name!r}")
-        started: dict = Sealed(sealed)  # written as it is: sealed once, not again
-        started.update(extra)  # $deadline: not a sealed field
-    else:
-        started = {"flow": definition.name, "input": stored, **extra}
+    if sealed is not None and sealed.get("flow") != definition.name:
+        raise InvalidInput(f"a sealed input of flow {sealed.get('flow')!r} cannot start {definition.name!r}")
+    # A queued input was sealed for the broker before its stream was written (unbound, version 1): the log's
+    # copy is sealed by the write path, bound to the execution's stream (journal/privacy/codec.py, version 2).
+    started = {"flow": definition.name, "input": stored, **extra}
     if meta:
         started["$meta"] = meta  # who started it and under which trace (the HTTP API records these)
     runner.emit(ev.EXECUTION_STARTED, started)

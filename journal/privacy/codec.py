@@ -34,7 +34,7 @@ from django.dispatch import receiver
 
 from journal import conf, jsonvalues
 from journal.envelopes import Envelope, StoredEvent
-from journal.exceptions import InvalidPayload, TamperedCiphertext
+from journal.exceptions import InvalidPayload, SealDowngraded, TamperedCiphertext
 from journal.privacy import content, keys, marking
 from journal.privacy.marking import Path
 
@@ -106,9 +106,39 @@ def needs_seal(items: Sequence) -> bool:
 # == sealing ==========================================================================================
 
 
+VERSION = 2
+"""The sealing rule new fields are written with; a header entry names it as its third element."""
+
+
 def _aad(type_: str, path: Path, subject: str) -> bytes:
-    """What a field's ciphertext is bound to: its event type, path and subject (none holds a NUL)."""
+    """Version 1 (an entry of two elements): a field's ciphertext is bound to its event type, path and subject
+    (none holds a NUL). Still read, never written."""
     return ("\x00".join((type_, *path)) + "\x01" + subject).encode()
+
+
+def _header_text(sealed: list) -> str:
+    """The header as bound into version-2 associated data: its JSON, compact (the same text at seal and read)."""
+    return json.dumps(sealed, separators=(",", ":"))
+
+
+def _aad2(stream_id: str, header: str, type_: str, path: Path, subject: str) -> bytes:
+    """Version 2 (an entry `[path, subject, 2]`): bound also to the event's stream and to its whole header.
+
+    The stream: a ciphertext replayed into another event of the subject (another execution's, another
+    aggregate's) fails its tag. The header: a field dropped from it, to be read in clear (a downgrade), or any
+    other edit of it, fails every other field's tag. (The event's seq is not known when it is sealed: the
+    guarded insert assigns it, after the coalescer or a batch encoded the payload.) A version-1 text never
+    equals a version-2 one: it starts with the event type, which holds no NUL."""
+    return ("loom/2\x00" + stream_id + "\x00" + header + "\x00" + "\x00".join((type_, *path)) + "\x01"
+            + subject).encode()
+
+
+def _entry_aad(stream_id: str, header: Any, type_: str, entry: list) -> bytes:
+    """The associated data of one header entry, by its version (`header`: the header's text, or the header)."""
+    if len(entry) == 2:
+        return _aad(type_, tuple(entry[0]), entry[1])
+    text = header if type(header) is str else _header_text(header)
+    return _aad2(stream_id, text, type_, tuple(entry[0]), entry[1])
 
 
 def _pack(value: Any, text: str) -> bytes:
@@ -149,10 +179,12 @@ def refuse_reserved(type_: str, payload: Any) -> None:
                              "$sealed, $blobs, $content, $size)")
 
 
-def seal(store, envelopes: Sequence[Envelope], whole: bool = True) -> list[Envelope]:
+def seal(store, envelopes: Sequence[Envelope], whole: bool = True, stream_id: str | None = None) -> list[Envelope]:
     """The envelopes to write: marked fields encrypted and blobs stored away. The caller's payloads are not
     changed. Raises InvalidPayload (nothing written, nothing stored) for a field that may not be stored.
 
+    stream_id: the stream the events go to, bound into each field (version 2); None only for a payload sealed
+    for the broker before its stream is written (version 1: `start` seals it again for its stream).
     A `Sealed` payload is already sealed: only the content threshold applies to it. whole=False: no
     content threshold (a payload sealed for the broker, not yet for the log)."""
     plans = []
@@ -180,7 +212,10 @@ def seal(store, envelopes: Sequence[Envelope], whole: bool = True) -> list[Envel
     links: list[tuple[str, str]] = []
     for env, present in plans:
         payload = env.payload
-        sealed, blobs = [], []
+        sealed = [[list(f.path), owner] if stream_id is None else [list(f.path), owner, VERSION]
+                  for f, _, _, owner in present if owner is not None and data_keys[owner] is not None]
+        header = _header_text(sealed) if sealed and stream_id is not None else ""
+        blobs = []
         for f, value, text, owner in present:
             if owner is not None:
                 key = data_keys[owner]
@@ -188,9 +223,10 @@ def seal(store, envelopes: Sequence[Envelope], whole: bool = True) -> list[Envel
                     payload = _copy_set(payload, f.path, FORGOTTEN)
                     continue
                 nonce = os.urandom(NONCE)
-                cipher = key.encrypt(nonce, _pack(value, text), _aad(env.type, f.path, owner))
+                aad = (_aad(env.type, f.path, owner) if stream_id is None
+                       else _aad2(stream_id, header, env.type, f.path, owner))
+                cipher = key.encrypt(nonce, _pack(value, text), aad)
                 text = base64.b64encode(nonce + cipher).decode()
-                sealed.append([list(f.path), owner])
                 if not f.blob:
                     payload = _copy_set(payload, f.path, text)
                     continue
@@ -221,9 +257,9 @@ def seal_payload(store, type_: str, payload: dict) -> Sealed:
     return Sealed(seal(store, [Envelope(type_, payload)], whole=False)[0].payload)
 
 
-def unseal(store, type_: str, payload: Sealed) -> dict:
+def unseal(store, type_: str, payload: Sealed, stream_id: str = "(sealed)") -> dict:
     """A copy of a `Sealed` payload revealed as the system reads it (FORGOTTEN for a forgotten subject)."""
-    event = StoredEvent("(sealed)", 0, type_, json.loads(json.dumps(payload)), None)
+    event = StoredEvent(stream_id, 0, type_, json.loads(json.dumps(payload)), None)
     return reveal(store, [event])[0].payload
 
 
@@ -261,9 +297,12 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
     READ_SEALED): no statement more for those subjects."""
     todo = []
     only_sealed = True  # no blob, no stored-away payload: the common case, _reveal_sealed
+    marked = marking.MARKED
     for i, e in enumerate(events):
         p = e.payload
         if type(p) is dict:
+            if e.type in marked and CONTENT not in p:
+                _refuse_downgrade(e, p)
             if SEALED in p:
                 todo.append(i)
                 if BLOBS in p or CONTENT in p:
@@ -291,7 +330,9 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
                 payloads[i] = p = json.loads(got[p[CONTENT]])
                 if (problem := _header_problem(p)) is not None:
                     _malformed(events[i], problem)
-    subjects = {subject for p in payloads.values() for _, subject in p.get(SEALED, ())}
+                if events[i].type in marked:
+                    _refuse_downgrade(events[i], p)
+    subjects = {entry[1] for p in payloads.values() for entry in p.get(SEALED, ())}
     data_keys = keys.for_read(store, subjects, key_rows) if subjects else {}
 
     def verdict(event: StoredEvent, path: Path, subject: str) -> Any:
@@ -307,7 +348,7 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
     for i, p in payloads.items():
         if BLOBS not in p:
             continue
-        sealed = {tuple(path): subject for path, subject in p.get(SEALED, ())}
+        sealed = {tuple(entry[0]): entry[1] for entry in p.get(SEALED, ())}
         for path in p[BLOBS]:
             path = tuple(path)
             if path not in sealed or verdict(events[i], path, sealed[path]):
@@ -319,21 +360,25 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
         blobs = p.get(BLOBS)
         sealed = p.get(SEALED, ())
         if blobs:
-            sealed_paths = {tuple(path) for path, _ in sealed}
+            sealed_paths = {tuple(entry[0]) for entry in sealed}
             for path in map(tuple, blobs):
                 ref = marking.get(p, path)
                 if ref in got:
                     text = got[ref]
                     _set(p, path, text if path in sealed_paths else json.loads(text))
-        for path, subject in sealed:
+        header = _header_text(sealed) if any(len(entry) == 3 for entry in sealed) else ""
+        for entry in sealed:
+            path, subject = entry[0], entry[1]
+            cached = (event.type, tuple(path), subject) if len(entry) == 2 else (event.stream_id, header,
+                                                                                 event.type, tuple(path), subject)
             if reader is None and len(path) == 1:  # the common case (a system read of a top-level field), inline
                 key, name = data_keys.get(subject), path[0]
                 if key is None:
                     p[name] = FORGOTTEN
                     continue
-                aad = aads.get((event.type, name, subject))
+                aad = aads.get(cached)
                 if aad is None:
-                    aad = aads[(event.type, name, subject)] = _aad(event.type, (name,), subject)
+                    aad = aads[cached] = _entry_aad(event.stream_id, header, event.type, entry)
                 p[name] = _open(key, event, (name,), aad, p.get(name))
                 continue
             path = tuple(path)
@@ -343,9 +388,9 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
             elif key is False:
                 value = WITHHELD
             else:
-                aad = aads.get((event.type, path, subject))
+                aad = aads.get(cached)
                 if aad is None:
-                    aad = aads[(event.type, path, subject)] = _aad(event.type, path, subject)
+                    aad = aads[cached] = _entry_aad(event.stream_id, header, event.type, entry)
                 if len(path) == 1:
                     value = _open(key, event, path, aad, p.get(path[0]))
                     p[path[0]] = value
@@ -384,8 +429,7 @@ def _reveal_sealed(store, events: list[StoredEvent], todo: list[int], key_rows: 
             if type(sealed) is not list:
                 _malformed(events[i], SEALED)
             for entry in sealed:
-                if (type(entry) is not list or len(entry) != 2 or type(entry[1]) is not str or not entry[1]
-                        or not _is_path(entry[0])):
+                if not _is_entry(entry):
                     _malformed(events[i], SEALED)
                 subjects.add(entry[1])
             checked = sealed
@@ -395,15 +439,16 @@ def _reveal_sealed(store, events: list[StoredEvent], todo: list[int], key_rows: 
     data_keys = keys.for_read(store, subjects, key_rows)
     a2b, nonce = binascii.a2b_base64, NONCE
     planned: Any = None
-    plan_type = ""
+    plan_type = plan_stream = ""
     plan: list[tuple[Path, str | None, AESGCM | None, bytes]] = []
     for i, sealed in zip(todo, headers, strict=True):
         event = events[i]
         p = event.payload
-        if sealed is not planned or event.type != plan_type:
-            plan = [(tuple(path), path[0] if len(path) == 1 else None, data_keys[subject],
-                     _aad(event.type, tuple(path), subject)) for path, subject in sealed]
-            planned, plan_type = sealed, event.type
+        if sealed is not planned or event.type != plan_type or event.stream_id != plan_stream:
+            header = _header_text(sealed)
+            plan = [(tuple(entry[0]), entry[0][0] if len(entry[0]) == 1 else None, data_keys[entry[1]],
+                     _entry_aad(event.stream_id, header, event.type, entry)) for entry in sealed]
+            planned, plan_type, plan_stream = sealed, event.type, event.stream_id
         for path, name, key, aad in plan:
             text = p.get(name) if name is not None else marking.get(p, path)
             if key is None:
@@ -422,6 +467,13 @@ def _reveal_sealed(store, events: list[StoredEvent], todo: list[int], key_rows: 
     return events
 
 
+def _is_entry(entry: Any) -> bool:
+    """A header entry: [path, subject] (version 1) or [path, subject, 2] (version 2)."""
+    return (type(entry) is list and (len(entry) == 2 or (len(entry) == 3 and type(entry[2]) is int
+                                                           and entry[2] == VERSION))
+            and type(entry[1]) is str and entry[1] != "" and _is_path(entry[0]))
+
+
 def _is_path(value: Any) -> bool:
     if type(value) is list and len(value) == 1:  # the common case: a top-level field
         return type(value[0]) is str and value[0] != ""
@@ -434,8 +486,7 @@ def _header_problem(p: Any) -> str | None:
     if type(p) is not dict:
         return CONTENT
     sealed = p.get(SEALED, [])
-    if type(sealed) is not list or not all(type(entry) is list and len(entry) == 2 and _is_path(entry[0])
-                                           and type(entry[1]) is str and entry[1] for entry in sealed):
+    if type(sealed) is not list or not all(_is_entry(entry) for entry in sealed):
         return SEALED
     blobs = p.get(BLOBS, [])
     if type(blobs) is not list or not all(_is_path(path) for path in blobs):
@@ -447,6 +498,27 @@ def _header_problem(p: Any) -> str | None:
         if type(ref) is not str or not content.HEX.fullmatch(ref):
             return BLOBS
     return None
+
+
+def _refuse_downgrade(event: StoredEvent, p: dict) -> None:
+    """SealDowngraded if a field this process marks sensitive for the event's type is in clear in the stored
+    payload and not named by its header: one of ours would have been sealed (or written as FORGOTTEN).
+    Editing the header cannot hide a version-2 field either way: the header is bound into every field."""
+    listed = None
+    for f in marking.fields_for(event.type, p):
+        if f.subject is None:
+            continue
+        value = marking.get(p, f.path)
+        if value is None or value == FORGOTTEN:
+            continue
+        if listed is None:
+            sealed = p.get(SEALED)
+            listed = ({tuple(entry[0]) for entry in sealed if type(entry) is list and entry and _is_path(entry[0])}
+                      if type(sealed) is list else set())
+        if f.path not in listed:
+            raise SealDowngraded(f"{event.stream_id}#{event.seq} field {'.'.join(f.path)}: {event.type} marks it "
+                                 "sensitive but the stored event holds it in clear, not in its $sealed header "
+                                 "(the header was edited, or the event was written before the field was marked)")
 
 
 def _malformed(event: StoredEvent, key: str) -> NoReturn:

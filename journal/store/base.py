@@ -349,7 +349,8 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         sealed here (journal/privacy: one set lookup per batch when nothing is marked)."""
         limit = conf.get("LOOM_MAX_PAYLOAD_BYTES")
         if codec.needs_seal(items):
-            return [[env.encode(limit) for env in codec.seal(self, item.envelopes)] for item in items]
+            return [[env.encode(limit) for env in codec.seal(self, item.envelopes, stream_id=item.stream_id)]
+                    for item in items]
         refuse = codec.refuse_reserved  # a payload we did not seal may not look sealed (every append: one set test)
         encoded = []
         for item in items:
