@@ -74,3 +74,14 @@ async def asleep(n: int) -> int:
 @task
 def unreturnable() -> object:
     return object()
+
+
+@task
+def exits(code: int) -> None:
+    """Raises SystemExit, as a task calling sys.exit() would."""
+    raise SystemExit(code)
+
+
+@task
+def interrupted() -> None:
+    raise KeyboardInterrupt("stop")

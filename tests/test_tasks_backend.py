@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journal.flows import registry
-from journal.tasks import TASK_FLOW, InvalidTaskArguments, LoomBackend
+from journal.tasks import TASK_FLOW, InvalidTaskArguments, LoomBackend, sign_task
 from queues.models import QueueEntry
 from queues.service import run_claimed
 from queues.store import store_for
@@ -213,8 +213,10 @@ def test_a_result_on_a_queue_this_processs_backend_does_not_list_is_still_readab
     wide = LoomBackend("default", {"QUEUES": ["default", "t-elsewhere"]})  # declares t-elsewhere
     try:
         queued = wide.enqueue(queue_flows.add.using(priority=0), [20, 22], {})  # on "default"
-        elsewhere = enqueue(TASK_FLOW, {"task": queue_flows.add.module_path, "args": [1, 2], "kwargs": {},
-                                        "takes_context": False, "attempts": 1}, queue="t-elsewhere")
+        path = queue_flows.add.module_path
+        elsewhere = enqueue(TASK_FLOW, {"task": path, "signature": sign_task("t-elsewhere-1", path), "args": [1, 2],
+                                        "kwargs": {}, "takes_context": False, "attempts": 1},
+                            queue="t-elsewhere", execution_id="t-elsewhere-1")
         assert work() == ["completed"] and work("t-elsewhere") == ["completed"]
         assert queue_flows.add.get_result(queued.id).return_value == 42
         fetched = queue_flows.add.get_result(elsewhere.execution_id)  # the default backend lists no t-elsewhere
