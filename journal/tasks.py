@@ -25,17 +25,17 @@ from datetime import datetime
 from typing import Any
 
 from django.apps import apps
-from django.core import signing
 from django.db import router
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from journal.flows import InvalidInput, flow
 from journal.flows import events as ev
-from journal.flows.errors import FlowError, StepFailed
+from journal.flows.errors import StepFailed
 from journal.flows.retry import RetryPolicy
 from journal.identity import node_identity
 from journal.ids import id_problem, stored_id_problem
+from journal.task_names import TASK_FLOW, UnverifiedTask, sign_task, verified_path
 
 try:  # Django 6: the Tasks framework is part of Django
     from django.tasks import TaskContext, TaskResult, TaskResultStatus
@@ -53,20 +53,13 @@ except ImportError:  # Django 5.2: the django-tasks backport
     from django_tasks.signals import task_enqueued, task_finished, task_started
     from django_tasks.utils import normalize_json
 
-TASK_FLOW = "loom.task"
 log = logging.getLogger("loom.tasks")
 MAX_TRACEBACK = 20_000  # characters of a traceback kept in the journal
-SIGNING_SALT = "journal.tasks.LoomBackend"  # the signature of a task path: made at enqueue, checked before import
 
 
 class InvalidTaskArguments(InvalidInput, InvalidTask, TypeError):
     """A task's arguments are not JSON the journal stores (journal/jsonvalues.py); nothing was queued. A
     TypeError too, as Django's own backends raise for arguments outside JSON."""
-
-
-class UnverifiedTask(FlowError):
-    """A loom.task execution whose task path carries no valid signature of LoomBackend.enqueue (a start of
-    the flow from elsewhere, a row written by hand, a key that changed): refused before anything is imported."""
 
 
 class TaskFailed(Exception):
@@ -89,28 +82,6 @@ class TaskAttemptFailed(Exception):
         self.journal_fields = {"exception_class_path": self.class_path, "worker": worker,
                                "traceback": "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]}
         super().__init__(self.journal_error)
-
-
-def sign_task(execution_id: str, path: str) -> str:
-    """The signature binding a task path to one execution (SECRET_KEY; SECRET_KEY_FALLBACKS verify too)."""
-    return signing.Signer(salt=SIGNING_SALT).signature(f"{execution_id}\n{path}")
-
-
-def verified_path(input: Any, execution_id: str) -> str:
-    """The task path of a loom.task input if LoomBackend.enqueue signed it for this execution; UnverifiedTask
-    otherwise. Nothing is imported before this returns."""
-    path = input.get("task") if isinstance(input, dict) else None
-    signature = input.get("signature") if isinstance(input, dict) else None
-    if not isinstance(path, str) or not isinstance(signature, str):
-        raise UnverifiedTask(f"execution {execution_id!r}: its input names no signed task (a loom.task execution "
-                             "is made by LoomBackend.enqueue only)")
-    try:
-        signing.Signer(salt=SIGNING_SALT).unsign(f"{execution_id}\n{path}{signing.Signer().sep}{signature}")
-    except signing.BadSignature:
-        raise UnverifiedTask(f"execution {execution_id!r}: the signature of task {path[:200]!r} is not valid "
-                             "(not made by LoomBackend.enqueue for this execution, or with a key no longer in "
-                             "SECRET_KEY or SECRET_KEY_FALLBACKS)") from None
-    return path
 
 
 def _task_of(path: str):
