@@ -100,3 +100,8 @@ def who_runs_me(context) -> dict:
 def patient(message: str) -> None:
     """Fails; its own policy waits an hour before its second attempt."""
     raise ValueError(message)
+
+
+@task
+def complex_exception() -> None:
+    raise ValueError(ValueError("This task failed"))

@@ -50,7 +50,7 @@ def stop_the_process_lease_keeper():
 def work(queue: str = "default", limit: int = 100) -> list[str]:
     """What a worker does: claim the queue's due entries within its caps and run each; their statuses."""
     claimed = store_for().dequeue(queue, "test-worker", limit, sorted(registry.registered()), 3600.0)
-    return [run_claimed(entry) for entry in claimed]
+    return [run_claimed(entry) for entry in claimed or []]  # None: the queue has no row yet (PostgreSQL)
 
 
 def test_the_configured_backend_is_loom():
