@@ -10,9 +10,14 @@ mid-task leaves a running execution that the recovery sweep resumes elsewhere. `
 the execution (the result id IS the execution id). Works with `django.tasks` (Django 6) and with the
 `django_tasks` backport (Django 5.2). Needs the `queues` app installed (docs/queues.md).
 
-Attempts: OPTIONS["ATTEMPTS"] (default 1) calls of the function, each a journaled step; an exception
-is recorded (class path and traceback, Django's TaskError) and the next attempt runs; after the last
-the execution fails and the result is FAILED with every error. A completed attempt never runs again.
+Attempts: one journaled step "call" whose retry policy is the task's (OPTIONS ATTEMPTS, BACKOFF,
+BACKOFF_FACTOR, MAX_BACKOFF; `retry` under @task per task): each failed attempt, any BaseException but
+GeneratorExit, is a STEP_FAILED with the class path, message, traceback and worker (Django's TaskError is read
+from it); a long backoff parks the execution on a timer. After the last the execution fails and the result is
+FAILED with every error. A completed attempt never runs again.
+
+Only a task path LoomBackend.enqueue signed for the execution is imported (journal/task_names.py): a start of
+loom.task made any other way fails with UnverifiedTask, before any import.
 """
 
 from __future__ import annotations
