@@ -251,7 +251,7 @@ class LoomBackend(BaseTaskBackend):
                         if self.options.get(option) is not None}
         RetryPolicy(max(1, self.attempts), **self.backoff)  # ValueError at startup for an unusable policy
         self.concurrency = self.options.get("CONCURRENCY")
-        if apps.is_installed("queues"):
+        if not apps.apps_ready or apps.is_installed("queues"):  # (a @task module imported while apps load)
             self._declare_queues(self.queues)
 
     def _declare_queues(self, names) -> None:
