@@ -161,3 +161,17 @@ def test_an_entry_of_an_earlier_release_without_a_header_is_still_read():
     result = queue_flows.add.enqueue(3, 4)
     assert QueueEntry.objects.filter(execution_id=result.id).exists()
     assert queue_flows.add.get_result(result.id).args == [3, 4]
+
+
+def test_an_operators_retry_of_a_failed_task_runs_it_again_with_fresh_attempts():
+    """The same execution id: its signature still verifies (docs/queues.md)."""
+    from journal.flows import retry_execution
+
+    queue_flows.FLAKY_CALLS.clear()
+    queue_flows.FLAKY_CALLS["r"] = 0
+    result = queue_flows.flaky.enqueue("r")  # one attempt (the default ATTEMPTS): its first call fails
+    assert work() == ["failed"]
+    assert retry_execution(result.id).status == "completed"
+    fetched = queue_flows.flaky.get_result(result.id)
+    assert fetched.status == TaskResultStatus.SUCCESSFUL and queue_flows.FLAKY_CALLS["r"] == 2
+    assert [e.exception_class_path for e in fetched.errors] == ["builtins.RuntimeError"]
