@@ -175,3 +175,34 @@ def test_an_operators_retry_of_a_failed_task_runs_it_again_with_fresh_attempts()
     fetched = queue_flows.flaky.get_result(result.id)
     assert fetched.status == TaskResultStatus.SUCCESSFUL and queue_flows.FLAKY_CALLS["r"] == 2
     assert [e.exception_class_path for e in fetched.errors] == ["builtins.RuntimeError"]
+
+
+def test_a_task_an_earlier_release_left_running_goes_on_from_its_recorded_attempts():
+    """An earlier release journaled each failed attempt as a completed step {"ok": false} at its own position:
+    a resume under this release counts them, runs only the attempts left, and reads their errors."""
+    from journal.flows import events as ev
+    from journal.flows import resume
+    from journal.tasks import sign_task
+
+    path = queue_flows.flaky.module_path
+    queue_flows.FLAKY_CALLS.clear()
+    queue_flows.FLAKY_CALLS["old"] = 1  # its first attempt ran (and failed) under the earlier release
+    data = {"task": path, "signature": sign_task("t-old-1", path), "args": ["old"], "kwargs": {},
+            "takes_context": True, "attempts": 3}
+    error = {"exception_class_path": "builtins.RuntimeError", "traceback": "Traceback ...\\nRuntimeError: first"}
+    from journal.envelopes import Envelope
+    from journal.models import Event
+
+    token, _ = Event.objects.open_stream("t-old-1", Envelope(ev.EXECUTION_STARTED, {"flow": "loom.task",
+                                                                                     "input": data}))
+    if not Execution.objects.filter(pk="t-old-1").exists():
+        Execution.objects.create(id="t-old-1", flow="loom.task", status="running", input=data)
+    Event.objects.append("t-old-1", [
+        Envelope(ev.STEP_STARTED, {"step": "call", "pos": 0, "attempt": 1}),
+        Envelope(ev.STEP_COMPLETED, {"step": "call", "pos": 0, "attempt": 1, "ms": 1, "result": {
+            "ok": False, "error": error, "worker": "w0", "attempt": 1}})], fence_token=token)
+    assert resume("t-old-1", force=True).status == "completed"  # its worker died (an operator forces it)
+    fetched = queue_flows.flaky.get_result("t-old-1")
+    assert fetched.status == TaskResultStatus.SUCCESSFUL and queue_flows.FLAKY_CALLS["old"] == 2
+    assert [e.exception_class_path for e in fetched.errors] == ["builtins.RuntimeError"]
+    assert fetched.worker_ids[0] == "w0" and fetched.attempts == 2
