@@ -317,9 +317,9 @@ class LoomBackend(BaseTaskBackend):
         if not apps.is_installed("queues"):
             raise InvalidTask(f"{type(self).__name__} needs the queues app: insert 'queues' in INSTALLED_APPS")
         self.validate_task(task)
-        try:  # Django's rule first (tuples become lists; TypeError "Unsupported type" for anything else)
+        try:  # Django's rule first (tuples become lists, UTF-8 bytes str; TypeError "Unsupported type" else)
             args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:  # ValueError: bytes that are not UTF-8
             raise InvalidTaskArguments(f"arguments of task {task.module_path}: {exc}") from None
         if not self.queues:  # QUEUES = []: any queue name (Django's rule); an undeclared one gets the default cap
             self._declare_queues([task.queue_name])

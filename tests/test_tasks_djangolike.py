@@ -206,3 +206,12 @@ def test_a_task_an_earlier_release_left_running_goes_on_from_its_recorded_attemp
     assert fetched.status == TaskResultStatus.SUCCESSFUL and queue_flows.FLAKY_CALLS["old"] == 2
     assert [e.exception_class_path for e in fetched.errors] == ["builtins.RuntimeError"]
     assert fetched.worker_ids[0] == "w0" and fetched.attempts == 2
+
+
+def test_bytes_follow_djangos_json_rule_utf8_becomes_str_and_other_bytes_are_refused():
+    """Django's normalize_json decodes UTF-8 bytes; others were a raw UnicodeDecodeError/ValueError path."""
+    before = QueueEntry.objects.count()
+    with pytest.raises(InvalidTaskArguments):
+        queue_flows.add.enqueue(b"\x80", 1)
+    assert QueueEntry.objects.count() == before
+    assert queue_flows.add.enqueue(b"ab", b"c").args == ["ab", "c"]
