@@ -47,7 +47,7 @@ from django.utils.html import format_html
 
 from journal import shards
 from journal.admin_base import ReadOnlyAdmin, SafeChangeList, panel_fields
-from journal.admin_filters import QueueFilter, ScheduleFilter
+from journal.admin_filters import FlowFilter, QueueFilter, ScheduleFilter
 from journal.admin_shards import ShardedRows, pick_value
 from journal.aggregates.admin import AggregateAdmin
 from journal.exceptions import ForgetIncomplete
@@ -161,8 +161,8 @@ class StatusFilter(admin.ChoicesFieldListFilter):
 
 @admin.register(Execution)
 class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
-    list_display = ("id", "flow", "status", "progress", "duration", "created", "finished", "recoveries", "shard")
-    list_filter = (("status", StatusFilter), "flow", QueueFilter, ScheduleFilter)
+    list_display = ("id", "flow_name", "status", "progress", "duration", "created", "finished", "recoveries", "shard")
+    list_filter = (("status", StatusFilter), FlowFilter, QueueFilter, ScheduleFilter)
     search_fields = ("id", "flow")
     withheld_lookups = ("input", "result", "error")  # a viewer may see their sensitive fields redacted
     readonly_fields = ("id", "flow", "status", "input_json", "result_json", "error", "recoveries", "created",
@@ -208,6 +208,13 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         done = (Event.objects.filter(stream_id=OuterRef("pk"), type="STEP_COMPLETED").order_by()
                 .values("stream_id").annotate(n=Count("id")).values("n"))
         return super().get_queryset(request).annotate(steps_done=Subquery(done))
+
+    @admin.display(description="flow", ordering="flow")
+    def flow_name(self, execution) -> str:
+        """A Django task's dotted name for `loom.task` (its signed path, journal/task_names.py), else the flow."""
+        from journal.task_names import shown_flow
+
+        return shown_flow(execution.flow, execution.input, execution.pk)
 
     @admin.display(description="steps done")
     def progress(self, execution) -> str:

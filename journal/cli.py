@@ -183,18 +183,31 @@ def list_executions(using: str | None, *, status: str | None = None, flow: str |
     found = []
     for alias in _aliases(using):
         rows = _matching(alias, status, flow, queue, schedule, since_at, stuck)
-        found += [{**row, "shard": alias} if shards.sharded() else row
-                  for row in rows.values("id", "flow", "status", "created_at", "finished_at", "recoveries")[:limit]]
+        found += [{**row, "shard": alias} if shards.sharded() else row for row in _with_task(
+            rows.values("id", "flow", "status", "created_at", "finished_at", "recoveries", "input")[:limit])]
     found.sort(key=lambda row: row["id"])
     found.sort(key=lambda row: row["created_at"], reverse=True)  # stable: newest first, then by id
     found = found[:limit]
     data = [{**row, "created_at": _iso(row["created_at"]), "finished_at": _iso(row["finished_at"])} for row in found]
     lines = _table(["id", "flow", "status", "created", "finished"],
-                   [[r["id"], r["flow"], r["status"], stamp(r["created_at"]), stamp(r["finished_at"]) or "-"]
-                    for r in found])
+                   [[r["id"], r["task"] or r["flow"], r["status"], stamp(r["created_at"]),
+                     stamp(r["finished_at"]) or "-"] for r in found])
     if len(found) == limit:
         lines.append(f"(the newest {limit}; --limit to see more)")
     return Reply(data, lines or ["no executions"])
+
+
+def _with_task(rows) -> list[dict]:
+    """Rows without their input, each with "task": a Django task's verified dotted name (journal/task_names.py;
+    the list's flow column shows it), else None."""
+    from journal.task_names import shown_flow
+
+    found = []
+    for row in rows:
+        data = dict(row)
+        shown = shown_flow(data["flow"], data.pop("input"), data["id"])
+        found.append({**data, "task": shown if shown != data["flow"] else None})
+    return found
 
 
 def _matching(using: str, status: str | None, flow: str | None, queue: str | None, schedule: str | None,
@@ -211,7 +224,9 @@ def _matching(using: str, status: str | None, flow: str | None, queue: str | Non
             raise Refused(f"--status {status!r}: one of {', '.join(Execution.Status.values)}", USAGE)
         rows = rows.filter(status=status)
     if flow:
-        rows = rows.filter(flow=flow)
+        from journal.task_names import flow_q
+
+        rows = rows.filter(flow_q(flow))  # a flow, or a Django task's dotted name
     if since:
         rows = rows.filter(created_at__gte=since)
     if schedule:
@@ -262,7 +277,11 @@ def show(using: str | None, execution_id: str, reveal: bool = False) -> Reply:
     }
     if shards.sharded():
         data["shard"] = using
-    lines = [f"execution {execution_id}", f"  flow      {data['flow']}", f"  status    {data['status']}",
+    from journal.task_names import shown_flow
+
+    shown = shown_flow(view["flow"], view["input"], execution_id)
+    flow_line = shown if shown == view["flow"] else f"{shown} (task, flow {view['flow']})"
+    lines = [f"execution {execution_id}", f"  flow      {flow_line}", f"  status    {data['status']}",
              f"  created   {stamp(view['created_at'])}", f"  finished  {stamp(view['finished_at']) or '-'}",
              f"  fence     {data['fence']}"]
     if lease:
@@ -300,7 +319,8 @@ def _describe(using: str, execution_id: str, reveal: bool = False) -> dict:
 
 def _steps(rows: list[dict]) -> list[dict]:
     return [{"pos": r["pos"], "step": r["step"], "attempt": r["attempt"], "status": r["status"], "ms": r["ms"],
-             "started_at": _iso(r.get("started_at")), "result": r["result"], "error": r["error"], "note": r["note"]}
+             "started_at": _iso(r.get("started_at")), "result": r["result"], "error": r["error"], "note": r["note"],
+             **({"traceback": r["traceback"]} if r.get("traceback") else {})}
             for r in rows]
 
 

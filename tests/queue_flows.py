@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from journal.flows import flow
+from journal.tasks import retry
 
 try:
     from django.tasks import task
@@ -83,3 +84,33 @@ def inbox(ctx, value):
     message = ctx.recv("go", timeout=value.get("timeout", 5))
     ctx.set_event("got", message)
     return message
+
+
+@task
+def exits(code: int) -> None:
+    """Raises SystemExit, as a task calling sys.exit() would."""
+    raise SystemExit(code)
+
+
+@task
+def interrupted() -> None:
+    raise KeyboardInterrupt("stop")
+
+
+@task(takes_context=True)
+def who_runs_me(context) -> dict:
+    """What get_result says of this task while it runs (read from the database, as another process would)."""
+    seen = context.task_result.task.get_backend().get_result(context.task_result.id)
+    return {"status": str(seen.status), "worker_ids": seen.worker_ids, "attempts": seen.attempts}
+
+
+@task
+@retry(attempts=2, backoff=3600.0)
+def patient(message: str) -> None:
+    """Fails; its own policy waits an hour before its second attempt."""
+    raise ValueError(message)
+
+
+@task
+def complex_exception() -> None:
+    raise ValueError(ValueError("This task failed"))

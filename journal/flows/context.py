@@ -154,6 +154,9 @@ def _error_text(exc: BaseException, secrets: list[str] | None = None) -> str:
     """What the log keeps of a failure: type and message. `secrets` (not None: the run holds marked data,
     journal/privacy) are the marked values the run knows in clear; they are cut out of the text, and a pydantic
     ValidationError is described without its input values (errors(include_input=False))."""
+    explicit = getattr(exc, "journal_error", None)  # an exception that says how it is recorded (journal/tasks.py)
+    if isinstance(explicit, str):
+        return explicit[:2000] if secrets is None else _scrub(explicit, secrets)
     if secrets is None:
         return f"{type(exc).__name__}: {exc}"[:2000]
     from pydantic import ValidationError
@@ -174,6 +177,16 @@ def _scrub(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, WITHHELD)
     return text[:2000]
+
+
+def _failure_fields(exc: BaseException, failed: dict, secrets: list[str] | None) -> dict[str, str]:
+    """More of a failed attempt for its STEP_FAILED (a Django task's class path, traceback, worker): the str
+    fields of the exception's `journal_fields` that the payload has not got, marked values cut out."""
+    fields = getattr(exc, "journal_fields", None)
+    if not isinstance(fields, dict):
+        return {}
+    return {key: value[:20_000] if secrets is None else _scrub(value, secrets)
+            for key, value in fields.items() if isinstance(key, str) and isinstance(value, str) and key not in failed}
 
 
 def _jsonable(value: Any) -> str | None:
@@ -254,6 +267,7 @@ class DurableContext(Context):
                 failed = {"step": name, "pos": pos, "attempt": attempt, "error": error, "retry": again, "ms": ms}
                 if isinstance(exc, DeadlineExceeded):
                     failed["timeout"] = True
+                failed.update(_failure_fields(exc, failed, secrets))
                 delay = policy.delay(attempt) if again else 0.0
                 if again and delay >= inline_max() and delay > 0:
                     failed["due_at"] = iso(now() + timedelta(seconds=delay))  # a parked backoff: its end

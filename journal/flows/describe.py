@@ -62,6 +62,8 @@ def timeline(events) -> list[dict[str, Any]]:
             else:
                 row["status"] = "retrying" if p.get("retry") else "failed"
                 row["error"] = p.get("error", "")
+                if isinstance(p.get("traceback"), str):  # a Django task's attempt (journal/tasks.py)
+                    row["traceback"] = p["traceback"]
         elif event.type in ev.SETTLING:
             for row in open_rows.values():  # a step still going when the execution settled (a cancel)
                 row["status"], row["note"] = "interrupted", f"interrupted by {event.type} at {stamp(event.recorded_at)}"

@@ -3,6 +3,8 @@
 EXECUTION_STARTED {flow, input}
   per step: STEP_STARTED {step, pos, attempt}
             STEP_COMPLETED {step, pos, attempt, result, ms}  or  STEP_FAILED {step, pos, attempt, error, retry, ms}
+            (STEP_FAILED may carry more str fields an exception names in `journal_fields`: a Django task's
+            attempt adds exception_class_path, traceback and worker, journal/tasks.py)
 EXECUTION_COMPLETED {result} | EXECUTION_FAILED {error} | EXECUTION_CANCELLED {reason}
 EXECUTION_RETRIED {attempt, actor, error, from_pos, steps}   (retry() of a failed execution: a new attempt)
 
