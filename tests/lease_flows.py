@@ -75,3 +75,10 @@ def gated(ctx, value):
     who = ctx.step("wait", wait)
     ctx.step("after", lambda: 3)
     return who
+
+
+@flow("leases.sleep_then_fail")
+def sleep_then_fail(ctx, value):
+    """One step that lasts `seconds` (past the lazy grace: leased), then the flow fails."""
+    ctx.step("sleep", lambda: time.sleep(value["seconds"]) or value["seconds"])
+    raise RuntimeError("failed on purpose")
