@@ -505,7 +505,7 @@ def _release_at_exit() -> None:
         try:
             keeper.flush_releases(releases)
             connections[keeper.alias].close()
-        except Exception:  # noqa: BLE001 - exiting: nothing left to tell, the pruning removes the rows later
+        except Exception:  # exiting: nothing left to tell; the recovery service prunes the rows later
             log.debug("lease keeper %s: releases at exit failed", keeper.worker_id, exc_info=True)
 
 
