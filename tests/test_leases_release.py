@@ -148,3 +148,48 @@ def test_the_recovery_service_prunes_expired_leases_of_executions_no_run_holds()
     store_for().expire_many("gone-node", [(eid, 1) for eid in statuses if eid != "p-fresh"])
     prune_workers()
     assert sorted(Lease.objects.values_list("execution_id", flat=True)) == ["p-fresh", "p-run", "p-stuck"]
+
+
+OWNER = """
+import time
+from journal.flows import start
+from leases.keeper import get_keeper
+from leases.models import Lease
+from leases.worker import HeartbeatService, Worker
+w = Worker("owner-proc", services=[HeartbeatService])
+w.start()
+print("OUTCOME", start("leases.gated", {args!r}, execution_id={eid!r}).status, flush=True)
+ticks = get_keeper().ticks
+while get_keeper().ticks < ticks + 5:  # its keeper goes on renewing after the run stopped
+    time.sleep(0.05)
+print("ROWS", Lease.objects.filter(execution_id={eid!r}).count(), flush=True)
+w.stop(5)
+"""
+
+
+@pytest.mark.parametrize("mode", ["lazy", "eager"])
+def test_a_cancel_deletes_the_lease_of_a_run_live_in_another_process_which_does_not_write_it_again(
+        child_env, tmp_path, mode):
+    """The owner is another process (its keeper thread renewing every 0.1 s), its run inside a step: the cancel
+    deletes the row at once; the run, fenced off, stops as cancelled at its next write, and its keeper ticks on
+    without the row coming back, until the process stops."""
+    from tests.conftest import spawn_child
+
+    child_env.update({"LOOM_LEASE_MODE": mode, "LOOM_LEASE_LAZY_GRACE": "0.1", "LOOM_LEASE_TTL": "30",
+                      "LOOM_LEASE_RENEW_EVERY": "0.1", "LOOM_FLOW_MODULES": "tests.lease_flows"})
+    args = {"marker": str(tmp_path / "running"), "release": str(tmp_path / "release")}
+    owner = spawn_child(OWNER.format(args=args, eid="rel-proc"), child_env)
+    try:
+        wait_until(lambda: (tmp_path / f"running.{owner.pid}").exists()
+                   and lease_rows("rel-proc") == [("owner-proc", 1)], "the other process runs the step, leased")
+        assert cancel("rel-proc", "by the test").status == "cancelled"
+        assert lease_rows("rel-proc") == []
+        (tmp_path / "release").write_text("go")
+        out, err = owner.communicate(timeout=60)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.communicate()
+    assert "OUTCOME cancelled" in out and "ROWS 0" in out, (out, err)
+    assert lease_rows("rel-proc") == []
+    assert Execution.objects.get(pk="rel-proc").status == "cancelled"
