@@ -257,7 +257,7 @@ def test_the_queue_page_lists_every_shards_entries_and_acts_on_each_ticked_one_o
     assert facts["boxes"] == facts["expected_boxes"], facts  # each checkbox names its row's shard
     target, other = facts["on"]["shard1"]
     first, second = facts["on"]["default"]
-    assert facts["cancelled"] == [f"Cancelled, they never start: {target}"], facts
+    assert len(facts["cancelled"]) == 1 and facts["cancelled"][0].startswith(f"Cancelled, they never start: {target}")
     assert facts["reprioritised"] == [f"Priority 42 set on: {first}"], facts
     rows = facts["rows"]
     assert rows[target] == ["cancelled", 0] and rows[other] == ["pending", 0], rows
