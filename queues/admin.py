@@ -20,6 +20,7 @@ Both act on the rows ticked, each on its shard (journal/admin_shards.py); the SQ
 from __future__ import annotations
 
 from contextvars import ContextVar
+from urllib.parse import urlencode
 
 import django
 from django.contrib import admin, messages
@@ -118,7 +119,7 @@ class QueueAdmin(ReadOnlyAdmin):
 
 def entries_url(queue: str, state: str = "live") -> str:
     """The queue's page: its entries list, filtered by queue and (default) the live states."""
-    return f"{reverse('admin:queues_queueentry_changelist')}?queue={queue}&state={state}"
+    return f"{reverse('admin:queues_queueentry_changelist')}?{urlencode({'queue': queue, 'state': state})}"
 
 
 class EntryQueueFilter(admin.SimpleListFilter):
@@ -222,8 +223,15 @@ class QueueEntryAdmin(ReadOnlyAdmin):
         entries, left = self._selected(request, queryset)
         if request.POST.get("post") == "yes":
             reason = f"cancelled by {request.user.get_username()} in the admin (queue entry)"
-            done = [ops.cancel_entry(entry.execution_id, entry._state.db, reason) for entry in entries]
+            done = []
+            for entry in entries:
+                try:
+                    done.append(ops.cancel_entry(entry.execution_id, entry._state.db, reason))
+                except Exception as exc:  # shown to the operator, never a 500; the other rows go on
+                    messages.error(request, f"cancel {entry.execution_id}: nothing done: {type(exc).__name__}: {exc}")
             self._say(request, done)
+            if not entries:
+                messages.info(request, "cancel: nothing selected")
             if left:
                 messages.warning(request, f"cancel: {left} more selected entr(ies) were not touched (at most "
                                           f"{BULK_LIMIT} per action): run it again for them")
@@ -255,8 +263,6 @@ class QueueEntryAdmin(ReadOnlyAdmin):
             messages.info(request, format_html("not cancelled, already finished: {}", format_html_join(
                 ", ", "{} ({})", ((p.execution_id, p.text.removeprefix("nothing: already finished ").strip("()"))
                                   for p in finished))))
-        if not done:
-            messages.info(request, "cancel: nothing selected")
 
     @admin.action(description="Reprioritise selected pending entries", permissions=["reprioritise"])
     def reprioritise_entries(self, request, queryset):
