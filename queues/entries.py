@@ -12,6 +12,7 @@ operator is told to cancel the execution instead, on its own page (its Cancel bu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -19,7 +20,8 @@ from queues.models import CANCELLED, DONE, STARTED
 
 CANCEL, RUNNING, FINISHED = "cancelled", "running", "finished"  # a cancel's outcomes per row
 QUEUED = "queued"  # the header status of an accepted start no worker has begun (journal, issue 24)
-PRIORITIES = range(-100, 101)  # the enqueue's bounds (queues/enqueuing.py check_options)
+PRIORITIES = range(-100, 101)
+WHOLE = re.compile(r"[+-]?[0-9]{1,12}")  # the enqueue's bounds (queues/enqueuing.py check_options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +96,9 @@ def cancel_entry(execution_id: str, using: str, reason: str) -> Plan:
 def check_priority(text: str) -> int:
     """The priority an operator typed, as a whole number -100..100; ValueError naming the problem."""
     value = (text or "").strip()
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"the priority must be a whole number from -100 to 100, got {value[:40]!r}") from None
+    if not WHOLE.fullmatch(value):  # ASCII digits only: int() would also take "1_0" and other scripts' digits
+        raise ValueError(f"the priority must be a whole number from -100 to 100, got {value[:40]!r}")
+    number = int(value)
     if number not in PRIORITIES:
         raise ValueError(f"the priority must be from -100 to 100, got {number}")
     return number

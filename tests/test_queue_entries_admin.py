@@ -13,6 +13,9 @@ import uuid
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from journal.envelopes import Envelope
 from journal.flows import ownership as own
@@ -218,3 +221,23 @@ def test_the_executions_list_offers_queued_and_filters_by_it(admin_client, queue
     assert "?status__exact=queued" in listing and ">Queued<" in listing
     queued = admin_client.get("/admin/journal/execution/?status__exact=queued").content.decode()
     assert f"{queue}-w" in queued and f"{queue}-ran" not in queued
+
+
+@hyp_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(typed=st.one_of(st.integers(-300, 300).map(str), st.sampled_from(["1_0", "\u0663", " 7 ", "+5", "0x10"]),
+                       st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)))
+def test_any_typed_priority_is_set_when_it_is_a_whole_number_in_range_and_else_refused_with_nothing_changed(
+        operator, queue, typed):
+    """Whatever is typed: a whole number -100..100 is set on the pending entry; anything else is refused on the
+    form with the reason, and the entry keeps the priority it had."""
+    if not QueueEntry.objects.filter(execution_id=f"{queue}-any").exists():
+        enqueue(FLOW, {"n": 1}, queue=queue, execution_id=f"{queue}-any")
+    entry = QueueEntry.objects.get(execution_id=f"{queue}-any")
+    before = entry.priority
+    page = post_action(operator, "reprioritise_entries", [entry], post="yes", priority=typed).content.decode()
+    entry.refresh_from_db()
+    wanted = int(typed.strip()) if re.fullmatch(r"[+-]?[0-9]{1,12}", typed.strip()) else None
+    if wanted is not None and -100 <= wanted <= 100:
+        assert entry.priority == wanted and f"Priority {wanted} set on" in page
+    else:
+        assert entry.priority == before and "the priority must be" in page and "nothing was changed" in page
