@@ -156,7 +156,24 @@ def _json(value: Any) -> str:
 
 
 class StatusFilter(admin.ChoicesFieldListFilter):
-    """Every status an execution can have (waiting and suspended are set since flows can wait)."""
+    """Every status an execution can have (waiting and suspended are set since flows can wait), and
+    "queued" (a start accepted onto a queue that no worker has begun, issue 24) even where the model's
+    choices do not name it yet: the list's "queued" choice and the queue page's link select it."""
+
+    EXTRA = (("queued", "Queued"),)
+
+    def choices(self, changelist):
+        known = {str(value) for value, _ in self.field.flatchoices}
+        for i, choice in enumerate(super().choices(changelist)):
+            yield choice
+            if i:
+                continue
+            for value, title in self.EXTRA:  # after "All"
+                if value not in known:
+                    yield {"selected": self.lookup_val is not None and value in self.lookup_val,
+                           "query_string": changelist.get_query_string({self.lookup_kwarg: value},
+                                                                       [self.lookup_kwarg_isnull]),
+                           "display": title}
 
 
 @admin.register(Execution)

@@ -20,6 +20,7 @@ former owner's appends whatever it believes.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
@@ -490,3 +491,22 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _release_at_exit() -> None:
+    """At interpreter exit, send the releases still queued (settled runs' leases wait RELEASE_DELAY to be
+    group-committed): a process that exits right after its run settled (a command, a script) would leave the
+    row to expire, for the recovery service's pruning to find later. Best effort: the database may be gone."""
+    for keeper in keepers():
+        with keeper.cond:
+            releases, keeper.release_q = keeper.release_q, []
+        if not releases:
+            continue
+        try:
+            keeper.flush_releases(releases)
+            connections[keeper.alias].close()
+        except Exception:  # exiting: nothing left to tell; the recovery service prunes the rows later
+            log.debug("lease keeper %s: releases at exit failed", keeper.worker_id, exc_info=True)
+
+
+atexit.register(_release_at_exit)

@@ -111,6 +111,13 @@ class LeaseOwnership:
         return None
 
 
+def drop_on_cancel(execution_id: str, alias: str) -> None:
+    """journal.flows.runtime.CANCEL_HOOKS: a cancelled execution's lease row goes in the cancel's own
+    transaction, whoever held it (a live run elsewhere, fenced off by the cancel, or a process that died).
+    Left there, it stayed forever: the recovery sweep reads running executions only."""
+    store_for(alias).drop_lease(execution_id)
+
+
 def install(mode: str | None = None) -> str:
     """Install the ownership for `mode` (default: LOOM_LEASE_MODE) process-wide; returns the mode."""
     mode = mode or conf.get("LOOM_LEASE_MODE")

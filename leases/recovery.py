@@ -149,8 +149,13 @@ def _halts() -> tuple[type[Exception], ...]:
 
 
 def prune_workers(alias: str | None = None) -> int:
-    """Delete worker rows unseen for LOOM_WORKER_RETENTION seconds on one shard (the workers page)."""
-    pruned = store_for(alias).prune_workers(conf.get("LOOM_WORKER_RETENTION"))
+    """Delete worker rows unseen for LOOM_WORKER_RETENTION seconds on one shard (the workers page), and the
+    expired lease rows of executions no run holds (settled or parked: a release lost in a crash)."""
+    store = store_for(alias)
+    leases = store.prune_settled_leases()
+    if leases:
+        log.info("pruned %d expired lease row(s) of settled or parked executions", leases)
+    pruned = store.prune_workers(conf.get("LOOM_WORKER_RETENTION"))
     if pruned:
         log.info("pruned %d worker row(s) unseen for LOOM_WORKER_RETENTION", pruned)
     return pruned

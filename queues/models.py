@@ -73,6 +73,9 @@ class QueueEntry(models.Model):
         ordering = ["-id"]
         db_table = "queues_entry"
         verbose_name_plural = "queue entries"
+        # What an operator may do to an entry in the admin (queues/admin.py), besides viewing it.
+        permissions = [("cancel_queueentry", "Can cancel a queued start that has not begun"),
+                       ("reprioritise_queueentry", "Can change the priority of a pending queued start")]
         indexes = [
             # The dequeue's candidates: pending entries of a queue in start order.
             models.Index("queue", models.F("priority").desc(), "id", name="queues_entry_pending",

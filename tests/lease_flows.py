@@ -113,3 +113,10 @@ def run_handed_over_here() -> list[dict]:
     from queues import run_due
 
     return [{"status": status} for status in run_due()]
+
+
+@flow("leases.sleep_then_fail")
+def sleep_then_fail(ctx, value):
+    """One step that lasts `seconds` (past the lazy grace: leased), then the flow fails."""
+    ctx.step("sleep", lambda: time.sleep(value["seconds"]) or value["seconds"])
+    raise RuntimeError("failed on purpose")

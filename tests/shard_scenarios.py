@@ -615,6 +615,50 @@ def admin_rows_per_shard(arg) -> dict:
             "lease_shards": sorted({shards.shard_for(e) for e in eids})}
 
 
+def admin_queue_entries(arg) -> dict:
+    """The queue page over two shards (issue 24): entries of both shards listed with their shard, each checkbox
+    naming its row's shard; cancel and reprioritise act on the rows ticked, each on its own shard, never on
+    another shard's entry (entry ids repeat across shards: each shard numbers its own)."""
+    import re
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    import queues
+    from journal import shards
+    from queues.models import QueueEntry
+
+    run = arg["run"]
+    queue = f"{run}-q"
+    queues.declare_queue(queue, concurrency=2)
+    eids = ids_on_each_shard(f"{run}-e", 2)
+    for eid in eids:
+        queues.enqueue("shards.one", 1, queue=queue, execution_id=eid)
+    user, _ = get_user_model().objects.get_or_create(username=f"{run}-admin", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(user)
+    url = f"/admin/queues/queueentry/?queue={queue}&state=live"
+    html = client.get(url).content.decode()
+    other = shards.shards()[1]
+    on = {alias: [e for e in eids if shards.shard_for(e) == alias] for alias in shards.shards()}
+
+    def box(alias: str, eid: str) -> str:
+        return f"{alias}:{QueueEntry.objects.using(alias).get(execution_id=eid).pk}"
+
+    def act(action: str, picked: str, **extra) -> list[str]:
+        page = client.post(url, {"action": action, "_selected_action": [picked], "post": "yes", **extra}, follow=True)
+        return re.findall(r'<li class="[a-z]+">(.*?)</li>', page.content.decode())
+
+    cancelled = act("cancel_entries", box(other, on[other][0]))
+    reprioritised = act("reprioritise_entries", box("default", on["default"][0]), priority="42")
+    rows = {eid: QueueEntry.objects.using(shards.shard_for(eid)).values_list("state", "priority").get(execution_id=eid)
+            for eid in eids}
+    return {"listed": sorted(re.findall(r'class="field-shard">([^<]*)<', html)),
+            "boxes": sorted(re.findall(r'name="_selected_action" value="([^"]*)"', html)),
+            "expected_boxes": sorted(box(shards.shard_for(e), e) for e in eids), "on": on,
+            "cancelled": cancelled, "reprioritised": reprioritised, "rows": rows}
+
+
 def click_unblock(client, query: str, box: str) -> str | None:
     """Tick `box` on the subscriptions list in headless Chromium (no JavaScript) against a live server of this
     process (its two shards), choose "Unblock" and press Go: the page's message, or None without a browser."""

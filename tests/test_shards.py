@@ -249,6 +249,21 @@ def test_queues_schedules_the_cli_and_tasks_act_on_each_executions_shard(shard_e
     assert facts["pruned"] == [2, ["qs-not-begun"]]  # reservations of shard1's begun executions pruned
 
 
+def test_the_queue_page_lists_every_shards_entries_and_acts_on_each_ticked_one_on_its_own_shard(shard_env):
+    """Issue 24's queue page with two shards: both shards' entries with their shard column; Cancel ticked on a
+    shard1 entry cancels that one only, Reprioritise ticked on a default entry changes that one only."""
+    facts = scenario(shard_env, "admin_queue_entries", {"run": "qe"})
+    assert facts["listed"] == ["default", "default", "shard1", "shard1"], facts
+    assert facts["boxes"] == facts["expected_boxes"], facts  # each checkbox names its row's shard
+    target, other = facts["on"]["shard1"]
+    first, second = facts["on"]["default"]
+    assert len(facts["cancelled"]) == 1 and facts["cancelled"][0].startswith(f"Cancelled, they never start: {target}")
+    assert facts["reprioritised"] == [f"Priority 42 set on: {first}"], facts
+    rows = facts["rows"]
+    assert rows[target] == ["cancelled", 0] and rows[other] == ["pending", 0], rows
+    assert rows[first] == ["pending", 42] and rows[second] == ["pending", 0], rows
+
+
 def test_a_subjects_keys_live_on_each_shard_and_one_forget_tombstones_it_on_every_shard(shard_env):
     key = "ka:" + "A" * 43 + "="  # 32 bytes, base64
     facts = scenario(shard_env, "privacy_over_shards", {"run": "pv"}, LOOM_KEYS=key)

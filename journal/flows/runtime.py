@@ -296,7 +296,11 @@ class Runner:
             self.after_settle()
             return Outcome(eid, "completed", result, None)
         except Halt as halt:
-            return _halted(eid, halt.error)
+            outcome = _halted(eid, halt.error)  # raises unless a cancel took the execution over
+            # Cancelled under us: no run holds the execution any more, so its lease is released (not left
+            # to lapse: the recovery sweep only looks at running executions, so a lapsed row stayed forever).
+            self.let_go = True
+            return outcome
         finally:
             if self.claim is not None:
                 if self.released:
@@ -659,6 +663,13 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     return Runner(run, state, claim).drive(definition, value)
 
 
+# Callables (execution_id, alias) run in a cancel's transaction, after its settle: the leases app deletes
+# the execution's lease row there (the cancel's fence advance fenced every holder off: the row is no one's,
+# and no sweep would ever look at it again, since recovery reads running executions only). Registered at
+# another app's ready(), so that journal never imports it.
+CANCEL_HOOKS: list = []
+
+
 @shards.by_stream
 def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     """Cancel an execution: take its fence (a running owner is refused at its next step boundary and
@@ -685,8 +696,13 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     # default id of a start not recorded as completed.
     children = [record[2] if record[1] == COMPLETED else f"{execution_id}.child-{pos}"
                 for pos, record in enumerate(state.steps) if record[0] == "$start_child"]
+    from journal.models import Event
+
     try:
-        runner.flush(writer.Settle(CANCELLED, None, reason))
+        with atomic(Event.objects.db):  # the settle and the hooks' writes commit together, or neither
+            runner.flush(writer.Settle(CANCELLED, None, reason))
+            for hook in CANCEL_HOOKS:  # e.g. the leases app: the lease row of the run it fenced off goes
+                hook(execution_id, Event.objects.db)
     except Halt as halt:
         raise halt.error from None
     runner.after_settle()

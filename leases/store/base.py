@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from journal.flows.ownership import Companion
-from journal.store.base import DatabaseBound
+from journal.store.base import EXECUTION_STATUS_OF, DatabaseBound
 
 Item = tuple[str, int]
 
@@ -147,6 +147,17 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
         last `orphan_window` seconds (the common sweep: a long run's header stays old, so reading
         all old ones costs one read per long run); None: among all (the full orphan pass)."""
 
+    def drop_lease(self, execution_id: str) -> int:
+        """Delete the execution's lease row, whoever holds it: called in a cancel's transaction (its fence
+        advance fenced every holder off, so the row is no one's; journal.flows.runtime.CANCEL_HOOKS)."""
+        return self._count(DROP_LEASE, [execution_id])
+
+    @abstractmethod
+    def prune_settled_leases(self) -> int:
+        """Delete the expired lease rows of executions no run can hold (settled or parked): what a release
+        lost in a crash, or an acquire that raced a cancel, left behind (the recovery sweep reads running
+        executions only, so nothing else would ever remove them); the number deleted."""
+
     @abstractmethod
     def touch_worker(self, worker_id: str, host: str, pid: int, role: str = "") -> None:
         """Register the node or mark it seen (one statement per heartbeat tick)."""
@@ -216,6 +227,24 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
         """Delete the lease rows of the executions under `prefix` (maintenance of bench/test rows)."""
         return self._count(DELETE_LEASES, [prefix + "%"])
 
+
+# -- drop_lease -- (a cancel, in its transaction)
+# Every row of the execution, whatever its owner and token: the cancel advanced the fence before, so a
+# holder's renewal finds nothing (it learns it lost) and its acquire is refused (ACQUIRE's current-fence
+# join). No lock beyond the delete's own row lock (it waits for a renewal of the row in flight).
+DROP_LEASE = "DELETE FROM leases_lease WHERE execution_id = %s"
+
+# -- prune_settled_leases -- (the recovery service, every PRUNE_EVERY seconds; each backend's clock)
+# Expired rows only (the index on expires_at): a live row of a settled run is its owner's release in
+# flight. The statuses in which no run holds an execution: settled, or parked (a waiting or suspended run
+# let its lease go; its next run takes a new fence and a new lease). Not running (the recovery sweep's),
+# not stuck (an operator's resume runs it under that status until it settles). The journal's
+# EXECUTION_STATUS_OF hook: one primary-key probe per expired row, no lock.
+PRUNABLE = "('completed', 'failed', 'cancelled', 'waiting', 'suspended')"
+PRUNE_SETTLED_LEASES = (
+    "DELETE FROM leases_lease WHERE expires_at < {now} AND "
+    + EXECUTION_STATUS_OF.format(eid="leases_lease.execution_id") + " IN " + PRUNABLE
+)
 
 # -- count_leases / delete_leases -- (benchmarks, tests)
 # -- fill_leases -- (benchmarks: the growth section's recovery sweep, through bulk_load)

@@ -235,6 +235,8 @@ WHERE w.seen_at < now() - %(older)s::float8 * interval '1 second'
   AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.owner = w.id)
 """
 
+# -- prune_settled_leases -- (leases/store/base.py: the database clock)
+PRUNE_SETTLED_LEASES = base.PRUNE_SETTLED_LEASES.format(now="now()")
 
 # == schedules (leases/schedules.py) ===================================================================
 
@@ -405,6 +407,9 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
 
     def prune_workers(self, older_than):
         return self._count(PRUNE_WORKERS, {"older": older_than})
+
+    def prune_settled_leases(self):
+        return self._count(PRUNE_SETTLED_LEASES, [])
 
     def stop_worker(self, worker_id):
         with self.connection.cursor() as cursor:

@@ -103,6 +103,9 @@ DELETE FROM leases_worker
 WHERE seen_at < %(cutoff)s AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.owner = leases_worker.id)
 """
 
+# -- prune_settled_leases -- (leases/store/base.py: this host's clock, Django's text form)
+PRUNE_SETTLED_LEASES = base.PRUNE_SETTLED_LEASES.format(now="%s")
+
 
 def stamp(moment: datetime) -> str:
     """Django's SQLite text form of an aware UTC datetime (always with microseconds)."""
@@ -274,6 +277,9 @@ class SqliteLeaseStore(SqliteSchedules, LeaseStore):
 
     def prune_workers(self, older_than):
         return self._count(PRUNE_WORKERS, {"cutoff": stamp(_now() - timedelta(seconds=older_than))})
+
+    def prune_settled_leases(self):
+        return self._count(PRUNE_SETTLED_LEASES, [stamp(_now())])
 
     def stop_worker(self, worker_id):
         now = stamp(_now())

@@ -215,6 +215,12 @@ class QueueStore(DatabaseBound, ABC):
         has finished or it does not exist (then cancel the execution: journal.flows.cancel)."""
 
     @abstractmethod
+    def set_priority(self, ids: Sequence[int], priority: int) -> list[int]:
+        """An operator's reprioritise (the admin): the entries among `ids` still pending get `priority`
+        (validated by the caller: -100..100); the ids changed. A started, done or cancelled entry is left
+        as it is (its start order no longer matters), even one claimed while this statement waited."""
+
+    @abstractmethod
     def begin(self, execution_id: str, worker: str, attempts: int) -> bool:
         """The claimer's runner is about to start the execution: True (and from now on cancel_pending
         refuses) if the entry is still this claim's (started by `worker` at claim number `attempts`,

@@ -267,6 +267,18 @@ WHERE q.execution_id = %s AND (q.state = 'pending'
         AND (q.resume_fence IS NOT NULL OR COALESCE({STATUS}, 'queued') IN ('queued', 'cancelled'))))
 """
 
+# -- set_priority -- (an operator's reprioritise)
+# Pending entries only, each under its row lock: a dequeue holds its candidates' rows (FOR UPDATE SKIP
+# LOCKED) until its claim commits, so this waits for it and then re-checks `state = 'pending'` against
+# the committed row (READ COMMITTED): an entry claimed meanwhile keeps its priority and is not returned.
+# Entry rows only, never a queue row (the lock order above); rows in id order, as several may be locked.
+SET_PRIORITY = """
+UPDATE queues_entry q SET priority = %(priority)s
+FROM (SELECT id FROM queues_entry WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending' ORDER BY id FOR UPDATE) p
+WHERE q.id = p.id AND q.state = 'pending'
+RETURNING q.id
+"""
+
 # -- begin --
 # The runner's start is conditional on its claim still standing: the entry row lock orders it with a
 # cancel (above) and with a re-offer (SYNC): the later one re-checks its WHERE and does nothing.
@@ -392,6 +404,11 @@ class PostgresQueueStore(QueueStore):
 
     def cancel_pending(self, execution_id):
         return self._count(CANCEL_PENDING, [execution_id]) == 1
+
+    def set_priority(self, ids, priority):
+        if not ids:
+            return []
+        return sorted(r[0] for r in self._rows(SET_PRIORITY, {"ids": list(ids), "priority": priority}))
 
     def begin(self, execution_id, worker, attempts):
         return self._count(BEGIN, [execution_id, worker, attempts]) == 1

@@ -183,6 +183,13 @@ UPDATE queues_entry SET begun_at = %s
 WHERE execution_id = %s AND state = 'started' AND worker = %s AND attempts = %s AND begun_at IS NULL
 """
 
+# -- set_priority -- (see postgres.py; the write lock orders it with a dequeue's claim)
+SET_PRIORITY = """
+UPDATE queues_entry SET priority = %(priority)s
+WHERE id IN (SELECT value FROM json_each(%(ids)s)) AND state = 'pending'
+RETURNING id
+"""
+
 # -- reopen -- (see postgres.py; the write lock of the retry's transaction serialises it)
 DONE_ENTRY = "SELECT id, queue_id, partition_key FROM queues_entry WHERE execution_id = %s AND state = 'done'"
 REOPEN = "UPDATE queues_entry SET state = 'started', finished_at = NULL WHERE id = %(id)s AND state = 'done'"
@@ -298,6 +305,11 @@ class SqliteQueueStore(QueueStore):
 
     def cancel_pending(self, execution_id):
         return self._count(CANCEL_PENDING, [stamp(_now()), execution_id]) == 1
+
+    def set_priority(self, ids, priority):
+        if not ids:
+            return []
+        return sorted(r[0] for r in self._rows(SET_PRIORITY, {"ids": json.dumps(list(ids)), "priority": priority}))
 
     def begin(self, execution_id, worker, attempts):
         return self._count(BEGIN, [stamp(_now()), execution_id, worker, attempts]) == 1
