@@ -28,19 +28,28 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # Skip reasons that mean "a server or package this machine lacks" (the shard servers, PgBouncer, Chromium,
 # root). Locally such a test skips with its reason; under CI (CI=true) .ci/run installs and starts all of
 # them, so the same skip is a failure: a test skipping there would hide a gap behind a green run.
-MISSING_PARTS = ("scripts/shard-servers", "/usr/bin/chromium", "CI runs as root")
+MISSING_PARTS = ("scripts/shard-servers", "/usr/bin/chromium", "CI runs as root", "scripts/conformance-sources")
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    outcome = yield
-    report = outcome.get_result()
+def _fail_missing_part_under_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
     if os.environ.get("CI") != "true" or not report.skipped or not isinstance(report.longrepr, tuple):
         return
     reason = str(report.longrepr[2])
     if any(part in reason for part in MISSING_PARTS):
         report.outcome = "failed"
-        report.longrepr = f"CI=true: this test would skip ({reason}); .ci/run must provide what it needs"
+        report.longrepr = f"CI=true: this would skip ({reason}); .ci/run must provide what it needs"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    _fail_missing_part_under_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    outcome = yield  # a module that skips as a whole (pytest.skip(allow_module_level=True)) reports here
+    _fail_missing_part_under_ci(outcome.get_result())
 
 
 @pytest.fixture(scope="session", autouse=True)
