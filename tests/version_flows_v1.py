@@ -3,13 +3,8 @@ module has version 1 and nothing else. It waits on a timer or a message, then re
 
 from __future__ import annotations
 
-import os
-
 from journal.flows import flow
-
-
-def worker_id() -> str:
-    return os.environ.get("LOOM_WORKER_ID", f"pid-{os.getpid()}")
+from tests.version_common import worker_id
 
 
 @flow("ver.order")

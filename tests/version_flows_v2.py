@@ -5,7 +5,7 @@ NonDeterminism: an execution that completes here was routed right."""
 from __future__ import annotations
 
 from journal.flows import flow
-from tests.version_flows_v1 import worker_id
+from tests.version_common import worker_id
 
 
 @flow("ver.order", version=2)
