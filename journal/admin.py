@@ -37,8 +37,8 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.admin.utils import quote, unquote
-from django.db.models import Count, OuterRef, Subquery
 from django.core.exceptions import PermissionDenied
+from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -166,8 +166,8 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
                     "recoveries", "shard")
     list_filter = (("status", StatusFilter), "flow", "flow_version", QueueFilter, ScheduleFilter)
     search_fields = ("id", "flow")
-    readonly_fields = ("id", "flow", "flow_version", "status", "input_json", "result_json", "error", "recoveries", "created",
-                       "updated", "finished")
+    readonly_fields = ("id", "flow", "flow_version", "status", "input_json", "result_json", "error", "recoveries",
+                       "created", "updated", "finished")
     fields = readonly_fields  # and the panels other apps add (journal.admin_base.add_execution_panel)
     actions = ("resume_executions", "retry_executions", "cancel_executions", "wake_executions",
                "suspend_executions")

@@ -116,7 +116,7 @@ def test_completed_executions_are_replayed_only_when_asked_and_then_the_whole_lo
     assert [o.status for o in wake_due()] == ["completed"]
     version_flows.CODE["variant"] = "compatible"  # a new step after the wait: rp-0's log has ship there
     assert sorted(r.execution_id for r in replay(flows=["ver.replayed"])) == ["rp-1", "rp-2"]
-    with pytest.raises(AssertionError, match="rp-0 .* at position 2"):
+    with pytest.raises(AssertionError, match=r"rp-0 .* at position 2"):
         replay(flows=["ver.replayed"], settled=True)
 
 

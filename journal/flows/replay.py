@@ -17,8 +17,9 @@ longer validates, or the flow's code raising where the recorded execution did no
 
 from __future__ import annotations
 
+import contextlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from journal.flows import events as ev
@@ -61,7 +62,8 @@ class History:
         for n, event in enumerate(events):
             if (not isinstance(event, dict) or not isinstance(event.get("seq"), int) or isinstance(event["seq"], bool)
                     or not isinstance(event.get("type"), str) or not isinstance(event.get("payload"), dict)):
-                raise InvalidHistory(f"{source}: event {n} must be {{\"seq\": int, \"type\": str, \"payload\": {{...}}}}")
+                raise InvalidHistory(f"{source}: event {n} must be "
+                                     f"{{\"seq\": int, \"type\": str, \"payload\": {{...}}}}")
             if event["seq"] != n:
                 raise InvalidHistory(f"{source}: event {n} has seq {event['seq']} (a log is contiguous from 0)")
             rows.append((event["seq"], event["type"], event["payload"]))
@@ -163,10 +165,8 @@ def replay_history(history: History) -> ReplayResult:
         return failed("InvalidInput", f"its recorded input no longer validates: {exc}")
     ctx = DurableContext(_ReplayRunner(state), state, definition.retry)
     try:
-        try:
+        with contextlib.suppress(ContinueAsNew):  # the flow ended this run: its records are checked all the same
             definition.fn(ctx, value)
-        except ContinueAsNew:
-            pass
         ctx.check_consumed()
     except _ReplayEnd:
         pass

@@ -73,9 +73,10 @@ class RunHandle:
 
 def stamp_version(flow: str, envelopes: list[Envelope], version: int | None = None) -> tuple[list[Envelope], int]:
     """THE place every start records its flow version (docs/flows.md "Versions"): `$version` in its
-    EXECUTION_STARTED payload (left out for version 1: absent means 1) (the first envelope; a Sealed payload keeps its type: the field is not
-    sealed) and the number the header's flow_version gets. Returns (envelopes, version). A start path
-    that writes EXECUTION_STARTED and the header itself (not through write()) must call it too."""
+    EXECUTION_STARTED payload (left out for version 1: absent means 1; the first envelope; a Sealed payload
+    keeps its type: the field is not sealed) and the number the header's flow_version gets. Returns
+    (envelopes, version). A start path that writes EXECUTION_STARTED and the header itself (not through
+    write()) must call it too."""
     version = registry.started_version(flow, version)
     first = envelopes[0] if envelopes else None
     if first is None or first.type != ev.EXECUTION_STARTED:

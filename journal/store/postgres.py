@@ -23,13 +23,13 @@ from journal.atomic import atomic
 from journal.envelopes import AppendItem, SnapshotRecord, StoredEvent
 from journal.privacy import codec
 from journal.store.base import (
-    flow_keys,
     SETTLED_STATUSES,
     ClaimedWait,
     ExecutionBoot,
     ExecutionSettle,
     JournalStore,
     Verdict,
+    flow_keys,
 )
 
 # -- notify --
@@ -732,8 +732,8 @@ class PostgresStore(JournalStore):
             "types": [env.type for env in boot.item.envelopes],
             "payloads": boot.encoded,
             "channel": conf.get("LOOM_NOTIFY_CHANNEL"),
-            "flow": boot.flow, "version": boot.version, "status": boot.status, "input": boot.input, "result": boot.result,
-            "error": boot.error, "finished": boot.finished, "lease_owner": boot.lease_owner,
+            "flow": boot.flow, "version": boot.version, "status": boot.status, "input": boot.input,
+            "result": boot.result, "error": boot.error, "finished": boot.finished, "lease_owner": boot.lease_owner,
             "lease_ttl": boot.lease_ttl,
         }
         return self.execute_guarded(sql, params)[0][0] > 0

@@ -20,13 +20,13 @@ from journal import jsonvalues
 from journal.atomic import atomic
 from journal.envelopes import AppendItem, SnapshotRecord
 from journal.store.base import (
-    flow_keys,
     SETTLED_STATUSES,
     ClaimedWait,
     ExecutionBoot,
     ExecutionSettle,
     JournalStore,
     Verdict,
+    flow_keys,
 )
 
 # -- append: fences --
@@ -344,8 +344,8 @@ class SqliteStore(JournalStore):
                 [v for ord_, (env, text) in enumerate(zip(boot.item.envelopes, boot.encoded, strict=True))
                  for v in (sid, ord_, env.type, text, now)],
             )
-            cursor.execute(HEADER_INSERT, [sid, boot.flow, boot.version, boot.status, boot.input, boot.result, boot.error, now, now,
-                                           now if boot.finished else None])
+            cursor.execute(HEADER_INSERT, [sid, boot.flow, boot.version, boot.status, boot.input, boot.result,
+                                           boot.error, now, now, now if boot.finished else None])
         return True
 
     def _bootstrap_many(self, boots: Sequence[ExecutionBoot]) -> set[str]:
