@@ -211,3 +211,30 @@ def test_bad_flows_options_are_usage_errors():
     with pytest.raises(CommandError) as raised:
         call_command("loom", "flows", "--flow", "x\x00", stdout=StringIO())
     assert raised.value.returncode == 2
+
+
+def test_a_deprecated_patch_replays_executions_that_recorded_its_marker_and_records_none_for_new_ones():
+    version_flows.CODE["variant"] = "patched"
+    start("ver.patched", {}, execution_id="p-marked")  # recorded $patch:tax-v2, tax-v2; parked
+
+    def deprecated(ctx, value):  # the next release: the old branch retired, the marker deprecated
+        ctx.deprecate_patch("tax-v2")
+        tax = ctx.step("tax-v2", lambda: 2)
+        ctx.step("after", lambda: "done")
+        ctx.sleep(value.get("seconds", 3600))
+        ctx.deprecate_patch("late")
+        return {"tax": tax, "late": ctx.step("late-v2", lambda: 20)}
+
+    saved = registry._REGISTRY["ver.patched"][1]
+    registry._REGISTRY["ver.patched"][1] = registry._NEWEST["ver.patched"] = registry.Flow("ver.patched", deprecated)
+    try:
+        start("ver.patched", {}, execution_id="p-unmarked")
+        wake_now("p-marked")
+        wake_now("p-unmarked")
+        outcomes = {o.execution_id: o for o in wake_due()}
+    finally:
+        registry._REGISTRY["ver.patched"][1] = registry._NEWEST["ver.patched"] = saved
+    assert outcomes["p-marked"].result == {"tax": 2, "late": 20}, outcomes["p-marked"].error
+    assert outcomes["p-unmarked"].result == {"tax": 2, "late": 20}
+    steps = [e.payload["step"] for e in Event.objects.read("p-unmarked") if e.type == "STEP_COMPLETED"]
+    assert not [s for s in steps if s.startswith("$patch:")]

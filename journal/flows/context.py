@@ -426,6 +426,15 @@ class DurableContext(Context):
         self._runner.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": 1, "result": True, "ms": None})
         return True
 
+    def deprecate_patch(self, patch_id: str) -> None:
+        """The old branch of `patch_id` is gone (no execution without the marker is live: docs/flows.md
+        "Versions"): an execution that recorded the marker here uses its position up, and nothing new is
+        recorded. `if ctx.patched(id): new else: old` becomes `ctx.deprecate_patch(id); new`."""
+        name = f"$patch:{check_name(patch_id, 'patch id')}"
+        pos = self._pos
+        if pos < len(self._state.steps) and self._state.steps[pos][0] == name:
+            self._pos = pos + 1
+
     def check_consumed(self) -> None:
         """On return of the flow: the log must not hold steps the code no longer asked for."""
         if self._pos < len(self._state.steps):
@@ -464,6 +473,9 @@ class TransientContext(Context):
         """A transient call has no recorded past: always the new branch."""
         check_name(patch_id, "patch id")
         return True
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        check_name(patch_id, "patch id")
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None,
              atomic: bool = False, timeout: float | None = None) -> Any:
