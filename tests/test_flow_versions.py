@@ -238,3 +238,15 @@ def test_a_deprecated_patch_replays_executions_that_recorded_its_marker_and_reco
     assert outcomes["p-unmarked"].result == {"tax": 2, "late": 20}
     steps = [e.payload["step"] for e in Event.objects.read("p-unmarked") if e.type == "STEP_COMPLETED"]
     assert not [s for s in steps if s.startswith("$patch:")]
+
+
+def test_a_retry_without_the_version_is_refused_before_anything_is_written():
+    from journal.flows import retry_execution
+
+    with release("ver.order", 1):
+        assert start("ver.order", {}, execution_id="v1-failed").status == "failed"  # KeyError in reserve
+    events, fence = len(Event.objects.read("v1-failed")), Fence.objects.current("v1-failed")
+    with release("ver.order", 2), pytest.raises(UnknownFlow, match="version 1"):
+        retry_execution("v1-failed")
+    assert (len(Event.objects.read("v1-failed")), Fence.objects.current("v1-failed")) == (events, fence)
+    assert Execution.objects.get(pk="v1-failed").status == "failed"

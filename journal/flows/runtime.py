@@ -547,8 +547,10 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
         if state.settled:
             return Outcome(execution_id, state.status, state.result, state.error or None)
     # UnknownFlow before anything is taken over: the flow AND the version the execution started on (a
-    # process without that version leaves it to a worker that has it, docs/flows.md "Versions").
-    get_flow(flow_name, header_version(execution_id))
+    # process without that version leaves it to a worker that has it, docs/flows.md "Versions"). A
+    # takeover's token (the sweep, the waker) was claimed by version in SQL already: no read for it.
+    if token is None:
+        get_flow(flow_name, header_version(execution_id))
     busy = False
     if not force:
         if token is None and expected_fence is None:
@@ -627,7 +629,9 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     fence, (status, flow_name, _, _) = _retry_view(execution_id)
     if status != SETTLED_FAILED:
         raise NotResumable(f"execution {execution_id!r} is {status}; only a failed execution can be retried")
-    definition = None if handoff else get_flow(flow_name)  # a worker needs the code; this process may not
+    # A worker needs the code (the version the execution started on); this process may not. Checked before
+    # anything is written: a retry that cannot run here is refused whole.
+    definition = None if handoff else get_flow(flow_name, header_version(execution_id))
     if handoff:
         from journal.flows.handover import check_queue
 
@@ -666,8 +670,6 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
         raise NotResumable(f"execution {execution_id!r} was taken over while it was being retried; "
                            f"nothing written") from None
     state.apply(appended.last_seq, ev.EXECUTION_RETRIED, payload)
-    if not handoff:
-        definition = get_flow(flow_name, started_on(state))
     if handoff:
         from journal.flows.handover import enqueue_resume
 

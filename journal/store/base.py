@@ -151,6 +151,12 @@ EXECUTION_STATUS = "SELECT status, flow, result, error FROM journal_execution WH
 # The same text on every backend (one primary-key probe).
 EXECUTION_STATUS_OF = "(SELECT x.status FROM journal_execution x WHERE x.id = {eid})"
 
+# -- hook: EXECUTION_VERSION_OF --
+# One execution's flow version (NULL while it has no header) as a scalar subquery, as EXECUTION_STATUS_OF:
+# for a claim in another app's statement that must take only executions of the versions its worker has
+# (docs/flows.md "Versions and deploys"; a queued start whose header is written at enqueue). No lock.
+EXECUTION_VERSION_OF = "(SELECT x.flow_version FROM journal_execution x WHERE x.id = {eid})"
+
 
 def stream_exists(stream_id: str) -> StreamExists:
     """The refusal of a second bootstrap (or an open) of a stream that exists."""

@@ -336,10 +336,14 @@ FROM (
 JOIN journal_execution e ON e.id = c.id
 WHERE e.status = 'running'
   -- Only flows this worker has code for: another worker may run the rest; taking them here would
-  -- burn their recovery attempts on UnknownFlow. Of the versions it has, too (%(versions)s beside
-  -- %(flows)s, 0: any version): an execution resumes only on the version it started on.
-  AND (%(any_flow)s OR EXISTS (SELECT 1 FROM unnest(%(flows)s::text[], %(versions)s::int[]) AS k(flow, version)
-                              WHERE k.flow = e.flow AND k.version IN (0, e.flow_version)))
+  -- burn their recovery attempts on UnknownFlow. Of the versions it has, too: an entry of %(flows)s is
+  -- a flow name (any version) or the JSON text of [name, version] (version 0: any), as
+  -- journal.store.base.flow_keys makes them; an execution resumes only on the version it started on.
+  AND (%(any_flow)s OR EXISTS (
+      SELECT 1 FROM unnest(%(flows)s::text[]) AS k(key)
+      WHERE CASE WHEN left(k.key, 1) = '['
+                 THEN k.key::jsonb ->> 0 = e.flow AND (k.key::jsonb ->> 1)::int IN (0, e.flow_version)
+                 ELSE k.key = e.flow END))
 ORDER BY e.id
 LIMIT %(limit)s
 FOR UPDATE OF e SKIP LOCKED

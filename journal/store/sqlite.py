@@ -119,10 +119,14 @@ FROM (
 CROSS JOIN journal_execution e
 WHERE e.id = c.id
   AND e.status = 'running'
-  -- %(flows)s: a JSON array of [flow, version] pairs (version 0: any), as postgres.RECOVERY_CANDIDATES.
-  AND (%(any_flow)s OR EXISTS (SELECT 1 FROM json_each(%(flows)s) k
-                              WHERE json_extract(k.value, '$[0]') = e.flow
-                                AND json_extract(k.value, '$[1]') IN (0, e.flow_version)))
+  -- %(flows)s: a JSON array of flow names (any version) or [name, version] pairs (version 0: any), as
+  -- postgres.RECOVERY_CANDIDATES.
+  AND (%(any_flow)s OR EXISTS (
+      SELECT 1 FROM json_each(%(flows)s)
+      WHERE CASE json_each.type
+                WHEN 'array' THEN json_extract(json_each.value, '$[0]') = e.flow
+                                  AND json_extract(json_each.value, '$[1]') IN (0, e.flow_version)
+                ELSE json_each.value = e.flow END))
 ORDER BY e.id
 LIMIT %(limit)s
 """

@@ -374,11 +374,10 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
         return self._count(EXPIRE, {"owner": owner, "eids": eids, "tokens": tokens})
 
     def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None, orphan_window=None):
-        names, versions = flow_keys(flows or [])
+        keys = [json.dumps([name, version]) for name, version in zip(*flow_keys(flows or []), strict=True)]
         with atomic(self.alias):
             candidates = self._rows(TAKEOVER_CANDIDATES, {"orphan": orphan_after, "window": orphan_window,
-                                                          "limit": limit, "any_flow": flows is None,
-                                                          "flows": names, "versions": versions})
+                                                          "limit": limit, "any_flow": flows is None, "flows": keys})
             if not candidates:
                 return Takeover()
             stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]
