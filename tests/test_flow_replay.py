@@ -14,6 +14,8 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from journal.flows import start
 from journal.flows.ownership import get_ownership, set_ownership
@@ -136,3 +138,28 @@ def test_a_missing_version_or_flow_and_a_bad_history_file_are_named(tmp_path):
     assert code == 2 and refused["type"] == "InvalidHistory"
     code, refused = loom_replay("no-such-execution")
     assert code == 1 and refused["type"] == "UnknownExecution"
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                    max_leaves=12)
+EVENT = st.fixed_dictionaries({"seq": st.integers(0, 3), "type": st.sampled_from(
+    ["EXECUTION_STARTED", "STEP_STARTED", "STEP_COMPLETED", "STEP_FAILED", "WAIT_STARTED", "WAIT_WOKEN", "X"]),
+    "payload": st.dictionaries(st.sampled_from(["flow", "input", "step", "pos", "attempt", "result", "$version"]),
+                               JSON | st.just("ver.replayed"), max_size=5)})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(document=st.one_of(JSON, st.fixed_dictionaries({"format": st.just("loom-history/1"),
+                                                       "execution_id": st.just("h-1"),
+                                                       "events": st.lists(EVENT, min_size=1, max_size=4)})))
+def test_any_document_is_a_history_or_invalid_history_and_a_replay_never_raises(document):
+    before = rows()
+    try:
+        history = History.from_json(document, "doc")
+    except InvalidHistory:
+        assert rows() == before
+        return
+    result = replay_history(history)  # never raises: what it found is in the result
+    assert result.ok in (True, False) and (result.ok or result.reason)
+    assert rows() == before

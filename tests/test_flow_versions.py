@@ -250,3 +250,22 @@ def test_a_retry_without_the_version_is_refused_before_anything_is_written():
         retry_execution("v1-failed")
     assert (len(Event.objects.read("v1-failed")), Fence.objects.current("v1-failed")) == (events, fence)
     assert Execution.objects.get(pk="v1-failed").status == "failed"
+
+
+def test_the_admin_shows_each_version_with_its_live_executions_to_a_viewer_only(client):
+    from django.contrib.auth.models import Permission, User
+
+    with release("ver.order", 1):
+        start("ver.order", {"n": 1}, execution_id="adm-v1")
+    user = User.objects.create_user("op", password="pw", is_staff=True)
+    client.force_login(user)
+    assert client.get("/admin/journal/execution/flow-versions/").status_code == 403
+    user.user_permissions.add(Permission.objects.get(codename="view_execution", content_type__app_label="journal"))
+    listing = client.get("/admin/journal/execution/").content.decode()
+    assert 'id="loom-flow-versions"' in listing  # the list links to the page
+    page = client.get("/admin/journal/execution/flow-versions/")
+    body = page.content.decode()
+    assert page.status_code == 200
+    row = body[body.index("<td>ver.order</td>\n      <td>1</td>"):]
+    row = row[:row.index("</tr>")]
+    assert "waiting: 1" in row and "not yet" in row

@@ -69,7 +69,16 @@ class History:
             rows.append((event["seq"], event["type"], event["payload"]))
         if rows[0][1] != ev.EXECUTION_STARTED:
             raise InvalidHistory(f"{source}: the first event is {rows[0][1]}, not {ev.EXECUTION_STARTED}")
-        return cls(eid, tuple(rows))
+        history = cls(eid, tuple(rows))
+        try:  # the fold a replay starts from: an event without the fields its type has is no history of ours
+            state = history.fold()
+            int(state.meta.get("$version") or 1)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise InvalidHistory(f"{source}: its events do not fold into an execution ({type(exc).__name__}: "
+                                 f"{exc})") from None
+        if not isinstance(state.flow, str) or not state.flow:
+            raise InvalidHistory(f"{source}: its {ev.EXECUTION_STARTED} names no flow")
+        return history
 
     def fold(self) -> ExecutionState:
         """The state a resume would fold from this log (the whole log: no snapshot)."""
