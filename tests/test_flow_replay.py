@@ -163,3 +163,28 @@ def test_any_document_is_a_history_or_invalid_history_and_a_replay_never_raises(
     result = replay_history(history)  # never raises: what it found is in the result
     assert result.ok in (True, False) and (result.ok or result.reason)
     assert rows() == before
+
+
+def loom(*argv: str) -> tuple[int, object]:
+    out = StringIO()
+    try:
+        call_command("loom", *argv, "--json", stdout=out, stderr=StringIO())
+        code = 0
+    except CommandError as exc:
+        code = exc.returncode
+    return code, json.loads(out.getvalue())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(execution_id=st.text(max_size=220), text=st.text(max_size=210))
+def test_any_id_or_flow_text_given_to_export_replay_and_flows_gets_an_exit_code_and_writes_nothing(execution_id, text):
+    """Every answer is done (0), refused (1) or a usage error (2), with a JSON document, never a traceback."""
+    if execution_id.startswith("-"):
+        execution_id = "x" + execution_id  # argparse would read it as an option
+    before = rows()
+    for argv in (("executions", "export", execution_id), ("replay", execution_id), ("replay", f"--flow={text}"),
+                 ("flows", f"--flow={text}")):
+        code, answer = loom(*argv)
+        assert code in (0, 1, 2), (argv, code)
+        assert code == 0 or (answer["ok"] is False and answer["error"]), (argv, answer)
+    assert rows() == before
