@@ -37,6 +37,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -178,16 +179,18 @@ class StatusFilter(admin.ChoicesFieldListFilter):
 
 @admin.register(Execution)
 class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
-    list_display = ("id", "flow_name", "status", "progress", "duration", "created", "finished", "recoveries", "shard")
-    list_filter = (("status", StatusFilter), FlowFilter, QueueFilter, ScheduleFilter)
+    list_display = ("id", "flow_name", "flow_version", "status", "progress", "duration", "created", "finished",
+                    "recoveries", "shard")
+    list_filter = (("status", StatusFilter), FlowFilter, "flow_version", QueueFilter, ScheduleFilter)
     search_fields = ("id", "flow")
     withheld_lookups = ("input", "result", "error")  # a viewer may see their sensitive fields redacted
-    readonly_fields = ("id", "flow", "status", "input_json", "result_json", "error", "recoveries", "created",
-                       "updated", "finished")
+    readonly_fields = ("id", "flow", "flow_version", "status", "input_json", "result_json", "error", "recoveries",
+                       "created", "updated", "finished")
     fields = readonly_fields  # and the panels other apps add (journal.admin_base.add_execution_panel)
     actions = ("resume_executions", "retry_executions", "cancel_executions", "wake_executions",
                "suspend_executions")
     change_form_template = "journal/execution_change_form.html"
+    change_list_template = "journal/execution_change_list.html"  # + a link to the flow versions page
     list_per_page = 50
     show_full_result_count = False  # no count(*) over a large table on every page
 
@@ -328,7 +331,22 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
                  name=f"journal_execution_{verb}")
             for verb in VERBS
         ]
+        extra.append(path("flow-versions/", self.admin_site.admin_view(self.flow_versions_view),
+                          name="journal_execution_flow_versions"))
         return extra + urls
+
+    def flow_versions_view(self, request):
+        """Per flow, its versions: registered in this (web) process or not, and the executions of each still
+        live (not settled), every shard counted: a version with none may leave the code (docs/flows.md)."""
+        from journal.flows.versions import live_versions
+
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "title": "Flow versions",
+                   "versions": live_versions(), **_crumbs(None, "Flow versions")}
+        return TemplateResponse(request, "journal/flow_versions.html", context)
+
+
 
     def _one(self, verb: str):
         def sharded_view(request, object_id):

@@ -21,6 +21,7 @@ shard (docs/cli.md).
 from __future__ import annotations
 
 import functools
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -50,8 +51,10 @@ class Reply:
 class Refused(Exception):
     """A verb that did nothing: the message and the exit code (1 refused/not found, 2 usage, 3 unavailable)."""
 
-    def __init__(self, message: str, code: int = REFUSED, kind: str = ""):
+    def __init__(self, message: str, code: int = REFUSED, kind: str = "", data: Any = None,
+                 lines: list[str] | None = None):
         self.code, self.kind = code, kind
+        self.data, self.lines = data, lines or []  # what was found before refusing (replay: every result)
         super().__init__(message)
 
 
@@ -471,3 +474,64 @@ def schedules(using: str | None) -> Reply:
                    [[s.name, s.cron, s.timezone, s.flow, s.catch_up, stamp(s.next_tick_at),
                      stamp(s.last_tick_at) or "-", "yes" if s.enabled else "no"] for s in rows])
     return Reply(data, lines or ["no schedules"])
+
+
+# -- flows / replay / export (docs/flows.md "Versions", "The replay check") ---------------------------------
+def flows(using: str | None, flow: str | None = None) -> Reply:
+    """Per flow and version: registered in this process or not, and its live (unsettled) executions by
+    status, every shard counted (or `using`): a version with none may leave the code."""
+    from journal.flows.versions import live_versions
+
+    if flow is not None:
+        _check_text("--flow", flow)
+    found = live_versions(_aliases(using), flow)
+    lines = _table(["flow", "version", "here", "live", "by status", "retire"],
+                   [[v.flow, v.version, "yes" if v.registered else "no", v.live_total,
+                     ", ".join(f"{s}: {n}" for s, n in v.live.items()) or "-",
+                     "safe" if v.retirable else "not yet"] for v in found])
+    return Reply([v.as_json() for v in found], lines or ["no flows registered and no live executions"])
+
+
+@acting
+def export(using: str | None, execution_id: str) -> Reply:
+    """One execution's recorded history as JSON (what `replay --file` reads); the data is the document."""
+    from journal.flows.replay import history_of
+
+    _home(using, execution_id)
+    history = history_of(_check_id(execution_id)).to_json()
+    return Reply(history, [json.dumps(history, indent=2, sort_keys=True, ensure_ascii=False)])
+
+
+def replay(using: str | None, execution_ids: list[str], *, files: list[str] | None = None,
+           flows: list[str] | None = None, last: int = 20, settled: bool = False) -> Reply:
+    """Replay recorded histories against the code of this process, writing nothing; Refused (exit 1) naming
+    the first execution and position a resume would refuse, with every result in its data."""
+    from journal.flows import replay as replaying
+    from journal.flows.errors import UnknownExecution
+
+    if not 1 <= last <= MAX_LIMIT:
+        raise Refused(f"--last is 1 to {MAX_LIMIT}", USAGE)
+    for name in flows or []:
+        _check_text("--flow", name)
+    try:
+        histories = [replaying.load_file(path) for path in files or []]
+    except replaying.InvalidHistory as exc:
+        raise Refused(str(exc), USAGE, "InvalidHistory") from None
+    ids = [_check_id(eid) for eid in execution_ids]
+    if not ids and not histories:
+        for alias in _aliases(using):
+            ids += replaying.recent_ids(flows, last, settled, [alias])
+    try:
+        results = replaying.replay(ids, histories=histories) if ids or histories else []
+    except UnknownExecution as exc:
+        raise Refused(str(exc), REFUSED, "UnknownExecution") from None
+    data = [result.as_json() for result in results]
+    lines = [result.line() for result in results]
+    failures = [result for result in results if not result.ok]
+    summary = f"{len(results)} history(ies) replayed, {len(failures)} would not resume on this code"
+    if failures:
+        first = failures[0]
+        where = "" if first.position is None else f" at position {first.position}"
+        raise Refused(f"{summary}; the first: {first.execution_id}{where}: {first.reason}", REFUSED,
+                      first.problem, data=data, lines=lines)
+    return Reply(data, [*lines, summary])

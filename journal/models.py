@@ -79,6 +79,10 @@ class Execution(models.Model):
 
     id = models.CharField(max_length=200, primary_key=True)
     flow = models.CharField(max_length=200, db_index=True)
+    # The flow version it started on (EXECUTION_STARTED `$version`): it resumes only on a worker that has
+    # it (docs/flows.md "Versions"). A database default, so a header written before versions (or by a
+    # statement that names no version) is version 1.
+    flow_version = models.IntegerField(db_default=1)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.RUNNING, db_index=True)
     input = models.JSONField(default=dict, blank=True)
     result = models.JSONField(null=True, blank=True)

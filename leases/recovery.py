@@ -54,7 +54,7 @@ def sweep(owner: str, limit: int | None = None, alias: str | None = None,
 
     if conf.get("LOOM_LEASE_MODE") == "off":
         return Takeover()
-    flows = sorted(registry.registered())
+    flows = registry.runnable()  # (flow, version): an execution of a version not here is left to a worker that has it
     if not flows:
         return Takeover()
     ttl = conf.get("LOOM_LEASE_TTL")

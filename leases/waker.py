@@ -90,7 +90,7 @@ class WakeService:
         from journal.store import store_for
 
         free = conf.get("LOOM_WAIT_BATCH") - len(self.inflight)
-        flows = sorted(registry.registered())
+        flows = registry.runnable()  # (flow, version): waits of versions not here are left to workers that have them
         self.claimed_at = timezone.now()
         if free <= 0 or not flows:
             return 0
@@ -128,7 +128,7 @@ class WakeService:
             return poll
         if taken:
             return 0.0
-        due = store_for(self.alias).next_wait_due(sorted(registry.registered()))
+        due = store_for(self.alias).next_wait_due(registry.runnable())
         if due is None:
             return poll
         if self.claimed_at is not None and due > self.claimed_at:

@@ -418,6 +418,37 @@ class DurableContext(Context):
             raise InvalidInput(problem)
         raise ContinueAsNew(input)
 
+    def patched(self, patch_id: str) -> bool:
+        """Whether this execution takes the new branch of a change marked `patch_id` (docs/flows.md
+        "Versions"): `if ctx.patched("tax-v2"): <new code> else: <old code>`.
+
+        Where the log has recorded this position already, it decides: a `$patch:<id>` marker there means
+        the execution took the new branch (True, the position is used); anything else means it got past
+        this point on the code before the marker (False, and no position is used, so the old branch's
+        steps replay at the positions they were recorded at). Where nothing is recorded yet the execution
+        takes the new branch and records the marker (one STEP_COMPLETED, written with its next write), so
+        every later replay, on any worker, takes it again."""
+        name = f"$patch:{check_name(patch_id, 'patch id')}"
+        pos = self._pos
+        steps = self._state.steps
+        if pos < len(steps):
+            if steps[pos][0] != name:
+                return False
+            self._pos = pos + 1
+            return True
+        self._pos = pos + 1
+        self._runner.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": 1, "result": True, "ms": None})
+        return True
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        """The old branch of `patch_id` is gone (no execution without the marker is live: docs/flows.md
+        "Versions"): an execution that recorded the marker here uses its position up, and nothing new is
+        recorded. `if ctx.patched(id): new else: old` becomes `ctx.deprecate_patch(id); new`."""
+        name = f"$patch:{check_name(patch_id, 'patch id')}"
+        pos = self._pos
+        if pos < len(self._state.steps) and self._state.steps[pos][0] == name:
+            self._pos = pos + 1
+
     def check_consumed(self) -> None:
         """On return of the flow: the log must not hold steps the code no longer asked for."""
         if self._pos < len(self._state.steps):
@@ -451,6 +482,14 @@ class TransientContext(Context):
 
     def continue_as_new(self, input: Any) -> None:
         raise NeedsDurable("ctx.continue_as_new needs a durable execution (start() it), not invoke_transient")
+
+    def patched(self, patch_id: str) -> bool:
+        """A transient call has no recorded past: always the new branch."""
+        check_name(patch_id, "patch id")
+        return True
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        check_name(patch_id, "patch id")
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None,
              atomic: bool = False, timeout: float | None = None) -> Any:

@@ -12,9 +12,13 @@ class FlowError(JournalError):
 class UnknownFlow(FlowError, LookupError):
     """No flow is registered under that name (is its module in LOOM_FLOW_MODULES?)."""
 
-    def __init__(self, name: str):
-        self.name = name
-        super().__init__(f"no flow is registered as {name!r}; import its module or list it in LOOM_FLOW_MODULES")
+    def __init__(self, name: str, version: int | None = None, have: list[int] | None = None):
+        self.name, self.version = name, version
+        if version is None:
+            super().__init__(f"no flow is registered as {name!r}; import its module or list it in LOOM_FLOW_MODULES")
+        else:  # the flow is here, not the version an execution started on (docs/flows.md "Versions")
+            super().__init__(f"flow {name!r} version {version} is not registered in this process (it has "
+                             f"versions {have}); a worker with that version runs its executions")
 
 
 class UnknownExecution(FlowError, LookupError):

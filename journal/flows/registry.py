@@ -4,6 +4,12 @@ A flow is `fn(ctx, input) -> result`. Its input and result are JSON-serialisable
 `input_model` validates the input; the flow then receives the model instance and the journal
 keeps `model_dump(mode="json")`). The registry is per process: every process that starts or
 resumes a flow must import its module (LOOM_FLOW_MODULES does that at start-up).
+
+Versions (docs/flows.md "Versions"): `@flow("orders.charge", version=2)` registers a second version
+beside the first. A new start runs on the newest version this process has; every execution records the
+version it started on (EXECUTION_STARTED `$version`, the header's `flow_version`) and is resumed only on
+that version: a process without it leaves the execution to one that has it (`runnable()` is what a
+worker's sweep, waker and dispatcher claim for).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from journal.exceptions import InvalidPayload
 from journal.flows.errors import InvalidInput, UnknownFlow
 from journal.flows.retry import NO_RETRY, RetryPolicy
 
-_REGISTRY: dict[str, Flow] = {}
+_REGISTRY: dict[str, dict[int, Flow]] = {}  # name -> version -> Flow
+_NEWEST: dict[str, Flow] = {}  # name -> its newest version (the transient path's one lookup)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +34,7 @@ class Flow:
     fn: Callable[..., Any]
     input_model: type | None = None
     retry: RetryPolicy = NO_RETRY
+    version: int = 1
 
     def prepare(self, value: Any, *, check_json: bool = True) -> tuple[Any, Any]:
         """(what the flow receives, what the journal stores); InvalidInput if it does not validate."""
@@ -50,41 +58,56 @@ class Flow:
         return self.fn(ctx, value)
 
 
+MAX_VERSION = 2**31 - 1  # the header's flow_version is a 32-bit integer on both databases
+
+
 def flow(name: str | Callable | None = None, *, input_model: type | None = None,
-         retry: RetryPolicy | None = None):
+         retry: RetryPolicy | None = None, version: int = 1):
     """Register a flow: `@flow("calc.add")`, `@flow(name="calc.add", retry=RetryPolicy(3))` or bare `@flow`
-    (named module.qualname). `retry` is the default policy of the flow's steps."""
+    (named module.qualname). `retry` is the default policy of the flow's steps. `version` (1 unless
+    given): a changed flow whose executions in flight must keep the old code registers its new code as
+    version 2 beside version 1 (docs/flows.md "Versions")."""
     if callable(name):  # bare @flow
         return flow()(name)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+        raise ValueError(f"flow version must be an integer from 1 to {MAX_VERSION}, got {version!r}")
 
     def register(fn: Callable) -> Flow:
         flow_name = name or f"{fn.__module__}.{fn.__qualname__}"
         if not isinstance(flow_name, str) or not flow_name or len(flow_name) > 200:
             raise ValueError(f"flow name must be a non-empty string of at most 200 characters, got {flow_name!r}")
-        existing = _REGISTRY.get(flow_name)
+        existing = _REGISTRY.get(flow_name, {}).get(version)
         if existing is not None and (existing.fn.__module__, existing.fn.__qualname__) != (
                 fn.__module__, fn.__qualname__):
-            raise ValueError(f"flow {flow_name!r} is already registered by "
+            raise ValueError(f"flow {flow_name!r} version {version} is already registered by "
                              f"{existing.fn.__module__}.{existing.fn.__qualname__}")
-        defined = Flow(flow_name, fn, input_model, retry or NO_RETRY)
+        defined = Flow(flow_name, fn, input_model, retry or NO_RETRY, version)
         if input_model is not None:  # marked input fields (journal/privacy) are sealed in EXECUTION_STARTED
             from journal.privacy import marking
 
             marking.declare_model("EXECUTION_STARTED", input_model, ("input",), (("flow",), flow_name))
-        _REGISTRY[flow_name] = defined
+        _REGISTRY.setdefault(flow_name, {})[version] = defined
+        _NEWEST[flow_name] = _REGISTRY[flow_name][max(_REGISTRY[flow_name])]
         return defined
 
     return register
 
 
-def get_flow(name: str | Flow) -> Flow:
-    """The flow registered under `name` (a Flow is returned as is); UnknownFlow otherwise."""
+def get_flow(name: str | Flow, version: int | None = None) -> Flow:
+    """The flow registered under `name` (a Flow is returned as is): its newest version here, or exactly
+    `version` (an execution resumes only on the version it started on); UnknownFlow otherwise."""
     if isinstance(name, Flow):
         return name
     try:
-        return _REGISTRY[name]
+        versions = _REGISTRY[name]
     except (KeyError, TypeError):
         raise UnknownFlow(name) from None
+    if version is None:
+        return versions[max(versions)]
+    try:
+        return versions[version]
+    except (KeyError, TypeError):
+        raise UnknownFlow(name, version, sorted(versions)) from None
 
 
 INTERNAL_PREFIX = "loom."
@@ -105,7 +128,31 @@ def exposed(name: str) -> bool:
 
 
 def registered() -> dict[str, Flow]:
-    return dict(_REGISTRY)
+    """Every flow name registered here, with its newest version."""
+    return {name: versions[max(versions)] for name, versions in _REGISTRY.items()}
+
+
+def versions(name: str) -> list[int]:
+    """The versions of flow `name` registered here, oldest first (empty: none)."""
+    return sorted(_REGISTRY.get(name, ()))
+
+
+def runnable() -> list[tuple[str, int]]:
+    """(flow, version) of every flow version this process can run, sorted: what a worker claims for
+    (the recovery sweep, the waker; an execution of another version is left to a worker that has it)."""
+    return sorted((name, version) for name, versions in _REGISTRY.items() for version in versions)
+
+
+def started_version(execution_flow: str, version: int | None = None) -> int:
+    """The version a new execution of `execution_flow` starts on: `version` if given (a fork keeps its
+    original's), else the newest registered here (1 for a flow this process does not have). Every start
+    path takes it from here, through journal/flows/writer.py's bootstrap."""
+    if version is not None:
+        return version
+    found = _REGISTRY.get(execution_flow)
+    return max(found) if found else 1
+
+
 
 
 def flow_module_problems(modules: list[str]) -> list[str]:

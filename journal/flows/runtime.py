@@ -135,6 +135,7 @@ class Runner:
         if settle is not None and settle.released:
             self.released = True
         if fresh:
+            self.state.meta.setdefault("$version", run.version)  # as the bootstrap stamped it (writer.stamp_version)
             if run.lease is not None:
                 self.claim = get_ownership().begin(run.execution_id, run.token, fresh=True, lease=run.lease)
             else:
@@ -546,7 +547,11 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
         state = load_state(execution_id)
         if state.settled:
             return Outcome(execution_id, state.status, state.result, state.error or None)
-    definition = get_flow(flow_name)
+    # UnknownFlow before anything is taken over: the flow AND the version the execution started on (a
+    # process without that version leaves it to a worker that has it, docs/flows.md "Versions"). A
+    # takeover's token (the sweep, the waker) was claimed by version in SQL already: no read for it.
+    if token is None:
+        get_flow(flow_name, header_version(execution_id))
     busy = False
     if not force:
         if token is None and expected_fence is None:
@@ -563,6 +568,7 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
         state = _adopt(execution_id, token)
     if state.settled:
         return Outcome(execution_id, state.status, state.result, state.error or None)
+    definition = get_flow(flow_name, started_on(state))
     value, _ = definition.prepare(state.input, check_json=False)
     run = writer.RunHandle(execution_id, definition.name, state.input, token=token, tip=state.seq)
     claim = get_ownership().begin(execution_id, token, fresh=False)
@@ -571,6 +577,20 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
     if status == "suspended":  # the log says who let it go on (written with the run's next write)
         runner.emit(ev.EXECUTION_RESUMED, {"by": process_identity(), "from_status": status})
     return runner.drive(definition, value)
+
+
+def header_version(execution_id: str) -> int:
+    """The header's flow_version (the version the execution started on); 1 if it has no header."""
+    from journal.models import Execution
+
+    found = Execution.objects.filter(pk=execution_id).values_list("flow_version", flat=True).first()
+    return 1 if found is None else found
+
+
+def started_on(state: ExecutionState) -> int:
+    """The flow version an execution started on (EXECUTION_STARTED `$version`; 1 before versions existed):
+    the only version it is ever replayed on (docs/flows.md "Versions")."""
+    return int(state.meta.get("$version") or 1)
 
 
 def process_identity() -> str:
@@ -613,7 +633,9 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     fence, (status, flow_name, _, _) = _retry_view(execution_id)
     if status != SETTLED_FAILED:
         raise NotResumable(f"execution {execution_id!r} is {status}; only a failed execution can be retried")
-    definition = None if handoff else get_flow(flow_name)  # a worker needs the code; this process may not
+    # A worker needs the code (the version the execution started on); this process may not. Checked before
+    # anything is written: a retry that cannot run here is refused whole.
+    definition = None if handoff else get_flow(flow_name, header_version(execution_id))
     if handoff:
         from journal.flows.handover import check_queue
 

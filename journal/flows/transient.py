@@ -11,12 +11,12 @@ from typing import Any
 
 from journal.flows.context import TransientContext, _error_text
 from journal.flows.outcome import Outcome
-from journal.flows.registry import _REGISTRY, Flow, get_flow
+from journal.flows.registry import _NEWEST, Flow, get_flow
 
 
 def invoke_transient(flow: str | Flow, input: Any) -> Outcome:
     """Run `flow` on `input` here and now; Outcome(None, completed|failed, result, error)."""
-    definition = _REGISTRY.get(flow) if type(flow) is str else None
+    definition = _NEWEST.get(flow) if type(flow) is str else None
     if definition is None:
         definition = get_flow(flow)
     if definition.input_model is not None:

@@ -485,7 +485,7 @@ def wake_due(limit: int | None = None, alias: str | None = None) -> list[Outcome
     from journal.flows.runtime import resume
     from journal.store import store_for
 
-    flows = sorted(registry.registered())
+    flows = registry.runnable()  # (flow, version): the waits of versions this process has
     if not flows:
         return []
     claimed = []
@@ -570,7 +570,9 @@ def fork(execution_id: str, from_step: int, execution_id_new: str | None = None)
         check_new_stream_id(new_id)
     except InvalidStream as exc:
         raise InvalidInput(str(exc)) from None
-    extra = {"$forked_from": {"execution_id": execution_id, "from_step": from_step}, "$steps": copied}
+    # The fork replays the original's records, so it runs on the original's version (docs/flows.md "Versions").
+    extra = {"$forked_from": {"execution_id": execution_id, "from_step": from_step}, "$steps": copied,
+             "$version": int(state.meta.get("$version") or 1)}
     schedule(state.flow, state.input, new_id, now(), extra)
     return new_id
 

@@ -30,6 +30,7 @@ from journal import coalesce, jsonvalues, shards
 from journal.envelopes import Appended, AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused
 from journal.flows import events as ev
+from journal.flows import registry
 from journal.flows.ownership import Companion, InlineLease
 from journal.ids import check_stored_id
 from journal.models import Event
@@ -65,6 +66,29 @@ class RunHandle:
     # A fresh start's inline lease (journal/flows/ownership.py): written by the bootstrap statement.
     companion: Companion | None = None
     lease: InlineLease | None = None
+    # The flow version a fresh execution starts on (None: the newest registered here; a fork keeps its
+    # original's); the bootstrap stamps it (stamp_version) and sets it here.
+    version: int | None = None
+
+
+def stamp_version(flow: str, envelopes: list[Envelope], version: int | None = None) -> tuple[list[Envelope], int]:
+    """THE place every start records its flow version (docs/flows.md "Versions"): `$version` in its
+    EXECUTION_STARTED payload (left out for version 1: absent means 1; the first envelope; a Sealed payload
+    keeps its type: the field is not sealed) and the number the header's flow_version gets. Returns
+    (envelopes, version). A start path that writes EXECUTION_STARTED and the header itself (not through
+    write()) must call it too."""
+    version = registry.started_version(flow, version)
+    first = envelopes[0] if envelopes else None
+    if first is None or first.type != ev.EXECUTION_STARTED:
+        return envelopes, version
+    recorded = first.payload.get("$version")
+    if recorded is not None:
+        return envelopes, int(recorded)
+    if version == 1:  # absent means 1 (as in every log written before versions): nothing to add
+        return envelopes, version
+    payload = type(first.payload)(first.payload)  # a copy (dict or Sealed)
+    payload["$version"] = version
+    return [Envelope(first.type, payload), *envelopes[1:]], version
 
 
 def _json(value: Any) -> str | None:
@@ -90,6 +114,7 @@ def write(run: RunHandle, envelopes: list[Envelope], settle: Settle | None = Non
 
 def _bootstrap(run: RunHandle, envelopes: list[Envelope], settle: Settle | None) -> int:
     store = store_for(Event.objects.db)
+    envelopes, run.version = stamp_version(run.flow, envelopes, run.version)
     item = AppendItem.build(run.execution_id, envelopes)
     if run.companion is not None and not store.one_statement_executions:
         run.companion = run.lease = None  # no statement to ride in: the ownership leases on its own
@@ -101,6 +126,7 @@ def _bootstrap(run: RunHandle, envelopes: list[Envelope], settle: Settle | None)
                          "execution input"),
         _json(settle.result) if settle else None, settle.error if settle else "", settle is not None,
         run.companion if lease else None, lease.owner if lease else None, lease.ttl if lease else None,
+        run.version,
     )
     if coalesce.enabled():  # merged with other executions' bootstraps (adaptive: alone, direct)
         return coalesce.submit(BOOTSTRAP, run.execution_id, boot, store.alias)

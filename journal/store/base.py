@@ -76,6 +76,22 @@ class ExecutionBoot:
     companion: Companion | None = None
     lease_owner: str | None = None
     lease_ttl: float | None = None
+    version: int = 1  # the flow version it starts on (journal/flows/registry.py started_version)
+
+
+def flow_keys(flows: Sequence) -> tuple[list[str], list[int]]:
+    """A worker's flows filter as two parallel lists for the stores' statements: names, and versions
+    (0: any version). Entries are flow names (any version: what tests and maintenance pass) or
+    (name, version) pairs (`runnable()`: what a worker passes)."""
+    names, numbers = [], []
+    for entry in flows:
+        if isinstance(entry, str):
+            names.append(entry)
+            numbers.append(0)
+        else:
+            names.append(entry[0])
+            numbers.append(int(entry[1]))
+    return names, numbers
 
 
 @dataclass(slots=True)
@@ -134,6 +150,12 @@ EXECUTION_STATUS = "SELECT status, flow, result, error FROM journal_execution WH
 # column expression. It takes no lock: the caller serialises its own decisions (the queue's row).
 # The same text on every backend (one primary-key probe).
 EXECUTION_STATUS_OF = "(SELECT x.status FROM journal_execution x WHERE x.id = {eid})"
+
+# -- hook: EXECUTION_VERSION_OF --
+# One execution's flow version (NULL while it has no header) as a scalar subquery, as EXECUTION_STATUS_OF:
+# for a claim in another app's statement that must take only executions of the versions its worker has
+# (docs/flows.md "Versions and deploys"; a queued start whose header is written at enqueue). No lock.
+EXECUTION_VERSION_OF = "(SELECT x.flow_version FROM journal_execution x WHERE x.id = {eid})"
 
 
 def stream_exists(stream_id: str) -> StreamExists:
@@ -526,14 +548,16 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         no timer), or False if the fence moved on (nothing written)."""
 
     @abstractmethod
-    def claim_due_waits(self, now: datetime, limit: int, flows: Sequence[str] | None) -> list[ClaimedWait]:
-        """Take up to `limit` waits due at `now` (of `flows`; None: any): each row deleted, its fence
+    def claim_due_waits(self, now: datetime, limit: int, flows: Sequence[str | tuple[str, int]] | None
+                        ) -> list[ClaimedWait]:
+        """Take up to `limit` waits due at `now` (of `flows`: names, or (name, version) pairs whose
+        executions started on that version, flow_keys; None: any): each row deleted, its fence
         advanced from the parked token and its header set running (updated_at now), in one
         transaction. Two claimers never take the same row. Rows outlived by a takeover (fence moved)
         are deleted and not returned."""
 
     @abstractmethod
-    def next_wait_due(self, flows: Sequence[str] | None = None) -> datetime | None:
+    def next_wait_due(self, flows: Sequence[str | tuple[str, int]] | None = None) -> datetime | None:
         """The earliest due time of the waits of `flows` (one probe of the (flow, due_at) index per flow;
         None: of any flow, maintenance and tests only: it sorts every timer row), or None."""
 

@@ -29,6 +29,7 @@ from journal.store.base import (
     ExecutionSettle,
     JournalStore,
     Verdict,
+    flow_keys,
 )
 
 # -- notify --
@@ -178,9 +179,9 @@ ON CONFLICT (stream_id, seq) DO NOTHING
 # starts cannot both insert one.
 BOOT = OPEN.replace("%(ctes)s", """
 , hdr AS (
-    INSERT INTO journal_execution (id, flow, status, input, result, error, recoveries,
+    INSERT INTO journal_execution (id, flow, flow_version, status, input, result, error, recoveries,
                                    created_at, updated_at, finished_at)
-    SELECT f.stream_id, %(flow)s, %(status)s, %(input)s::jsonb, %(result)s::jsonb, %(error)s, 0,
+    SELECT f.stream_id, %(flow)s, %(version)s, %(status)s, %(input)s::jsonb, %(result)s::jsonb, %(error)s, 0,
            now(), now(), CASE WHEN %(finished)s THEN now() END
     FROM fence f
     ON CONFLICT (id) DO NOTHING
@@ -210,8 +211,8 @@ SETTLE = APPEND.replace("%(ctes)s", """
 BOOT_MANY = """
 WITH req AS (
     SELECT * FROM unnest(%(sids)s::text[], %(flows)s::text[], %(statuses)s::text[], %(inputs)s::jsonb[],
-                         %(results)s::jsonb[], %(errors)s::text[], %(finished)s::boolean[])
-        AS q(stream_id, flow, status, input, result, error, finished)
+                         %(results)s::jsonb[], %(errors)s::text[], %(finished)s::boolean[], %(versions)s::int[])
+        AS q(stream_id, flow, status, input, result, error, finished, version)
 ), fence AS (
     INSERT INTO journal_fence (stream_id, token, created_at)
     SELECT q.stream_id, 1, now() FROM req q ORDER BY q.stream_id
@@ -227,9 +228,9 @@ WITH req AS (
     RETURNING stream_id, seq, type
 ), hdr AS (
     -- The header exists iff its execution won the fence (as in BOOT).
-    INSERT INTO journal_execution (id, flow, status, input, result, error, recoveries,
+    INSERT INTO journal_execution (id, flow, flow_version, status, input, result, error, recoveries,
                                    created_at, updated_at, finished_at)
-    SELECT q.stream_id, q.flow, q.status, q.input, q.result, q.error, 0,
+    SELECT q.stream_id, q.flow, q.version, q.status, q.input, q.result, q.error, 0,
            now(), now(), CASE WHEN q.finished THEN now() END
     FROM req q JOIN fence f ON f.stream_id = q.stream_id
     ON CONFLICT (id) DO NOTHING
@@ -335,8 +336,14 @@ FROM (
 JOIN journal_execution e ON e.id = c.id
 WHERE e.status = 'running'
   -- Only flows this worker has code for: another worker may run the rest; taking them here would
-  -- burn their recovery attempts on UnknownFlow.
-  AND (%(any_flow)s OR e.flow = ANY(%(flows)s::text[]))
+  -- burn their recovery attempts on UnknownFlow. Of the versions it has, too: an entry of %(flows)s is
+  -- a flow name (any version) or the JSON text of [name, version] (version 0: any), as
+  -- journal.store.base.flow_keys makes them; an execution resumes only on the version it started on.
+  AND (%(any_flow)s OR EXISTS (
+      SELECT 1 FROM unnest(%(flows)s::text[]) AS k(key)
+      WHERE CASE WHEN left(k.key, 1) = '['
+                 THEN k.key::jsonb ->> 0 = e.flow AND (k.key::jsonb ->> 1)::int IN (0, e.flow_version)
+                 ELSE k.key = e.flow END))
 ORDER BY e.id
 LIMIT %(limit)s
 FOR UPDATE OF e SKIP LOCKED
@@ -464,13 +471,15 @@ RETURNING w.execution_id, w.token, w.flow, w.kind, w.pos
 # (flow, due_at) index per flow (LATERAL), each stopping after `limit` rows, then the earliest `limit`
 # of those: due waits of flows this worker does not have are never read (a filter on the due index
 # would read every one of them on every claim). Rows locked by the lateral scans but not among the
-# earliest `limit` stay untouched (unlocked at commit).
+# earliest `limit` stay untouched (unlocked at commit). Each flow comes with a version (0: any): only
+# executions that started on a version this worker has (the header's flow_version, docs/flows.md
+# "Versions"); the others are left, unlocked, to a worker that has theirs.
 CLAIM_DUE = """
 WITH due AS (
-    SELECT c.execution_id FROM unnest(%(flows)s::text[]) AS f(flow)
+    SELECT c.execution_id FROM unnest(%(flows)s::text[], %(versions)s::int[]) AS f(flow, version)
     CROSS JOIN LATERAL (
         SELECT w.execution_id, w.due_at FROM journal_wait w JOIN journal_execution e ON e.id = w.execution_id
-        WHERE w.flow = f.flow AND w.due_at <= %(now)s
+        WHERE w.flow = f.flow AND w.due_at <= %(now)s AND (f.version = 0 OR e.flow_version = f.version)
         ORDER BY w.due_at
         LIMIT %(limit)s
         FOR UPDATE OF w, e SKIP LOCKED
@@ -503,10 +512,15 @@ UPDATE journal_execution SET status = 'running', updated_at = now() WHERE id = A
 
 # -- next_wait_due -- (any flow: maintenance and tests; a sort of all timer rows)
 NEXT_DUE = "SELECT due_at FROM journal_wait WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
-# ... of the given flows: one probe of the (flow, due_at) index per flow.
+# ... of the given flows: one probe of the (flow, due_at) index per flow (and version: a wait of a version
+# this worker does not have is not its to wake, so it does not shorten its sleep either).
 NEXT_DUE_OF = """
-SELECT min(n.due_at) FROM unnest(%(flows)s::text[]) AS f(flow) CROSS JOIN LATERAL (
-    SELECT w.due_at FROM journal_wait w WHERE w.flow = f.flow AND w.due_at IS NOT NULL ORDER BY w.due_at LIMIT 1
+SELECT min(n.due_at) FROM unnest(%(flows)s::text[], %(versions)s::int[]) AS f(flow, version) CROSS JOIN LATERAL (
+    SELECT w.due_at FROM journal_wait w
+    WHERE w.flow = f.flow AND w.due_at IS NOT NULL
+      AND (f.version = 0 OR EXISTS (SELECT 1 FROM journal_execution e
+                                    WHERE e.id = w.execution_id AND e.flow_version = f.version))
+    ORDER BY w.due_at LIMIT 1
 ) n
 """
 
@@ -722,8 +736,8 @@ class PostgresStore(JournalStore):
             "types": [env.type for env in boot.item.envelopes],
             "payloads": boot.encoded,
             "channel": conf.get("LOOM_NOTIFY_CHANNEL"),
-            "flow": boot.flow, "status": boot.status, "input": boot.input, "result": boot.result,
-            "error": boot.error, "finished": boot.finished, "lease_owner": boot.lease_owner,
+            "flow": boot.flow, "version": boot.version, "status": boot.status, "input": boot.input,
+            "result": boot.result, "error": boot.error, "finished": boot.finished, "lease_owner": boot.lease_owner,
             "lease_ttl": boot.lease_ttl,
         }
         return self.execute_guarded(sql, params)[0][0] > 0
@@ -732,7 +746,8 @@ class PostgresStore(JournalStore):
         params = self.append_params([b.item for b in boots], [b.encoded for b in boots])
         params.update(flows=[b.flow for b in boots], statuses=[b.status for b in boots],
                       inputs=[b.input for b in boots], results=[b.result for b in boots],
-                      errors=[b.error for b in boots], finished=[b.finished for b in boots])
+                      errors=[b.error for b in boots], finished=[b.finished for b in boots],
+                      versions=[b.version for b in boots])
         # One companion per statement: the batch's leases ride in the first leased boot's CTEs.
         companion = next((b.companion for b in boots if b.companion is not None), None)
         if companion is not None:
@@ -788,8 +803,9 @@ class PostgresStore(JournalStore):
 
     def claim_due_waits(self, now, limit, flows):
         with atomic(self.alias), self.connection.cursor() as cursor:
+            names, versions = flow_keys(flows or [])
             cursor.execute(CLAIM_DUE_ANY if flows is None else CLAIM_DUE,
-                           {"now": now, "limit": limit, "flows": list(flows or [])})
+                           {"now": now, "limit": limit, "flows": names, "versions": versions})
             taken = cursor.fetchall()
             if not taken:
                 return []
@@ -801,7 +817,8 @@ class PostgresStore(JournalStore):
 
     def next_wait_due(self, flows=None):
         with self.connection.cursor() as cursor:
-            cursor.execute(NEXT_DUE if flows is None else NEXT_DUE_OF, {"flows": list(flows or [])})
+            names, versions = flow_keys(flows or [])
+            cursor.execute(NEXT_DUE if flows is None else NEXT_DUE_OF, {"flows": names, "versions": versions})
             row = cursor.fetchone()
         return None if row is None else row[0]
 
@@ -809,8 +826,9 @@ class PostgresStore(JournalStore):
         if flows is None:  # the flows this process would claim for (what its waker runs)
             from journal.flows import registry
 
-            flows = sorted(registry.registered())
-        params = {"now": timezone.now(), "limit": conf.get("LOOM_WAIT_BATCH"), "flows": list(flows)}
+            flows = registry.runnable()
+        names, versions = flow_keys(flows)
+        params = {"now": timezone.now(), "limit": conf.get("LOOM_WAIT_BATCH"), "flows": names, "versions": versions}
         with self.connection.cursor() as cursor:
             cursor.execute("EXPLAIN (FORMAT JSON) " + CLAIM_DUE, params)  # explained only: nothing is claimed
             claim = _plan_line(cursor.fetchone()[0])

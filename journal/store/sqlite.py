@@ -26,6 +26,7 @@ from journal.store.base import (
     ExecutionSettle,
     JournalStore,
     Verdict,
+    flow_keys,
 )
 
 # -- append: fences --
@@ -72,9 +73,9 @@ RETURNING stream_id, token
 
 # -- header_insert -- (the bootstrap, after the fence and the events: refused with them)
 HEADER_INSERT = """
-INSERT INTO journal_execution (id, flow, status, input, result, error, recoveries, created_at, updated_at,
-                               finished_at)
-VALUES (%s, %s, %s, %s, %s, %s, 0, %s, %s, %s)
+INSERT INTO journal_execution (id, flow, flow_version, status, input, result, error, recoveries, created_at,
+                               updated_at, finished_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, 0, %s, %s, %s)
 """
 
 # -- header_settle -- (the settle, only once the guarded append passed, in its transaction)
@@ -118,7 +119,14 @@ FROM (
 CROSS JOIN journal_execution e
 WHERE e.id = c.id
   AND e.status = 'running'
-  AND (%(any_flow)s OR e.flow IN (SELECT value FROM json_each(%(flows)s)))
+  -- %(flows)s: a JSON array of flow names (any version) or [name, version] pairs (version 0: any), as
+  -- postgres.RECOVERY_CANDIDATES.
+  AND (%(any_flow)s OR EXISTS (
+      SELECT 1 FROM json_each(%(flows)s)
+      WHERE CASE json_each.type
+                WHEN 'array' THEN json_extract(json_each.value, '$[0]') = e.flow
+                                  AND json_extract(json_each.value, '$[1]') IN (0, e.flow_version)
+                ELSE json_each.value = e.flow END))
 ORDER BY e.id
 LIMIT %(limit)s
 """
@@ -184,10 +192,13 @@ ORDER BY due_at LIMIT %(limit)s
 """
 # ... of one registered flow (what a worker runs: once per flow, the earliest `limit` of all kept): a
 # range scan of the (flow, due_at) index journal_wait_flow_due, so due waits of other flows are never read.
+# Of one version (0: any) too: only executions that started on a version this worker has.
 CLAIM_DUE = """
-SELECT execution_id, token, flow, kind, pos, due_at FROM journal_wait
-WHERE flow = %(flow)s AND due_at IS NOT NULL AND due_at <= %(now)s
-ORDER BY due_at LIMIT %(limit)s
+SELECT w.execution_id, w.token, w.flow, w.kind, w.pos, w.due_at FROM journal_wait w
+WHERE w.flow = %(flow)s AND w.due_at IS NOT NULL AND w.due_at <= %(now)s
+  AND (%(version)s = 0 OR EXISTS (SELECT 1 FROM journal_execution e
+                                  WHERE e.id = w.execution_id AND e.flow_version = %(version)s))
+ORDER BY w.due_at LIMIT %(limit)s
 """
 CLAIM_DELETE = "DELETE FROM journal_wait WHERE execution_id IN (SELECT value FROM json_each(%s))"
 CLAIM_FENCE = "UPDATE journal_fence SET token = token + 1 WHERE stream_id = %s AND token = %s RETURNING token"
@@ -195,7 +206,13 @@ CLAIM_HEADER = "UPDATE journal_execution SET status = 'running', updated_at = %s
 
 # -- next_wait_due --
 NEXT_DUE = "SELECT due_at FROM journal_wait WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
-NEXT_DUE_OF = "SELECT due_at FROM journal_wait WHERE flow = %s AND due_at IS NOT NULL ORDER BY due_at LIMIT 1"
+NEXT_DUE_OF = """
+SELECT w.due_at FROM journal_wait w
+WHERE w.flow = %(flow)s AND w.due_at IS NOT NULL
+  AND (%(version)s = 0 OR EXISTS (SELECT 1 FROM journal_execution e
+                                  WHERE e.id = w.execution_id AND e.flow_version = %(version)s))
+ORDER BY w.due_at LIMIT 1
+"""
 
 # -- carry_messages -- (in the continuing run's settle transaction: under the write lock) the
 # unconsumed messages move to the next run, ids and message_ids kept (one the next run has already is
@@ -331,8 +348,8 @@ class SqliteStore(JournalStore):
                 [v for ord_, (env, text) in enumerate(zip(boot.item.envelopes, boot.encoded, strict=True))
                  for v in (sid, ord_, env.type, text, now)],
             )
-            cursor.execute(HEADER_INSERT, [sid, boot.flow, boot.status, boot.input, boot.result, boot.error, now, now,
-                                           now if boot.finished else None])
+            cursor.execute(HEADER_INSERT, [sid, boot.flow, boot.version, boot.status, boot.input, boot.result,
+                                           boot.error, now, now, now if boot.finished else None])
         return True
 
     def _bootstrap_many(self, boots: Sequence[ExecutionBoot]) -> set[str]:
@@ -404,8 +421,9 @@ class SqliteStore(JournalStore):
                 taken = cursor.fetchall()
             else:
                 taken = []
-                for flow in flows:
-                    cursor.execute(CLAIM_DUE, {"now": self._time(now), "limit": limit, "flow": flow})
+                for flow, version in zip(*flow_keys(flows), strict=True):
+                    cursor.execute(CLAIM_DUE, {"now": self._time(now), "limit": limit, "flow": flow,
+                                               "version": version})
                     taken.extend(cursor.fetchall())
                 taken = sorted(taken, key=lambda r: r[5])[:limit]
             if not taken:
@@ -429,8 +447,8 @@ class SqliteStore(JournalStore):
                 rows = cursor.fetchall()
             else:
                 rows = []
-                for flow in flows:
-                    cursor.execute(NEXT_DUE_OF, [flow])
+                for flow, version in zip(*flow_keys(flows), strict=True):
+                    cursor.execute(NEXT_DUE_OF, {"flow": flow, "version": version})
                     rows.extend(cursor.fetchall())
         times = [self._read_time(row[0]) for row in rows]
         return min(times) if times else None
@@ -439,13 +457,14 @@ class SqliteStore(JournalStore):
         if flows is None:  # the flows this process would claim for (what its waker runs)
             from journal.flows import registry
 
-            flows = sorted(registry.registered())
-        flow = next(iter(flows), "")  # one statement per flow, each the same plan
+            flows = registry.runnable()
+        names, versions = flow_keys(flows)
+        flow, version = (names[0], versions[0]) if names else ("", 0)  # one statement per flow, each the same plan
         with self.connection.cursor() as cursor:
             cursor.execute("EXPLAIN QUERY PLAN " + CLAIM_DUE, {"now": self._time(timezone.now()), "limit": 16,
-                                                                "flow": flow})
+                                                                "flow": flow, "version": version})
             claim = "; ".join(str(row[-1]) for row in cursor.fetchall())
-            cursor.execute("EXPLAIN QUERY PLAN " + NEXT_DUE_OF, [flow])
+            cursor.execute("EXPLAIN QUERY PLAN " + NEXT_DUE_OF, {"flow": flow, "version": version})
             probe = "; ".join(str(row[-1]) for row in cursor.fetchall())
         return {"plan": claim, "cost": None, "next_due_plan": probe, "next_due_cost": None}
 

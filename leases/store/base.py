@@ -138,11 +138,13 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
 
     @abstractmethod
     def takeover(self, owner: str, ttl: float, orphan_after: float, max_attempts: int, limit: int,
-                 flows: Sequence[str] | None = None, orphan_window: float | None = None) -> Takeover:
+                 flows: Sequence[str | tuple[str, int]] | None = None,
+                 orphan_window: float | None = None) -> Takeover:
         """Take the running executions whose lease expired (or that never had one for
         `orphan_after` seconds): the lease moves to `owner` and the fence advances in the same
         transaction; those recovered `max_attempts` times already are marked stuck instead.
-        `flows`: only executions of these flows (the ones this worker can run; None: any).
+        `flows`: only executions of these flows (the ones this worker can run; None: any): names (any
+        version) or (name, version) pairs (journal.flows.registry.runnable(), journal.store.base.flow_keys).
         `orphan_window`: look for orphans only among the headers that passed `orphan_after` in the
         last `orphan_window` seconds (the common sweep: a long run's header stays old, so reading
         all old ones costs one read per long run); None: among all (the full orphan pass)."""

@@ -20,6 +20,7 @@ from journal.atomic import atomic
 from journal.flows.ownership import Companion
 from journal.store import postgres as journal_sql
 from journal.store import store_for as journal_store
+from journal.store.base import flow_keys
 from leases.store import base
 from leases.store.base import DueSchedule, Item, LeaseStore, Takeover
 
@@ -375,10 +376,10 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
         return self._count(EXPIRE, {"owner": owner, "eids": eids, "tokens": tokens})
 
     def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None, orphan_window=None):
+        keys = [json.dumps([name, version]) for name, version in zip(*flow_keys(flows or []), strict=True)]
         with atomic(self.alias):
             candidates = self._rows(TAKEOVER_CANDIDATES, {"orphan": orphan_after, "window": orphan_window,
-                                                          "limit": limit, "any_flow": flows is None,
-                                                          "flows": list(flows or [])})
+                                                          "limit": limit, "any_flow": flows is None, "flows": keys})
             if not candidates:
                 return Takeover()
             stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]

@@ -19,6 +19,7 @@ from django.utils.dateparse import parse_datetime
 from journal.atomic import atomic
 from journal.store import sqlite as journal_sql
 from journal.store import store_for as journal_store
+from journal.store.base import flow_keys
 from leases.store import base
 from leases.store.base import DueSchedule, Item, LeaseStore, Reservation, Takeover
 
@@ -247,7 +248,8 @@ class SqliteLeaseStore(SqliteSchedules, LeaseStore):
             since = "" if orphan_window is None else stamp(now - timedelta(seconds=orphan_after + orphan_window))
             candidates = self._rows(TAKEOVER_CANDIDATES, {
                 "now": times["now"], "orphan": stamp(now - timedelta(seconds=orphan_after)), "since": since,
-                "limit": limit, "any_flow": flows is None, "flows": json.dumps(list(flows or []))})
+                "limit": limit, "any_flow": flows is None,
+                "flows": json.dumps([list(key) for key in zip(*flow_keys(flows or []), strict=True)])})
             if not candidates:
                 return Takeover()
             stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]

@@ -4,8 +4,11 @@
     manage.py loom executions show|steps ID [--reveal]
     manage.py loom executions cancel|resume|retry ID
     manage.py loom executions fork ID --from-step N
+    manage.py loom executions export ID            # its recorded history, JSON (what replay --file reads)
     manage.py loom queues
     manage.py loom schedules
+    manage.py loom flows [--flow F]                # versions: registered here, live executions of each
+    manage.py loom replay [ID ...] [--flow F] [--last N] [--settled] [--file PATH]  # exit 1: would not resume
 
 `--json` on every verb prints one JSON document on stdout (an error too: {"ok": false, ...}). Exit
 codes: 0 done, 1 refused or not found, 2 usage, 3 not available here (docs/cli.md). The verbs live
@@ -20,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from journal import cli
 
-ACTIONS = ("show", "steps", "cancel", "resume", "retry", "fork")
+ACTIONS = ("show", "steps", "cancel", "resume", "retry", "fork", "export")
 
 
 class Command(BaseCommand):
@@ -38,10 +41,10 @@ class Command(BaseCommand):
                 sub.add_argument(flag, **kwargs)
             return sub
 
-        nouns = parser.add_subparsers(dest="noun", required=True, metavar="{executions,queues,schedules}")
+        nouns = parser.add_subparsers(dest="noun", required=True, metavar="{executions,queues,schedules,flows,replay}")
         executions = nouns.add_parser("executions", help="List, show and operate executions.")
         verbs = executions.add_subparsers(dest="verb", required=True,
-                                          metavar="{list,show,steps,cancel,resume,retry,fork}")
+                                          metavar="{list,show,steps,cancel,resume,retry,fork,export}")
         listing = options(verbs.add_parser("list", help="The newest executions matching the filters."))
         listing.add_argument("--status", help="running, completed, failed, cancelled, stuck, suspended")
         listing.add_argument("--flow", help="Only this flow.")
@@ -55,7 +58,8 @@ class Command(BaseCommand):
                            ("cancel", "Cancel (recorded as EXECUTION_CANCELLED)."),
                            ("resume", "Hand the execution to a worker, which continues it from its log."),
                            ("retry", "A new attempt of a failed execution, handed to a worker."),
-                           ("fork", "A new execution replaying the first N steps (needs flows that wait).")):
+                           ("fork", "A new execution replaying the first N steps (needs flows that wait)."),
+                           ("export", "Its recorded history as JSON (what `loom replay --file` reads).")):
             sub = options(verbs.add_parser(verb, help=text))
             sub.add_argument("execution_id", metavar="ID")
             if verb in ("show", "steps"):
@@ -71,6 +75,18 @@ class Command(BaseCommand):
                 sub.add_argument("--new-id", dest="new_id", help="The new execution's id (default: minted).")
         options(nouns.add_parser("queues", help="Queues: running, cap, depth."))
         options(nouns.add_parser("schedules", help="Schedules: cron, flow, next and last tick."))
+        versions = options(nouns.add_parser("flows", help="Flow versions: registered here, live executions of each."))
+        versions.add_argument("--flow", help="Only this flow.")
+        replaying = options(nouns.add_parser("replay", help="Replay recorded histories against this code, writing "
+                                             "nothing; exit 1 names the first that would not resume."))
+        replaying.add_argument("execution_ids", nargs="*", metavar="ID", help="These executions (default: the "
+                               "newest --last of each flow).")
+        replaying.add_argument("--flow", action="append", dest="flows", help="Only this flow (repeatable).")
+        replaying.add_argument("--last", type=int, default=20, help="The newest N of each flow (default 20).")
+        replaying.add_argument("--settled", action="store_true", help="Completed and cancelled executions too "
+                               "(nothing replays them again; then the code must reproduce their whole log).")
+        replaying.add_argument("--file", action="append", dest="files", metavar="PATH",
+                               help="A history `loom executions export` wrote (repeatable).")
 
     def handle(self, *args, **options) -> None:
         as_json, using = options["json"], options["database"]
@@ -78,8 +94,11 @@ class Command(BaseCommand):
             reply = self.dispatch(options, cli.check_alias(using))
         except cli.Refused as refused:
             if as_json:
+                found = {} if refused.data is None else {"results": refused.data}
                 self.stdout.write(json.dumps({"ok": False, "error": str(refused), "type": refused.kind or None,
-                                              "exit": refused.code}, ensure_ascii=False))
+                                              "exit": refused.code, **found}, ensure_ascii=False, default=str))
+            elif refused.lines:
+                self.stdout.write("\n".join(refused.lines))
             raise CommandError(str(refused), returncode=refused.code) from None
         if as_json:
             self.stdout.write(json.dumps(reply.data, indent=2, ensure_ascii=False, default=str))
@@ -92,6 +111,11 @@ class Command(BaseCommand):
             return cli.queues(using)
         if noun == "schedules":
             return cli.schedules(using)
+        if noun == "flows":
+            return cli.flows(using, options["flow"])
+        if noun == "replay":
+            return cli.replay(using, options["execution_ids"], files=options["files"], flows=options["flows"],
+                              last=options["last"], settled=options["settled"])
         verb, eid = options["verb"], options.get("execution_id")
         if verb == "list":
             return cli.list_executions(using, status=options["status"], flow=options["flow"], queue=options["queue"],
