@@ -125,6 +125,10 @@ register(
     # flows
     Setting("LOOM_FLOW_MODULES", list, [], "Modules imported at start-up so that their flows are registered."),
     Setting("LOOM_WORKER_ID", str, "", "Name of this worker (default: host:pid)."),
+    Setting("LOOM_SHUTDOWN_GRACE", float, 30.0,
+            "Seconds a worker given SIGTERM lets the steps already running finish (their completions recorded) "
+            "before it hands every lease back and exits; a step still running then is interrupted and recovered "
+            "elsewhere. Deploys wait at least this long before SIGKILL (docs/workers.md).", 0.0),
     # flows that wait (journal/flows/waits.py)
     Setting("LOOM_WAIT_INLINE_MAX", float, 1.0,
             "Waits (sleep, retry backoff) shorter than this many seconds sleep in the running thread; "

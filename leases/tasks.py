@@ -51,6 +51,11 @@ RESERVATIONS_PRUNED = 1000
 log = logging.getLogger("loom.worker")
 
 
+class WorkerDraining(RuntimeError):
+    """This worker process is shutting down gracefully: a queued start (or backstop sweep) delivered now is not
+    begun here; django-q2 does not acknowledge it, so the broker delivers it again, to another worker."""
+
+
 def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict | None = None) -> dict:
     """Start a durable execution in this worker process (the body of a queued execution).
 
@@ -60,6 +65,10 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     from journal.flows import ExecutionExists, OwnershipLost, start
     from journal.flows.runtime import unseal_started
     from journal.privacy.codec import Sealed
+    from leases.keeper import draining
+
+    if draining():
+        raise WorkerDraining(f"not begun: this worker is shutting down; {execution_id} is delivered again")
 
     # A flow with marked input is queued sealed (reserve_and_enqueue): the reservation's hash is of the input.
     # Sealed with the subject's key on the execution's shard (data keys live per shard): read there.
@@ -270,6 +279,10 @@ BACKSTOP_REACH = OrphanReach()
 def recovery_sweep() -> int:
     """One takeover sweep per shard and the resumes, and a tick of the due cron schedules, in this
     process (django-q2 schedule: every minute)."""
+    from leases.keeper import draining
+
+    if draining():
+        return 0  # shutting down: the other workers sweep
     count = 0
     for alias in shards.shards():
         taken = sweep(get_keeper(alias).worker_id, alias=alias, reach=BACKSTOP_REACH)

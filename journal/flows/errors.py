@@ -59,6 +59,14 @@ class OwnershipLost(FlowError):
         super().__init__(f"run of execution {execution_id!r} stopped: {detail}; nothing further was written")
 
 
+class ShuttingDown(OwnershipLost):
+    """The process is shutting down gracefully (LOOM_SHUTDOWN_GRACE): the run stopped at a step boundary, its
+    finished step recorded, and handed its lease back so that another worker continues it at once."""
+
+    def __init__(self, execution_id: str):
+        super().__init__(execution_id, "its worker is shutting down; the lease was handed back for another worker")
+
+
 class NotResumable(FlowError):
     """The execution cannot be resumed or cancelled in its current state."""
 

@@ -15,10 +15,11 @@ import signal
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from journal import conf
 from leases.checks import SNIPPET, broker_problem
 from leases.keeper import set_main
 from leases.lifeline import die_with_parents
-from leases.worker import Worker
+from leases.worker import Worker, drain_children, share_drain_with_children
 
 
 class Command(BaseCommand):
@@ -31,12 +32,14 @@ class Command(BaseCommand):
                             help="Do not start django-q2's cluster (services only).")
         parser.add_argument("--stop-timeout", type=float, default=10.0,
                             help="Seconds each service gets to stop on SIGTERM (default 10).")
+        parser.add_argument("--shutdown-grace", type=float, default=None,
+                            help="Seconds running steps get to finish on SIGTERM (default LOOM_SHUTDOWN_GRACE).")
         parser.add_argument("--log-level", default=None, type=str.upper,
                             choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                             help="Level of the 'loom' loggers (default: as LOGGING says, else INFO).")
 
     def handle(self, *args, worker_id=None, no_cluster=False, stop_timeout=10.0, log_level=None,
-               **options) -> None:
+               shutdown_grace=None, **options) -> None:
         # A worker you can watch: its starts, completions, failures, takeovers and recoveries are
         # logged at INFO under "loom.*" (docs/workers.md "Logs"), unless LOGGING set that logger.
         loom_log = logging.getLogger("loom")
@@ -62,6 +65,7 @@ class Command(BaseCommand):
             # Every process the cluster forks (sentinel, then its workers, pusher and monitor) dies
             # with its parent: a SIGKILLed worker leaves no cluster behind taking queued starts.
             die_with_parents()
+            share_drain_with_children()  # before the fork: a graceful shutdown reaches every child
             # The cluster forks: a database connection open in this process would be shared with
             # the children (one socket, two users: corrupted). Close ours; each side reconnects.
             connections.close_all()
@@ -80,7 +84,11 @@ class Command(BaseCommand):
             worker.wait()
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            worker.stop(stop_timeout)
+            grace = conf.get("LOOM_SHUTDOWN_GRACE") if shutdown_grace is None else max(0.0, shutdown_grace)
+            if cluster is not None and cluster.sentinel is not None and grace > 0:
+                drain_children()  # they drain alongside this process
+                cluster.stop_event.set()  # the sentinel stops its pusher: nothing new reaches the children
+            worker.stop(stop_timeout, grace)
             if cluster is not None and cluster.sentinel is not None:
                 cluster.stop()
         self.stdout.write(f"loom worker {worker.worker_id} stopped")
