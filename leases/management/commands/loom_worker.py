@@ -2,8 +2,9 @@
 
 It runs the in-process services every app registered (lease heartbeat, recovery sweep,
 projection drains...) and, unless --no-cluster, django-q2's cluster for queued and scheduled
-tasks. SIGTERM or SIGINT: the services stop and the leases are handed back (expired at once, so
-other workers recover the runs); then the cluster stops. SIGKILL: every process of the cluster
+tasks. SIGTERM or SIGINT: a graceful shutdown (LOOM_SHUTDOWN_GRACE; docs/workers.md "Signals"): nothing
+new is taken, running steps finish and are recorded, and every lease is handed back (expired at once, so
+other workers continue the runs); then the cluster stops. SIGKILL: every process of the cluster
 dies with it (leases/lifeline.py); the leases expire after LOOM_LEASE_TTL.
 """
 
