@@ -86,6 +86,13 @@ class LeaseClaim:
         while the process drains, it is handed back instead (expired now: the next sweep anywhere takes it)."""
         self.keeper.end(self, unfinished=True)
 
+    def hand_back(self) -> None:
+        """Give the execution up now while its run still works on it (a step whose heartbeat timed out, a
+        retiring worker: leases/watchdog.py): the lease is expired at once for another worker's sweep, and the
+        claim is lost, so whatever the run writes later is refused and it stops at its next boundary."""
+        self.keeper.end(self, unfinished=True, hand_back=True)
+        self._lost = True
+
     def __repr__(self) -> str:
         return f"<LeaseClaim {self.execution_id}@{self.token} {self.state}{' lost' if self._lost else ''}>"
 
@@ -220,7 +227,8 @@ class LeaseKeeper:
                 self.cond.notify_all()  # the keeper may be sleeping until a later renewal
         return claim
 
-    def end(self, claim: LeaseClaim, released: bool = False, unfinished: bool = False) -> None:
+    def end(self, claim: LeaseClaim, released: bool = False, unfinished: bool = False,
+            hand_back: bool = False) -> None:
         """The run is over; released=True: its settle statement deleted the lease already. unfinished=True:
         the execution is still running (the run halted): its lease is neither renewed nor deleted, so it
         lapses after the TTL and the recovery sweep's expired-lease arm takes the execution over. (Deleting
@@ -231,7 +239,7 @@ class LeaseKeeper:
                 return
             claim.ended = True
             # A graceful shutdown: the execution goes on elsewhere at once, not after the lease lapsed.
-            back = unfinished and not claim._lost and _draining.is_set()
+            back = unfinished and not claim._lost and (hand_back or _draining.is_set())
             if claim.state == PENDING:
                 self.pending.pop(claim, None)  # within the grace: no lease was ever written
                 if back:

@@ -222,11 +222,12 @@ class RecoveryService:
         self.stopping.set()
 
     def wait_idle(self, deadline: float) -> bool:
+        from journal.flows.interrupt import abandoned_executions
         from leases.worker import wait_until
 
         if self.thread is not None:
             self.thread.join(max(0.0, deadline - time.monotonic()))
-        return wait_until(lambda: not self.inflight, deadline)
+        return wait_until(lambda: not (self.inflight - abandoned_executions()), deadline)
 
     def stop(self, timeout: float) -> None:
         self.stopping.set()

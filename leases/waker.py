@@ -178,12 +178,13 @@ class WakeService:
         self.nudge.set()
 
     def wait_idle(self, deadline: float) -> bool:
+        from journal.flows.interrupt import abandoned_executions
         from leases.worker import wait_until
 
         idle = all([part.wait_idle(deadline) for part in self.parts])
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        return wait_until(lambda: not self.inflight, deadline) and idle
+        return wait_until(lambda: not (self.inflight - abandoned_executions()), deadline) and idle
 
     def stop(self, timeout: float) -> None:
         for part in self.parts:

@@ -78,6 +78,7 @@ class Worker:
         self.factories = registered_services() if services is None else list(services)
         self.services: list[Service] = []
         self.stopped = threading.Event()
+        self.retiring: str | None = None  # why the worker retires (its step watchdog abandoned a step), or None
 
     def start(self) -> None:
         for factory in self.factories:
@@ -134,6 +135,12 @@ class Worker:
             except Exception:
                 log.exception("worker %s: stopping %s failed", self.worker_id, service.name)
         self.services.clear()
+        self.stopped.set()
+
+    def retire(self, reason: str) -> None:
+        """Stop as on SIGTERM because a step ignored being told to stop (leases/watchdog.py); loom_worker then
+        replaces the process. The abandoned step's thread is not waited for."""
+        self.retiring = reason
         self.stopped.set()
 
     def request_stop(self, *_args) -> None:
@@ -226,6 +233,11 @@ def register_q_child(**_kwargs) -> None:
         # A clean exit of the child (django-q2 recycles it, or the cluster stops) marks its row stopped
         # and hands its leases back; multiprocessing runs atexit functions in its forked children.
         atexit.register(_q_child_exit, keeper)
+    # The child's own step watchdog: a step that ignores being told to stop retires the child (django-q2's
+    # sentinel starts another in its place).
+    from leases.watchdog import StepWatchdog
+
+    StepWatchdog(retire=_retire_child).start(None)
     # A graceful shutdown reaches the child from its loom_worker (the shared event). Not its own SIGTERM: django-q2
     # terminates a child whose task outlived Q_CLUSTER["timeout"] with it, and that must stay a kill.
     if _children_drain is not None:
@@ -248,6 +260,16 @@ def _watch_drain() -> None:
         return  # idle: the cluster's STOP (or its SIGTERM) ends the process as usual
     log.warning("worker %s: a step still running after the grace of %.1f s; interrupted, its lease handed back",
                 node_identity(), grace)
+    for keeper in keepers():
+        _q_child_exit(keeper)
+    os._exit(0)
+
+
+def _retire_child(reason: str) -> None:
+    """In a django-q2 child whose step was abandoned: hand every lease back and exit (the sentinel replaces it)."""
+    from leases.keeper import keepers
+
+    log.error("worker %s: retiring: %s", node_identity(), reason)
     for keeper in keepers():
         _q_child_exit(keeper)
     os._exit(0)

@@ -133,9 +133,10 @@ class Runners:
     def wait_idle(self, deadline: float) -> bool:
         """A graceful shutdown: wait until no thread is in a run (each run stops at its next step boundary,
         handing its lease back), or the monotonic `deadline`; True if none is."""
+        from journal.flows.interrupt import abandoned_threads
         from leases.worker import wait_until
 
-        return wait_until(lambda: not self.busy, deadline)
+        return wait_until(lambda: not (self.busy - abandoned_threads()), deadline)  # an abandoned step: not waited
 
     def stop(self, timeout: float) -> None:
         """Every thread leaves after its current run (closing its sessions); wait up to `timeout` seconds

@@ -118,3 +118,14 @@ class DeadlineExceeded(FlowError):
 class NeedsDurable(FlowError):
     """A primitive that waits for something outside the flow (recv, start_child, continue_as_new) was
     called in a transient call (invoke_transient), which has no journal to wait in."""
+
+
+class StepCancelled(FlowError):
+    """Raised by `heartbeat()` (journal/flows/interrupt.py) inside a running step that was told to stop: its
+    execution was cancelled or taken over, its heartbeat timed out, or its worker is retiring. A step that lets
+    it propagate ends at once; its attempt is never recorded as completed (the fence refuses this run)."""
+
+
+class StepTimedOut(DeadlineExceeded):
+    """Raised by `heartbeat()` inside a running step past its `timeout`: the attempt fails as timed out
+    (STEP_FAILED {"timeout": true}) and the retry policy decides what follows."""

@@ -11,7 +11,9 @@ dies with it (leases/lifeline.py); the leases expire after LOOM_LEASE_TTL.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
@@ -92,4 +94,12 @@ class Command(BaseCommand):
             worker.stop(stop_timeout, grace)
             if cluster is not None and cluster.sentinel is not None:
                 cluster.stop()
+        if worker.retiring is not None:
+            # A step ignored being told to stop (leases/watchdog.py): its thread cannot be stopped, so the process
+            # is replaced in place (same pid for the supervisor), everything else stopped gracefully above.
+            self.stdout.write(f"loom worker {worker.worker_id} retired: {worker.retiring}; replacing the process")
+            self.stdout.flush()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execv(sys.executable, sys.orig_argv)
         self.stdout.write(f"loom worker {worker.worker_id} stopped")
