@@ -68,3 +68,38 @@ def read_dead_socket(port: int) -> bytes:
     """Connect to a listening socket that never accepts nor answers, and wait for its answer: hangs."""
     with socket.create_connection(("127.0.0.1", port)) as sock:
         return sock.recv(1)
+
+
+@flow("shutdown.hang")
+def hang(ctx, value):
+    """One step blocked on a socket that never answers: it ignores every heartbeat and cancel."""
+    return ctx.step("read", read_dead_socket, value["port"], timeout=value.get("timeout"))
+
+
+@flow("shutdown.patient")
+def patient(ctx, value):
+    """One step that heartbeats while it works for up to a minute: told of its timeout, it stops."""
+
+    def work() -> str:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ctx.heartbeat({"at": time.monotonic()})
+            time.sleep(0.05)
+        return "worked a minute"
+
+    return ctx.step("work", work, timeout=value["timeout"])
+
+
+@flow("shutdown.silent")
+def silent(ctx, value):
+    """Its first attempt anywhere hangs without a heartbeat (the marker file says it ran); a later one returns."""
+
+    def once() -> int:
+        if not os.path.exists(value["marker"]):
+            with open(value["marker"], "w") as fh:
+                fh.write(str(os.getpid()))
+            while True:
+                time.sleep(1)
+        return os.getpid()
+
+    return ctx.step("once", once, heartbeat_timeout=value["heartbeat_timeout"])
