@@ -150,6 +150,9 @@ class Worker:
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        # A process inherits its parent thread's signal mask (through fork and exec): a worker started by a thread
+        # that blocks SIGTERM (an event loop's) would never hear it.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
     def wait(self) -> None:
         """Block until request_stop() (a signal) or stop()."""

@@ -101,5 +101,7 @@ class Command(BaseCommand):
             self.stdout.flush()
             sys.stdout.flush()
             sys.stderr.flush()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # an ignored signal stays ignored through exec: a
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # SIGTERM during the new start-up must still stop it
             os.execv(sys.executable, sys.orig_argv)
         self.stdout.write(f"loom worker {worker.worker_id} stopped")
