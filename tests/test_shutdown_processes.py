@@ -138,3 +138,34 @@ def test_sigterm_during_a_one_step_django_task_lets_it_finish_and_exits_0(env):
     assert got.status.name == "SUCCESSFUL", (got.status, log)
     assert got.return_value == key
     assert effect_counts(key) == {(key, "task"): 1}
+
+
+def test_a_django_q2_child_drains_by_the_same_rule(env):
+    """A queued start (leases.tasks.enqueue_start) runs in a django-q2 child of worker A; SIGTERM to A's main
+    process while its first step runs: the child finishes that step, records it and hands the lease back; A
+    exits 0. Worker B then continues from the second step at once (the TTL is 120 s): each step once."""
+    from leases.tasks import enqueue_start
+
+    create_effects_table()
+    eid = f"qchild-{uuid.uuid4().hex[:6]}"
+    child_env = {**env, "LOOM_Q_WORKERS": "1"}
+    a = spawn(child_env, "qa")
+    b = None
+    try:
+        wait_until(lambda: "django-q2 child ready" in output(a), "A's cluster runs", timeout=60, proc=a)
+        enqueue_start("shutdown.steps", {"n": 3, "pause": 1.5}, execution_id=eid)
+        wait_until(lambda: effect_counts(eid), "the child runs the first step", timeout=60, proc=a)
+        assert terminate(a) == 0, output(a)
+        log_a = output(a)
+        assert Execution.objects.get(pk=eid).status == "running"
+        b = spawn(env, "qb", "--no-cluster")
+        wait_until(lambda: Execution.objects.filter(pk=eid, status="completed").exists(), "B continues",
+                   timeout=TTL * 0.5, proc=b)
+    finally:
+        cleanup(a)
+        if b is not None:
+            cleanup(b)
+    assert f"lease handed back execution={eid}" in log_a, log_a
+    assert effect_counts(eid) == {(eid, "s0"): 1, (eid, "s1"): 1, (eid, "s2"): 1}
+    started = [e.payload["pos"] for e in Event.objects.read(eid) if e.type == ev.STEP_STARTED]
+    assert started == [0, 1, 2], started
