@@ -344,7 +344,13 @@ class LeaseKeeper:
                 batch.append(claim)
         try:
             if back:
-                self.flush_handbacks(back)
+                try:
+                    self.flush_handbacks(back)
+                except DatabaseError:
+                    log.exception("lease keeper %s: hand-back failed; retrying", self.worker_id)
+                    connections[self.alias].close()
+                    with self.cond:  # handed back at the next pass (or by shutdown), not dropped
+                        self.handback_q[:0] = back
             if batch:
                 self.flush_acquires(batch, releases)
             elif releases:
