@@ -349,8 +349,10 @@ class LeaseKeeper:
                 except DatabaseError:
                     log.exception("lease keeper %s: hand-back failed; retrying", self.worker_id)
                     connections[self.alias].close()
-                    with self.cond:  # handed back at the next pass (or by shutdown), not dropped
+                    with self.cond:  # handed back at a later pass (or by shutdown), not dropped
                         self.handback_q[:0] = back
+                    if self.autostart:
+                        time.sleep(min(1.0, conf.get("LOOM_LEASE_RENEW_EVERY")))  # not a busy loop
             if batch:
                 self.flush_acquires(batch, releases)
             elif releases:
