@@ -76,26 +76,33 @@ def running_on(prefix: str, worker_id: str) -> bool:
 
 
 def test_a_rolling_restart_runs_no_step_twice_loses_none_and_hands_leases_back(env):
-    """3 workers under load (flows of 4 steps of 0.6 s, each step's effect committed as it begins); each
+    """3 workers under load (30 flows of 4 steps of 0.6 s, each step's effect committed as it begins); each
     worker in turn gets SIGTERM while it runs steps, exits 0 and is restarted. Every step's effect happened
     once, every execution completed, each position was started once, and every takeover was of a lease a
     stopping worker handed back (none waited for an expiry: the TTL is longer than the whole test)."""
     create_effects_table()
     prefix = f"roll-{uuid.uuid4().hex[:6]}-"
     declare_queue(QUEUE, concurrency=50)
-    n, steps = 18, 4
-    ids = [enqueue("shutdown.steps", {"n": steps, "pause": 0.6}, queue=QUEUE, execution_id=f"{prefix}{i:02}")
-           .execution_id for i in range(n)]
+    steps, ids = 4, []
+
+    def more(count: int) -> None:  # the load goes on through the restarts
+        for _ in range(count):
+            ids.append(enqueue("shutdown.steps", {"n": steps, "pause": 0.6}, queue=QUEUE,
+                               execution_id=f"{prefix}{len(ids):02}").execution_id)
+
+    more(12)
     names = [f"rw{i}" for i in range(3)]
     procs = {name: spawn(env, name, "--no-cluster") for name in names}
     every = list(procs.values())
     try:
         for name in names:
+            more(6)
             wait_until(lambda name=name: running_on(prefix, name), f"{name} runs a step", timeout=60,
                        proc=procs[name])
             assert terminate(procs[name]) == 0, output(procs[name])
             procs[name] = spawn(env, name, "--no-cluster")
             every.append(procs[name])
+        n = len(ids)
         wait_until(lambda: Execution.objects.filter(pk__in=ids, status="completed").count() == n,
                    "every execution completed", timeout=TTL * 0.6)
     finally:
