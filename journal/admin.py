@@ -92,7 +92,11 @@ def plan(execution: Execution, verb: str, force: bool = False) -> tuple[bool, st
         return True, "will be suspended: no lease, no wait, no worker until someone resumes it"
     if verb == "cancel":
         if status in UNSETTLED:
-            return True, "will be cancelled (EXECUTION_CANCELLED); a run in progress stops at its next step"
+            holder = ownership.live_owner(execution.pk) if status == "running" else None
+            if holder is None:
+                return True, "will be cancelled at once (EXECUTION_CANCELLED); no run is in progress"
+            return True, (f"will be cancelled (EXECUTION_CANCELLED); the step running under {holder} "
+                          f"{_cancel_bound_text()}")
         return False, f"nothing: already {status}"
     if verb == "retry":
         if status == "failed":
@@ -143,13 +147,30 @@ def act(request: HttpRequest, execution_id: str, verb: str, force: bool = False,
             retry(execution_id, actor=actor, handoff=True)
             text = f"retry {execution_id}: a new attempt was recorded and handed over to a worker"
         else:
+            from journal.flows import ownership
+
+            holder = ownership.live_owner(execution_id)  # before: the cancel's fence ends whoever drives it
             out = cancel(execution_id, f"cancelled by {actor} in the admin")
-            text = f"cancel {execution_id}: {out.status}"
+            if holder is None:
+                text = f"cancel {execution_id}: {out.status} at once (no run was in progress)"
+            else:
+                text = f"cancel {execution_id}: {out.status}; the step running under {holder} {_cancel_bound_text()}"
     except Exception as exc:  # shown to the operator, never a 500
         messages.error(request, f"{verb} {execution_id}: {type(exc).__name__}: {exc}")
         return False
     messages.success(request, text)
     return True
+
+
+def _cancel_bound_text() -> str:
+    """What a cancel does to a step that runs right now, elsewhere (journal/flows/interrupt.py)."""
+    from journal.flows.interrupt import cancel_bound
+
+    bound = cancel_bound()
+    if bound is None:
+        return "is not told (no leases): its run stops at its next step boundary"
+    return (f"is told to stop and stops within {bound:g} s (a step that ignores it is abandoned and its worker "
+            f"process replaced); its result is never recorded")
 
 
 def _json(value: Any) -> str:

@@ -129,6 +129,14 @@ register(
             "admin's schedule form may nevertheless start or call, by exact name; any other internal flow "
             "answers there as an unknown one (docs/security.md)."),
     Setting("LOOM_WORKER_ID", str, "", "Name of this worker (default: host:pid)."),
+    Setting("LOOM_SHUTDOWN_GRACE", float, 30.0,
+            "Seconds a worker given SIGTERM lets the steps already running finish (their completions recorded) "
+            "before it hands every lease back and exits; a step still running then is interrupted and recovered "
+            "elsewhere. Deploys wait at least this long before SIGKILL (docs/workers.md).", 0.0),
+    Setting("LOOM_STEP_ABANDON_AFTER", float, 30.0,
+            "Seconds a running step told to stop (cancelled, past its timeout or heartbeat timeout) may ignore it; "
+            "then the worker's watchdog abandons its thread and the worker process retires and is replaced "
+            "(journal/flows/interrupt.py).", 0.0),
     # flows that wait (journal/flows/waits.py)
     Setting("LOOM_WAIT_INLINE_MAX", float, 1.0,
             "Waits (sleep, retry backoff) shorter than this many seconds sleep in the running thread; "

@@ -25,6 +25,9 @@ class LeasesConfig(AppConfig):
 
         register_service(ScheduleService)  # cron schedules (leases/schedules.py)
         register_service(WakeService)  # resumes parked executions when due (flows that wait)
+        from leases.watchdog import StepWatchdog
+
+        register_service(StepWatchdog)  # tells running steps to stop; retires a worker whose step ignores it
         try:
             from django_q.signals import post_spawn
         except ImportError:  # django-q2 not installed: no queued starts, no cluster to watch

@@ -48,12 +48,13 @@ RELEASE_DELAY = 0.2
 class LeaseClaim:
     """One run's hold on one execution (the journal.flows.ownership.Claim protocol)."""
 
-    __slots__ = ("_lost", "deadline", "ended", "execution_id", "keeper", "state", "token")
+    __slots__ = ("_lost", "deadline", "ended", "execution_id", "handed_back", "keeper", "state", "token")
 
     def __init__(self, keeper: LeaseKeeper, execution_id: str, token: int, state: str):
         self.keeper, self.execution_id, self.token, self.state = keeper, execution_id, token, state
         self._lost = False
         self.ended = False
+        self.handed_back = False  # abandoned while draining: its lease is expired at once, not left to lapse
         self.deadline: float | None = None  # monotonic time the lease is last known to expire
 
     @property
@@ -62,6 +63,12 @@ class LeaseClaim:
             return True
         deadline = self.deadline
         return deadline is not None and time.monotonic() > deadline
+
+    @property
+    def draining(self) -> bool:
+        """The process is shutting down gracefully: the run stops at its next step boundary (its finished step
+        recorded) and `abandon()` hands the lease back (journal/flows/runtime.py `yield_if_draining`)."""
+        return _draining.is_set()
 
     @property
     def item(self) -> tuple[str, int]:
@@ -76,8 +83,16 @@ class LeaseClaim:
         self.keeper.end(self, released)
 
     def abandon(self) -> None:
-        """The run halted with the execution still running: the lease lapses (journal/flows/ownership.py)."""
+        """The run halted with the execution still running: the lease lapses (journal/flows/ownership.py);
+        while the process drains, it is handed back instead (expired now: the next sweep anywhere takes it)."""
         self.keeper.end(self, unfinished=True)
+
+    def hand_back(self) -> None:
+        """Give the execution up now while its run still works on it (a step whose heartbeat timed out, a
+        retiring worker: leases/watchdog.py): the lease is expired at once for another worker's sweep, and the
+        claim is lost, so whatever the run writes later is refused and it stops at its next boundary."""
+        self.keeper.end(self, unfinished=True, hand_back=True)
+        self._lost = True
 
     def __repr__(self) -> str:
         return f"<LeaseClaim {self.execution_id}@{self.token} {self.state}{' lost' if self._lost else ''}>"
@@ -104,6 +119,24 @@ def mark_child() -> None:
     _role = CHILD
 
 
+# A graceful shutdown of this process is under way (leases/worker.py): runs stop at their next step boundary
+# and hand their leases back. Process-wide (every keeper's claims), cleared when the worker has stopped.
+_draining = threading.Event()
+
+
+def begin_drain() -> None:
+    """Runs of this process stop taking new steps; each hands its lease back as it stops."""
+    _draining.set()
+
+
+def end_drain() -> None:
+    _draining.clear()
+
+
+def draining() -> bool:
+    return _draining.is_set()
+
+
 def process_role() -> str:
     return _role
 
@@ -128,7 +161,7 @@ class LeaseKeeper:
         # Leases sent per kind of statement, and statements issued: what this process cost the table.
         # "inline": leases written by the runs' own bootstrap statements (no keeper statement).
         self.stats = {"acquire": 0, "renew": 0, "release": 0, "acquire_statements": 0, "renew_statements": 0,
-                      "release_statements": 0, "inline": 0}
+                      "release_statements": 0, "inline": 0, "handback": 0}
         # The database of these leases: one keeper per shard (journal/shards.py), each with its own thread,
         # since a lease lives on its execution's shard and one statement reaches one database.
         self.alias = alias or shards.home()
@@ -137,6 +170,9 @@ class LeaseKeeper:
         self.held: dict[LeaseClaim, None] = {}
         self.acquire_q: list[LeaseClaim] = []
         self.release_q: list[tuple[str, int]] = []
+        # Leases handed back by runs that stopped for a graceful shutdown: (item, has a row). Expired at once
+        # (a row written expired when the claim had none yet), so another worker's next sweep takes them over.
+        self.handback_q: list[tuple[tuple[str, int], bool]] = []
         self.thread: threading.Thread | None = None
         self.stopping = False
         self.next_renew = 0.0
@@ -192,7 +228,8 @@ class LeaseKeeper:
                 self.cond.notify_all()  # the keeper may be sleeping until a later renewal
         return claim
 
-    def end(self, claim: LeaseClaim, released: bool = False, unfinished: bool = False) -> None:
+    def end(self, claim: LeaseClaim, released: bool = False, unfinished: bool = False,
+            hand_back: bool = False) -> None:
         """The run is over; released=True: its settle statement deleted the lease already. unfinished=True:
         the execution is still running (the run halted): its lease is neither renewed nor deleted, so it
         lapses after the TTL and the recovery sweep's expired-lease arm takes the execution over. (Deleting
@@ -202,17 +239,27 @@ class LeaseKeeper:
             if claim.ended:
                 return
             claim.ended = True
+            # A graceful shutdown: the execution goes on elsewhere at once, not after the lease lapsed.
+            back = unfinished and not claim._lost and (hand_back or _draining.is_set())
             if claim.state == PENDING:
                 self.pending.pop(claim, None)  # within the grace: no lease was ever written
+                if back:
+                    self.handback_q.append((claim.item, False))
             elif claim.state == HELD:
                 self.held.pop(claim, None)
-                if not claim._lost and not released and not unfinished:
+                if back:
+                    self.handback_q.append((claim.item, True))
+                elif not claim._lost and not released and not unfinished:
                     if not self.release_q:
                         self.release_due = time.monotonic() + RELEASE_DELAY
                         self.cond.notify_all()
                     self.release_q.append(claim.item)
+            elif claim.state == ACQUIRING and back:
+                claim.handed_back = True  # the keeper expires it when the acquire returns
             # ACQUIRING: the keeper releases it when the acquire returns.
             claim.state = ENDED
+            if back:
+                self.cond.notify_all()
 
     # -- the thread --------------------------------------------------------------------------------
     def ensure_started(self) -> None:
@@ -231,7 +278,7 @@ class LeaseKeeper:
         try:
             while True:
                 with self.cond:
-                    while not self.stopping and not self.acquire_q and not self._releases_due():
+                    while not self.stopping and not self.acquire_q and not self.handback_q and not self._releases_due():
                         now = time.monotonic()
                         wait = min(self.next_renew, self.release_due) - now
                         if self.pending:
@@ -283,6 +330,7 @@ class LeaseKeeper:
         now = time.monotonic()
         with self.cond:
             batch, self.acquire_q = self.acquire_q, []
+            back, self.handback_q = self.handback_q, []
             done, self.batch_done = self.batch_done, threading.Event()
             releases: list[tuple[str, int]] = []
             if self.release_q and (batch or flush or self.stopping or self._releases_due()):
@@ -296,6 +344,16 @@ class LeaseKeeper:
                 claim.state = ACQUIRING
                 batch.append(claim)
         try:
+            if back:
+                try:
+                    self.flush_handbacks(back)
+                except DatabaseError:
+                    log.exception("lease keeper %s: hand-back failed; retrying", self.worker_id)
+                    connections[self.alias].close()
+                    with self.cond:  # handed back at a later pass (or by shutdown), not dropped
+                        self.handback_q[:0] = back
+                    if self.autostart:
+                        time.sleep(min(1.0, conf.get("LOOM_LEASE_RENEW_EVERY")))  # not a busy loop
             if batch:
                 self.flush_acquires(batch, releases)
             elif releases:
@@ -342,7 +400,9 @@ class LeaseKeeper:
                 for claim in part:
                     if claim.execution_id in acquired:
                         claim.deadline = started + ttl
-                        if claim.ended:
+                        if claim.handed_back:
+                            self.handback_q.append((claim.item, True))
+                        elif claim.ended:
                             to_release.append(claim.item)
                         else:
                             claim.state = HELD
@@ -352,6 +412,24 @@ class LeaseKeeper:
             riding = []
         if to_release:
             self.flush_releases(to_release)
+
+    def flush_handbacks(self, items: list[tuple[tuple[str, int], bool]]) -> None:
+        """Hand leases back: a held one expired now, one never written (a lazy claim within its grace) written
+        expired (an acquire with a TTL of 0), so that the sweep's expired-lease arm takes each over at once."""
+        store = store_for(self.alias)
+        size = conf.get("LOOM_LEASE_CHUNK")
+        held = list(dict.fromkeys(item for item, has_row in items if has_row))
+        rowless = list(dict.fromkeys(item for item, has_row in items if not has_row))
+        for part in chunks(held, size):
+            store.expire_many(self.worker_id, part)
+        if rowless and not self.registered:
+            self.register()
+        for part in chunks(rowless, size):
+            store.acquire_many(self.worker_id, part, 0.0)
+        self.stats["handback"] += len(held) + len(rowless)
+        for execution_id, token in held + rowless:
+            log.info("lease handed back execution=%s fence=%s owner=%s: shutting down, another worker continues",
+                     execution_id, token, self.worker_id)
 
     def flush_releases(self, items: list[tuple[str, int]]) -> None:
         store = store_for(self.alias)
@@ -415,16 +493,21 @@ class LeaseKeeper:
         with self.cond:
             claims = list(self.held) + list(self.pending) + self.acquire_q
             releases, self.release_q = self.release_q, []
+            back, self.handback_q = self.handback_q, []
             for claim in claims:
                 claim._lost = True
             self.batch_done.set()
             held = [c.item for c in self.held]
+            # Lazy claims within their grace have no row: written expired, so they are not orphans for
+            # grace + TTL (a graceful stop hands every lease back; a plain stop keeps its old rule).
+            rowless = [c.item for c in self.pending] if _draining.is_set() else []
             self.held.clear()
             self.pending.clear()
             self.acquire_q = []
         store = store_for(self.alias)
         try:
             self.flush_releases(releases)
+            self.flush_handbacks(back + [(item, False) for item in rowless])
             for part in chunks(held, conf.get("LOOM_LEASE_CHUNK")):
                 store.expire_many(self.worker_id, part)
             if self.registered:

@@ -222,6 +222,18 @@ class RecoveryService:
             with self.lock:
                 self.inflight.discard(execution_id)
 
+    def quiesce(self) -> None:
+        """A graceful shutdown: no new sweep (the resumes already taken run, and stop at their first step)."""
+        self.stopping.set()
+
+    def wait_idle(self, deadline: float) -> bool:
+        from journal.flows.interrupt import abandoned_executions
+        from leases.worker import wait_until
+
+        if self.thread is not None:
+            self.thread.join(max(0.0, deadline - time.monotonic()))
+        return wait_until(lambda: not (self.inflight - abandoned_executions()), deadline)
+
     def stop(self, timeout: float) -> None:
         self.stopping.set()
         if self.thread is not None:

@@ -414,6 +414,9 @@ class ScheduleService:
         finally:
             connections.close_all()
 
+    def quiesce(self) -> None:
+        self.stopping.set()  # no new tick (a graceful shutdown)
+
     def stop(self, timeout: float) -> None:
         self.stopping.set()
         if self.thread is not None:

@@ -43,6 +43,11 @@ RESERVATIONS_PRUNED = 1000
 log = logging.getLogger("loom.worker")
 
 
+class WorkerDraining(RuntimeError):
+    """This worker process is shutting down gracefully: a queued start (or backstop sweep) delivered now is not
+    begun here; django-q2 does not acknowledge it, so the broker delivers it again, to another worker."""
+
+
 def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict | None = None) -> dict:
     """The body of a start queued under the old scheme (a django-q2 task): routed into the one start path,
     a queued execution on the default queue under its reserved id (a loom_worker's dispatcher runs it).
@@ -53,7 +58,11 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     from journal.flows import ExecutionExists
     from journal.flows.runtime import unseal_started
     from journal.privacy.codec import Sealed
+    from leases.keeper import draining
     from queues import enqueue
+
+    if draining():
+        raise WorkerDraining(f"not begun: this worker is shutting down; {execution_id} is delivered again")
 
     # A flow with marked input was queued sealed (the old reserve_and_enqueue): the reservation's hash is of
     # the input. Sealed with the subject's key on the execution's shard (data keys live per shard): read there.
@@ -203,6 +212,10 @@ BACKSTOP_REACH = OrphanReach()
 def recovery_sweep() -> int:
     """One takeover sweep per shard and the resumes, and a tick of the due cron schedules, in this
     process (django-q2 schedule: every minute)."""
+    from leases.keeper import draining
+
+    if draining():
+        return 0  # shutting down: the other workers sweep
     count = 0
     for alias in shards.shards():
         taken = sweep(get_keeper(alias).worker_id, alias=alias, reach=BACKSTOP_REACH)

@@ -170,6 +170,22 @@ class WakeService:
                     log.warning("waker listener: connection lost (%s); reconnecting", exc)
                     time.sleep(0.2)
 
+    def quiesce(self) -> None:
+        """A graceful shutdown: no new claim (the woken runs already claimed run, and stop at their first step)."""
+        for part in self.parts:
+            part.quiesce()
+        self.stopping.set()
+        self.nudge.set()
+
+    def wait_idle(self, deadline: float) -> bool:
+        from journal.flows.interrupt import abandoned_executions
+        from leases.worker import wait_until
+
+        idle = all([part.wait_idle(deadline) for part in self.parts])
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return wait_until(lambda: not (self.inflight - abandoned_executions()), deadline) and idle
+
     def stop(self, timeout: float) -> None:
         for part in self.parts:
             part.stop(timeout)

@@ -15,13 +15,14 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from django.db import DatabaseError, connections
 
 from journal import shards
-from leases.keeper import get_keeper, mark_child, node_identity, set_main
+from leases.keeper import begin_drain, end_drain, get_keeper, mark_child, node_identity, set_main
 
 log = logging.getLogger("loom.worker")
 
@@ -39,6 +40,11 @@ class Service(Protocol):
         ...
 
 
+# A service may also have, for a graceful shutdown (Worker.stop with a grace, docs/workers.md "Signals"):
+#   quiesce() -> None              take no new work from now on (return at once);
+#   wait_idle(deadline) -> bool    wait until the runs it started ended, or the monotonic `deadline`.
+
+
 _factories: list[Callable[[], Service]] = []
 
 
@@ -52,6 +58,16 @@ def registered_services() -> list[Callable[[], Service]]:
     return list(_factories)
 
 
+def wait_until(done: Callable[[], bool], deadline: float, every: float = 0.05) -> bool:
+    """Poll `done` until it is true or the monotonic `deadline` passed (a service's wait_idle); its last answer."""
+    while not done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return done()
+        time.sleep(min(every, left))
+    return True
+
+
 class Worker:
     """One node: its id, its services, and a clean stop (services in reverse order)."""
 
@@ -62,6 +78,7 @@ class Worker:
         self.factories = registered_services() if services is None else list(services)
         self.services: list[Service] = []
         self.stopped = threading.Event()
+        self.retiring: str | None = None  # why the worker retires (its step watchdog abandoned a step), or None
 
     def start(self) -> None:
         for factory in self.factories:
@@ -70,13 +87,60 @@ class Worker:
             self.services.append(service)
             log.info("worker %s: started %s", self.worker_id, service.name)
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, grace: float = 0.0) -> None:
+        """Stop the services in reverse order. `grace` > 0 (SIGTERM to loom_worker: LOOM_SHUTDOWN_GRACE) drains
+        first: every service stops taking new work, the runs in flight stop at their next step boundary with
+        the step they were in recorded, each handing its lease back as it stops, and the services wait for
+        them until the grace is over; then the services stop as without one (what still runs loses its claim
+        and its lease is handed back expired)."""
+        if grace > 0:
+            self.drain(grace)
+        try:
+            self._stop_services(timeout)
+        finally:
+            end_drain()
+
+    def drain(self, grace: float) -> bool:
+        """Stop taking new work and let the runs in flight reach a step boundary, for at most `grace` seconds;
+        True if every service's runs ended within it."""
+        deadline = time.monotonic() + grace
+        begin_drain()
+        log.info("worker %s: shutting down, waiting up to %.1f s (LOOM_SHUTDOWN_GRACE) for running steps",
+                 self.worker_id, grace)
+        for service in reversed(self.services):
+            quiesce = getattr(service, "quiesce", None)
+            if quiesce is not None:
+                try:
+                    quiesce()
+                except Exception:
+                    log.exception("worker %s: quiescing %s failed", self.worker_id, service.name)
+        idle = True
+        for service in reversed(self.services):
+            wait_idle = getattr(service, "wait_idle", None)
+            if wait_idle is not None:
+                try:
+                    idle = wait_idle(deadline) and idle
+                except Exception:
+                    log.exception("worker %s: waiting for %s failed", self.worker_id, service.name)
+                    idle = False
+        if not idle:
+            log.warning("worker %s: steps still running after the grace of %.1f s; they are interrupted and "
+                        "recovered elsewhere", self.worker_id, grace)
+        return idle
+
+    def _stop_services(self, timeout: float) -> None:
         for service in reversed(self.services):
             try:
                 service.stop(timeout)
             except Exception:
                 log.exception("worker %s: stopping %s failed", self.worker_id, service.name)
         self.services.clear()
+        self.stopped.set()
+
+    def retire(self, reason: str) -> None:
+        """Stop as on SIGTERM because a step ignored being told to stop (leases/watchdog.py); loom_worker then
+        replaces the process. The abandoned step's thread is not waited for."""
+        self.retiring = reason
         self.stopped.set()
 
     def request_stop(self, *_args) -> None:
@@ -86,6 +150,9 @@ class Worker:
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        # A process inherits its parent thread's signal mask (through fork and exec): a worker started by a thread
+        # that blocks SIGTERM (an event loop's) would never hear it.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
     def wait(self) -> None:
         """Block until request_stop() (a signal) or stop()."""
@@ -135,6 +202,25 @@ class HeartbeatService:
                      released)
 
 
+# Shared with django-q2's processes (created before the cluster forks): set when loom_worker begins a graceful
+# shutdown, so that each child drains by the same rule as the main process (_watch_drain).
+_children_drain = None
+
+
+def share_drain_with_children() -> None:
+    """In loom_worker, before its cluster forks: the event by which its children learn of a graceful shutdown."""
+    global _children_drain
+    import multiprocessing
+
+    _children_drain = multiprocessing.get_context("fork").Event()
+
+
+def drain_children() -> None:
+    """Tell every django-q2 process of this worker to drain (they were forked after share_drain_with_children)."""
+    if _children_drain is not None:
+        _children_drain.set()
+
+
 def register_q_child(**_kwargs) -> None:
     """django-q2's post_spawn signal, in each of its worker processes: give the process its row on
     the workers page (role "django-q2 child", id <main id>/<pid> under loom_worker) and a running
@@ -150,7 +236,46 @@ def register_q_child(**_kwargs) -> None:
         # A clean exit of the child (django-q2 recycles it, or the cluster stops) marks its row stopped
         # and hands its leases back; multiprocessing runs atexit functions in its forked children.
         atexit.register(_q_child_exit, keeper)
+    # The child's own step watchdog: a step that ignores being told to stop retires the child (django-q2's
+    # sentinel starts another in its place).
+    from leases.watchdog import StepWatchdog
+
+    StepWatchdog(retire=_retire_child).start(None)
+    # A graceful shutdown reaches the child from its loom_worker (the shared event). Not its own SIGTERM: django-q2
+    # terminates a child whose task outlived Q_CLUSTER["timeout"] with it, and that must stay a kill.
+    if _children_drain is not None:
+        threading.Thread(target=_watch_drain, name="loom-child-drain", daemon=True).start()
     log.info("worker %s: django-q2 child ready (pid %d)", keeper.worker_id, os.getpid())
+
+
+def _watch_drain() -> None:
+    """In a django-q2 child: once told to drain, its run stops at the next step boundary and hands its lease back
+    (a queued start not begun yet is refused: leases.tasks.WorkerDraining, delivered again elsewhere); a step
+    still running after LOOM_SHUTDOWN_GRACE is interrupted: the child hands its leases back and exits."""
+    from journal import conf
+    from leases.keeper import keepers
+
+    _children_drain.wait()
+    grace = conf.get("LOOM_SHUTDOWN_GRACE")
+    begin_drain()
+    running = lambda: any(k.holding() or k.pending or k.acquire_q for k in keepers())  # noqa: E731
+    if wait_until(lambda: not running(), time.monotonic() + grace):
+        return  # idle: the cluster's STOP (or its SIGTERM) ends the process as usual
+    log.warning("worker %s: a step still running after the grace of %.1f s; interrupted, its lease handed back",
+                node_identity(), grace)
+    for keeper in keepers():
+        _q_child_exit(keeper)
+    os._exit(0)
+
+
+def _retire_child(reason: str) -> None:
+    """In a django-q2 child whose step was abandoned: hand every lease back and exit (the sentinel replaces it)."""
+    from leases.keeper import keepers
+
+    log.error("worker %s: retiring: %s", node_identity(), reason)
+    for keeper in keepers():
+        _q_child_exit(keeper)
+    os._exit(0)
 
 
 def _q_child_exit(keeper) -> None:

@@ -187,6 +187,14 @@ class Runners:
         finally:
             connections.close_all()  # this thread's sessions, on every database it used
 
+    def wait_idle(self, deadline: float) -> bool:
+        """A graceful shutdown: wait until no thread is in a run (each run stops at its next step boundary,
+        handing its lease back), or the monotonic `deadline`; True if none is."""
+        from journal.flows.interrupt import abandoned_threads
+        from leases.worker import wait_until
+
+        return wait_until(lambda: not (self.busy - abandoned_threads()), deadline)  # an abandoned step: not waited
+
     def stop(self, timeout: float) -> None:
         """Every thread leaves after its current run (closing its sessions); wait up to `timeout` seconds
         for those not in a run."""
@@ -412,6 +420,16 @@ class QueueService:
             with self.lock:
                 self.free += 1
             self.wake.set()  # its slot is free in the database once the next dequeue sees the settled header
+
+    def quiesce(self) -> None:
+        """A graceful shutdown: claim nothing more (the runs in flight go on to their next step boundary)."""
+        self.stopping.set()
+        self.wake.set()
+
+    def wait_idle(self, deadline: float) -> bool:
+        if self.thread is not None:
+            self.thread.join(max(0.0, deadline - time.monotonic()))
+        return self.pool is None or self.pool.wait_idle(deadline)
 
     def stop(self, timeout: float) -> None:
         self.stopping.set()

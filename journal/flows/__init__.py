@@ -38,6 +38,7 @@ from journal.flows.errors import (
     NonRetryableError,
     NotResumable,
     OwnershipLost,
+    ShuttingDown,
     StepFailed,
     UnknownExecution,
     UnknownFlow,
@@ -87,7 +88,7 @@ def __getattr__(name: str):
 __all__ = [
     "ChildFailed", "Context", "DeadlineExceeded", "ExecutionBusy", "ExecutionExists", "ExecutionFinished", "Flow",
     "FlowError", "InvalidInput", "NeedsDurable", "NonDeterminism", "NonRetryableError", "NotResumable", "Outcome",
-    "OwnershipLost", "RetryPolicy", "StepFailed", "UnknownExecution", "UnknownFlow", "cancel", "describe", "flow",
-    "fork", "get_event", "get_flow", "hand_over", "invoke_transient", "load_state", "outcome_of", "pending_messages",
-    "resume", "retry_execution", "send", "start", "suspend", "waiting_on", "wake_due", "wake_now",
+    "OwnershipLost", "RetryPolicy", "ShuttingDown", "StepFailed", "UnknownExecution", "UnknownFlow", "cancel",
+    "describe", "flow", "fork", "get_event", "get_flow", "hand_over", "invoke_transient", "load_state", "outcome_of",
+    "pending_messages", "resume", "retry_execution", "send", "start", "suspend", "waiting_on", "wake_due", "wake_now",
 ]

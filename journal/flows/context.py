@@ -11,10 +11,11 @@ On replay (resume), a position the log recorded as completed returns its recorde
 running; a different step name at a recorded position is NonDeterminism (never guessed).
 
 Flows that wait (journal/flows/waits.py): sleep, sleep_until, recv, set_event, start_child (and its
-handle's result), continue_as_new. A step's `timeout` cannot interrupt a running function (a thread
-cannot be stopped safely): an attempt that returns late counts as failed (DeadlineExceeded, the retry
-policy decides), and a resume finding an attempt whose worker died past its deadline records the
-timeout instead of running it again.
+handle's result), continue_as_new. A step's `timeout` cannot stop a running function (a thread cannot be
+stopped safely): the step is told (journal/flows/interrupt.py: its `ctx.heartbeat()` raises, `ctx.cancelled()`
+is True, and a worker's watchdog retires the process if it ignores that), an attempt that returns late counts as
+failed (DeadlineExceeded, the retry policy decides), and a resume finding an attempt whose worker died past its
+deadline records the timeout instead of running it again.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from django.utils import timezone
 
 from journal import conf, jsonvalues
 from journal.flows import events as ev
+from journal.flows import interrupt
 from journal.flows.errors import (
     ChildFailed,
     DeadlineExceeded,
     InvalidInput,
     NeedsDurable,
     NonDeterminism,
+    StepCancelled,
     StepFailed,
 )
 from journal.flows.retry import RetryPolicy
@@ -146,8 +149,16 @@ class Context:
     execution_id: str | None = None
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None,
-             atomic: bool = False, timeout: float | None = None) -> Any:
+             atomic: bool = False, timeout: float | None = None, heartbeat_timeout: float | None = None) -> Any:
         raise NotImplementedError
+
+    def heartbeat(self, details: Any = None) -> None:
+        """From inside a running step: it is alive; raises once it must stop (journal/flows/interrupt.py)."""
+        interrupt.heartbeat(details)
+
+    def cancelled(self) -> bool:
+        """From inside a running step: whether it was told to stop (cancelled, timed out, taken over)."""
+        return interrupt.cancelled()
 
 
 def _error_text(exc: BaseException, secrets: list[str] | None = None) -> str:
@@ -205,10 +216,15 @@ class DurableContext(Context):
         self.execution_id = state.execution_id
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None,
-             atomic: bool = False, timeout: float | None = None) -> Any:
+             atomic: bool = False, timeout: float | None = None, heartbeat_timeout: float | None = None) -> Any:
+        """Run `fn(*args)` as step `name`, journaled. `timeout` bounds one attempt and `heartbeat_timeout` the
+        time between two heartbeats of the running step (journal/flows/interrupt.py: the step is told, and a
+        worker's watchdog hands a silent step's lease back so another worker takes it over)."""
         runner = self._runner
         if timeout is not None:
             timeout = check_seconds(timeout, f"timeout of step {name!r}")
+        if heartbeat_timeout is not None:
+            heartbeat_timeout = check_seconds(heartbeat_timeout, f"heartbeat_timeout of step {name!r}")
         pos = self._pos
         self._pos = pos + 1
         steps = self._state.steps
@@ -244,10 +260,11 @@ class DurableContext(Context):
             runner.flush()  # durable before the step's function runs (the bootstrap, for the first)
             began = time.perf_counter()
             try:
-                if atomic:
-                    result = runner.atomic_step(name, pos, attempt, began, fn, args, timeout)
-                else:
-                    result = fn(*args)
+                with interrupt.running(self.execution_id, name, pos, attempt, runner.claim, timeout,
+                                       heartbeat_timeout):
+                    result = (runner.atomic_step(name, pos, attempt, began, fn, args, timeout) if atomic
+                              else fn(*args))
+                if not atomic:
                     problem = _jsonable(result)
                     if problem is not None:
                         raise StepFailed(name, pos, problem, attempt)
@@ -257,6 +274,8 @@ class DurableContext(Context):
             except Halt:
                 raise
             except Exception as exc:
+                if isinstance(exc, StepCancelled):
+                    runner.boundary()  # told because its claim was lost (cancel, takeover): the run stops here
                 ms = round((time.perf_counter() - began) * 1000, 3)
                 again = not isinstance(exc, StepFailed) and policy.retries(exc, attempt)
                 secrets = runner.secrets(name)
@@ -492,7 +511,7 @@ class TransientContext(Context):
         check_name(patch_id, "patch id")
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None,
-             atomic: bool = False, timeout: float | None = None) -> Any:
+             atomic: bool = False, timeout: float | None = None, heartbeat_timeout: float | None = None) -> Any:
         pos = self._pos
         self._pos = pos + 1
         policy = retry or self._retry

@@ -63,6 +63,14 @@ class OwnershipLost(FlowError):
         super().__init__(f"run of execution {execution_id!r} stopped: {detail}; nothing further was written")
 
 
+class ShuttingDown(OwnershipLost):
+    """The process is shutting down gracefully (LOOM_SHUTDOWN_GRACE): the run stopped at a step boundary, its
+    finished step recorded, and handed its lease back so that another worker continues it at once."""
+
+    def __init__(self, execution_id: str):
+        super().__init__(execution_id, "its worker is shutting down; the lease was handed back for another worker")
+
+
 class NotResumable(FlowError):
     """The execution cannot be resumed or cancelled in its current state."""
 
@@ -114,3 +122,14 @@ class DeadlineExceeded(FlowError):
 class NeedsDurable(FlowError):
     """A primitive that waits for something outside the flow (recv, start_child, continue_as_new) was
     called in a transient call (invoke_transient), which has no journal to wait in."""
+
+
+class StepCancelled(FlowError):
+    """Raised by `heartbeat()` (journal/flows/interrupt.py) inside a running step that was told to stop: its
+    execution was cancelled or taken over, its heartbeat timed out, or its worker is retiring. A step that lets
+    it propagate ends at once; its attempt is never recorded as completed (the fence refuses this run)."""
+
+
+class StepTimedOut(DeadlineExceeded):
+    """Raised by `heartbeat()` inside a running step past its `timeout`: the attempt fails as timed out
+    (STEP_FAILED {"timeout": true}) and the retry policy decides what follows."""

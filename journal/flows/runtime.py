@@ -45,6 +45,7 @@ from journal.flows.errors import (
     InvalidInput,
     NotResumable,
     OwnershipLost,
+    ShuttingDown,
     StepFailed,
     UnknownExecution,
 )
@@ -154,9 +155,11 @@ class Runner:
             raise Halt(OwnershipLost(self.run.execution_id, "its ownership claim was lost"))
 
     def before_work(self) -> None:
-        """Before a step runs or a wait begins: the claim holds and the execution's deadline has not
-        passed (DeadlineExceeded: the flow may catch it; uncaught, the execution fails)."""
+        """Before a step runs or a wait begins: the claim holds, the process is not shutting down, and the
+        execution's deadline has not passed (DeadlineExceeded: the flow may catch it; uncaught, the execution
+        fails)."""
         self.boundary()
+        self.yield_if_draining()
         deadline = self.state.meta.get("$deadline")
         if deadline and not self.deadline_signalled and now() >= parse_time(deadline):
             # Raised once per run, at the first new work past the deadline (the same point on every
@@ -164,6 +167,16 @@ class Runner:
             self.deadline_signalled = True
             raise DeadlineExceeded(f"deadline exceeded: execution {self.run.execution_id!r} passed its deadline "
                                    f"{deadline}")
+
+    def yield_if_draining(self) -> None:
+        """A graceful shutdown (the claim says `draining`): the step that just finished is recorded, then the run
+        stops here, before new work; the claim's `abandon()` hands the lease back (leases/keeper.py) so another
+        worker continues at once. Never at a settle: a run that finished settles as usual."""
+        claim = self.claim
+        if claim is not None and getattr(claim, "draining", False):
+            if self.pending:
+                self.flush()
+            raise Halt(ShuttingDown(self.run.execution_id))
 
     def cap(self, due):
         """A wait's due time, no later than the execution's deadline (so a waiting execution wakes to

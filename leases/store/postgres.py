@@ -67,11 +67,14 @@ WITH released AS (
 # extended: a lease that was taken over (new owner, higher token) is simply not returned, which is
 # how the former owner learns it lost. An expired lease nobody took yet is renewed: its owner
 # still holds the current fence, so nothing was lost.
-RENEW_MANY = """
+# Only while the fence is still the lease's: a cancel (or any takeover) that moved the fence ends the renewals,
+# so the run learns of it at the next tick and its running step is told (journal/flows/interrupt.py).
+RENEW_MANY = f"""
 WITH mine AS (
     SELECT l.execution_id FROM leases_lease l
     JOIN unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok)
       ON l.execution_id = t.eid AND l.fence_token = t.tok
+    {journal_sql.CURRENT_FENCE_JOIN.format(eid="l.execution_id", token="l.fence_token")}
     WHERE l.owner = %(owner)s
     ORDER BY l.execution_id
     FOR UPDATE OF l

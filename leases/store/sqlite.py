@@ -44,9 +44,13 @@ RETURNING execution_id
 
 # -- renew_many --
 # One statement per chunk per tick; rows taken over (other owner or token) are not returned.
+# Only while the fence is still the lease's (see postgres.RENEW_MANY: a cancel ends the renewals).
 RENEW_MANY = f"""
 UPDATE leases_lease SET renewed_at = %(now)s, expires_at = %(expires)s
 WHERE owner = %(owner)s AND (execution_id, fence_token) IN ({PAIRS})
+  AND EXISTS (SELECT 1 FROM leases_lease cur {journal_sql.CURRENT_FENCE_JOIN.format(eid="cur.execution_id",
+                                                                                   token="cur.fence_token")}
+              WHERE cur.execution_id = leases_lease.execution_id)
 RETURNING execution_id
 """
 

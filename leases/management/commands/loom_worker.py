@@ -2,23 +2,27 @@
 
 It runs the in-process services every app registered (lease heartbeat, recovery sweep,
 projection drains...) and, unless --no-cluster, django-q2's cluster for queued and scheduled
-tasks. SIGTERM or SIGINT: the services stop and the leases are handed back (expired at once, so
-other workers recover the runs); then the cluster stops. SIGKILL: every process of the cluster
+tasks. SIGTERM or SIGINT: a graceful shutdown (LOOM_SHUTDOWN_GRACE; docs/workers.md "Signals"): nothing
+new is taken, running steps finish and are recorded, and every lease is handed back (expired at once, so
+other workers continue the runs); then the cluster stops. SIGKILL: every process of the cluster
 dies with it (leases/lifeline.py); the leases expire after LOOM_LEASE_TTL.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from journal import conf
 from leases.checks import SNIPPET, broker_problem
 from leases.keeper import set_main
 from leases.lifeline import die_with_parents
-from leases.worker import Worker
+from leases.worker import Worker, drain_children, share_drain_with_children
 
 
 class Command(BaseCommand):
@@ -31,12 +35,14 @@ class Command(BaseCommand):
                             help="Do not start django-q2's cluster (services only).")
         parser.add_argument("--stop-timeout", type=float, default=10.0,
                             help="Seconds each service gets to stop on SIGTERM (default 10).")
+        parser.add_argument("--shutdown-grace", type=float, default=None,
+                            help="Seconds running steps get to finish on SIGTERM (default LOOM_SHUTDOWN_GRACE).")
         parser.add_argument("--log-level", default=None, type=str.upper,
                             choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                             help="Level of the 'loom' loggers (default: as LOGGING says, else INFO).")
 
     def handle(self, *args, worker_id=None, no_cluster=False, stop_timeout=10.0, log_level=None,
-               **options) -> None:
+               shutdown_grace=None, **options) -> None:
         # A worker you can watch: its starts, completions, failures, takeovers and recoveries are
         # logged at INFO under "loom.*" (docs/workers.md "Logs"), unless LOGGING set that logger.
         loom_log = logging.getLogger("loom")
@@ -62,6 +68,7 @@ class Command(BaseCommand):
             # Every process the cluster forks (sentinel, then its workers, pusher and monitor) dies
             # with its parent: a SIGKILLed worker leaves no cluster behind taking queued starts.
             die_with_parents()
+            share_drain_with_children()  # before the fork: a graceful shutdown reaches every child
             # The cluster forks: a database connection open in this process would be shared with
             # the children (one socket, two users: corrupted). Close ours; each side reconnects.
             connections.close_all()
@@ -80,7 +87,21 @@ class Command(BaseCommand):
             worker.wait()
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            worker.stop(stop_timeout)
+            grace = conf.get("LOOM_SHUTDOWN_GRACE") if shutdown_grace is None else max(0.0, shutdown_grace)
+            if cluster is not None and cluster.sentinel is not None and grace > 0:
+                drain_children()  # they drain alongside this process
+                cluster.stop_event.set()  # the sentinel stops its pusher: nothing new reaches the children
+            worker.stop(stop_timeout, grace)
             if cluster is not None and cluster.sentinel is not None:
                 cluster.stop()
+        if worker.retiring is not None:
+            # A step ignored being told to stop (leases/watchdog.py): its thread cannot be stopped, so the process
+            # is replaced in place (same pid for the supervisor), everything else stopped gracefully above.
+            self.stdout.write(f"loom worker {worker.worker_id} retired: {worker.retiring}; replacing the process")
+            self.stdout.flush()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # an ignored signal stays ignored through exec: a
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # SIGTERM during the new start-up must still stop it
+            os.execv(sys.executable, sys.orig_argv)
         self.stdout.write(f"loom worker {worker.worker_id} stopped")
