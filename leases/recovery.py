@@ -128,7 +128,7 @@ def resume_one(execution_id: str, flow: str = "?", token: int | None = None) -> 
     log.info("recovering execution=%s flow=%s", execution_id, flow)
     try:
         outcome = resume(execution_id, token=token)
-    except Exception as exc:
+    except BaseException as exc:  # a SystemExit the flow's own failure did not catch: logged, the thread goes on
         log.warning("recovery halted execution=%s flow=%s duration=%.3fs: %s: %s", execution_id, flow,
                     time.monotonic() - began, type(exc).__name__, exc,
                     exc_info=not isinstance(exc, (DatabaseError, *_halts())))

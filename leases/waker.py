@@ -37,7 +37,7 @@ def resume_woken(execution_id: str, token: int) -> None:
         # the lease row a parked run has not handed back yet (released in the background) proves nothing.
         outcome = resume(execution_id, token=token, force=True)
         log.info("woken execution=%s status=%s", execution_id, outcome.status)
-    except Exception as exc:
+    except BaseException as exc:  # nothing unwinds the waker's thread (a flow's SystemExit is its failure)
         log.warning("woken execution=%s halted: %s: %s", execution_id, type(exc).__name__, exc)
     finally:
         connections.close_all()

@@ -81,6 +81,24 @@ class ContinueAsNew(BaseException):
         super().__init__("continue as new")
 
 
+# The runtime's own unwinding: not a failure of the flow's code. Any other BaseException raised by a flow or a
+# step (SystemExit from sys.exit() or argparse, KeyboardInterrupt, asyncio's CancelledError) is one: recorded
+# with its class and traceback, under the retry policy, and never unwinds the worker's thread.
+CONTROL = (Halt, Park, ContinueAsNew)
+MAX_TRACE = 8000  # characters of an exit's traceback kept in its failure event (its last ones)
+
+
+def exit_trace(exc: BaseException, secrets: list[str] | None = None) -> dict:
+    """{"traceback": ...} for a BaseException that is not an Exception (a failure whose message says little:
+    `SystemExit: 2`), scrubbed like its error text; {} for an ordinary exception (its message is its record)."""
+    if isinstance(exc, Exception):
+        return {}
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))[-MAX_TRACE:]
+    return {"traceback": text if secrets is None else _withhold(text, secrets)[-MAX_TRACE:]}
+
+
 def now() -> datetime:
     return timezone.now()
 
@@ -168,12 +186,17 @@ def _error_text(exc: BaseException, secrets: list[str] | None = None) -> str:
 
 
 def _scrub(text: str, secrets: list[str]) -> str:
+    """`text` with every one of `secrets` withheld, at most 2,000 characters (an error text)."""
+    return _withhold(text, secrets)[:2000]
+
+
+def _withhold(text: str, secrets: list[str]) -> str:
     """`text` with every one of `secrets` (longest first: a value inside another is cut with it) withheld."""
     from journal.privacy.codec import WITHHELD
 
     for secret in secrets:
         text = text.replace(secret, WITHHELD)
-    return text[:2000]
+    return text
 
 
 def _jsonable(value: Any) -> str | None:
@@ -241,9 +264,9 @@ class DurableContext(Context):
                     if timeout is not None and time.perf_counter() - began > timeout:
                         raise DeadlineExceeded(f"deadline exceeded: step {name!r} took longer than its timeout "
                                                f"of {timeout} s")
-            except Halt:
+            except CONTROL:
                 raise
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit or KeyboardInterrupt too: a failed attempt (CONTROL)
                 ms = round((time.perf_counter() - began) * 1000, 3)
                 again = not isinstance(exc, StepFailed) and policy.retries(exc, attempt)
                 secrets = runner.secrets(name)
@@ -251,7 +274,8 @@ class DurableContext(Context):
                     error = exc.error if secrets is None else _scrub(exc.error, secrets)
                 else:
                     error = _error_text(exc, secrets)
-                failed = {"step": name, "pos": pos, "attempt": attempt, "error": error, "retry": again, "ms": ms}
+                failed = {"step": name, "pos": pos, "attempt": attempt, "error": error, "retry": again, "ms": ms,
+                          **exit_trace(exc, secrets)}
                 if isinstance(exc, DeadlineExceeded):
                     failed["timeout"] = True
                 delay = policy.delay(attempt) if again else 0.0
