@@ -136,6 +136,19 @@ def check_name(value: Any, what: str) -> str:
         raise InvalidInput(str(exc)) from None
 
 
+def check_label(value: Any, what: str) -> str:
+    """A new topic or message id: in the id alphabet (journal/ids.py: printable, no whitespace or control
+    character, no dot segment), else InvalidInput. Both are pasted into log lines and the admin: a newline
+    or an ANSI escape in one would forge a log line (#25)."""
+    from journal.exceptions import InvalidStream
+    from journal.ids import check_id
+
+    try:
+        return check_id(value, what)
+    except InvalidStream as exc:
+        raise InvalidInput(str(exc)) from None
+
+
 def inline_max() -> float:
     return conf.get("LOOM_WAIT_INLINE_MAX")
 
@@ -376,6 +389,8 @@ class DurableContext(Context):
         due = None if timeout is None else now() + timedelta(seconds=check_seconds(timeout, "recv timeout"))
         name = f"$recv:{topic}"
         pos, recorded = self._position(name)
+        if recorded is None:  # a new wait: its topic one that send() accepts (a recorded one replays as it was)
+            check_label(topic, "topic")
         if recorded is not None and recorded[1] == COMPLETED:
             return recorded[2]
         due, woken = self._begin_wait(pos, name, "recv", recorded, due, topic=topic)

@@ -127,6 +127,12 @@ class ClaimedWait:
 # resume, cancel and the HTTP API. The same text on every backend.
 EXECUTION_STATUS = "SELECT status, flow, result, error FROM journal_execution WHERE id = %s"
 
+# -- message_sent -- whether a message id was sent to an execution: send()'s identity check once the
+# recipient settled (a settled header takes no more messages, so no lock is needed: the answer cannot
+# change but by a purge). One probe of the unique (execution_id, message_id) index; the same text on every
+# backend.
+MESSAGE_SENT = "SELECT 1 FROM journal_message WHERE execution_id = %s AND message_id = %s"
+
 # -- hook: EXECUTION_STATUS_OF --
 # One execution's header status (NULL while it has none) as a scalar subquery, for another app's
 # statement that decides by it in the same statement (queues: a started entry whose execution settled
@@ -486,6 +492,12 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
             return None
         result = json.loads(row[2]) if isinstance(row[2], str) else row[2]
         return row[0], row[1], result, row[3]
+
+    def message_sent(self, execution_id: str, message_id: str) -> bool:
+        """Whether `message_id` was sent to the execution (consumed or not)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(MESSAGE_SENT, [execution_id, message_id])
+            return cursor.fetchone() is not None
 
     @abstractmethod
     def _bootstrap(self, boot: ExecutionBoot) -> bool:
