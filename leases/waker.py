@@ -31,11 +31,14 @@ def resume_woken(execution_id: str, token: int) -> None:
     """Run a claimed execution here under the claim's fence; failures are logged (a halted run's
     execution is recovered by the sweep, or parked again by whoever took it over)."""
     from journal.flows import resume
+    from leases.unreachable import patiently
 
     try:
         # force: the claim took the execution over (the fence moved from the parked run's token), so
         # the lease row a parked run has not handed back yet (released in the background) proves nothing.
-        outcome = resume(execution_id, token=token, force=True)
+        # A database it cannot reach (a connection spike) is waited out with backoff, under the same token: the
+        # execution stays running meanwhile, so a sweep may take it over, and then this run stops (#35).
+        outcome = patiently(lambda: resume(execution_id, token=token, force=True), f"woken execution={execution_id}")
         log.info("woken execution=%s status=%s", execution_id, outcome.status)
     except BaseException as exc:  # nothing unwinds the waker's thread (a flow's SystemExit is its failure)
         log.warning("woken execution=%s halted: %s: %s", execution_id, type(exc).__name__, exc)

@@ -776,6 +776,14 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         """Count one more recovery on each execution header (the leases sweep took it over)."""
         return self._run_count(self.sql["mark_recovered"], execution_ids)
 
+    def count_recovery(self, execution_id: str, token: int) -> bool:
+        """Count one recovery attempt of a running execution whose fence is still `token` (the takeover's):
+        called once the resumed run reached the database, before the flow's code runs; False if the fence
+        moved on (another run took it over) or it is no longer running."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql["count_recovery"], {"eid": execution_id, "token": token, "now": self.now()})
+            return cursor.rowcount == 1
+
     def mark_stuck(self, execution_ids: Sequence[str]) -> int:
         """Mark the executions stuck: recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS. A parent waiting
         for one of them is made due now (a stuck child ends its wait: ChildFailed 'stuck'), not left to
