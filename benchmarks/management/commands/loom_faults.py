@@ -103,7 +103,8 @@ class Command(BaseCommand):
                         f"{verdict.duplicated}, stuck {verdict.stuck}"
                         + (f" ({verdict.problems()})" if not verdict.ok else "")
                         + (f"; ERROR {error.splitlines()[0][:300]}" if error else "")
-                        + f" [{', '.join(f'{k}={v}' for k, v in r.params.items())}] {seconds:.1f}s")
+                        + f" [{', '.join(f'{k}={v}' for k, v in r.params.items())}] {seconds:.1f}s"
+                        + "".join(f", {k} {v}" for k, v in r.figures.items()))
                     if not bad and not options["keep"]:
                         remove(r.prefix)
             self._summary(totals)
