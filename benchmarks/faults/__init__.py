@@ -16,4 +16,5 @@ SCENARIOS = {
     "pg-restart": "benchmarks.faults.pg_restart",
     "kill-after-send": "benchmarks.faults.kill_after_send",
     "exit-on-cap-one": "benchmarks.faults.exit_on_cap_one",
+    "connection-spike": "benchmarks.faults.connection_spike",
 }

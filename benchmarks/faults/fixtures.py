@@ -162,3 +162,17 @@ def exits(ctx, value):
     import sys
 
     return ctx.step("exit", sys.exit, 3)
+
+
+# -- connection-spike: parked flows that fall due while the server has no connection to give ---------------
+@flow("faults.napper")
+def napper(ctx, value):
+    """Parks on a sleep of `seconds`, then one atomic step with its effect (exactly once)."""
+    eid = ctx.execution_id
+    ctx.sleep(value["seconds"])
+
+    def after() -> str:
+        record_effect(eid, "after")
+        return "after"
+
+    return ctx.step("after", after, atomic=True)
