@@ -12,6 +12,7 @@ no lease left; the worker alive. Skipped, with the reason, without such a server
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -83,6 +84,24 @@ def _drop(port: int) -> None:
         conn.execute(f"DROP DATABASE IF EXISTS {DB}")
 
 
+SETTLED = ("completed", "failed", "stuck", "cancelled")
+STATE = """import django, json, sys; django.setup()
+from journal.models import Execution
+from leases.store import store_for
+prefix = sys.argv[1]
+print(json.dumps({"status": dict(Execution.objects.filter(id__startswith=prefix).values_list("id", "status")),
+                  "leases": store_for().count_leases(prefix)}))
+"""
+
+
+def _state(env: dict, prefix: str) -> dict:
+    """The round's execution statuses and leases left, read on the spike database by a child (through the apps'
+    models and stores: this process's Django is on the suite's own database)."""
+    out = subprocess.run([sys.executable, "-c", STATE, prefix], env=env, cwd=ROOT, check=True, timeout=120,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def run(r: Round) -> Verdict:
     port, n = _port(r.options), 8 * r.opt("executions")
     r.params.update(flows=n, hold_seconds=HOLD, port=port)
@@ -115,23 +134,19 @@ def run(r: Round) -> Verdict:
                     conn.close()
 
             def settled() -> bool:
-                with _connect(port, DB) as conn:
-                    return conn.execute("SELECT count(*) FROM journal_execution WHERE id LIKE %s AND status IN "
-                                        "('completed', 'failed', 'stuck', 'cancelled')",
-                                        [r.prefix + "%"]).fetchone()[0] == n
+                state = _state(env, r.prefix)
+                return sum(1 for s in state["status"].values() if s in SETTLED) == n
 
             t0 = time.monotonic()
             wait_until(settled, "every flow to settle", r.bound + 60, [worker])
             r.figures["settled_seconds"] = round(time.monotonic() - t0, 2)
             verdict.add("stuck", "stuck:worker-died", int(not worker.alive()))
             worker.terminate(60)
-        with _connect(port, DB) as conn:
-            status = dict(conn.execute("SELECT id, status FROM journal_execution WHERE id LIKE %s",
-                                       [r.prefix + "%"]).fetchall())
+        state = _state(env, r.prefix)
+        status, leases = state["status"], state["leases"]
+        with _connect(port, DB) as conn:  # the fault suite's own table
             effects = dict(conn.execute(f"SELECT execution_id, count(*) FROM {EFFECTS} WHERE execution_id LIKE %s "
                                         "GROUP BY execution_id", [r.prefix + "%"]).fetchall())
-            leases = conn.execute("SELECT count(*) FROM leases_lease WHERE execution_id LIKE %s",
-                                  [r.prefix + "%"]).fetchone()[0]
         verdict.add("stuck", "stuck:not-completed", sum(1 for i in ids if status.get(i) != "completed"))
         verdict.add("stuck", "stuck:marked-stuck", sum(1 for i in ids if status.get(i) == "stuck"))
         verdict.add("lost", "lost:completed-without-effect",
