@@ -29,7 +29,8 @@ _SIGNS = ("too many clients", "remaining connection slots", "connection failed",
           "connection refused", "server closed the connection", "terminating connection", "connection is closed",
           "connection already closed", "the database system is", "no connection to the server", "connection timeout",
           "timeout expired", "connection to server", "consuming input failed", "ssl connection has been closed",
-          "could not receive data", "could not send data", "connection reset", "broken pipe")
+          "could not receive data", "could not send data", "connection reset", "broken pipe",
+          "couldn't get a connection")  # Django's own pool (OPTIONS["pool"]) with every session taken
 
 
 def cannot_reach(exc: BaseException) -> bool:

@@ -117,3 +117,71 @@ def test_the_budget_check_is_a_database_check_and_counts_api_workers(settings):
     settings.LOOM_PLANNED_API_THREADS = 4
     assert check_connection_budget(databases=None) == []
     assert budget.planned_connections() == 100_000 * budget.api_connections(4)
+
+
+POOLED = """
+import os, threading
+from django.db import connection, connections
+from journal.flows import start
+from tests import flows_fixtures  # noqa: F401 (registers the flows)
+done, refused = [], []
+def run(k):
+    for i in range(5):
+        try:
+            done.append(start("test.add", {"a": k, "b": i}, execution_id=f"{os.environ['PREFIX']}-{k}-{i}").result)
+        except Exception as exc:
+            refused.append(str(exc))
+    connections.close_all()
+threads = [threading.Thread(target=run, args=(k,)) for k in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("DONE", len(done), "POOL", connection.settings_dict["OPTIONS"]["pool"]["max_size"])
+print("REFUSED", refused[:1])
+"""
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_django_s_own_pool_bounds_a_process_s_sessions(child_env):
+    """PG_POOL (loomsite: Django's OPTIONS["pool"], Django >= 5.1). A worker thread keeps its session for a whole
+    run, so the pool must hold as many as the process's threads that use the database at once (six flow threads
+    and the lease keeper: 7): then every flow completes and the process never holds more; a smaller pool makes
+    threads wait, and past PG_POOL_TIMEOUT a start is refused with an OperationalError (an execution already
+written stays running, for the recovery sweep)."""
+    import django
+
+    from journal.models import Execution
+    from tests.conftest import run_child
+
+    if django.VERSION < (5, 1):
+        pytest.skip("Django's connection pool needs Django 5.1 or later")
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        try:
+            while not stop.wait(0.01):
+                samples.append(sessions())
+        finally:
+            connection.close()
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        child_env.update({"PG_POOL": "1:7", "PGAPPNAME": APP, "LOOM_FLOW_MODULES": "tests.flows_fixtures",
+                          "PREFIX": "pool"})
+        out = run_child(POOLED, child_env).stdout
+        child_env.update({"PG_POOL": "1:2", "PG_POOL_TIMEOUT": "0.5", "PREFIX": "small"})
+        small = run_child(POOLED, child_env).stdout
+    finally:
+        stop.set()
+        sampler.join()
+    assert "DONE 30 POOL 7" in out, out
+    assert Execution.objects.filter(pk__startswith="pool-", status="completed").count() == 30
+    assert 0 < max(samples) <= 7, samples
+    assert "DONE 30" not in small and "couldn't get a connection" in small, small
+    # A refused start wrote nothing, or (refused after its bootstrap) left its execution running for a sweep to
+    # recover: none failed.
+    assert not Execution.objects.filter(pk__startswith="small-").exclude(status__in=["completed", "running"]).exists()
