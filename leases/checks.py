@@ -81,3 +81,39 @@ def check_broker(app_configs=None, **kwargs) -> list:
             hint="Set max_attempts to 0 (no limit): a start that raised is delivered again after 'retry'.",
             id="loom.W115"))
     return found
+
+
+MAX_CONNECTIONS = ("SELECT current_setting('max_connections')::int"
+                   " - current_setting('superuser_reserved_connections')::int")
+
+
+@register("database")
+def check_connection_budget(app_configs=None, databases=None, **kwargs) -> list:
+    """loom.W130: the planned workers (LOOM_PLANNED_*) would open more sessions than the server allows.
+
+    A database check: Django runs it only when asked (`manage.py check --database default`, as `migrate` does),
+    never at every start-up. It reads the server's limit with one statement that touches no table
+    (current_setting: cheap, and safe on a primary or a replica), only when something is planned."""
+    from django.db import connections
+
+    from leases.budget import planned_connections
+
+    problems = []
+    planned = planned_connections()
+    if planned is None:
+        return problems
+    for alias in databases or []:
+        connection = connections[alias]
+        if connection.vendor != "postgresql":
+            continue
+        with connection.cursor() as cursor:
+            cursor.execute(MAX_CONNECTIONS)
+            limit = cursor.fetchone()[0]
+        if planned > limit:
+            problems.append(Warning(
+                f"the planned deployment opens up to {planned} sessions on database {alias!r}, which allows "
+                f"{limit} (max_connections less superuser_reserved_connections)",
+                hint="Fewer or smaller workers (LOOM_QUEUE_THREADS, LOOM_WAIT_BATCH, LOOM_RECOVERY_BATCH), a higher "
+                     "max_connections, or a pool in front (docs/workers.md \"Connections\").",
+                id="loom.W130"))
+    return problems

@@ -20,11 +20,21 @@ register(
     Setting("LOOM_LEASE_CHUNK", int, 500, "Leases renewed per renew_many statement.", 1),
     Setting("LOOM_RECOVERY_EVERY", float, 5.0, "Seconds between recovery sweeps of a worker.", 0.01),
     Setting("LOOM_RECOVERY_MAX_ATTEMPTS", int, 5, "Recoveries of one execution before it is marked stuck.", 1),
+    Setting("LOOM_RECOVERY_PATIENCE", float, 300.0,
+            "Seconds a woken or recovered run keeps retrying (with backoff) while it cannot reach the database "
+            "(a connection spike: not a failed attempt); then it lets go and a later sweep takes it over.", 0.0),
     Setting("LOOM_RECOVERY_BATCH", int, 16, "Executions one sweep takes over at most (resumed in parallel).", 1),
     Setting("LOOM_RECOVERY_FULL_EVERY", float, 600.0,
             "Seconds between a worker's full orphan passes (one also at its start): in between, a sweep looks for "
             "orphans only among the headers that passed the grace since its last sweep (0: every sweep is full).",
             0.0),
+    Setting("LOOM_PLANNED_WORKERS", int, None,
+            "loom_worker processes the deployment runs per database (the connection budget check loom.W130; "
+            "unset: not checked).", 0, optional=True),
+    Setting("LOOM_PLANNED_API_WORKERS", int, None,
+            "serve_api worker processes the deployment runs (the connection budget check loom.W130).", 0,
+            optional=True),
+    Setting("LOOM_PLANNED_API_THREADS", int, 1, "Request threads of each planned serve_api worker (--threads).", 1),
     Setting("LOOM_WORKER_RETENTION", float, 86400.0,
             "Seconds the workers page keeps a worker that stopped or vanished (pruned by loom_worker).", 0),
     Setting("LOOM_SCHEDULE_EVERY", float, 1.0, "Seconds between a worker's ticks of the cron schedules.", 0.01),

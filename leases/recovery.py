@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, connections
@@ -118,17 +119,29 @@ def log_takeover(result: Takeover) -> None:
                  token)
 
 
-def resume_one(execution_id: str, flow: str = "?", token: int | None = None) -> None:
+def resume_one(execution_id: str, flow: str = "?", token: int | None = None,
+               stopping: Callable[[], bool] = lambda: False) -> None:
     """Resume a taken-over execution in this process, under the fence `token` its takeover advanced
     to (None: resume advances it itself); failures are logged (the lease then expires and the next
-    sweep counts another attempt)."""
+    sweep takes it over again).
+
+    The attempt is counted toward LOOM_RECOVERY_MAX_ATTEMPTS once it reached the database, before the flow's
+    code runs (count_recovery); while the database cannot be reached (a connection spike), the count and
+    the resume are tried again with backoff (leases/unreachable.py): that is no attempt of the flow (#35), until
+    `stopping()` says the worker stops (its lease then lapses for another worker)."""
     from journal.flows import resume
+    from leases.unreachable import patiently
 
     began = time.monotonic()
     log.info("recovering execution=%s flow=%s", execution_id, flow)
+    what = f"recovery of execution={execution_id}"
     try:
-        outcome = resume(execution_id, token=token)
-    except Exception as exc:
+        if token is not None and not patiently(lambda: _count_attempt(execution_id, token), what, stopping):
+            log.info("recovery skipped execution=%s flow=%s: taken over since fence %s, or no longer running",
+                     execution_id, flow, token)
+            return
+        outcome = patiently(lambda: resume(execution_id, token=token), what, stopping)
+    except BaseException as exc:  # a SystemExit the flow's own failure did not catch: logged, the thread goes on
         log.warning("recovery halted execution=%s flow=%s duration=%.3fs: %s: %s", execution_id, flow,
                     time.monotonic() - began, type(exc).__name__, exc,
                     exc_info=not isinstance(exc, (DatabaseError, *_halts())))
@@ -138,6 +151,14 @@ def resume_one(execution_id: str, flow: str = "?", token: int | None = None) -> 
                 outcome.status, time.monotonic() - began, f" error={outcome.error}" if outcome.error else "")
     finally:
         connections.close_all()
+
+
+def _count_attempt(execution_id: str, token: int) -> bool:
+    """One recovery attempt on the execution's header, if the fence is still the takeover's `token`."""
+    from journal.store import store_for as journal_store
+
+    with shards.on_stream(execution_id) as alias:
+        return journal_store(alias).count_recovery(execution_id, token)
 
 
 def _halts() -> tuple[type[Exception], ...]:
@@ -217,7 +238,7 @@ class RecoveryService:
 
     def _resume(self, execution_id: str, flow: str, token: int) -> None:
         try:
-            resume_one(execution_id, flow, token)
+            resume_one(execution_id, flow, token, self.stopping.is_set)
         finally:
             with self.lock:
                 self.inflight.discard(execution_id)

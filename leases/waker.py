@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, connections
@@ -27,17 +28,21 @@ from journal import conf, shards
 log = logging.getLogger("loom.waker")
 
 
-def resume_woken(execution_id: str, token: int) -> None:
+def resume_woken(execution_id: str, token: int, stopping: Callable[[], bool] = lambda: False) -> None:
     """Run a claimed execution here under the claim's fence; failures are logged (a halted run's
     execution is recovered by the sweep, or parked again by whoever took it over)."""
     from journal.flows import resume
+    from leases.unreachable import patiently
 
     try:
         # force: the claim took the execution over (the fence moved from the parked run's token), so
         # the lease row a parked run has not handed back yet (released in the background) proves nothing.
-        outcome = resume(execution_id, token=token, force=True)
+        # A database it cannot reach (a connection spike) is waited out with backoff, under the same token: the
+        # execution stays running meanwhile, so a sweep may take it over, and then this run stops (#35).
+        outcome = patiently(lambda: resume(execution_id, token=token, force=True), f"woken execution={execution_id}",
+                            stopping)
         log.info("woken execution=%s status=%s", execution_id, outcome.status)
-    except Exception as exc:
+    except BaseException as exc:  # nothing unwinds the waker's thread (a flow's SystemExit is its failure)
         log.warning("woken execution=%s halted: %s: %s", execution_id, type(exc).__name__, exc)
     finally:
         connections.close_all()
@@ -103,7 +108,7 @@ class WakeService:
 
     def _run(self, execution_id: str, token: int) -> None:
         try:
-            resume_woken(execution_id, token)
+            resume_woken(execution_id, token, self.stopping.is_set)
         finally:
             with self.lock:
                 self.inflight.discard(execution_id)

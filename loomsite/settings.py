@@ -127,6 +127,15 @@ def _database(url: str | None = None) -> dict:
         # A server that drops packets (a shard behind a dead route) fails a connect in 10 s, not the kernel's
         # two minutes: a worker starting while a shard is unreachable starts, and retries it (docs/scaling.md).
         options.setdefault("connect_timeout", env.int("PG_CONNECT_TIMEOUT", default=10))
+        # Django's own psycopg pool (Django >= 5.1; docs/workers.md "Connections"): PG_POOL="<max>" or "<min>:<max>"
+        # sessions per process, shared by its threads (a thread waits up to PG_POOL_TIMEOUT s for one). A pool
+        # hands sessions back itself: persistent connections (CONN_MAX_AGE) are off with it (Django refuses both).
+        pool = env.str("PG_POOL", default="")
+        if pool:
+            low, _, high = pool.partition(":")
+            options["pool"] = {"min_size": int(low) if high else 0, "max_size": int(high or low),
+                               "timeout": env.float("PG_POOL_TIMEOUT", default=10.0)}
+            db["CONN_MAX_AGE"] = 0
         # Behind PgBouncer in transaction pooling (POOLER_PORTS="6432:5432": pooler port -> server port): no
         # server-side cursors and no named prepared statements (Django's marker, read by journal.store.postgres
         # may_prepare), and LISTEN on the server itself (LOOM_DIRECT, projections/listener.py). docs/scaling.md.

@@ -5,10 +5,17 @@ them cleanly, which is what a resume or a retry handed over to it should see."""
 from __future__ import annotations
 
 from journal.flows import NonRetryableError, flow
+from journal.flows.context import Halt
 
 
-class Crash(BaseException):
-    """Stops the run like a crash would: nothing settles, the log stays open."""
+class Crash(Halt):
+    """Stops the run like a crash would: nothing settles, the log stays open.
+    A Halt (the runtime's own unwinding, let through like a crash): any other BaseException raised by a flow
+    or a step (SystemExit) is a failure of that attempt."""
+
+    def __init__(self, message: str = "simulated crash") -> None:
+        BaseException.__init__(self, message)
+        self.error = self  # what the run stops with: raised to the caller, nothing settles
 
 
 CRASH = False  # admin.crash_once dies in its second step while this is true

@@ -1,25 +1,75 @@
-"""Flows that try to end the process that runs them (issue 25): a serve_api process imports them
-(LOOM_FLOW_MODULES) to show that a transient call of one is a failed outcome, never a process exit."""
+"""Flows that exit (sys.exit(), argparse's error(), KeyboardInterrupt), in a module that worker processes
+import (LOOM_FLOW_MODULES=tests.exit_flows): each is a failure of its attempt, never a stuck execution."""
 
 from __future__ import annotations
 
-import importlib
+import argparse
 import sys
 
-from journal.flows import Context, flow
+from journal.flows import RetryPolicy, flow
+
+CALLS: dict[str, int] = {}  # attempts of exits.retried per execution
 
 
-@flow("tests.exits.system_exit")
-def system_exit(ctx: Context, value) -> None:
-    sys.exit(value)
+@flow("exits.step_exit")
+def step_exit(ctx, value):
+    ctx.step("one", lambda: 1)
+    return ctx.step("exit", sys.exit, value.get("code", 3))
 
 
-@flow("tests.exits.keyboard_interrupt")
-def keyboard_interrupt(ctx: Context, value) -> None:
-    raise KeyboardInterrupt(value)
+@flow("exits.argparse")
+def argparse_error(ctx, value):
+    """A step parsing arguments it cannot: argparse's error() raises SystemExit(2)."""
+    parser = argparse.ArgumentParser(prog="tool", exit_on_error=True)
+    parser.add_argument("--count", type=int, required=True)
+    return ctx.step("parse", lambda: vars(parser.parse_args(value["argv"])))
 
 
-@flow("tests.exits.at_import")
-def at_import(ctx: Context, value) -> None:
-    """Imports a module that raises SystemExit at import (as `venv.__main__` does), inside a step."""
-    ctx.step("import", importlib.import_module, "tests.exits_at_import")
+@flow("exits.interrupt")
+def interrupt(ctx, value):
+    """The flow's own code (not a step) raises KeyboardInterrupt after a step."""
+    ctx.step("one", lambda: 1)
+    raise KeyboardInterrupt("the flow interrupted itself")
+
+
+def _exit_once(execution_id: str) -> int:
+    CALLS[execution_id] = CALLS.get(execution_id, 0) + 1
+    if CALLS[execution_id] == 1:
+        sys.exit("first attempt exits")
+    return CALLS[execution_id]
+
+
+@flow("exits.retried")
+def retried(ctx, value):
+    """A policy that retries exits too: the second attempt runs and completes."""
+    return ctx.step("once", _exit_once, ctx.execution_id,
+                    retry=RetryPolicy(attempts=2, retry_on=(Exception, SystemExit)))
+
+
+@flow("exits.then_ok")
+def then_ok(ctx, value):
+    return ctx.step("ok", lambda: value.get("n", 0))
+
+
+CRASH = False  # exits.crash_then_exit dies (a simulated crash) in its second step while this is true
+
+
+@flow("exits.crash_then_exit")
+def crash_then_exit(ctx, value):
+    """Its first run crashes mid-step; the run that recovers it finds a step that calls sys.exit()."""
+    from tests.flows_fixtures import Crash
+
+    def second():
+        if CRASH:
+            raise Crash("simulated crash mid-step")
+        sys.exit(4)
+
+    ctx.step("one", lambda: 1)
+    return ctx.step("two", second)
+
+
+@flow("exits.sleep_then_exit")
+def sleep_then_exit(ctx, value):
+    """Parks, so that the waker's run (not the start's) meets the exit."""
+    ctx.sleep(value.get("seconds", 1.5))
+    return ctx.step("exit", sys.exit, 5)

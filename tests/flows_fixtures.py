@@ -10,6 +10,7 @@ from django.db import connection
 from pydantic import BaseModel
 
 from journal.flows import NonRetryableError, RetryPolicy, flow
+from journal.flows.context import Halt
 
 EFFECTS_TABLE = "test_flow_effects"
 
@@ -120,8 +121,14 @@ def versioned(ctx, value):
 VERSIONED_STEP = "alpha"
 
 
-class Crash(BaseException):
-    """Raised by a step to stop the run like a crash would: nothing settles, the log stays open."""
+class Crash(Halt):
+    """Raised by a step to stop the run like a crash would: nothing settles, the log stays open.
+    A Halt (the runtime's own unwinding, let through like a crash): any other BaseException raised by a flow
+    or a step (SystemExit) is a failure of that attempt."""
+
+    def __init__(self, message: str = "simulated crash") -> None:
+        BaseException.__init__(self, message)
+        self.error = self  # what the run stops with: raised to the caller, nothing settles
 
 
 def crash() -> None:

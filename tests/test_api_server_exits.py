@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.mark.parametrize("timeout", ["30", ""])  # on the call pool, and in the request thread (no bound)
 def test_a_flow_that_exits_is_a_failed_call_and_the_worker_process_stays(child_env, timeout):
-    env = server_env(child_env, LOOM_FLOW_MODULES="tests.api_flows,tests.exit_flows", LOOM_API_CALL_TIMEOUT=timeout)
+    env = server_env(child_env, LOOM_FLOW_MODULES="tests.api_flows,tests.api_exit_flows", LOOM_API_CALL_TIMEOUT=timeout)
     server = Server(env, 1)
     try:
         (worker,) = server.workers

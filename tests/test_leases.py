@@ -17,6 +17,7 @@ from journal.exceptions import StaleFence
 from journal.flows import start
 from journal.flows.ownership import get_ownership, set_ownership
 from journal.models import Event, Execution, Fence
+from journal.store import store_for as journal_store
 from leases.keeper import LeaseKeeper, reset_keeper
 from leases.models import Lease, Worker
 from leases.ownership import LeaseOwnership
@@ -196,6 +197,11 @@ def test_takeover_moves_an_expired_lease_and_advances_the_fence(settings):
     lease = Lease.objects.get()
     assert (lease.owner_id, lease.fence_token) == ("b", 2)
     assert Fence.objects.current("t1") == 2
+    # Counted once the resumed run reaches the database (#35: a takeover whose run could not connect is no
+    # attempt), and only under the takeover's fence.
+    assert Execution.objects.get(id="t1").recoveries == 0
+    assert journal_store().count_recovery("t1", 1) is False
+    assert journal_store().count_recovery("t1", 2) is True
     assert Execution.objects.get(id="t1").recoveries == 1
     with pytest.raises(StaleFence):
         Event.objects.append("t1", Envelope("Late"), fence_token=1)

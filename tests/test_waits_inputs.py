@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from journal import jsonvalues
 from journal.exceptions import JournalError
 from journal.flows import InvalidInput, NotResumable, UnknownExecution, flow, ownership, start
 from journal.ids import id_problem
@@ -113,8 +112,8 @@ def test_topics_and_message_ids_are_checked_before_anything_is_written(topic, me
 
     eid = waiting()
     before = rows()
-    def good(v) -> bool:
-        return isinstance(v, str) and 0 < len(v) <= 200 and jsonvalues.problem(v, "name") is None
+    def good(v) -> bool:  # a new topic or message id is in the id alphabet (#25: no newline, no ANSI escape)
+        return id_problem(v) is None
 
     try:
         send(eid, topic, {"ok": 1}, message_id=message_id)
@@ -124,6 +123,29 @@ def test_topics_and_message_ids_are_checked_before_anything_is_written(topic, me
         return
     assert good(topic) and (message_id is None or good(message_id)), (topic, message_id)
     assert rows()[4] == before[4] + 1
+
+
+@PROPERTY
+@given(topic=st.one_of(st.text(alphabet="ab\n\r\x1b[31m \t\u200b\u202e", min_size=1, max_size=12),
+                       st.sampled_from(["x\nINFO forged line", "\x1b[2J\x1b[31mred", "a b", "..", "ok/../x"])))
+def test_a_topic_with_newlines_or_escapes_is_refused_before_anything_is_written(topic):
+    """#25 (log injection): a topic is logged (the API's "message ... (topic ...) sent" line) and shown in the
+    admin; one with a newline or an ANSI escape forged log lines. Topics are ids: our error, nothing written."""
+    from journal.flows import send
+
+    eid = waiting()
+    before = rows()
+    if id_problem(topic) is None:
+        send(eid, topic, 1)
+        assert rows()[4] == before[4] + 1
+        return
+    with pytest.raises(InvalidInput, match="topic"):
+        send(eid, topic, 1)
+    with pytest.raises(InvalidInput, match="message_id"):
+        send(eid, "go", 1, message_id=topic)
+    assert rows() == before
+    BAD["value"] = topic  # a new recv on it: nobody could send to it, refused as well
+    assert start("edge.bad_recv", {}, execution_id=f"badrecv-{next(_ids)}").result.startswith("InvalidInput")
 
 
 @PROPERTY

@@ -14,4 +14,7 @@ SCENARIOS = {
     "kill-mid-batch": "benchmarks.faults.kill_mid_batch",
     "kill-mid-ack": "benchmarks.faults.kill_mid_ack",
     "pg-restart": "benchmarks.faults.pg_restart",
+    "kill-after-send": "benchmarks.faults.kill_after_send",
+    "exit-on-cap-one": "benchmarks.faults.exit_on_cap_one",
+    "connection-spike": "benchmarks.faults.connection_spike",
 }

@@ -89,21 +89,27 @@ def contend(args: dict) -> None:
     from benchmarks.faults.fixtures import count
     from journal.aggregates import RetriesExhausted, do_with_retry
 
-    conflicts = 0
+    conflicts = worst = 0
+    call = [0]  # races the current call lost
 
     def lost(attempt, error) -> None:
         nonlocal conflicts
         conflicts += 1
+        call[0] = attempt
 
     _wait_for(args.get("go"))
     for _ in range(args["commits"]):
+        call[0] = 0
         try:
             done = do_with_retry(count, args["aggregate"], {"who": args["wid"]}, attempts=args["attempts"],
                                  on_conflict=lost)
             say("ACK", done.stream, done.version, done.version)
+            worst = max(worst, call[0] + 1)  # the attempt that committed
         except RetriesExhausted:
             say("EXHAUSTED")
+            worst = max(worst, call[0])
     say("CONFLICTS", conflicts)
+    say("WORST", worst)  # the most attempts one call of this process needed
     say("DONE")
 
 

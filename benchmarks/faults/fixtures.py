@@ -128,3 +128,51 @@ def _counted(state: Tally, e: Counted) -> dict:
 @tally.action(Count)
 def count(state: Tally, cmd: Count) -> Counted:
     return Counted(by=cmd.by, who=cmd.who)
+
+
+# -- kill-after-send: a plain send step whose process dies between the send's commit and the step's record ----
+@flow("faults.receiver")
+def receiver(ctx, value):
+    """Waits for one message on `go` (woken by the send; a worker's waker runs the rest)."""
+    return ctx.recv("go")
+
+
+@flow("faults.sender")
+def sender(ctx, value):
+    """One plain (not atomic) step: send to its receiver (`<prefix>recv-<n>` for `<prefix>send-<n>`) with a
+    fixed message id, then the kill point `sent`: the send committed, the step is not recorded. Its recovery
+    runs the step again; by then the receiver may have completed: the send must be the same send (#35)."""
+    from journal.flows import send
+
+    eid = ctx.execution_id
+    head, _, n = eid.rpartition("send-")
+
+    def deliver() -> str:
+        message_id = send(f"{head}recv-{n}", "go", {"from": eid}, message_id=f"{eid}:go")
+        kill_point("sent")
+        return message_id
+
+    return ctx.step("send", deliver)
+
+
+# -- exit-on-cap-one: a queued flow that calls sys.exit() on a queue of concurrency 1 ----------------------
+@flow("faults.exits")
+def exits(ctx, value):
+    """A step calls sys.exit(3): a failure of the execution (#35), not a stuck one holding the queue's slot."""
+    import sys
+
+    return ctx.step("exit", sys.exit, 3)
+
+
+# -- connection-spike: parked flows that fall due while the server has no connection to give ---------------
+@flow("faults.napper")
+def napper(ctx, value):
+    """Parks on a sleep of `seconds`, then one atomic step with its effect (exactly once)."""
+    eid = ctx.execution_id
+    ctx.sleep(value["seconds"])
+
+    def after() -> str:
+        record_effect(eid, "after")
+        return "after"
+
+    return ctx.step("after", after, atomic=True)

@@ -1,6 +1,7 @@
 """same-stream (Act's stress suite): 8 processes run an action on ONE aggregate with `do_with_retry`.
 Invariants: seqs contiguous, no two commits at one version, and every command eventually commits
-(a command that exhausts its attempts is starved: counted as stuck). The conflicts are recorded."""
+(a command that exhausts its attempts is starved: counted as stuck). The conflicts and the worst caller's
+attempts (the most one commit needed) are recorded with the round and printed."""
 
 from __future__ import annotations
 
@@ -30,5 +31,8 @@ def run(r: Round) -> Verdict:
     verdict.add("duplicated", "duplicated:stored-not-acknowledged", max(0, extra))
     versions = [seq for _, seq, _ in acked]
     verdict.add("duplicated", "duplicated:same-version-acknowledged-twice", len(versions) - len(set(versions)))
-    verdict.note("conflicts", sum(int(p[1]) for c in children for p in c.said("CONFLICTS")))
+    verdict.note("conflicts", sum(int(p[1]) for c in children for p in c.said("CONFLICTS")))  # recorded
+    # Recorded with the round and printed: the most attempts one caller's commit took (conflicts: printed too).
+    r.figures["lost_races"] = verdict.details["conflicts"]
+    r.figures["worst_attempts"] = max((int(p[1]) for c in children for p in c.said("WORST")), default=0)
     return verdict

@@ -30,6 +30,7 @@ from benchmarks.cells import raise_errors
 from benchmarks.harness import counting_statements, run_workers
 from benchmarks.sections.durable import remove_headers
 from journal.flows import flow, load_state, resume, start
+from journal.flows.context import Halt
 from journal.flows.ownership import set_ownership
 from journal.flows.state import RUNNING
 from leases.ownership import install as install_ownership
@@ -38,8 +39,14 @@ SNAPSHOT_EVERY = 16
 LENGTHS = ((1, 4), (50, 102))  # (completed steps, events in the log while it is running)
 
 
-class Crash(BaseException):
-    """The process running the flow dies at the last step: not an error the runner records."""
+class Crash(Halt):
+    """The process running the flow dies at the last step: not an error the runner records.
+    A Halt (the runtime's own unwinding, let through like a crash): any other BaseException raised by a flow
+    or a step (SystemExit) is a failure of that attempt."""
+
+    def __init__(self, message: str = "simulated crash") -> None:
+        BaseException.__init__(self, message)
+        self.error = self  # what the run stops with: raised to the caller, nothing settles
 
 
 _crash = {"on": True}

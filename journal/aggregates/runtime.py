@@ -136,8 +136,9 @@ def fold_events(st: State, stream: str, events: Iterable[StoredEvent]) -> BaseMo
 def _stream_of(st: State, id: str) -> tuple[str, str]:
     """(id as text, its stream id), checked before any SQL: a NUL in an aggregate id is InvalidStream, not a
     database error. A storable id is enough here (an aggregate stored before the id alphabet still loads);
-    its first event (expected_seq -1) checks the alphabet (journal/ids.py)."""
-    id = str(id)
+    its first event (expected_seq -1) checks the alphabet (journal/ids.py). An id that is not a non-empty str
+    (None, a number) is InvalidStream too: str() of it would name another stream (`Ticket-None`)."""
+    check_stored_id(id, f"id of aggregate {st.name}")
     return id, check_stored_id(st.stream(id), f"stream id of {st.name}")
 
 

@@ -84,6 +84,24 @@ class ContinueAsNew(BaseException):
         super().__init__("continue as new")
 
 
+# The runtime's own unwinding: not a failure of the flow's code. Any other BaseException raised by a flow or a
+# step (SystemExit from sys.exit() or argparse, KeyboardInterrupt, asyncio's CancelledError) is one: recorded
+# with its class and traceback, under the retry policy, and never unwinds the worker's thread.
+CONTROL = (Halt, Park, ContinueAsNew)
+MAX_TRACE = 8000  # characters of an exit's traceback kept in its failure event (its last ones)
+
+
+def exit_trace(exc: BaseException, secrets: list[str] | None = None) -> dict:
+    """{"traceback": ...} for a BaseException that is not an Exception (a failure whose message says little:
+    `SystemExit: 2`), scrubbed like its error text; {} for an ordinary exception (its message is its record)."""
+    if isinstance(exc, Exception):
+        return {}
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))[-MAX_TRACE:]
+    return {"traceback": text if secrets is None else _withhold(text, secrets)[-MAX_TRACE:]}
+
+
 def now() -> datetime:
     return timezone.now()
 
@@ -117,6 +135,19 @@ def check_name(value: Any, what: str) -> str:
 
     try:
         return check_stored_id(value, what)
+    except InvalidStream as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def check_label(value: Any, what: str) -> str:
+    """A new topic or message id: in the id alphabet (journal/ids.py: printable, no whitespace or control
+    character, no dot segment), else InvalidInput. Both are pasted into log lines and the admin: a newline
+    or an ANSI escape in one would forge a log line (#25)."""
+    from journal.exceptions import InvalidStream
+    from journal.ids import check_id
+
+    try:
+        return check_id(value, what)
     except InvalidStream as exc:
         raise InvalidInput(str(exc)) from None
 
@@ -182,12 +213,17 @@ def _error_text(exc: BaseException, secrets: list[str] | None = None) -> str:
 
 
 def _scrub(text: str, secrets: list[str]) -> str:
+    """`text` with every one of `secrets` withheld, at most 2,000 characters (an error text)."""
+    return _withhold(text, secrets)[:2000]
+
+
+def _withhold(text: str, secrets: list[str]) -> str:
     """`text` with every one of `secrets` (longest first: a value inside another is cut with it) withheld."""
     from journal.privacy.codec import WITHHELD
 
     for secret in secrets:
         text = text.replace(secret, WITHHELD)
-    return text[:2000]
+    return text
 
 
 def _failure_fields(exc: BaseException, failed: dict, secrets: list[str] | None) -> dict[str, str]:
@@ -271,9 +307,9 @@ class DurableContext(Context):
                     if timeout is not None and time.perf_counter() - began > timeout:
                         raise DeadlineExceeded(f"deadline exceeded: step {name!r} took longer than its timeout "
                                                f"of {timeout} s")
-            except Halt:
+            except CONTROL:
                 raise
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit or KeyboardInterrupt too: a failed attempt (CONTROL)
                 if isinstance(exc, StepCancelled):
                     runner.boundary()  # told because its claim was lost (cancel, takeover): the run stops here
                 ms = round((time.perf_counter() - began) * 1000, 3)
@@ -283,7 +319,8 @@ class DurableContext(Context):
                     error = exc.error if secrets is None else _scrub(exc.error, secrets)
                 else:
                     error = _error_text(exc, secrets)
-                failed = {"step": name, "pos": pos, "attempt": attempt, "error": error, "retry": again, "ms": ms}
+                failed = {"step": name, "pos": pos, "attempt": attempt, "error": error, "retry": again, "ms": ms,
+                          **exit_trace(exc, secrets)}
                 if isinstance(exc, DeadlineExceeded):
                     failed["timeout"] = True
                 failed.update(_failure_fields(exc, failed, secrets))
@@ -385,6 +422,8 @@ class DurableContext(Context):
         due = None if timeout is None else now() + timedelta(seconds=check_seconds(timeout, "recv timeout"))
         name = f"$recv:{topic}"
         pos, recorded = self._position(name)
+        if recorded is None:  # a new wait: its topic one that send() accepts (a recorded one replays as it was)
+            check_label(topic, "topic")
         if recorded is not None and recorded[1] == COMPLETED:
             return recorded[2]
         due, woken = self._begin_wait(pos, name, "recv", recorded, due, topic=topic)

@@ -33,6 +33,7 @@ from journal.flows.context import (
     _jsonable,
     check_moment,
     check_seconds,
+    exit_trace,
     inline_max,
     iso,
     now,
@@ -297,10 +298,11 @@ class Runner:
                 return Outcome(eid, "completed", result, None)
             except Halt:
                 raise
-            except Exception as exc:
-                error = _error_text(exc, self.secrets())
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the flow failed (context.CONTROL)
+                secrets = self.secrets()
+                error = _error_text(exc, secrets)
                 self.boundary()
-                self.emit(ev.EXECUTION_FAILED, {"error": error})
+                self.emit(ev.EXECUTION_FAILED, {"error": error, **exit_trace(exc, secrets)})
                 self.flush(writer.Settle("failed", None, error))
                 self.after_settle()
                 return Outcome(eid, "failed", None, error)

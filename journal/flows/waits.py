@@ -38,7 +38,7 @@ from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, StaleFence, StreamExists, UnknownStream
 from journal.flows import event_listener, writer
 from journal.flows import events as ev
-from journal.flows.context import WaitSpec, check_name, check_seconds, iso, now, parse_time
+from journal.flows.context import WaitSpec, check_label, check_name, check_seconds, iso, now, parse_time
 from journal.flows.errors import (
     ExecutionExists,
     ExecutionFinished,
@@ -312,10 +312,10 @@ def send(execution_id: str, topic: str, payload: Any, message_id: str | None = N
     UnknownExecution, ExecutionFinished (settled), InvalidInput (topic, id or payload): nothing written."""
     from journal.ids import check_stored_id
 
-    check_name(topic, "topic")
+    check_label(topic, "topic")
     if message_id is None:
         message_id = str(ULID())
-    check_name(message_id, "message_id")
+    check_label(message_id, "message_id")
     try:
         check_stored_id(execution_id, "execution id")
         text = jsonvalues.dumps(payload, "message payload")
@@ -328,16 +328,21 @@ def send(execution_id: str, topic: str, payload: Any, message_id: str | None = N
                            f"({conf.get('LOOM_MAX_PAYLOAD_BYTES')})")
     # A run that continued as new forwards: the message goes to the newest run of its chain (the id a
     # caller knows keeps accepting messages for the whole endless flow).
-    target = execution_id
+    target, visited = execution_id, []
     while True:
         status, _ = _store(target).send_message(target, topic, message_id, text, now())
         if status is None:
             raise UnknownExecution(execution_id)
         if status not in TERMINAL:
             return message_id
+        visited.append(target)
         header = writer.header_status(target)
         current = chain_current(target) if header is not None and _continued(header) else target
         if current == target:
+            # Identity before state: a send of an id already used (a send step re-run after a crash, a
+            # client's retry) is the same send, whatever the recipient did since; only a new id is refused.
+            if any(_store(run).message_sent(run, message_id) for run in visited):
+                return message_id
             raise ExecutionFinished(execution_id, status, "the message")
         target = current
 

@@ -143,6 +143,12 @@ class ClaimedWait:
 # resume, cancel and the HTTP API. The same text on every backend.
 EXECUTION_STATUS = "SELECT status, flow, result, error FROM journal_execution WHERE id = %s"
 
+# -- message_sent -- whether a message id was sent to an execution: send()'s identity check once the
+# recipient settled (a settled header takes no more messages, so no lock is needed: the answer cannot
+# change but by a purge). One probe of the unique (execution_id, message_id) index; the same text on every
+# backend.
+MESSAGE_SENT = "SELECT 1 FROM journal_message WHERE execution_id = %s AND message_id = %s"
+
 # -- hook: EXECUTION_STATUS_OF --
 # One execution's header status (NULL while it has none) as a scalar subquery, for another app's
 # statement that decides by it in the same statement (queues: a started entry whose execution settled
@@ -510,6 +516,12 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         result = json.loads(row[2]) if isinstance(row[2], str) else row[2]
         return row[0], row[1], result, row[3]
 
+    def message_sent(self, execution_id: str, message_id: str) -> bool:
+        """Whether `message_id` was sent to the execution (consumed or not)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(MESSAGE_SENT, [execution_id, message_id])
+            return cursor.fetchone() is not None
+
     @abstractmethod
     def _bootstrap(self, boot: ExecutionBoot) -> bool:
         """Fence token 1, the events from seq 0 and the header, together; False (or IntegrityError)
@@ -788,6 +800,14 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
     def mark_recovered(self, execution_ids: Sequence[str]) -> int:
         """Count one more recovery on each execution header (the leases sweep took it over)."""
         return self._run_count(self.sql["mark_recovered"], execution_ids)
+
+    def count_recovery(self, execution_id: str, token: int) -> bool:
+        """Count one recovery attempt of a running execution whose fence is still `token` (the takeover's):
+        called once the resumed run reached the database, before the flow's code runs; False if the fence
+        moved on (another run took it over) or it is no longer running."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql["count_recovery"], {"eid": execution_id, "token": token, "now": self.now()})
+            return cursor.rowcount == 1
 
     def mark_stuck(self, execution_ids: Sequence[str]) -> int:
         """Mark the executions stuck: recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS. A parent waiting

@@ -354,6 +354,15 @@ MARK_RECOVERED = """
 UPDATE journal_execution SET recoveries = recoveries + 1, updated_at = now() WHERE id = ANY(%(eids)s::text[])
 """
 
+# -- count_recovery -- one recovery attempt that reached the database (leases/recovery.py resume_one, before the
+# flow's code runs), only while the fence is still the taking run's: a takeover that could not reach the database
+# since is not an attempt (#35), and a run fenced off meanwhile counts nothing.
+COUNT_RECOVERY = """
+UPDATE journal_execution SET recoveries = recoveries + 1, updated_at = now()
+WHERE id = %(eid)s AND status = 'running'
+  AND EXISTS (SELECT 1 FROM journal_fence f WHERE f.stream_id = %(eid)s AND f.token = %(token)s)
+"""
+
 # -- mark_stuck --
 # Too many recoveries: visible in the admin; the leases sweep fences it off and drops its lease.
 MARK_STUCK = """
@@ -919,7 +928,8 @@ class PostgresStore(JournalStore):
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state])
 
     # == for other apps: fences, executions recovery, event reads ==
-    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK, "wake_stuck_parents": WAKE_STUCK_PARENTS}
+    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK, "wake_stuck_parents": WAKE_STUCK_PARENTS,
+           "count_recovery": COUNT_RECOVERY}
 
     def _advance_fences(self, stream_ids, expected_token):
         with self.connection.cursor() as cursor:

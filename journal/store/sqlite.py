@@ -137,6 +137,13 @@ UPDATE journal_execution SET recoveries = recoveries + 1, updated_at = %(now)s
 WHERE id IN (SELECT value FROM json_each(%(eids)s))
 """
 
+# -- count_recovery -- (see postgres.py) only while the fence is the taking run's.
+COUNT_RECOVERY = """
+UPDATE journal_execution SET recoveries = recoveries + 1, updated_at = %(now)s
+WHERE id = %(eid)s AND status = 'running'
+  AND EXISTS (SELECT 1 FROM journal_fence f WHERE f.stream_id = %(eid)s AND f.token = %(token)s)
+"""
+
 # -- mark_stuck --
 MARK_STUCK = """
 UPDATE journal_execution SET status = 'stuck', updated_at = %(now)s,
@@ -552,7 +559,8 @@ class SqliteStore(JournalStore):
             cursor.execute(SAVE_SNAPSHOT, [snapshot.stream_id, snapshot.seq, state, self.now()])
 
     # == for other apps: fences, executions recovery, event reads ==
-    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK, "wake_stuck_parents": WAKE_STUCK_PARENTS}
+    sql = {"mark_recovered": MARK_RECOVERED, "mark_stuck": MARK_STUCK, "wake_stuck_parents": WAKE_STUCK_PARENTS,
+           "count_recovery": COUNT_RECOVERY}
 
     def _id_list(self, ids):
         return json.dumps(list(ids))

@@ -142,7 +142,8 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
                  orphan_window: float | None = None) -> Takeover:
         """Take the running executions whose lease expired (or that never had one for
         `orphan_after` seconds): the lease moves to `owner` and the fence advances in the same
-        transaction; those recovered `max_attempts` times already are marked stuck instead.
+        transaction; those recovered `max_attempts` times already are marked stuck instead (a recovery
+        counts once its run reached the database: the journal's count_recovery, not this transaction).
         `flows`: only executions of these flows (the ones this worker can run; None: any): names (any
         version) or (name, version) pairs (journal.flows.registry.runnable(), journal.store.base.flow_keys).
         `orphan_window`: look for orphans only among the headers that passed `orphan_after` in the

@@ -155,7 +155,9 @@ FROM unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok) WHERE l.execu
 """
 
 # -- takeover: count / give up --
-# The journal counts the recovery on the header (mark_recovered). Too many recoveries: the journal
+# The recovery is counted on the header once the resumed run reached the database (the journal's count_recovery,
+# leases/recovery.py resume_one), not here: a takeover whose run could not connect (a connection spike) is no
+# attempt of the flow (#35). Too many recoveries: the journal
 # marks it stuck (visible in the admin), fences off whoever may still run it (advance_fences), and we
 # drop its lease so no sweeper retries it.
 GIVE_UP_LEASE = "DELETE FROM leases_lease WHERE execution_id = ANY(%(eids)s::text[])"
@@ -399,7 +401,6 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
                     taken = journal.advance_fences(claimed)
                     eids, tokens = _split(taken)
                     self._count(TAKEOVER_TOKEN, {"eids": eids, "tokens": tokens})
-                    journal.mark_recovered(eids)
                     unfenced = set(claimed) - set(eids)
                     if unfenced:  # no fence row: not a durable execution stream; leave it alone
                         self._count(GIVE_UP_LEASE, {"eids": sorted(unfenced)})

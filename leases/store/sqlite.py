@@ -90,7 +90,7 @@ UPDATE leases_lease SET fence_token = (SELECT t.tok FROM ({PAIRS}) t WHERE t.eid
 WHERE execution_id IN (SELECT json_extract(value, '$[0]') FROM json_each(%(items)s))
 """
 
-# -- takeover: count / give up -- the journal's mark_recovered and mark_stuck, advance_fences (see postgres.py).
+# -- takeover: give up -- the journal's mark_stuck, advance_fences (see postgres.py: the count is count_recovery's).
 GIVE_UP_LEASE = f"DELETE FROM leases_lease WHERE execution_id IN ({IDS})"
 
 # -- worker --
@@ -270,7 +270,6 @@ class SqliteLeaseStore(SqliteSchedules, LeaseStore):
                 if claimed:
                     taken = journal.advance_fences(claimed)
                     self._count(TAKEOVER_TOKEN, {"items": _pairs(taken)})
-                    journal.mark_recovered([t[0] for t in taken])
                     unfenced = set(claimed) - {t[0] for t in taken}
                     if unfenced:
                         self._count(GIVE_UP_LEASE, {"eids": json.dumps(sorted(unfenced))})

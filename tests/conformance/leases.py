@@ -125,6 +125,11 @@ class LeaseStoreContract(SchedulesContract, StoreContract):
         assert result.taken == [("x", 2)] and result.stuck == [] and result.flow_of == {"x": "f.one"}
         assert holder("x") == ("b", 2)
         assert journal_store_for().current_fence("x") == 2
+        # The recovery counts once the taking run reached the database (count_recovery, under its fence), not
+        # in the takeover: a takeover whose run cannot connect is no attempt of the flow (#35).
+        assert Execution.objects.get(id="x").recoveries == 0
+        assert journal_store_for().count_recovery("x", 1) is False
+        assert journal_store_for().count_recovery("x", 2) is True
         assert Execution.objects.get(id="x").recoveries == 1
 
     def test_the_old_owner_is_fenced_out_after_a_takeover(self, store):

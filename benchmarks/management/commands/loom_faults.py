@@ -53,6 +53,9 @@ class Command(BaseCommand):
         parser.add_argument("--restart-cluster", default=None, metavar="VERSION/NAME",
                             help="pg-restart: the cluster the database is on, restarted with pg_ctlcluster "
                                  "(never a shared one). Without it, pg-restart is skipped.")
+        parser.add_argument("--spike-port", type=int, default=None,
+                            help="connection-spike: the port of a small PostgreSQL server of its own to fill "
+                                 "(default SPIKE_PORT or 5505: scripts/spike-server). Without one it is skipped.")
         parser.add_argument("--workdir", default=None, help="Where the children's output goes (default: a "
                                                             "temporary folder, kept when a round fails).")
         parser.add_argument("--json", dest="json_path", help="Also write the run's figures to this JSON file.")
@@ -103,7 +106,8 @@ class Command(BaseCommand):
                         f"{verdict.duplicated}, stuck {verdict.stuck}"
                         + (f" ({verdict.problems()})" if not verdict.ok else "")
                         + (f"; ERROR {error.splitlines()[0][:300]}" if error else "")
-                        + f" [{', '.join(f'{k}={v}' for k, v in r.params.items())}] {seconds:.1f}s")
+                        + f" [{', '.join(f'{k}={v}' for k, v in r.params.items())}] {seconds:.1f}s"
+                        + "".join(f", {k} {v}" for k, v in r.figures.items()))
                     if not bad and not options["keep"]:
                         remove(r.prefix)
             self._summary(totals)
