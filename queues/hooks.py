@@ -3,8 +3,8 @@ one (CANCEL_HOOKS).
 
 A retried execution was settled in its queue's eyes (its entry done, its slot free): it takes its slot
 back before it runs, or the retry is refused (QueueFull) when the queue is at its cap (review R2). A
-cancelled queued execution's pending entry is cancelled at once (its dedup id freed, the depth right); had
-a worker claimed it meanwhile, its runner finds the header cancelled and runs nothing.
+cancelled queued execution's pending entry is cancelled in the cancel's transaction (its dedup id freed,
+the depth right); had a worker claimed it meanwhile, its runner finds the header cancelled and runs nothing.
 """
 
 from __future__ import annotations
@@ -17,18 +17,9 @@ def reopen(execution_id: str, alias: str) -> None:
     store_for(alias).reopen(execution_id)
 
 
-def cancelled(execution_id: str) -> None:
-    """After journal.flows.cancel settled an execution: its pending entry (if any) never begins. Best
-    effort (the cancel has committed): a failure is logged, and the dequeue treats the entry as done."""
-    import logging
-
-    from django.db import DatabaseError
-
-    from queues import _home
+def cancelled(execution_id: str, alias: str) -> None:
+    """In journal.flows.cancel's transaction, after its settle: the execution's pending entry (if any) is
+    cancelled with it, so it never begins (a runner that claimed it meanwhile finds the header cancelled)."""
     from queues.store import store_for
 
-    try:
-        store_for(_home(execution_id, None)).cancel_pending(execution_id)
-    except DatabaseError:
-        logging.getLogger("loom.queues").exception("the entry of cancelled execution %s stays pending until a "
-                                                   "dequeue finds its header settled", execution_id)
+    store_for(alias).cancel_pending(execution_id)

@@ -627,9 +627,6 @@ def _retry_view(execution_id: str) -> tuple[int | None, tuple[str, str, Any, str
 # a queued execution is counted against its queue's cap again, or refused when the queue is full),
 # so that journal never imports it.
 RERUN_HOOKS: list = []
-# Callables (execution_id) run once a cancel settled an execution (queues: its pending entry is cancelled,
-# so a queued execution's entry never begins); best effort: the dequeue treats a settled header as done.
-CANCEL_HOOKS: list = []
 
 
 @shards.by_stream
@@ -702,8 +699,9 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
 
 # Callables (execution_id, alias) run in a cancel's transaction, after its settle: the leases app deletes
 # the execution's lease row there (the cancel's fence advance fenced every holder off: the row is no one's,
-# and no sweep would ever look at it again, since recovery reads running executions only). Registered at
-# another app's ready(), so that journal never imports it.
+# and no sweep would ever look at it again, since recovery reads running executions only); the queues app
+# cancels its pending entry (a queued execution's entry never begins, its dedup id is free, the depth right).
+# Registered at another app's ready(), so that journal never imports them.
 CANCEL_HOOKS: list = []
 
 
@@ -743,8 +741,6 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     except Halt as halt:
         raise halt.error from None
     runner.after_settle()
-    for hook in CANCEL_HOOKS:
-        hook(execution_id)
     waits.cancel_children(execution_id, children, reason)
     return Outcome(execution_id, CANCELLED, None, reason)
 
