@@ -4,12 +4,14 @@ them after a read, a whole batch at a time.
 A sealed payload names its own sealed fields, so a reader needs no declaration:
 
     {"customer_id": "c-7", "email": "<base64 nonce+ciphertext>",
-     "$sealed": [[["email"], "c-7"]],         # path, subject: AES-GCM under c-7's data key
+     "$sealed": [[["email"], "c-7", 2]],      # path, subject, version: AES-GCM under c-7's data key
      "$blobs": [["photo"]]}                   # path: the value is the SHA-256 of its content
 
 and a payload above LOOM_CONTENT_THRESHOLD_BYTES is stored as `{"$content": "<sha256>", "$size": n}`.
-Each field's ciphertext is bound (AES-GCM associated data) to its event type, path and subject, so a
-ciphertext moved to another field or subject fails like a tampered one (TamperedCiphertext).
+Each field's ciphertext is bound (AES-GCM associated data) to its event type, path and subject and (version 2)
+to the event's stream and whole header, so a ciphertext moved to another field, subject or stream, or a header
+edited, fails like a tampered one (TamperedCiphertext); a marked field left in clear is SealDowngraded.
+Version-1 entries (`[path, subject]`, written before the stream binding) keep their old rule.
 
 Reading: whole-payload references are resolved in one content-store call; the keys of every subject of
 the batch are looked up in one statement (on PostgreSQL they come with the read's own, `READ_SEALED`); the blob
