@@ -401,11 +401,13 @@ def get_event(request, execution_id: str, key: str):
     timeout = timeout_seconds(request)
     try:
         flow = _readable_header(principal, execution_id)[1]
-    except errors.UnknownExecutionError:
+    except errors.UnknownExecutionError as unknown:
         whole = f"{execution_id}/events/{key}"  # ids may hold "/": the execution named by the whole path
-        if stored_id_problem(whole) is None and header_status(whole) is not None:
-            return _describe(request, whole)
-        raise
+        try:  # only one this token may read: else the 404 for `execution_id`, as if `whole` did not exist
+            _readable_header(principal, whole)
+        except errors.UnknownExecutionError:
+            raise unknown from None
+        return _describe(request, whole)
     require_flow(principal, flow)
     try:
         if timeout and (waiting := waiter()):

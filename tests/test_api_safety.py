@@ -8,6 +8,9 @@ import json
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from journal.aggregates.declarations import State
@@ -395,3 +398,30 @@ def test_chunked_framing_past_its_bounds_is_refused(tail, verdict):
         if result.value != "more":
             break
     assert result.value == verdict and framer.problem
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(chunks=st.lists(st.binary(min_size=1, max_size=40), max_size=12),
+       extensions=st.lists(st.sampled_from([b"", b";a=1", b";name", b';q="x y"']), min_size=12, max_size=12),
+       trailer=st.sampled_from([b"", b"X-T: 1\r\n", b"A: 1\r\nB: 2\r\n"]),
+       cuts=st.lists(st.integers(1, 64), max_size=30), tail=st.binary(max_size=30))
+def test_framing_is_the_same_however_the_reads_split_the_request(chunks, extensions, trailer, cuts, tail):
+    """A chunked request fed in reads of any sizes is framed like the same bytes in one read: whole exactly
+    at its end; and bytes after a malformed point never raise, they are one of the verdicts."""
+    from loomapi.framing import RequestFramer, Verdict
+
+    body = b"".join(b"%x%s\r\n%s\r\n" % (len(c), e, c) for c, e in zip(chunks, extensions, strict=False))
+    wire = HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n" + trailer + b"\r\n"
+    assert RequestFramer(1 << 20).advance(wire) is Verdict.WHOLE
+    framer, buffer, at, verdict = RequestFramer(1 << 20), bytearray(), 0, Verdict.MORE
+    for cut in [*cuts, len(wire)]:
+        buffer += wire[at:at + cut]
+        at += cut
+        verdict = framer.advance(buffer)
+        if at < len(wire):
+            assert verdict is Verdict.MORE, (at, len(wire))
+        if at >= len(wire):
+            break
+    assert verdict is Verdict.WHOLE
+    garbled = RequestFramer(1000).advance(HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + tail)
+    assert isinstance(garbled, Verdict)

@@ -175,3 +175,17 @@ def test_any_edit_of_a_version_2_header_is_a_named_refusal_and_the_table_is_unch
         assert stored(stream) == payload
     finally:
         overwrite(stream, 0, original)
+
+
+@pytest.mark.parametrize("edit", ["no_header", "drop_one_entry"])
+def test_a_downgraded_event_after_intact_ones_of_the_same_read_is_refused(sealed, edit):
+    """The check runs once per distinct (type, header): a later event whose header differs is checked."""
+    Event.objects.append("contact-k", [contact(f"{n}@example.org") for n in range(3)])
+    payload = stored("contact-k", 2)
+    if edit == "no_header":
+        payload = {k: v for k, v in payload.items() if k != "$sealed"} | {"email": "x@evil", "phone": "0"}
+    else:
+        payload = {**payload, "$sealed": [e for e in payload["$sealed"] if e[0] != ["phone"]], "phone": "0"}
+    overwrite("contact-k", 2, payload)
+    with pytest.raises(SealDowngraded, match=r"contact-k#2 field (email|phone)"):
+        Event.objects.read("contact-k")

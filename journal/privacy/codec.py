@@ -4,12 +4,14 @@ them after a read, a whole batch at a time.
 A sealed payload names its own sealed fields, so a reader needs no declaration:
 
     {"customer_id": "c-7", "email": "<base64 nonce+ciphertext>",
-     "$sealed": [[["email"], "c-7"]],         # path, subject: AES-GCM under c-7's data key
+     "$sealed": [[["email"], "c-7", 2]],      # path, subject, version: AES-GCM under c-7's data key
      "$blobs": [["photo"]]}                   # path: the value is the SHA-256 of its content
 
 and a payload above LOOM_CONTENT_THRESHOLD_BYTES is stored as `{"$content": "<sha256>", "$size": n}`.
-Each field's ciphertext is bound (AES-GCM associated data) to its event type, path and subject, so a
-ciphertext moved to another field or subject fails like a tampered one (TamperedCiphertext).
+Each field's ciphertext is bound (AES-GCM associated data) to its event type, path and subject and (version 2)
+to the event's stream and whole header, so a ciphertext moved to another field, subject or stream, or a header
+edited, fails like a tampered one (TamperedCiphertext); a marked field left in clear is SealDowngraded.
+Version-1 entries (`[path, subject]`, written before the stream binding) keep their old rule.
 
 Reading: whole-payload references are resolved in one content-store call; the keys of every subject of
 the batch are looked up in one statement (on PostgreSQL they come with the read's own, `READ_SEALED`); the blob
@@ -298,11 +300,15 @@ def reveal(store, events: list[StoredEvent], reader: Reader | None = None,
     todo = []
     only_sealed = True  # no blob, no stored-away payload: the common case, _reveal_sealed
     marked = marking.MARKED
+    passed: Any = _NOTHING  # (type, header) of an event whose header lists every field its type marks
     for i, e in enumerate(events):
         p = e.payload
         if type(p) is dict:
-            if e.type in marked and CONTENT not in p:
-                _refuse_downgrade(e, p)
+            # Events of a read mostly share type and header: one whose header lists every marked field vouches
+            # for the next ones alike (when the type's marking does not depend on the payload).
+            if (e.type in marked and CONTENT not in p and passed != (e.type, p.get(SEALED))
+                    and _refuse_downgrade(e, p)):
+                passed = (e.type, p.get(SEALED))
             if SEALED in p:
                 todo.append(i)
                 if BLOBS in p or CONTENT in p:
@@ -500,25 +506,30 @@ def _header_problem(p: Any) -> str | None:
     return None
 
 
-def _refuse_downgrade(event: StoredEvent, p: dict) -> None:
+def _refuse_downgrade(event: StoredEvent, p: dict) -> bool:
     """SealDowngraded if a field this process marks sensitive for the event's type is in clear in the stored
     payload and not named by its header: one of ours would have been sealed (or written as FORGOTTEN).
-    Editing the header cannot hide a version-2 field either way: the header is bound into every field."""
-    listed = None
-    for f in marking.fields_for(event.type, p):
-        if f.subject is None:
+    Editing the header cannot hide a version-2 field either way: the header is bound into every field.
+
+    True when the header lists every field the type marks whatever the payload: another event of the type
+    with an equal header needs no check."""
+    fixed = marking.fixed_fields(event.type)
+    fields = fixed if fixed is not None else marking.fields_for(event.type, p)
+    sealed = p.get(SEALED)
+    listed = ({tuple(entry[0]) for entry in sealed if type(entry) is list and entry and _is_path(entry[0])}
+              if type(sealed) is list else set())
+    complete = fixed is not None
+    for f in fields:
+        if f.subject is None or f.path in listed:
             continue
+        complete = False
         value = marking.get(p, f.path)
         if value is None or value == FORGOTTEN:
             continue
-        if listed is None:
-            sealed = p.get(SEALED)
-            listed = ({tuple(entry[0]) for entry in sealed if type(entry) is list and entry and _is_path(entry[0])}
-                      if type(sealed) is list else set())
-        if f.path not in listed:
-            raise SealDowngraded(f"{event.stream_id}#{event.seq} field {'.'.join(f.path)}: {event.type} marks it "
-                                 "sensitive but the stored event holds it in clear, not in its $sealed header "
-                                 "(the header was edited, or the event was written before the field was marked)")
+        raise SealDowngraded(f"{event.stream_id}#{event.seq} field {'.'.join(f.path)}: {event.type} marks it "
+                             "sensitive but the stored event holds it in clear, not in its $sealed header "
+                             "(the header was edited, or the event was written before the field was marked)")
+    return complete
 
 
 def _malformed(event: StoredEvent, key: str) -> NoReturn:

@@ -171,6 +171,15 @@ def fields_for(type_: str, payload: Any) -> list[Field]:
     return out
 
 
+def fixed_fields(type_: str) -> tuple[Field, ...] | None:
+    """The marked fields of every payload of `type_` when no rule of it depends on the payload (no `when`);
+    None when one does (fields_for must look at each payload)."""
+    rules = _rules.get(type_, ())
+    if any(rule.when is not None for rule in rules):
+        return None
+    return tuple(f for rule in rules for f in rule.fields)
+
+
 def field_rule(type_: str, path: Path) -> Field | None:
     """The declaration of one field (for its disclosure roles), if this process knows it."""
     for rule in _rules.get(type_, ()):
