@@ -40,10 +40,10 @@ class RefuseUnstorableFilters:
 
     withheld_lookups: tuple[str, ...] = ()
 
-    def lookup_allowed(self, lookup: str, value, *args) -> bool:
+    def lookup_allowed(self, lookup: str, value, request) -> bool:
         if lookup.split(LOOKUP_SEP, 1)[0] in self.withheld_lookups:
             return False
-        return super().lookup_allowed(lookup, value, *args)
+        return super().lookup_allowed(lookup, value, request)
 
     def changelist_view(self, request, extra_context=None):
         if any(_unstorable(value) for values in request.GET.lists() for value in values[1]):

@@ -5,8 +5,10 @@ every worker runs, so it needs a permission (leases/admin_q.py); view-only staff
 from __future__ import annotations
 
 import base64
+import contextlib
 import pickle
 import uuid
+import zlib
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -14,6 +16,10 @@ from django.db.models import TextField, Value
 from django.urls import reverse
 from django.utils import timezone
 from django_q.models import Failure, OrmQ, Success, Task
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leases.safe_pickle import UnsafePickle, plain_value
 
 pytestmark = pytest.mark.django_db
 
@@ -177,3 +183,33 @@ def test_a_superuser_still_manages_django_q_schedules(admin_client):
     response = admin_client.post(reverse("admin:django_q_schedule_add"), q_schedule_form("math.floor"))
     assert response.status_code == 302, response.content.decode()[:2000]
     assert Schedule.objects.get().func == "math.floor"
+
+
+plain_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+                            | st.binary(), lambda inner: st.lists(inner) | st.tuples(inner, inner)
+                            | st.dictionaries(st.text(), inner), max_leaves=20)
+
+
+@given(plain_values, st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_plain_values_decode_as_they_were_pickled(value, compressed):
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    text = base64.b64encode(zlib.compress(data) if compressed else data).decode()
+    assert plain_value(text, compressed=compressed) == value
+
+
+@given(st.one_of(st.text(max_size=200), st.binary(max_size=200).map(lambda b: base64.b64encode(b).decode())))
+@settings(max_examples=300, deadline=None)
+def test_any_column_text_is_a_plain_value_or_our_named_refusal(text):
+    """Never another exception: a value, or UnsafePickle."""
+    with contextlib.suppress(UnsafePickle):
+        plain_value(text)
+
+
+def test_a_pickle_naming_a_global_is_refused_before_its_module_is_imported():
+    import sys
+
+    forged = b"\x80\x04cexits_nowhere_b1\nrun\n)R."  # GLOBAL exits_nowhere_b1.run, called with ()
+    with pytest.raises(UnsafePickle, match=r"exits_nowhere_b1\.run"):
+        plain_value(base64.b64encode(forged).decode())
+    assert "exits_nowhere_b1" not in sys.modules
