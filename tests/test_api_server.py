@@ -314,7 +314,8 @@ def test_waiting_starts_never_take_the_last_request_thread(child_env, servers):
     waiting.start()
     try:
         conn = server.connection(timeout=120)
-        while request(conn, "GET", "/api/executions/waits-1")[0] != 202:  # queued: its request is waiting now
+        # Queued (issue #24: an execution at once, GET 200 "queued"): its request is waiting now.
+        while (request(conn, "GET", "/api/executions/waits-1")[1] or {}).get("status") != "queued":
             assert waiting.is_alive(), first
             time.sleep(0.05)
         status, body, _ = request(conn, "POST", "/api/flows/calc.add/executions?wait=30",

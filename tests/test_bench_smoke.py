@@ -269,8 +269,8 @@ def test_bench_http_runs_against_a_real_server(monkeypatch):
 
 
 def test_bench_schedules_records_tick_lateness_of_every_schedule():
-    """bench_schedules: each schedule's tick started once (verified against its reservation), lateness
-    percentiles recorded; the section's schedules, reservations and queued tasks are cleaned up."""
+    """bench_schedules: each schedule's tick started once (verified against its queued execution), lateness
+    percentiles recorded; the section's schedules, queued executions and entries are cleaned up."""
     from django_q.models import OrmQ
 
     from leases.models import Schedule, StartReservation
@@ -280,6 +280,11 @@ def test_bench_schedules_records_tick_lateness_of_every_schedule():
     (cell,) = sections_of(run)["schedules"]
     assert cell.count == 12 and cell.params["schedules"] == 12 and cell.unit == "ticks/s"
     assert not Schedule.objects.exists() and not StartReservation.objects.exists() and not OrmQ.objects.exists()
+    from journal.models import Execution
+    from queues.models import QueueEntry
+
+    # Issue #24: each tick is a queued execution with its entry; the section deletes them too.
+    assert not QueueEntry.objects.exists() and not Execution.objects.exists()
 
 
 def test_bench_queues_records_every_scenario_within_its_caps():

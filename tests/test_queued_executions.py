@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import io
 import json
+from typing import Annotated
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from pydantic import BaseModel
 
 from journal.flows import cancel, describe, flow, get_event, hand_over, send, start
 from journal.models import Event, Execution
+from journal.privacy import Sensitive
 from leases.models import StartReservation
 from queues import declare_queue, enqueue, run_due
 from queues.declarations import forget as forget_queue
@@ -225,6 +228,37 @@ def test_a_queued_sensitive_input_forgotten_leaves_no_plaintext_and_its_run_neve
         assert header.result["seen"] != secret and secret not in header.result["seen"]  # never given the value
         assert describe(signup)["input"]["email"] != secret
         assert secret not in database_bytes()
+    finally:
+        keys.cache.clear()
+
+
+class Counted(BaseModel):
+    person: str
+    n: Annotated[int, Sensitive(subject="person")]
+
+
+@flow("queues.test.counted", input_model=Counted)
+def counted(ctx, value):
+    return value.n
+
+
+@pytest.mark.django_db
+def test_a_queued_start_whose_forgotten_input_no_longer_fits_its_model_fails_without_running(settings, tmp_path):
+    """The run reads its input from the log: a marked int forgotten while queued reads as the marker, which
+    the flow's model refuses; the execution fails, named, and no step runs (it is never run unleased)."""
+    from journal.privacy import forget, keys
+    from tests import privacy_fixtures as fx
+
+    settings.LOOM_KEYS = [fx.KEY_A]
+    settings.LOOM_CONTENT_DIR = str(tmp_path / "content")
+    keys.cache.clear()
+    try:
+        eid = enqueue("queues.test.counted", {"person": "p-77", "n": 5}).execution_id
+        forget("p-77", by="dpo")
+        assert run_due() == ["failed"]
+        header = Execution.objects.get(pk=eid)
+        assert header.status == "failed" and "cannot start the flow any more" in header.error
+        assert steps_run(eid) == 0
     finally:
         keys.cache.clear()
 

@@ -244,3 +244,112 @@ def test_api_starts_and_queueless_cron_ticks_obey_the_default_queue_cap_on_no_cl
     assert max(samples) == cap  # the cap was reached: 6 threads, 14 naps
     ticks = QueueEntry.objects.filter(queue_id="default", execution_id__startswith="sched:qc-tick:")
     assert ticks.count() == Execution.objects.filter(pk__startswith="sched:qc-tick:").count() >= 6
+
+
+def test_300_starts_through_every_door_under_one_cap_run_once_while_workers_are_sigkilled(child_env, settings):
+    """Issue #24's fault test: 300 starts arrive at once through five doors (the HTTP API, queues.enqueue,
+    start(queue=...), old-scheme django-q2 tasks delivered now, cron ticks without a queue), all on the
+    default queue capped at 4, while three `loom_worker --no-cluster` processes run them and one is
+    SIGKILLed mid-run (then another). Every start ran exactly once (its atomic step's effect row, counted in
+    the database) and no sample of the running executions ever exceeded the cap."""
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    from django.test import Client
+    from django.utils import timezone
+
+    from journal.flows import start
+    from leases import schedules as sc
+    from leases.models import Schedule
+    from leases.tasks import run_start
+    from queues.store import store_for as queue_store
+    from tests.conftest import ROOT
+    from tests.lease_flows import create_effects_table, effects, queue_old_scheme_start
+
+    cap, per_door, token = 4, 60, "ops-token-0123456789abcdef"
+    settings.LOOM_QUEUE_DEFAULT_CONCURRENCY = cap
+    settings.LOOM_API_AUTH, settings.LOOM_API_TOKENS = True, [{"token": token, "name": "ops"}]
+    create_effects_table()
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.lease_flows", "LOOM_QUEUE_THREADS": "3",
+           "LOOM_QUEUE_POLL": "0.02", "LOOM_SCHEDULE_EVERY": "0.2", "LOOM_QUEUE_DEFAULT_CONCURRENCY": str(cap),
+           "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
+           "LOOM_RECOVERY_EVERY": "0.2", "LOOM_LEASE_MODE": "lazy", "LOOM_QUEUE_CLAIM_TIMEOUT": "2.0"}
+    value = {"n": 1, "pause": 0.05}
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        try:
+            while not stop.wait(0.01):
+                samples.append(sum(queue_store().running_by_partition("default").values()))
+        finally:
+            connection.close()
+
+    def door(fn) -> threading.Thread:
+        def run() -> None:
+            try:
+                for n in range(per_door):
+                    fn(n)
+            finally:
+                connections.close_all()
+
+        return threading.Thread(target=run)
+
+    def by_api(n: int) -> None:
+        answer = Client().post("/api/flows/leases.steps/executions", content_type="application/json",
+                               data=json.dumps({"input": value, "execution_id": f"fx-api-{n:03}"}),
+                               headers={"Authorization": f"Bearer {token}"})
+        assert answer.status_code == 202, answer.content
+
+    def by_old_task(n: int) -> None:
+        queue_old_scheme_start("leases.steps", value, f"fx-old-{n:03}")
+        assert run_start("leases.steps", value, f"fx-old-{n:03}", None)["status"] == "queued"  # delivered now
+
+    doors = [door(by_api), door(lambda n: enqueue("leases.steps", value, execution_id=f"fx-enq-{n:03}")),
+             door(lambda n: start("leases.steps", value, queue="default", execution_id=f"fx-start-{n:03}")),
+             door(by_old_task)]
+    sc.define("fx-tick", "* * * * * *", "leases.steps", value, catch_up="all")
+    Schedule.objects.filter(pk="fx-tick").update(
+        next_tick_at=timezone.now().replace(microsecond=0) - timedelta(seconds=per_door - 1))
+
+    def spawn(i: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--no-cluster", "--id", f"fx-{i}"],
+                                env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ran() -> list[str]:
+        return [e for e, _ in effects() if e.startswith(("fx-", "sched:fx-tick:"))]
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    procs = [spawn(i) for i in range(3)]
+    try:
+        for thread in doors:
+            thread.start()
+        wait_until(lambda: len(ran()) >= 40, "the workers run the starts", timeout=120)
+        procs[0].send_signal(signal.SIGKILL)  # mid-run: its runs are recovered by the others
+        procs[0].wait()
+        wait_until(lambda: len(ran()) >= 150, "the others go on", timeout=120)
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait()
+        procs.append(spawn(3))
+        for thread in doors:
+            thread.join()
+        Schedule.objects.filter(pk="fx-tick").update(enabled=False)
+        ticks = Execution.objects.filter(pk__startswith="sched:fx-tick:").count()
+        assert ticks >= per_door
+        total = 4 * per_door + ticks
+        wait_until(lambda: Execution.objects.filter(status="completed", flow="leases.steps").count() == total,
+                   "every start completed", timeout=240)
+    finally:
+        stop.set()
+        sampler.join()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
+    done = ran()
+    assert len(done) == len(set(done)) == total, "a start ran twice or not at all"
+    assert max(samples) <= cap, f"{max(samples)} ran at once on the default queue capped at {cap}"
+    assert max(samples) == cap  # the cap was reached (nine runner threads, 300 starts): it was what held

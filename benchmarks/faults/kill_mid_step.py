@@ -3,8 +3,9 @@
 1. A process running executions on its own threads kills itself inside a random step, after the
    step's effect was written and before the step was recorded (an atomic step: one transaction);
    a `loom_worker` recovers every execution it had started once their leases expire.
-2. `loom_worker` with its django-q2 cluster runs queued starts (`leases.tasks.enqueue_start`) and its
-   main process is SIGKILLed at a random moment while its cluster's processes are inside steps.
+2. `loom_worker` (with its django-q2 cluster) runs queued starts (`leases.tasks.enqueue_start`: queued
+   executions on the default queue, run by its dispatcher's threads since issue #24) and its main
+   process is SIGKILLed at a random moment while runs are inside steps.
    Whatever of its process group is still alive 1 s later is an orphan (docs/workers.md: a SIGKILL
    leaves nothing behind); orphans are then killed, and a fresh `loom_worker` must run every queued
    start, taken or not, within the recovery bound (about a lease TTL, not the broker's retry timeout).

@@ -5,15 +5,15 @@ own second, spread over the next `--schedule-seconds` seconds, so that each fire
 (about count/seconds ticks per second). `--schedule-tickers` threads play the workers: each runs
 `leases.schedules.tick()` every `--schedule-every` seconds (LOOM_SCHEDULE_EVERY's role), as a
 loom_worker's schedule service does. A tick's lateness is the time from the tick (the cron instant)
-until the tick's start (the reservation and the queued task) has COMMITTED, read on this host's
+until the tick's start (its queued execution and entry, issue #24) has COMMITTED, read on this host's
 clock right after `tick()` returned: so it includes the wait for the next tick of a ticker (about
 half of `--schedule-every` on average), the claim, the starts and the commit. Reported: p50/p95/p99/max
 lateness (ms) and the ticks started per second of window.
 
 Verified against the database: every schedule started exactly one execution in the window (its
-reservation row: `sched:<name>:<tick>`), and no tick twice. The executions are only queued (no
-cluster runs them): what is measured is the scheduler, not the flow. The section's schedules, their
-reservations and queued tasks are deleted afterwards.
+queue entry: `sched:<name>:<tick>`), and no tick twice. The executions are only queued (no
+dispatcher runs them): what is measured is the scheduler, not the flow. The section's schedules, their
+queued executions and entries are deleted afterwards.
 """
 
 from __future__ import annotations
@@ -47,9 +47,8 @@ def add_arguments(parser) -> None:
 
 
 def run(ctx) -> None:
-    from django_q.models import OrmQ
-
-    from leases.models import StartReservation
+    from journal.store import store_for as journal_store
+    from queues.store import store_for as queue_store
 
     count, window = ctx.options["schedule_count"], min(ctx.options["schedule_seconds"], 60)
     tickers, every = ctx.options["schedule_tickers"], ctx.options["schedule_every"]
@@ -88,19 +87,15 @@ def run(ctx) -> None:
         thread.join()
     bar.close()
     prefix = f"{sc.ID_PREFIX}{name_prefix}"  # every tick id of the section's schedules
-    reserved = StartReservation.objects.filter(execution_id__startswith=prefix).count()
+    queued = queue_store().count_entries(prefix, "pending")  # each tick: a queued execution (issue #24)
     ctx.verify("ticks started once each", len(set(ids)), len(ids))
     ctx.verify("ticks started (one per schedule in the window)", count, len(set(ids)))
-    ctx.verify("reservations of the started ticks", len(ids), reserved)
+    ctx.verify("queued executions of the started ticks", len(ids), queued)
     ctx.record("tick lateness", {"schedules": count, "window_s": window, "tickers": tickers, "every_s": every,
                                  "vendor": ctx.vendor},
                throughput=len(ids) / window, unit="ticks/s", latencies_ms=lateness_ms, count=len(ids))
     if not ctx.options.get("keep"):
-        OrmQ.objects.filter(pk__in=[t.pk for t in OrmQ.objects.all() if _task_id(t).startswith(prefix)]).delete()
-        StartReservation.objects.filter(execution_id__startswith=prefix).delete()
+        queue_store().delete_entries(prefix)
+        journal_store().delete_streams(prefix)
+        journal_store().delete_executions(prefix)
         lease_store().delete_schedules(name_prefix)
-
-
-def _task_id(task) -> str:
-    args = task.task.get("args") or ()
-    return args[2] if len(args) > 2 and isinstance(args[2], str) else ""

@@ -28,7 +28,7 @@ from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, StaleFence, StreamExists
 from journal.flows import events as ev
 from journal.flows import writer
-from journal.flows.context import iso
+from journal.flows.context import _error_text, iso
 from journal.flows.errors import ExecutionExists, InvalidInput
 from journal.flows.outcome import Outcome
 
@@ -129,7 +129,8 @@ def run_queued(execution_id: str, flow: str, claim_holds: Callable[[], bool]) ->
     try:
         value, _ = definition.prepare(state.input, check_json=False)  # from the log (sealed fields revealed)
     except Exception as exc:  # e.g. a field forgotten while queued no longer fits the flow's input model
-        return _refused(Runner(run, state, None), f"its input cannot start the flow any more: {exc}")
+        runner = Runner(run, state, None)
+        return _refused(runner, f"its input cannot start the flow any more: {_error_text(exc, runner.secrets())}")
     # fresh: a queued execution just begun is a fresh start to its ownership (lazy lease: none is written
     # for a run shorter than the grace; its header's updated_at, set by the begin, starts the orphan window).
     claim = get_ownership().begin(execution_id, token, fresh=True)

@@ -37,7 +37,7 @@ class QueueStoreContract(StoreContract):
         "cancel_pending": "cancel_pending", "reopen": "reopen", "begin": "begin", "count_entries": "count_entries",
         "delete_entries": "delete_entries",
         "delete_queue": "delete_queue", "running_by_partition": "running_by_partition",
-        "prune_entries": "prune_entries", "next_due": "next_due",
+        "prune_entries": "prune_entries", "next_due": "next_due", "upsert_resume": "upsert_resume",
     }
 
     @pytest.fixture
@@ -148,6 +148,25 @@ class QueueStoreContract(StoreContract):
         assert store.cancel_pending("x-2") and not store.begin("x-2", "w", 1)  # claimed, not begun
         assert store.cancel_pending("x-3") and not store.cancel_pending("none")  # pending; unknown
         assert QueueEntry.objects.get(execution_id="x-2").state == "cancelled"
+
+    def test_upsert_resume_reopens_the_executions_entry_as_a_resume_never_over_a_pending_start(self, store, queue):
+        """A hand-over: the execution's one entry pending again as a resume from the fence (in its own
+        queue), or a new entry; refused over a pending start; claimed, it carries its fence and force."""
+        store.insert_entry(entry(queue, "h-1"))
+        assert not store.upsert_resume(NewEntry("cq", "h-1", "conformance.flow", "", "", resume_fence=3))
+        (claimed,) = store.dequeue(queue, "w", 1, FLOWS, LONG)
+        assert claimed.resume_fence is None and store.begin("h-1", "w", 1)
+        Execution.objects.create(id="h-1", flow="conformance.flow", status="running")
+        assert store.upsert_resume(NewEntry("other-queue", "h-1", "conformance.flow", "", "", resume_fence=3,
+                                            resume_force=True))
+        row = QueueEntry.objects.get(execution_id="h-1")
+        assert (row.queue_id, row.state, row.resume_fence, row.resume_force, row.begun_at) == (
+            queue, "pending", 3, True, None)  # its own queue, not the one named
+        (again,) = store.dequeue(queue, "w", 1, FLOWS, LONG)
+        assert (again.execution_id, again.resume_fence, again.resume_force, again.attempts) == ("h-1", 3, True, 2)
+        assert store.upsert_resume(NewEntry(queue, "h-2", "conformance.flow", "", "", resume_fence=1,
+                                            caps=(2, None, None, None)))
+        assert QueueEntry.objects.get(execution_id="h-2").resume_fence == 1
 
     def test_reopen_counts_a_settled_entry_again_within_the_cap(self, store, queue):
         from queues.exceptions import QueueFull
