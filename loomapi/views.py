@@ -114,6 +114,11 @@ def _serve(view: Callable, request, methods, allowed: str, auth: bool, args, kwa
         return errors.InvalidBody(f"execution id refused by the journal: {exc}").response()
     except Exception as exc:
         return errors.internal_error(request, exc)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        # Raised by code a request reached (an input model's validator, a module a flow imports), never by a
+        # signal: gunicorn's ThreadWorker serves requests on pool threads and signals reach its main thread.
+        # A 500, not the end of the worker process (issue 25).
+        return errors.internal_error(request, exc)
 
 
 @api_view("GET", auth=False)

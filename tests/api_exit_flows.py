@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from pydantic import BaseModel, field_validator
+
 from journal.flows import Context, flow
 
 
@@ -23,3 +25,19 @@ def keyboard_interrupt(ctx: Context, value) -> None:
 def at_import(ctx: Context, value) -> None:
     """Imports a module that raises SystemExit at import (as `venv.__main__` does), inside a step."""
     ctx.step("import", importlib.import_module, "tests.exits_at_import")
+
+
+class ExitingInput(BaseModel):
+    """An input model whose validator exits: it runs in the API process when a durable start is checked."""
+
+    code: int
+
+    @field_validator("code")
+    @classmethod
+    def _exit(cls, value: int) -> int:
+        sys.exit(value)
+
+
+@flow("tests.exits.at_validation", input_model=ExitingInput)
+def at_validation(ctx: Context, value: ExitingInput) -> int:
+    return value.code

@@ -36,3 +36,22 @@ def test_a_flow_that_exits_is_a_failed_call_and_the_worker_process_stays(child_e
         assert server.process.poll() is None and set(children(server.process.pid)) >= {worker}
     finally:
         server.stop()
+
+
+def test_an_input_validator_that_exits_is_a_500_and_the_worker_process_stays(child_env):
+    """A durable start checks its input in the API process (the flow's input model): a validator calling
+    sys.exit there is a 500 naming nothing but an error id, and the same worker answers the next request."""
+    env = server_env(child_env, LOOM_FLOW_MODULES="tests.api_flows,tests.api_exit_flows")
+    server = Server(env, 1)
+    try:
+        (worker,) = server.workers
+        conn = server.connection()
+        status, body, served_by = request(conn, "POST", "/api/flows/tests.exits.at_validation/start",
+                                          {"input": {"code": 4}})
+        assert (status, body["error"], int(served_by)) == (500, "internal_error", worker), body
+        status, body, served_by = request(conn, "POST", "/api/flows/calc.add/call", {"input": {"a": 1, "b": 2}})
+        assert (status, body["result"], int(served_by)) == (200, 3, worker)
+        conn.close()
+        os.kill(worker, 0)
+    finally:
+        server.stop()
