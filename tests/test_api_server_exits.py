@@ -46,9 +46,9 @@ def test_an_input_validator_that_exits_is_a_500_and_the_worker_process_stays(chi
     try:
         (worker,) = server.workers
         conn = server.connection()
-        status, body, served_by = request(conn, "POST", "/api/flows/tests.exits.at_validation/start",
+        status, body, served_by = request(conn, "POST", "/api/flows/tests.exits.at_validation/executions",
                                           {"input": {"code": 4}})
-        assert (status, body["error"], int(served_by)) == (500, "internal_error", worker), body
+        assert (status, body["error"]["code"], int(served_by)) == (500, "internal_error", worker), body
         status, body, served_by = request(conn, "POST", "/api/flows/calc.add/call", {"input": {"a": 1, "b": 2}})
         assert (status, body["result"], int(served_by)) == (200, 3, worker)
         conn.close()
