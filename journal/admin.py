@@ -60,7 +60,7 @@ from journal.timestamps import stamp
 VERBS = ("resume", "retry", "cancel", "wake", "suspend", "message", "fork")
 FORMS = ("message", "fork")  # verbs whose confirmation page is a form with fields
 CONFIRMED = ("cancel", "suspend", *FORMS)  # verbs that act only after their confirmation page
-UNSETTLED = ("running", "stuck", "waiting", "suspended")
+UNSETTLED = ("queued", "running", "stuck", "waiting", "suspended")
 BULK_LIMIT = 500  # rows one bulk action acts on; the rest of a larger selection is named, never dropped silently
 
 
@@ -74,7 +74,7 @@ def plan(execution: Execution, verb: str, force: bool = False) -> tuple[bool, st
             return True, "its wait ends now (recorded as WAIT_WOKEN); a worker's waker resumes it"
         return False, f"nothing: only a waiting execution can be woken (this one is {status})"
     if verb == "message":
-        if status in ("running", "waiting", "suspended"):
+        if status in ("queued", "running", "waiting", "suspended"):
             return True, ("the message is kept until the flow receives it on its topic (once); "
                           "a flow waiting on it wakes")
         return False, f"nothing: a {status} execution receives no more messages"
@@ -93,6 +93,8 @@ def plan(execution: Execution, verb: str, force: bool = False) -> tuple[bool, st
     if verb == "cancel":
         if status in UNSETTLED:
             holder = ownership.live_owner(execution.pk) if status == "running" else None
+            if status == "queued":
+                return True, "will be cancelled at once (EXECUTION_CANCELLED); its queue entry never begins"
             if holder is None:
                 return True, "will be cancelled at once (EXECUTION_CANCELLED); no run is in progress"
             return True, (f"will be cancelled (EXECUTION_CANCELLED); the step running under {holder} "
@@ -148,10 +150,14 @@ def act(request: HttpRequest, execution_id: str, verb: str, force: bool = False,
             text = f"retry {execution_id}: a new attempt was recorded and handed over to a worker"
         else:
             from journal.flows import ownership
+            from journal.flows.writer import header_status
 
             holder = ownership.live_owner(execution_id)  # before: the cancel's fence ends whoever drives it
+            before = header_status(execution_id)
             out = cancel(execution_id, f"cancelled by {actor} in the admin")
-            if holder is None:
+            if before is not None and before[0] == "queued":
+                text = f"cancel {execution_id}: {out.status} at once (it was queued: its entry never begins)"
+            elif holder is None:
                 text = f"cancel {execution_id}: {out.status} at once (no run was in progress)"
             else:
                 text = f"cancel {execution_id}: {out.status}; the step running under {holder} {_cancel_bound_text()}"
