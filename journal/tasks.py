@@ -374,9 +374,9 @@ class LoomBackend(BaseTaskBackend):
                 task = task.using(run_after=entry.run_after)  # a deferred task: its not-before time
         began = header is not None and header.status != "queued"
         attempts, running, value = attempts_of(Event.objects.read(result_id)) if began else ([], False, None)
-        if header is not None:
+        if header is not None and not (header.status == "queued" and entry is not None):
             status = STATUS_OF_HEADER.get(header.status, TaskResultStatus.RUNNING)
-        else:
+        else:  # not begun yet: the entry says whether a worker claimed it (RUNNING, as Django's backends say)
             status = STATUS_OF_ENTRY[entry.state]
         workers = [a["worker"] for a in attempts]
         if status == TaskResultStatus.RUNNING and (running or not attempts):

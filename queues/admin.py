@@ -158,6 +158,7 @@ class QueueEntryAdmin(ReadOnlyAdmin):
                     "partition_key", "priority", "not_before")
     list_filter = (EntryQueueFilter, EntryStateFilter)
     search_fields = ("execution_id", "flow", "partition_key", "dedup_id")
+    withheld_lookups = ("input", "meta")  # an old entry's input (and any meta) may hold personal data: no filter
     fields = ("execution", "flow", "queue_name", "state", "worker", "enqueued", "claimed", "begun", "finished",
               "attempts", "partition_key", "priority", "not_before", "dedup_id")
     readonly_fields = fields

@@ -104,8 +104,10 @@ def test_an_out_of_scope_flow_answers_as_an_unknown_one(client):
 def test_an_execution_of_an_internal_flow_is_not_readable_or_retried_through_the_api(client):
     """An existing loom.task execution (enqueued by the code) answers 404 as if it did not exist."""
     from journal.flows import start
+    from journal.task_names import sign_task
 
-    start("loom.task", {"task": f"{__name__}.record", "args": [1]}, execution_id="a-task")
+    path = f"{__name__}.record"  # signed as LoomBackend.enqueue signs it: a real task execution
+    start("loom.task", {"task": path, "args": [1], "signature": sign_task("a-task", path)}, execution_id="a-task")
     assert CALLED == [1]
     for token in (PLAIN, STAR, LOOM_STAR):
         response = client.get("/api/executions/a-task", headers={"Authorization": f"Bearer {token}"})
@@ -115,14 +117,29 @@ def test_an_execution_of_an_internal_flow_is_not_readable_or_retried_through_the
     assert CALLED == [1]
 
 
+@flow("loom.tests.exposed_echo")
+def exposed_echo(ctx: Context, value):
+    """An internal flow (its name starts with loom.) that a project chooses to expose."""
+    return value
+
+
 def test_an_internal_flow_named_by_the_setting_is_exposed_within_the_tokens_scope(client, settings):
+    assert post(client, "/api/flows/loom.tests.exposed_echo/call", {"input": 7}, LOOM_STAR).status_code == 404
+    settings.LOOM_EXPOSED_INTERNAL_FLOWS = ["loom.tests.exposed_echo"]
+    response = post(client, "/api/flows/loom.tests.exposed_echo/call", {"input": 7}, LOOM_STAR)
+    assert (response.status_code, response.json()["result"]) == (200, 7)
+    # the token's own scope still applies
+    assert post(client, "/api/flows/loom.tests.exposed_echo/call", {"input": 7}, CALC_ONLY).status_code == 404
+
+
+def test_exposing_loom_task_still_runs_no_task_path_a_caller_names(client, settings):
+    """Defence in depth: with loom.task exposed, a caller's task path carries no signature of
+    LoomBackend.enqueue, so the call fails (UnverifiedTask) and nothing is imported or run."""
     settings.LOOM_EXPOSED_INTERNAL_FLOWS = ["loom.task"]
     response = post(client, "/api/flows/loom.task/call", TASK_INPUT, LOOM_STAR)
-    assert (response.status_code, response.json()["result"]) == (200, "ran")
-    assert CALLED == ["from outside"]
-    # the token's own scope still applies
-    assert post(client, "/api/flows/loom.task/call", TASK_INPUT, CALC_ONLY).status_code == 404
-    assert CALLED == ["from outside"]
+    assert (response.status_code, response.json()["status"]) == (200, "failed"), response.json()
+    assert "UnverifiedTask" in response.json()["error"]
+    assert CALLED == []
 
 
 # -- the admin's schedule form ------------------------------------------------------------------------------
