@@ -6,8 +6,9 @@ claimed something, and, on PostgreSQL, when an entry is enqueued or offered agai
 per database LISTENs on LOOM_QUEUE_CHANNEL, which the store notifies in the enqueue's own statement).
 Otherwise it sleeps LOOM_QUEUE_POLL seconds, or LOOM_QUEUE_IDLE_POLL when no queue has due work and
 every listener is subscribed (no longer than until the next deferred entry falls due). Each pass asks
-which queues have work it could claim (of flows registered here), and for each claims at most as many
-entries as it has free threads. Every cap is decided by the store's dequeue, serialised per queue in
+which queues have work it could claim (of the (flow, version) pairs registered here: an execution runs
+only on the version it is pinned to, docs/flows.md "Versions and deploys"), and for each claims at most
+as many entries as it has free threads. Every cap is decided by the store's dequeue, serialised per queue in
 the database, never here: this process's memory holds only how many of its own threads are free.
 
 A run begins the queued execution written at enqueue (journal.flows.queued.run_queued), with a lease
@@ -56,15 +57,18 @@ def import_task_flows() -> None:
 def run_claimed(claimed, using: str | None = None) -> str:
     """Run one claimed entry to its end in this thread; its status (or "cancelled": cancelled before it
     began, or no longer this claim's; "duplicate": its execution was no longer queued, begun by another
-    claim or settled; "halted", "error", "refused").
+    claim or settled; "elsewhere": its flow version is not registered here; "halted", "error", "refused").
 
     A start entry begins its queued execution (journal.flows.queued.run_queued: the entry's begin, the
     header's lock, the fence advanced from the enqueue's and status running, in one transaction), then the
     flow runs from its log. An entry written before queued executions (no header; its input in the row)
-    runs once the old way. A resume entry (a hand-over) resumes from its fence. Only flows registered here
-    run (the dispatcher claims no other), and nothing from the row is imported or unpickled."""
+    runs once the old way. A resume entry (a hand-over) resumes from its fence. Either runs the flow version
+    the execution is pinned to (its header's): the dispatcher claims only entries of the (flow, version)
+    pairs registered here; should one be claimed by a process without it (a race with a deploy), nothing is
+    run or changed, not even the begin ("elsewhere"), and the claim is offered again after
+    LOOM_QUEUE_CLAIM_TIMEOUT to a worker that has it. Nothing from the row is imported or unpickled."""
     from journal.flows import ExecutionExists, FlowError, NotResumable, OwnershipLost, resume, start
-    from journal.flows.queued import LEGACY, NOT_HELD, run_queued
+    from journal.flows.queued import ELSEWHERE, LEGACY, NOT_HELD, run_queued, runs_here
     from queues.models import QueueEntry
     from queues.store import store_for
 
@@ -79,7 +83,9 @@ def run_claimed(claimed, using: str | None = None) -> str:
     began = time.monotonic()
     try:
         if claimed.resume_fence is not None:
-            if not claim_holds():
+            if not runs_here(eid, flow):  # before the begin: a worker without its version changes nothing
+                outcome = ELSEWHERE
+            elif not claim_holds():
                 outcome = NOT_HELD
             else:
                 log.info("resume execution=%s flow=%s fence=%s (handed over, queued)", eid, flow, claimed.resume_fence)
@@ -102,6 +108,10 @@ def run_claimed(claimed, using: str | None = None) -> str:
     except Exception:
         log.exception("error execution=%s flow=%s duration=%.3fs", eid, flow, time.monotonic() - began)
         return "error"
+    if outcome == ELSEWHERE:
+        log.warning("not started execution=%s flow=%s: its flow version is not registered in this process; its "
+                    "claim is offered again after the claim timeout", eid, flow)
+        return "elsewhere"
     if outcome in (NOT_HELD, "cancelled"):  # not this claim's any more, or the execution was cancelled
         log.info("not started execution=%s flow=%s: cancelled or offered again since the claim", eid, flow)
         return "cancelled"
@@ -115,7 +125,7 @@ def run_claimed(claimed, using: str | None = None) -> str:
 
 
 def run_due(limit: int = 100, owner: str | None = None) -> list[str]:
-    """Claim due entries of the flows registered here, within every queue's caps, and run each in THIS
+    """Claim due entries of the flow versions registered here, within every queue's caps, and run each in THIS
     thread (tests, an embedding, a cron, the minute backstop of a qcluster-only deployment); a loom_worker's
     dispatcher does the same in a pool. Every shard; up to `limit` runs in all. The statuses, in order."""
     from journal import shards
@@ -123,7 +133,7 @@ def run_due(limit: int = 100, owner: str | None = None) -> list[str]:
     from journal.identity import node_identity
     from queues.store import store_for
 
-    flows = sorted(registry.registered())
+    flows = registry.runnable()  # (flow, version) pairs: only entries of the versions this process has
     owner = owner or node_identity()
     done: list[str] = []
     timeout = conf.claim_timeout()
@@ -289,7 +299,7 @@ class QueueService:
                     store = store_for(alias)
                     if self.free > 0:
                         try:
-                            got, held, due = self._dispatch(alias, store, sorted(registry.registered()))
+                            got, held, due = self._dispatch(alias, store, registry.runnable())
                         except DatabaseError:
                             log.exception("queue dispatcher of %s: database error on %s; retrying", self.owner,
                                           alias)
@@ -309,7 +319,7 @@ class QueueService:
                     if busy:
                         pause = min(BUSY_RETRY, poll)
                     elif not ready and self.free > 0 and self.listeners and len(self.listening) == len(self.listeners):
-                        pause = self._idle_pause(sorted(registry.registered()))
+                        pause = self._idle_pause(registry.runnable())
                     else:
                         # Due work this pass could not claim (a cap, a rate window) waits for a slot that a
                         # settle elsewhere frees without a notification: poll.
@@ -320,7 +330,7 @@ class QueueService:
             for alias in self.aliases:
                 connections[alias].close()
 
-    def _idle_pause(self, flows: list[str]) -> float:
+    def _idle_pause(self, flows: list[tuple[str, int]]) -> float:
         """Nothing is due and every database's listener is subscribed: an enqueue or a re-offer will wake
         us, so sleep LOOM_QUEUE_IDLE_POLL, or until the next deferred entry falls due if sooner (a deferred
         enqueue notifies too, so a sleep planned before it is shortened)."""
@@ -377,7 +387,7 @@ class QueueService:
             if pruned:
                 log.info("pruned %d finished queue entr%s on %s", pruned, "y" if pruned == 1 else "ies", alias)
 
-    def _dispatch(self, alias: str, store, flows: list[str]) -> tuple[bool, bool, bool]:
+    def _dispatch(self, alias: str, store, flows: list[tuple[str, int]]) -> tuple[bool, bool, bool]:
         """One pass over the queues of one database with work: (claimed anything, found a queue another
         worker held, some queue had work). The queues that gave entries last time are tried first, without
         asking which have work."""
@@ -391,7 +401,7 @@ class QueueService:
         random.shuffle(names)  # no queue always first: each gets its turn at this worker's free threads
         return *self._claim_from(alias, store, names, flows, timeout), bool(names)
 
-    def _claim_from(self, alias: str, store, names: list[str], flows: list[str], timeout: float
+    def _claim_from(self, alias: str, store, names: list[str], flows: list[tuple[str, int]], timeout: float
                     ) -> tuple[bool, bool]:
         got_any = busy = False
         hot = []

@@ -21,7 +21,7 @@ class AwaitingLoomBackend(LoomBackend):
 
         result = super().enqueue(task, args, kwargs)
         for claimed in store_for(self._alias()).dequeue(task.queue_name, "conformance-worker", 100,
-                                                         sorted(registry.registered()), 3600.0):
+                                                         registry.runnable(), 3600.0):
             run_claimed(claimed)
         return self.get_result(result.id)
 

@@ -49,8 +49,9 @@ def queue(request):
     forget(name)
 
 
-def flows() -> list[str]:
-    return sorted(registry.registered())
+def flows() -> list[tuple[str, int]]:
+    """What a worker's dispatcher passes: the (flow, version) pairs registered here."""
+    return registry.runnable()
 
 
 def claim(queue: str, limit: int = 100, owner: str = "tester", timeout: float = LONG):
@@ -431,8 +432,11 @@ def test_deferred_entries_are_not_read_by_the_poll_statements(queue):
     their plans read an index range of due entries, never a row per deferred entry."""
     from django.db import connection
 
+    from journal.store.base import flow_keys
     from queues.store import postgres as statements
 
+    names, versions = flow_keys(flows())  # as the store binds a worker's (flow, version) pairs
+    keys = {"flows": names, "versions": versions}
     declare_queue(queue, concurrency=8)
     enqueue("queues.test.double", {"n": 0}, queue=queue)  # one due entry
     later = datetime.now(UTC) + timedelta(days=1)
@@ -442,9 +446,9 @@ def test_deferred_entries_are_not_read_by_the_poll_statements(queue):
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE queues_entry")
         for name, sql, params in [
-            ("READY_QUEUES", statements.READY_QUEUES, {"flows": flows(), "timeout": LONG}),
-            ("NEXT_DUE", statements.NEXT_DUE, {"flows": flows()}),  # a listening dispatcher's idle probe
-            ("CANDIDATES", statements.CANDIDATES, {"queue": queue, "flows": flows(), "after_priority": 101,
+            ("READY_QUEUES", statements.READY_QUEUES, {**keys, "timeout": LONG}),
+            ("NEXT_DUE", statements.NEXT_DUE, keys),  # a listening dispatcher's idle probe
+            ("CANDIDATES", statements.CANDIDATES, {"queue": queue, **keys, "after_priority": 101,
                                                    "after_id": 0, "page": 8}),
         ]:
             cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)

@@ -9,9 +9,11 @@ without its execution. From then on it is listed, shown, cancelled, messaged and
 `run_queued` is the worker's half: in one transaction it checks that the claim still holds (the queues
 app's callback), locks the header, advances the fence from the token written at enqueue and sets the
 header running; then the flow runs from its log (the input is read from the journal, never from the
-entry). A claim offered again and begun twice is refused by the fence: one run, whoever is second does
-nothing. A queued execution is neither running nor waiting: the recovery sweep (status running) and the
-waker (wait rows) never touch it; its entry's claim timeout handles a claim that was lost.
+entry), on the flow version the execution is pinned to (its header's flow_version, stamped at enqueue),
+never on whatever is newest in the worker. A claim offered again and begun twice is refused by the fence:
+one run, whoever is second does nothing. A queued execution is neither running nor waiting: the recovery
+sweep (status running) and the waker (wait rows) never touch it; its entry's claim timeout handles a claim
+that was lost.
 
 The journal imports nothing from the queues app: the queues app calls these functions.
 """
@@ -39,6 +41,10 @@ QUEUED_FENCE = 1
 #: What run_queued reports instead of an outcome when it ran nothing.
 NOT_HELD = "cancelled"  # the claim no longer holds (cancelled, or offered again since the claim)
 LEGACY = "legacy"  # no header: an entry written before queued executions (its input is in the entry)
+#: This process lacks the flow version the execution is pinned to (a race with a deploy): nothing was run
+#: or changed, not even the claim's begin, so the entry is offered again after its claim timeout
+#: (LOOM_QUEUE_CLAIM_TIMEOUT) to a worker whose dequeue filters on the versions it has.
+ELSEWHERE = "elsewhere"
 
 
 def write_queued(flow: str, stored: Any, execution_id: str, *, meta: dict | None = None,
@@ -87,24 +93,60 @@ def started_by(execution_id: str) -> tuple[str, str] | None:
     return header[1], who if isinstance(who, str) else ""
 
 
+def pinned_version(execution_id: str) -> int | None:
+    """The flow version the execution is pinned to (its header's flow_version, stamped at enqueue and never
+    changed), or None when it has no header (an entry written before queued executions). Call it bound to
+    the execution's shard (shards.on_stream), as the callers here are."""
+    from journal.models import Execution
+
+    return Execution.objects.filter(pk=execution_id).values_list("flow_version", flat=True).first()
+
+
+@shards.by_stream
+def runs_here(execution_id: str, flow: str) -> bool:
+    """Whether this process has the flow version the execution is pinned to (any version of `flow` when it
+    has no header): the queues app asks it before it begins a handed-over resume, so that a worker without
+    the version changes nothing, not even its claim's begin (the entry is offered again after its claim
+    timeout, to a worker that has the version)."""
+    from journal.flows.errors import UnknownFlow
+    from journal.flows.registry import get_flow
+
+    try:
+        get_flow(flow, pinned_version(execution_id))
+    except UnknownFlow:
+        return False
+    return True
+
+
 @shards.by_stream
 def run_queued(execution_id: str, flow: str, claim_holds: Callable[[], bool]) -> Outcome | str:
-    """Begin a queued execution and run it to its end in this thread: its Outcome, or NOT_HELD (the claim
-    no longer holds: nothing done), LEGACY (no header: the caller starts it the old way; the claim's begin
-    committed), or the header's status when it is no longer queued (cancelled, or begun by another claim:
-    nothing run here).
+    """Begin a queued execution and run it to its end in this thread, on the flow version it is pinned to:
+    its Outcome, or NOT_HELD (the claim no longer holds: nothing done), LEGACY (no header: the caller starts
+    it the old way; the claim's begin committed), ELSEWHERE (this process lacks its version: nothing done,
+    not even the begin, so the claim is offered again after the claim timeout to a worker that has it), or
+    the header's status when it is no longer queued (cancelled, or begun by another claim: nothing run here).
 
     One transaction: `claim_holds()` (the entry's begin, under its row lock), the header's lock, the fence
     advanced from QUEUED_FENCE (a second begin, through a claim offered again, is refused by it) and the
     status queued -> running. The flow must be registered here (UnknownFlow, before anything changes)."""
+    from journal.flows.errors import UnknownFlow
     from journal.flows.ownership import get_ownership
-    from journal.flows.registry import get_flow
+    from journal.flows.registry import get_flow, versions
     from journal.flows.runtime import RUNNING, Runner
     from journal.flows.state import load_state
     from journal.models import Event, Fence
     from journal.store import store_for
 
-    definition = get_flow(flow)
+    # The version was stamped with the header at enqueue and never changes: read before the begin, so that
+    # a process without it (a race with a deploy: the dequeue filters on the versions a worker has) leaves
+    # the entry untouched. No header: an old entry, which runs the old way on the newest version here.
+    version = pinned_version(execution_id)
+    try:
+        definition = get_flow(flow, version)
+    except UnknownFlow:
+        if version is None or not versions(flow):
+            raise  # the flow itself is unknown here (the dispatcher claims no such entry)
+        return ELSEWHERE
     store = store_for(Event.objects.db)
     with atomic(Event.objects.db):
         if not claim_holds():

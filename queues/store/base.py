@@ -38,6 +38,14 @@ def begun_late(x: str) -> str:
     return f"({x}.resume_fence IS NULL AND {x}.status IS NOT NULL AND {x}.status <> 'queued')"
 
 
+#: A worker's flows filter (`ready_queues`, `next_due`, `dequeue`), shaped as the journal's stores take it
+#: (journal.store.base.flow_keys): a flow name (any version) or a (name, version) pair; a worker passes
+#: registry.runnable(). An entry matches by its execution's header's flow_version (the version it is pinned
+#: to since its enqueue), so a worker never claims an execution of a version it lacks; an entry without a
+#: header (written before queued executions) matches by its flow name.
+Flows = Sequence[str | tuple[str, int]]
+
+
 @dataclass(frozen=True, slots=True)
 class NewEntry:
     """A start to queue, validated and encoded before any SQL (queues/enqueuing.py)."""
@@ -172,20 +180,20 @@ class QueueStore(DatabaseBound, ABC):
         (nothing written) when its entry is a pending start (the execution is queued: a worker begins it)."""
 
     @abstractmethod
-    def ready_queues(self, flows: Sequence[str], claim_timeout: float) -> list[str]:
+    def ready_queues(self, flows: Flows, claim_timeout: float) -> list[str]:
         """Queues with an entry a worker with these flows could claim now: pending and due, or claimed
         longer than `claim_timeout` ago without its execution having begun (to be offered again)."""
 
     @abstractmethod
-    def next_due(self, flows: Sequence[str]) -> float | None:
+    def next_due(self, flows: Flows) -> float | None:
         """Seconds until the earliest entry of these flows deferred to a later time falls due (None: no
         such entry): how long a listening dispatcher may sleep at most."""
 
     @abstractmethod
-    def dequeue(self, queue: str, owner: str, limit: int, flows: Sequence[str],
+    def dequeue(self, queue: str, owner: str, limit: int, flows: Flows,
                 claim_timeout: float) -> list[Claimed] | None:
-        """Claim up to `limit` entries of `queue` for `owner`, in priority then FIFO order, within every
-        cap of the queue's row: running (claimed, execution not settled) below `concurrency`, per
+        """Claim up to `limit` entries of `queue` (of these flows) for `owner`, in priority then FIFO order,
+        within every cap of the queue's row: running (claimed, execution not settled) below `concurrency`, per
         partition below `partition_concurrency`, and starts in the last `rate_period` seconds below
         `rate_limit`. In the same transaction, started entries whose execution settled become done, and
         claimed entries whose execution never began within `claim_timeout` are offered again. Serialised

@@ -12,7 +12,7 @@ cannot deadlock.
 from __future__ import annotations
 
 from journal.atomic import atomic
-from journal.store.base import EXECUTION_STATUS_OF
+from journal.store.base import EXECUTION_STATUS_OF, EXECUTION_VERSION_OF, flow_keys
 from queues.store.base import (
     SETTLED,
     Caps,
@@ -30,6 +30,17 @@ STATUS = EXECUTION_STATUS_OF.format(eid="q.execution_id")
 NOT_BEGUN = not_begun("q", STATUS)
 NOT_BEGUN_X, BEGUN_LATE_X = not_begun("x", "x.status"), begun_late("x")
 SETTLED_SQL = "(" + ", ".join(f"'{s}'" for s in SETTLED) + ")"
+VERSION = EXECUTION_VERSION_OF.format(eid="q.execution_id")
+
+# -- fragment: RUNNABLE -- (of READY_QUEUES, NEXT_DUE, CANDIDATES) entry q is of a flow version this worker
+# has: %(flows)s and %(versions)s are journal.store.base.flow_keys's parallel lists (version 0: any
+# version), the version is the execution's header's (stamped at enqueue: the version it is pinned to), and
+# an entry without a header (written before queued executions) matches by its flow name, as before. An
+# entry of another version is left, unread beyond this probe and unlocked, to a worker that has it. No lock
+# (a subquery of the WHERE: FOR UPDATE locks only the statement's own FROM rows).
+RUNNABLE = f"""EXISTS (SELECT 1 FROM unnest(%(flows)s::text[], %(versions)s::int[]) AS f(flow, version)
+               WHERE f.flow = q.flow
+                 AND (f.version = 0 OR f.version = COALESCE({VERSION}, f.version)))"""
 
 # -- has_queue --
 HAS_QUEUE = "SELECT 1 FROM queues_queue WHERE name = %s"
@@ -126,25 +137,25 @@ SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM note)
 
 # -- ready_queues --
 # Per queue row, one probe of the due index (queues_entry_due: the range run_after <= now(), so entries
-# deferred to later are never read; stops at the first due entry of a known flow) and one
+# deferred to later are never read; stops at the first due entry of a flow version it has) and one
 # of the started index (a claim whose execution never began). No lock: the dequeue decides.
 READY_QUEUES = f"""
 SELECT qq.name FROM queues_queue qq
 WHERE EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'
-              AND q.run_after <= now() AND q.flow = ANY(%(flows)s::text[]))
+              AND q.run_after <= now() AND {RUNNABLE})
    OR EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'started'
               AND q.started_at < now() - %(timeout)s::float8 * interval '1 second' AND {NOT_BEGUN})
 """
 
 # -- next_due --
-# Seconds until the earliest deferred entry of these flows falls due (NULL: none), by the database clock:
-# a listening dispatcher sleeps no longer than that. Per queue row, one ordered probe of the due index
-# (queues_entry_due, from now() on; stops at the first entry of a known flow). No lock.
-NEXT_DUE = """
+# Seconds until the earliest deferred entry of these flow versions falls due (NULL: none), by the database
+# clock: a listening dispatcher sleeps no longer than that. Per queue row, one ordered probe of the due
+# index (queues_entry_due, from now() on; stops at the first entry of a flow version it has). No lock.
+NEXT_DUE = f"""
 SELECT extract(epoch FROM min(d.run_after) - now())::float8 FROM queues_queue qq
 CROSS JOIN LATERAL (SELECT q.run_after FROM queues_entry q
                     WHERE q.queue_id = qq.name AND q.state = 'pending' AND q.run_after > now()
-                      AND q.flow = ANY(%(flows)s::text[])
+                      AND {RUNNABLE}
                     ORDER BY q.run_after LIMIT 1) d
 """
 
@@ -207,15 +218,15 @@ WHERE queue_id = %(queue)s AND started_at > now() - %(period)s::float8 * interva
 """
 
 # -- dequeue: candidates --
-# Pending, due entries of flows this worker has, in start order (priority, then FIFO), one keyset page
-# (the planner reads the due index's range when few are due, the pending index's order when many are)
-# at a time. FOR UPDATE SKIP LOCKED: a row locked by a concurrent cancel or enqueue is passed over
-# rather than waited for (the queue row already keeps other claimers out).
-CANDIDATES = """
-SELECT id, partition_key, priority FROM queues_entry
-WHERE queue_id = %(queue)s AND state = 'pending' AND run_after <= now() AND flow = ANY(%(flows)s::text[])
-  AND (priority < %(after_priority)s OR (priority = %(after_priority)s AND id > %(after_id)s))
-ORDER BY priority DESC, id
+# Pending, due entries of flow versions this worker has (RUNNABLE), in start order (priority, then FIFO),
+# one keyset page (the planner reads the due index's range when few are due, the pending index's order
+# when many are) at a time. FOR UPDATE SKIP LOCKED: a row locked by a concurrent cancel or enqueue is
+# passed over rather than waited for (the queue row already keeps other claimers out).
+CANDIDATES = f"""
+SELECT q.id, q.partition_key, q.priority FROM queues_entry q
+WHERE q.queue_id = %(queue)s AND q.state = 'pending' AND q.run_after <= now() AND {RUNNABLE}
+  AND (q.priority < %(after_priority)s OR (q.priority = %(after_priority)s AND q.id > %(after_id)s))
+ORDER BY q.priority DESC, q.id
 LIMIT %(page)s
 FOR UPDATE SKIP LOCKED
 """
@@ -352,15 +363,19 @@ class PostgresQueueStore(QueueStore):
         return self._rows(UPSERT_RESUME, params)[0][0] == 1
 
     def ready_queues(self, flows, claim_timeout):
-        return [r[0] for r in self._rows(READY_QUEUES, {"flows": list(flows), "timeout": claim_timeout})]
+        names, versions = flow_keys(flows)
+        return [r[0] for r in self._rows(READY_QUEUES, {"flows": names, "versions": versions,
+                                                        "timeout": claim_timeout})]
 
     def next_due(self, flows):
-        return self._rows(NEXT_DUE, {"flows": list(flows)})[0][0]
+        names, versions = flow_keys(flows)
+        return self._rows(NEXT_DUE, {"flows": names, "versions": versions})[0][0]
 
     def dequeue(self, queue, owner, limit, flows, claim_timeout):
         if limit <= 0:
             return []
-        params = {"queue": queue, "timeout": claim_timeout, "flows": list(flows), "owner": owner,
+        names, versions = flow_keys(flows)
+        params = {"queue": queue, "timeout": claim_timeout, "flows": names, "versions": versions, "owner": owner,
                   "channel": channel()}
         with atomic(self.alias):
             row = self._rows(LOCK_QUEUE, params)

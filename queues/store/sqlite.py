@@ -13,7 +13,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from journal.atomic import atomic
-from journal.store.base import EXECUTION_STATUS_OF
+from journal.store.base import EXECUTION_STATUS_OF, EXECUTION_VERSION_OF, flow_keys
 from leases.store.sqlite import stamp
 from queues.store.base import (
     SETTLED,
@@ -32,7 +32,13 @@ STATUS = EXECUTION_STATUS_OF.format(eid="q.execution_id")
 NOT_BEGUN = not_begun("q", STATUS)
 NOT_BEGUN_X, BEGUN_LATE_X = not_begun("x", "x.status"), begun_late("x")
 SETTLED_SQL = "(" + ", ".join(f"'{s}'" for s in SETTLED) + ")"
-FLOWS = "(SELECT value FROM json_each(%(flows)s))"
+VERSION = EXECUTION_VERSION_OF.format(eid="q.execution_id")
+
+# -- fragment: RUNNABLE -- (see postgres.py) %(flows)s: a JSON array of [name, version] pairs (version 0: any
+# version), journal.store.base.flow_keys's; the header's version decides, an entry without one matches by name.
+RUNNABLE = f"""EXISTS (SELECT 1 FROM json_each(%(flows)s) f
+               WHERE json_extract(f.value, '$[0]') = q.flow
+                 AND json_extract(f.value, '$[1]') IN (0, COALESCE({VERSION}, json_extract(f.value, '$[1]'))))"""
 
 # -- has_queue --
 HAS_QUEUE = "SELECT 1 FROM queues_queue WHERE name = %s"
@@ -97,14 +103,14 @@ WHERE queues_entry.state <> 'pending' OR queues_entry.resume_fence IS NOT NULL
 READY_QUEUES = f"""
 SELECT qq.name FROM queues_queue qq
 WHERE EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'
-              AND q.run_after <= %(now)s AND q.flow IN {FLOWS})
+              AND q.run_after <= %(now)s AND {RUNNABLE})
    OR EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'started'
               AND q.started_at < %(claim_cutoff)s AND {NOT_BEGUN})
 """
 
 # -- next_due -- (see postgres.py; SQLite never notifies, so only tests and the contract read it)
 NEXT_DUE = f"""
-SELECT min(q.run_after) FROM queues_entry q WHERE q.state = 'pending' AND q.run_after > %(now)s AND q.flow IN {FLOWS}
+SELECT min(q.run_after) FROM queues_entry q WHERE q.state = 'pending' AND q.run_after > %(now)s AND {RUNNABLE}
 """
 
 # -- dequeue: read the queue -- under the write lock the transaction took at BEGIN (IMMEDIATE)
@@ -134,10 +140,10 @@ RECENT = "SELECT count(*) FROM queues_entry WHERE queue_id = %(queue)s AND start
 
 # -- dequeue: candidates -- (see postgres.py; no SKIP LOCKED: nobody else writes while we hold the lock)
 CANDIDATES = f"""
-SELECT id, partition_key, priority FROM queues_entry
-WHERE queue_id = %(queue)s AND state = 'pending' AND run_after <= %(now)s AND flow IN {FLOWS}
-  AND (priority < %(after_priority)s OR (priority = %(after_priority)s AND id > %(after_id)s))
-ORDER BY priority DESC, id
+SELECT q.id, q.partition_key, q.priority FROM queues_entry q
+WHERE q.queue_id = %(queue)s AND q.state = 'pending' AND q.run_after <= %(now)s AND {RUNNABLE}
+  AND (q.priority < %(after_priority)s OR (q.priority = %(after_priority)s AND q.id > %(after_id)s))
+ORDER BY q.priority DESC, q.id
 LIMIT %(page)s
 """
 
@@ -197,6 +203,11 @@ REOPEN = "UPDATE queues_entry SET state = 'started', finished_at = NULL WHERE id
 NO_KEY = (101, 0)
 
 
+def _keys(flows) -> str:
+    """A worker's flows filter as RUNNABLE's JSON [name, version] pairs (journal.store.base.flow_keys)."""
+    return json.dumps([list(key) for key in zip(*flow_keys(flows), strict=True)])
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -244,12 +255,12 @@ class SqliteQueueStore(QueueStore):
     def ready_queues(self, flows, claim_timeout):
         now = _now()
         return [r[0] for r in self._rows(READY_QUEUES, {
-            "flows": json.dumps(list(flows)), "now": stamp(now),
+            "flows": _keys(flows), "now": stamp(now),
             "claim_cutoff": stamp(now - timedelta(seconds=claim_timeout))})]
 
     def next_due(self, flows):
         now = _now()
-        due = self._rows(NEXT_DUE, {"flows": json.dumps(list(flows)), "now": stamp(now)})[0][0]
+        due = self._rows(NEXT_DUE, {"flows": _keys(flows), "now": stamp(now)})[0][0]
         return None if due is None else (datetime.fromisoformat(due).replace(tzinfo=UTC) - now).total_seconds()
 
     def dequeue(self, queue, owner, limit, flows, claim_timeout):
@@ -257,7 +268,7 @@ class SqliteQueueStore(QueueStore):
             return []
         with atomic(self.alias):
             now = _now()
-            params = {"queue": queue, "flows": json.dumps(list(flows)), "owner": owner, "now": stamp(now),
+            params = {"queue": queue, "flows": _keys(flows), "owner": owner, "now": stamp(now),
                       "claim_cutoff": stamp(now - timedelta(seconds=claim_timeout))}
             row = self._rows(LOCK_QUEUE, params)
             if not row:

@@ -1,5 +1,6 @@
 """The queue store contract: entries inserted once per dedup id and execution id, a dequeue that
-keeps every cap of the queue's row and frees a slot when the execution's header settles."""
+keeps every cap of the queue's row and frees a slot when the execution's header settles, and that takes
+only entries of the flow versions asked for (the header's flow_version; by name without a header)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,30 @@ class QueueStoreContract(StoreContract):
         store.insert_entry(entry(queue, "nd-later", 3, run_after=later))
         assert 50 < store.next_due(FLOWS) <= 61
         assert store.next_due(["some.other.flow"]) is None
+
+    def test_only_the_flow_versions_asked_for_are_ready_claimed_or_due_and_a_headerless_entry_by_name(self, store):
+        """The flows filter takes names (any version) and (name, version) pairs (registry.runnable()): an entry
+        matches by its header's flow_version; one without a header (written before queued headers) by name."""
+        from datetime import UTC, datetime, timedelta
+
+        store.upsert_queue(QueueSpec("vq", 5))
+        for eid, version in (("v-1", 1), ("v-2", 2), ("v-old", None)):
+            store.insert_entry(entry("vq", eid))
+            if version is not None:
+                Execution.objects.create(id=eid, flow="conformance.flow", status="queued", flow_version=version)
+        v1, v2 = [("conformance.flow", 1)], [("conformance.flow", 2)]
+        assert store.ready_queues(v2, LONG) == ["vq"] and store.ready_queues([("other", 2)], LONG) == []
+        assert [c.execution_id for c in store.dequeue("vq", "w2", 10, v2, LONG)] == ["v-2", "v-old"]
+        assert store.ready_queues([*v2, ("conformance.flow", 3)], LONG) == []  # v-1 left, unclaimed
+        assert QueueEntry.objects.get(execution_id="v-1").attempts == 0
+        assert store.ready_queues(FLOWS, LONG) == store.ready_queues(v1, LONG) == ["vq"]
+        assert [c.execution_id for c in store.dequeue("vq", "w1", 10, v1 + v2, LONG)] == ["v-1"]
+        later = datetime.now(UTC) + timedelta(seconds=60)
+        for eid, version, due in (("d-1", 1, later), ("d-2", 2, later + timedelta(hours=2))):
+            store.insert_entry(entry("vq", eid, run_after=due))
+            Execution.objects.create(id=eid, flow="conformance.flow", status="queued", flow_version=version)
+        assert 50 < store.next_due(v1) <= 61 and 50 < store.next_due(FLOWS) <= 61
+        assert 7150 < store.next_due(v2) <= 7261 and store.next_due([("conformance.flow", 3)]) is None
 
     def test_a_dedup_id_or_an_execution_id_is_inserted_once(self, store, queue):
         assert store.insert_entry(entry(queue, "a-1", 1, dedup_id="d")) is None
