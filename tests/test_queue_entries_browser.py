@@ -114,7 +114,7 @@ def test_an_operator_cancels_a_queued_start_by_clicking_and_it_never_runs(live_s
         proc.communicate(timeout=30)
     # No execution, or (where an accepted start is an execution from the start, issue 24) a cancelled one.
     assert not Execution.objects.filter(pk="bq-cancel").exclude(status="cancelled").exists()
-    assert lease_flows.effects() == [("bq-control", "s000")]
+    assert [e for e in lease_flows.effects() if e[0].startswith("bq-")] == [("bq-control", "s000")]  # this test's
     assert QueueEntry.objects.get(execution_id="bq-cancel").state == "cancelled"
 
 
