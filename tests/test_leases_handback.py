@@ -119,3 +119,29 @@ def test_hand_backs_are_no_recovery_attempts_and_lapsed_leases_still_end_stuck_a
     assert execution.recoveries == limit
     assert not Lease.objects.filter(execution_id=eid).exists()
     assert steps_run(eid) == [f"s{i:03d}" for i in range(HANDBACKS + limit + 2)]
+
+
+def test_only_a_run_stopped_at_a_step_boundary_hands_its_lease_back_marked(rules):
+    """The keeper's three hand-backs: a run that stopped at its boundary while draining (abandon(graceful=True))
+    and a lazy claim within its grace that did (a row written expired) are marked; a step whose heartbeat timed
+    out (the watchdog's hand_back()) is not: its takeover counts, as after a crash."""
+    from leases.keeper import begin_drain
+    from tests.test_leases import running
+
+    keeper = rules
+    ids = [running(f"hbk-{uuid.uuid4().hex[:6]}-{kind}") for kind in ("boundary", "lazy", "silent")]
+    boundary = keeper.begin_eager(ids[0], 1)
+    lazy = keeper.begin_lazy(ids[1], 1)
+    silent = keeper.begin_eager(ids[2], 1)
+    begin_drain()
+    boundary.abandon(graceful=True)
+    lazy.abandon(graceful=True)
+    silent.hand_back()
+    wait_until(lambda: Lease.objects.filter(execution_id__in=ids, expires_at__lte=timezone.now()).count() == 3,
+               "three hand-backs")
+    assert dict(Lease.objects.filter(execution_id__in=ids).values_list("execution_id", "handed_back")) == {
+        ids[0]: True, ids[1]: True, ids[2]: False}
+    end_drain()
+    result = store_for().takeover("b", ttl=30, orphan_after=3600, max_attempts=5, limit=10)
+    assert sorted(result.taken) == [(eid, 2) for eid in sorted(ids)]
+    assert result.handed_back == sorted(ids[:2])
