@@ -45,7 +45,8 @@ if apps.is_installed("django_q"):  # leases runs without django-q2 (no queued st
 
 @admin.register(Lease)
 class LeaseAdmin(ReadOnlyAdmin):
-    list_display = ("execution_link", "owner_id", "fence_token", "acquired_at", "renewed_at", "expires_in")
+    list_display = ("execution_link", "owner_id", "fence_token", "acquired_at", "renewed_at", "expires_in",
+                    "handed_back")
     list_filter = ("owner",)
     search_fields = ("execution__id", "owner__id")
     ordering = ("expires_at",)

@@ -19,7 +19,9 @@ register(
             0.0, optional=True),
     Setting("LOOM_LEASE_CHUNK", int, 500, "Leases renewed per renew_many statement.", 1),
     Setting("LOOM_RECOVERY_EVERY", float, 5.0, "Seconds between recovery sweeps of a worker.", 0.01),
-    Setting("LOOM_RECOVERY_MAX_ATTEMPTS", int, 5, "Recoveries of one execution before it is marked stuck.", 1),
+    Setting("LOOM_RECOVERY_MAX_ATTEMPTS", int, 5, "Recoveries of one execution before it is marked stuck (after a "
+            "lapsed lease or an orphan; one handed back at a step boundary by a graceful shutdown is no attempt).",
+            1),
     Setting("LOOM_RECOVERY_PATIENCE", float, 300.0,
             "Seconds a woken or recovered run keeps retrying (with backoff) while it cannot reach the database "
             "(a connection spike: not a failed attempt); then it lets go and a later sweep takes it over.", 0.0),

@@ -48,13 +48,14 @@ RELEASE_DELAY = 0.2
 class LeaseClaim:
     """One run's hold on one execution (the journal.flows.ownership.Claim protocol)."""
 
-    __slots__ = ("_lost", "deadline", "ended", "execution_id", "handed_back", "keeper", "state", "token")
+    __slots__ = ("_lost", "deadline", "ended", "execution_id", "graceful", "handed_back", "keeper", "state", "token")
 
     def __init__(self, keeper: LeaseKeeper, execution_id: str, token: int, state: str):
         self.keeper, self.execution_id, self.token, self.state = keeper, execution_id, token, state
         self._lost = False
         self.ended = False
         self.handed_back = False  # abandoned while draining: its lease is expired at once, not left to lapse
+        self.graceful = False  # ... and the run stopped at a step boundary: the hand-back is marked (no recovery)
         self.deadline: float | None = None  # monotonic time the lease is last known to expire
 
     @property
@@ -82,16 +83,19 @@ class LeaseClaim:
     def end(self, released: bool = False) -> None:
         self.keeper.end(self, released)
 
-    def abandon(self) -> None:
+    def abandon(self, graceful: bool = False) -> None:
         """The run halted with the execution still running: the lease lapses (journal/flows/ownership.py);
-        while the process drains, it is handed back instead (expired now: the next sweep anywhere takes it)."""
-        self.keeper.end(self, unfinished=True)
+        while the process drains, it is handed back instead (expired now: the next sweep anywhere takes it).
+        graceful=True: the run stopped at a step boundary for the shutdown (ShuttingDown), so the row is marked
+        handed back and its takeover counts no recovery attempt (LOOM_RECOVERY_MAX_ATTEMPTS catches runs that
+        die, not workers that stop)."""
+        self.keeper.end(self, unfinished=True, graceful=graceful)
 
     def hand_back(self) -> None:
         """Give the execution up now while its run still works on it (a step whose heartbeat timed out, a
         retiring worker: leases/watchdog.py): the lease is expired at once for another worker's sweep, and the
         claim is lost, so whatever the run writes later is refused and it stops at its next boundary."""
-        self.keeper.end(self, unfinished=True, hand_back=True)
+        self.keeper.end(self, unfinished=True, hand_back=True)  # not graceful: its takeover counts
         self._lost = True
 
     def __repr__(self) -> str:
@@ -170,9 +174,10 @@ class LeaseKeeper:
         self.held: dict[LeaseClaim, None] = {}
         self.acquire_q: list[LeaseClaim] = []
         self.release_q: list[tuple[str, int]] = []
-        # Leases handed back by runs that stopped for a graceful shutdown: (item, has a row). Expired at once
-        # (a row written expired when the claim had none yet), so another worker's next sweep takes them over.
-        self.handback_q: list[tuple[tuple[str, int], bool]] = []
+        # Leases handed back by runs that stopped for a graceful shutdown: (item, has a row, graceful). Expired at
+        # once (a row written expired when the claim had none yet), so another worker's next sweep takes them
+        # over; graceful (stopped at a step boundary): marked so, that takeover is no recovery attempt.
+        self.handback_q: list[tuple[tuple[str, int], bool, bool]] = []
         self.thread: threading.Thread | None = None
         self.stopping = False
         self.next_renew = 0.0
@@ -229,7 +234,7 @@ class LeaseKeeper:
         return claim
 
     def end(self, claim: LeaseClaim, released: bool = False, unfinished: bool = False,
-            hand_back: bool = False) -> None:
+            hand_back: bool = False, graceful: bool = False) -> None:
         """The run is over; released=True: its settle statement deleted the lease already. unfinished=True:
         the execution is still running (the run halted): its lease is neither renewed nor deleted, so it
         lapses after the TTL and the recovery sweep's expired-lease arm takes the execution over. (Deleting
@@ -241,21 +246,22 @@ class LeaseKeeper:
             claim.ended = True
             # A graceful shutdown: the execution goes on elsewhere at once, not after the lease lapsed.
             back = unfinished and not claim._lost and (hand_back or _draining.is_set())
+            graceful = back and graceful and not hand_back
             if claim.state == PENDING:
                 self.pending.pop(claim, None)  # within the grace: no lease was ever written
                 if back:
-                    self.handback_q.append((claim.item, False))
+                    self.handback_q.append((claim.item, False, graceful))
             elif claim.state == HELD:
                 self.held.pop(claim, None)
                 if back:
-                    self.handback_q.append((claim.item, True))
+                    self.handback_q.append((claim.item, True, graceful))
                 elif not claim._lost and not released and not unfinished:
                     if not self.release_q:
                         self.release_due = time.monotonic() + RELEASE_DELAY
                         self.cond.notify_all()
                     self.release_q.append(claim.item)
             elif claim.state == ACQUIRING and back:
-                claim.handed_back = True  # the keeper expires it when the acquire returns
+                claim.handed_back, claim.graceful = True, graceful  # the keeper expires it when the acquire returns
             # ACQUIRING: the keeper releases it when the acquire returns.
             claim.state = ENDED
             if back:
@@ -401,7 +407,7 @@ class LeaseKeeper:
                     if claim.execution_id in acquired:
                         claim.deadline = started + ttl
                         if claim.handed_back:
-                            self.handback_q.append((claim.item, True))
+                            self.handback_q.append((claim.item, True, claim.graceful))
                         elif claim.ended:
                             to_release.append(claim.item)
                         else:
@@ -413,21 +419,26 @@ class LeaseKeeper:
         if to_release:
             self.flush_releases(to_release)
 
-    def flush_handbacks(self, items: list[tuple[tuple[str, int], bool]]) -> None:
+    def flush_handbacks(self, items: list[tuple[tuple[str, int], bool, bool]]) -> None:
         """Hand leases back: a held one expired now, one never written (a lazy claim within its grace) written
-        expired (an acquire with a TTL of 0), so that the sweep's expired-lease arm takes each over at once."""
+        expired (an acquire with a TTL of 0), so that the sweep's expired-lease arm takes each over at once.
+        Graceful ones (the run stopped at a step boundary) are marked handed back: their takeover is no recovery
+        attempt; the others (a step cut off) count, as after a crash."""
         store = store_for(self.alias)
         size = conf.get("LOOM_LEASE_CHUNK")
-        held = list(dict.fromkeys(item for item, has_row in items if has_row))
-        rowless = list(dict.fromkeys(item for item, has_row in items if not has_row))
-        for part in chunks(held, size):
-            store.expire_many(self.worker_id, part)
-        if rowless and not self.registered:
-            self.register()
-        for part in chunks(rowless, size):
-            store.acquire_many(self.worker_id, part, 0.0)
-        self.stats["handback"] += len(held) + len(rowless)
-        for execution_id, token in held + rowless:
+        sent: list[tuple[str, int]] = []
+        for graceful in (True, False):
+            held = list(dict.fromkeys(item for item, has_row, g in items if has_row and g == graceful))
+            rowless = list(dict.fromkeys(item for item, has_row, g in items if not has_row and g == graceful))
+            for part in chunks(held, size):
+                store.expire_many(self.worker_id, part, graceful=graceful)
+            if rowless and not self.registered:
+                self.register()
+            for part in chunks(rowless, size):
+                store.acquire_many(self.worker_id, part, 0.0, handed_back=graceful)
+            sent += held + rowless
+        self.stats["handback"] += len(sent)
+        for execution_id, token in sent:
             log.info("lease handed back execution=%s fence=%s owner=%s: shutting down, another worker continues",
                      execution_id, token, self.worker_id)
 
@@ -507,7 +518,7 @@ class LeaseKeeper:
         store = store_for(self.alias)
         try:
             self.flush_releases(releases)
-            self.flush_handbacks(back + [(item, False) for item in rowless])
+            self.flush_handbacks(back + [(item, False, False) for item in rowless])  # cut off: not graceful
             for part in chunks(held, conf.get("LOOM_LEASE_CHUNK")):
                 store.expire_many(self.worker_id, part)
             if self.registered:

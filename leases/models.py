@@ -50,6 +50,10 @@ class Lease(models.Model):
     acquired_at = models.DateTimeField()
     renewed_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
+    handed_back = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Expired by its owner's graceful shutdown at a step boundary: its takeover is no recovery attempt "
+                  "(LOOM_RECOVERY_MAX_ATTEMPTS); any later write of the row clears it.")
 
     class Meta:
         ordering = ["expires_at"]

@@ -20,7 +20,8 @@ runs at its start and every LOOM_RECOVERY_FULL_EVERY seconds, for what no window
 deleted under a live header, a sweep that could not run).
 
 Logged (logger "loom.recovery", docs/workers.md "Logs"): every takeover (execution, flow, fence
-token, attempt), every recovered run's end (status and duration), every execution marked stuck.
+token; "handed back" when it is no recovery attempt), every recovered run's end (status and duration),
+every execution marked stuck.
 """
 
 from __future__ import annotations
@@ -114,13 +115,14 @@ def log_takeover(result: Takeover) -> None:
     for execution_id in result.stuck:
         log.warning("stuck execution=%s flow=%s: recovery gave up (LOOM_RECOVERY_MAX_ATTEMPTS)", execution_id,
                     result.flow_of.get(execution_id, "?"))
+    handed = set(result.handed_back)
     for execution_id, token in result.taken:
-        log.info("takeover execution=%s flow=%s fence=%s", execution_id, result.flow_of.get(execution_id, "?"),
-                 token)
+        log.info("takeover execution=%s flow=%s fence=%s%s", execution_id, result.flow_of.get(execution_id, "?"),
+                 token, " handed back (no recovery attempt)" if execution_id in handed else "")
 
 
 def resume_one(execution_id: str, flow: str = "?", token: int | None = None,
-               stopping: Callable[[], bool] = lambda: False) -> None:
+               stopping: Callable[[], bool] = lambda: False, count: bool = True) -> None:
     """Resume a taken-over execution in this process, under the fence `token` its takeover advanced
     to (None: resume advances it itself); failures are logged (the lease then expires and the next
     sweep takes it over again).
@@ -128,7 +130,9 @@ def resume_one(execution_id: str, flow: str = "?", token: int | None = None,
     The attempt is counted toward LOOM_RECOVERY_MAX_ATTEMPTS once it reached the database, before the flow's
     code runs (count_recovery); while the database cannot be reached (a connection spike), the count and
     the resume are tried again with backoff (leases/unreachable.py): that is no attempt of the flow (#35), until
-    `stopping()` says the worker stops (its lease then lapses for another worker)."""
+    `stopping()` says the worker stops (its lease then lapses for another worker). count=False: the takeover
+    was of a lease handed back at a step boundary (Takeover.handed_back): a worker stopped, no run died, so
+    nothing is counted (resume still checks the header and the fence token)."""
     from journal.flows import resume
     from leases.unreachable import patiently
 
@@ -136,7 +140,8 @@ def resume_one(execution_id: str, flow: str = "?", token: int | None = None,
     log.info("recovering execution=%s flow=%s", execution_id, flow)
     what = f"recovery of execution={execution_id}"
     try:
-        if token is not None and not patiently(lambda: _count_attempt(execution_id, token), what, stopping):
+        if count and token is not None and not patiently(lambda: _count_attempt(execution_id, token), what,
+                                                         stopping):
             log.info("recovery skipped execution=%s flow=%s: taken over since fence %s, or no longer running",
                      execution_id, flow, token)
             return
@@ -225,10 +230,12 @@ class RecoveryService:
             connections[alias].close()
             return
         log_takeover(result)
+        handed = set(result.handed_back)
         for execution_id, token in result.taken:
             with self.lock:
                 self.inflight.add(execution_id)
-            self.pool.submit(self._resume, execution_id, result.flow_of.get(execution_id, "?"), token)
+            self.pool.submit(self._resume, execution_id, result.flow_of.get(execution_id, "?"), token,
+                             execution_id not in handed)
         if prune:
             try:
                 prune_workers(alias)
@@ -236,9 +243,9 @@ class RecoveryService:
                 log.exception("pruning worker rows on %s failed; retrying later", alias)
                 connections[alias].close()
 
-    def _resume(self, execution_id: str, flow: str, token: int) -> None:
+    def _resume(self, execution_id: str, flow: str, token: int, count: bool = True) -> None:
         try:
-            resume_one(execution_id, flow, token, self.stopping.is_set)
+            resume_one(execution_id, flow, token, self.stopping.is_set, count)
         finally:
             with self.lock:
                 self.inflight.discard(execution_id)

@@ -221,7 +221,8 @@ def recovery_sweep() -> int:
         taken = sweep(get_keeper(alias).worker_id, alias=alias, reach=BACKSTOP_REACH)
         log_takeover(taken)
         for execution_id, token in taken.taken:
-            resume_one(execution_id, taken.flow_of.get(execution_id, "?"), token)
+            resume_one(execution_id, taken.flow_of.get(execution_id, "?"), token,
+                       count=execution_id not in taken.handed_back)
         prune_workers(alias)
         count += len(taken.taken)
     prune_reservations()

@@ -120,3 +120,22 @@ def sleep_then_fail(ctx, value):
     """One step that lasts `seconds` (past the lazy grace: leased), then the flow fails."""
     ctx.step("sleep", lambda: time.sleep(value["seconds"]) or value["seconds"])
     raise RuntimeError("failed on purpose")
+
+
+@flow("leases.stop_after_each_step")
+def stop_after_each_step(ctx, value):
+    """`n` steps, each recording its effect and then starting this process's graceful shutdown (what a SIGTERM
+    does: leases.keeper.begin_drain), so every run stops at the next step boundary and hands its lease back: each
+    takeover continues one step further (tests/test_leases_handback.py)."""
+    from leases.keeper import begin_drain
+
+    eid = ctx.execution_id
+
+    def one(i: int) -> int:
+        record(eid, f"s{i:03d}")
+        begin_drain()
+        return i
+
+    for i in range(value["n"]):
+        ctx.step(f"s{i:03d}", one, i)
+    return value["n"]

@@ -38,16 +38,23 @@ def stop_the_process_lease_keeper():
     reset_keeper(None)
 
 
-@pytest.fixture
-def env(child_env, tmp_path):
+def worker_env(child_env: dict, tmp_path: Path) -> dict:
+    """The workers' settings: a TTL longer than any test, fast renewals and sweeps, the default
+    LOOM_RECOVERY_MAX_ATTEMPTS (a takeover of a handed-back lease is no recovery attempt)."""
+    child_env.pop("LOOM_RECOVERY_MAX_ATTEMPTS", None)
     child_env.update({
         "LOOM_LEASE_TTL": str(TTL), "LOOM_LEASE_RENEW_EVERY": "0.5", "LOOM_LEASE_LAZY_GRACE": "0.2",
-        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_RECOVERY_MAX_ATTEMPTS": "50", "LOOM_SHUTDOWN_GRACE": "20",
+        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_SHUTDOWN_GRACE": "20",
         "LOOM_FLOW_MODULES": "tests.shutdown_flows", "LOOM_LEASE_MODE": "lazy",
         "LOOM_QUEUES": json.dumps({QUEUE: {"concurrency": 50}}), "LOOM_QUEUE_THREADS": "2",
         "LOOM_QUEUE_POLL": "0.05", "LOOM_TEST_LOGS": str(tmp_path), "PYTHONFAULTHANDLER": "1",
     })
     return child_env
+
+
+@pytest.fixture
+def env(child_env, tmp_path):
+    return worker_env(child_env, tmp_path)
 
 
 def spawn(env: dict, worker_id: str, *extra: str) -> subprocess.Popen:

@@ -74,9 +74,11 @@ class Claim(Protocol):
         """The run settled or stopped: release whatever `begin` took. Called once. released=True:
         the settle statement already deleted the lease row (the companion's settle CTE).
 
-        A claim may also have `abandon()`, called instead of end() when the run stopped with the execution
-        still running (a halt: its write failed or was refused): leases keep the lease row to lapse, so that
-        recovery finds the execution by its expired lease. Without it, end() is called."""
+        A claim may also have `abandon(graceful=False)`, called instead of end() when the run stopped with the
+        execution still running (a halt: its write failed or was refused): leases keep the lease row to lapse, so
+        that recovery finds the execution by its expired lease. Without it, end() is called. graceful=True: the
+        run stopped at a step boundary for a graceful shutdown (ShuttingDown, its work recorded): the takeover
+        that continues it is no recovery attempt (LOOM_RECOVERY_MAX_ATTEMPTS)."""
         ...
 
 

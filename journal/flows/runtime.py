@@ -75,7 +75,7 @@ class Runner:
     """One run of one execution: its pending events, its folded state, its claim."""
 
     __slots__ = ("claim", "continued_to", "deadline_signalled", "every", "let_go", "pending", "recovered",
-                 "released", "run", "state")
+                 "released", "run", "state", "yielded")
 
     def __init__(self, run: writer.RunHandle, state: ExecutionState, claim: Claim | None):
         self.run = run
@@ -85,6 +85,7 @@ class Runner:
         self.every = snapshot_every()
         self.released = False  # the settle statement deleted the run's lease row
         self.let_go = False  # the run settled or parked: the execution is no longer running under us
+        self.yielded = False  # the run stopped at a step boundary for a graceful shutdown (ShuttingDown)
         self.deadline_signalled = False  # DeadlineExceeded was raised in this run (a handler may go on)
         self.continued_to: str | None = None  # the next run of a continue_as_new (its settle carries messages)
         # A resume notes who took over in its first STEP_STARTED ("recovered_by": the admin's
@@ -177,6 +178,7 @@ class Runner:
         if claim is not None and getattr(claim, "draining", False):
             if self.pending:
                 self.flush()
+            self.yielded = True  # its work is recorded: the claim's abandon(graceful=True) says so
             raise Halt(ShuttingDown(self.run.execution_id))
 
     def cap(self, due):
@@ -322,7 +324,12 @@ class Runner:
                 if self.released:
                     self.claim.end(released=True)
                 elif not self.let_go and hasattr(self.claim, "abandon"):
-                    self.claim.abandon()  # still running: its lease lapses and recovery takes it over
+                    # Still running: its lease lapses and recovery takes it over; a run that stopped at a step
+                    # boundary for a graceful shutdown says so (its takeover is no recovery attempt).
+                    if self.yielded:
+                        self.claim.abandon(graceful=True)
+                    else:
+                        self.claim.abandon()
                 else:
                     self.claim.end()
 

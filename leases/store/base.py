@@ -41,6 +41,19 @@ class Takeover:
     taken: list[Item] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
     flow_of: dict[str, str] = field(default_factory=dict)  # the flow of each execution taken or stuck (logs)
+    # The taken executions whose former owner handed the lease back at a step boundary (a graceful shutdown):
+    # no recovery attempt, so their resume does not count one (leases/recovery.py resume_one).
+    handed_back: list[str] = field(default_factory=list)
+
+
+def split_stuck(candidates: Sequence[tuple[str, int, str]], claimed: dict[str, bool],
+                max_attempts: int) -> tuple[list[str], list[str]]:
+    """(stuck, retry) among the `claimed` candidates (id -> whether its lease was handed back): those recovered
+    `max_attempts` times already give up, unless their lease was handed back at a step boundary (that takeover
+    is no attempt: the run it continues was healthy when its worker stopped)."""
+    recoveries = {eid: count for eid, count, _ in candidates}
+    stuck = sorted(eid for eid, back in claimed.items() if recoveries[eid] >= max_attempts and not back)
+    return stuck, sorted(set(claimed) - set(stuck))
 
 
 # == schedules (leases/schedules.py): cron schedules ticked by the workers ============================
@@ -116,9 +129,11 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
         return None
 
     @abstractmethod
-    def acquire_many(self, owner: str, items: Sequence[Item], ttl: float, release: Sequence[Item] = ()) -> set[str]:
+    def acquire_many(self, owner: str, items: Sequence[Item], ttl: float, release: Sequence[Item] = (),
+                     handed_back: bool = False) -> set[str]:
         """Lease each execution for `owner` at its fence token; return the ids acquired. The
-        `release` items (none of them among `items`) are released in the same statement.
+        `release` items (none of them among `items`) are released in the same statement. handed_back=True
+        (with a TTL of 0): a graceful hand-back of lazy claims that had no row yet (see expire_many).
 
         Refused (absent from the result): a lease held at a higher token, or at the same token by
         another owner, or a token that is not the execution's current fence (a stale run)."""
@@ -132,9 +147,12 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
         """Delete the leases `owner` holds at these tokens (a run settled); others are untouched."""
 
     @abstractmethod
-    def expire_many(self, owner: str, items: Sequence[Item]) -> int:
+    def expire_many(self, owner: str, items: Sequence[Item], graceful: bool = False) -> int:
         """Make the leases `owner` holds expire now (clean shutdown: the executions are still
-        running and another worker's recovery sweep should take them over at once)."""
+        running and another worker's recovery sweep should take them over at once). graceful=True: their
+        runs stopped at a step boundary (a graceful shutdown), so the row is marked handed back and the
+        takeover that follows is no recovery attempt (Takeover.handed_back); False (a run cut off mid-step):
+        its takeover counts, as after a crash."""
 
     @abstractmethod
     def takeover(self, owner: str, ttl: float, orphan_after: float, max_attempts: int, limit: int,
@@ -143,7 +161,9 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
         """Take the running executions whose lease expired (or that never had one for
         `orphan_after` seconds): the lease moves to `owner` and the fence advances in the same
         transaction; those recovered `max_attempts` times already are marked stuck instead (a recovery
-        counts once its run reached the database: the journal's count_recovery, not this transaction).
+        counts once its run reached the database: the journal's count_recovery, not this transaction),
+        unless their lease was handed back gracefully (expire_many graceful=True): those are taken, listed
+        in Takeover.handed_back, and their takeover counts no recovery.
         `flows`: only executions of these flows (the ones this worker can run; None: any): names (any
         version) or (name, version) pairs (journal.flows.registry.runnable(), journal.store.base.flow_keys).
         `orphan_window`: look for orphans only among the headers that passed `orphan_after` in the

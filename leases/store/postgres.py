@@ -22,7 +22,7 @@ from journal.store import postgres as journal_sql
 from journal.store import store_for as journal_store
 from journal.store.base import flow_keys
 from leases.store import base
-from leases.store.base import DueSchedule, Item, LeaseStore, Takeover
+from leases.store.base import DueSchedule, Item, LeaseStore, Takeover, split_stuck
 
 # -- acquire --
 # Group-committed acquire of many leases. A row is written only when the token is the execution's
@@ -31,15 +31,18 @@ from leases.store.base import DueSchedule, Item, LeaseStore, Takeover
 # moves only to a HIGHER token (a resume or takeover supersedes the old owner, whose renewal then
 # fails) or is refreshed by the same owner at the same token; a lower token is refused. ON CONFLICT
 # waits for a racing takeover's uncommitted row and re-checks the WHERE against its committed
-# token, so a late lazy acquire of a taken-over run is refused.
+# token, so a late lazy acquire of a taken-over run is refused. %(handed_back)s is false but for a graceful
+# hand-back of lazy claims that had no row yet (TTL 0: written expired, leases/keeper.py flush_handbacks); every
+# write of the row sets the mark anew, so a lease moved or refreshed since a hand-back is no hand-back.
 ACQUIRE = f"""
-INSERT INTO leases_lease AS l (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
-SELECT t.eid, %(owner)s, t.tok, now(), now(), now() + %(ttl)s::float8 * interval '1 second'
+INSERT INTO leases_lease AS l (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at, handed_back)
+SELECT t.eid, %(owner)s, t.tok, now(), now(), now() + %(ttl)s::float8 * interval '1 second', %(handed_back)s
 FROM unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok)
 {journal_sql.CURRENT_FENCE_JOIN.format(eid="t.eid", token="t.tok")}
 ORDER BY t.eid
 ON CONFLICT (execution_id) DO UPDATE SET owner = EXCLUDED.owner, fence_token = EXCLUDED.fence_token,
-    acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
+    acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at,
+    handed_back = EXCLUDED.handed_back
 WHERE l.fence_token < EXCLUDED.fence_token
    OR (l.fence_token = EXCLUDED.fence_token AND l.owner = EXCLUDED.owner)
 RETURNING l.execution_id
@@ -69,6 +72,7 @@ WITH released AS (
 # still holds the current fence, so nothing was lost.
 # Only while the fence is still the lease's: a cancel (or any takeover) that moved the fence ends the renewals,
 # so the run learns of it at the next tick and its running step is told (journal/flows/interrupt.py).
+# A renewed lease is held by a live owner: no hand-back (the mark is cleared).
 RENEW_MANY = f"""
 WITH mine AS (
     SELECT l.execution_id FROM leases_lease l
@@ -79,7 +83,8 @@ WITH mine AS (
     ORDER BY l.execution_id
     FOR UPDATE OF l
 )
-UPDATE leases_lease l SET renewed_at = now(), expires_at = now() + %(ttl)s::float8 * interval '1 second'
+UPDATE leases_lease l SET renewed_at = now(), expires_at = now() + %(ttl)s::float8 * interval '1 second',
+    handed_back = false
 FROM mine WHERE l.execution_id = mine.execution_id
 RETURNING l.execution_id
 """
@@ -100,9 +105,12 @@ DELETE FROM leases_lease WHERE execution_id IN (
 
 # -- expire --
 # Clean shutdown: the runs are unfinished, so keep the row but make it expired now; the next
-# recovery sweep of any worker takes it over without waiting for the TTL.
+# recovery sweep of any worker takes it over without waiting for the TTL. %(graceful)s marks the row handed
+# back (handed_back): the run stopped at a step boundary for a graceful shutdown, so the takeover that follows is
+# no recovery attempt (TAKEOVER_CLAIM reports it); false for a run cut off mid-step (a step whose heartbeat timed
+# out, one still running when the shutdown's grace ended): its takeover counts, as after a crash.
 EXPIRE = """
-UPDATE leases_lease l SET expires_at = now() FROM (
+UPDATE leases_lease l SET expires_at = now(), handed_back = %(graceful)s FROM (
     SELECT l2.execution_id FROM leases_lease l2
     JOIN unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok)
       ON l2.execution_id = t.eid AND l2.fence_token = t.tok
@@ -132,15 +140,19 @@ TAKEOVER_CANDIDATES = journal_sql.RECOVERY_CANDIDATES.format(
 # Move the leases to the sweeper, but only if still expired (or still missing): the WHERE is
 # re-checked after waiting for a concurrent renewal or lazy acquire, which then wins. The token is
 # a placeholder until the fence is advanced below, in the same transaction (nobody sees it).
+# handed_back is left as it was (RETURNING reads it under the row lock, re-checked like the expiry): whether the
+# former owner handed the lease back at a step boundary (no recovery attempt) or it lapsed (a crash, a cut-off
+# step) or there was none (an orphan); TAKEOVER_TOKEN clears it. The stuck candidates are claimed too (their
+# lease then dropped): a candidate whose lease was renewed since the candidates' snapshot is neither.
 TAKEOVER_CLAIM = """
-INSERT INTO leases_lease AS l (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
-SELECT t.eid, %(owner)s, 0, now(), now(), now() + %(ttl)s::float8 * interval '1 second'
+INSERT INTO leases_lease AS l (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at, handed_back)
+SELECT t.eid, %(owner)s, 0, now(), now(), now() + %(ttl)s::float8 * interval '1 second', false
 FROM unnest(%(eids)s::text[]) AS t(eid)
 ORDER BY t.eid
 ON CONFLICT (execution_id) DO UPDATE SET owner = EXCLUDED.owner, fence_token = 0,
     acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
 WHERE l.expires_at < now()
-RETURNING l.execution_id
+RETURNING l.execution_id, l.handed_back
 """
 
 # -- takeover: fence --
@@ -149,15 +161,17 @@ RETURNING l.execution_id
 # its token is refused).
 
 # -- takeover: token --
+# (Under the claim's row locks, same transaction; the hand-back mark goes: the sweeper holds the lease now.)
 TAKEOVER_TOKEN = """
-UPDATE leases_lease l SET fence_token = t.tok
+UPDATE leases_lease l SET fence_token = t.tok, handed_back = false
 FROM unnest(%(eids)s::text[], %(tokens)s::bigint[]) AS t(eid, tok) WHERE l.execution_id = t.eid
 """
 
 # -- takeover: count / give up --
 # The recovery is counted on the header once the resumed run reached the database (the journal's count_recovery,
 # leases/recovery.py resume_one), not here: a takeover whose run could not connect (a connection spike) is no
-# attempt of the flow (#35). Too many recoveries: the journal
+# attempt of the flow (#35), nor one of a lease handed back at a step boundary (Takeover.handed_back: resume_one
+# does not count it, and it is never marked stuck for its past recoveries). Too many recoveries: the journal
 # marks it stuck (visible in the admin), fences off whoever may still run it (advance_fences), and we
 # drop its lease so no sweeper retries it.
 GIVE_UP_LEASE = "DELETE FROM leases_lease WHERE execution_id = ANY(%(eids)s::text[])"
@@ -176,7 +190,8 @@ LEASE_BOOT_CTE = """
     SELECT f.stream_id, %(lease_owner)s, 1, now(), now(), now() + %(lease_ttl)s::float8 * interval '1 second'
     FROM fence f
     ON CONFLICT (execution_id) DO UPDATE SET owner = EXCLUDED.owner, fence_token = 1,
-        acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
+        acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at,
+        handed_back = false
 )"""
 # The coalesced form: only streams that won their fence AND asked for a lease (a NULL owner: a
 # run of another mode, or inside a transaction), inserted in execution_id order like ACQUIRE.
@@ -189,7 +204,8 @@ LEASE_BOOT_MANY_CTE = """
     WHERE o.owner IS NOT NULL
     ORDER BY o.eid
     ON CONFLICT (execution_id) DO UPDATE SET owner = EXCLUDED.owner, fence_token = 1,
-        acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
+        acquired_at = EXCLUDED.acquired_at, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at,
+        handed_back = false
 )"""
 LEASE_SETTLE_CTE = """
 , lease_end AS (
@@ -349,13 +365,13 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
                 cursor.execute(KEEPER_SESSION)
             _prepared.add(raw)
 
-    def acquire_many(self, owner, items, ttl, release=()):
+    def acquire_many(self, owner, items, ttl, release=(), handed_back=False):
         if not items:
             if release:
                 self.release_many(owner, release)
             return set()
         eids, tokens = _split(items)
-        params = {"owner": owner, "ttl": ttl, "eids": eids, "tokens": tokens}
+        params = {"owner": owner, "ttl": ttl, "eids": eids, "tokens": tokens, "handed_back": handed_back}
         if release:
             params["rel_eids"], params["rel_tokens"] = _split(release)
             return {r[0] for r in self._rows(ACQUIRE_RELEASING, params)}
@@ -374,11 +390,11 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
         eids, tokens = _split(items)
         return self._count(RELEASE, {"owner": owner, "eids": eids, "tokens": tokens})
 
-    def expire_many(self, owner, items):
+    def expire_many(self, owner, items, graceful=False):
         if not items:
             return 0
         eids, tokens = _split(items)
-        return self._count(EXPIRE, {"owner": owner, "eids": eids, "tokens": tokens})
+        return self._count(EXPIRE, {"owner": owner, "eids": eids, "tokens": tokens, "graceful": graceful})
 
     def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None, orphan_window=None):
         keys = [json.dumps([name, version]) for name, version in zip(*flow_keys(flows or []), strict=True)]
@@ -387,8 +403,9 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
                                                           "limit": limit, "any_flow": flows is None, "flows": keys})
             if not candidates:
                 return Takeover()
-            stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]
-            retry = [eid for eid, recoveries, _ in candidates if recoveries < max_attempts]
+            claimed = dict(self._rows(TAKEOVER_CLAIM, {"owner": owner, "ttl": ttl,
+                                                       "eids": [eid for eid, _, _ in candidates]}))
+            stuck, retry = split_stuck(candidates, claimed, max_attempts)
             journal = journal_store(self.alias)
             if stuck:
                 journal.mark_stuck(stuck)
@@ -396,15 +413,14 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
                 self._count(GIVE_UP_LEASE, {"eids": stuck})
             taken: list[Item] = []
             if retry:
-                claimed = [r[0] for r in self._rows(TAKEOVER_CLAIM, {"owner": owner, "ttl": ttl, "eids": retry})]
-                if claimed:
-                    taken = journal.advance_fences(claimed)
-                    eids, tokens = _split(taken)
-                    self._count(TAKEOVER_TOKEN, {"eids": eids, "tokens": tokens})
-                    unfenced = set(claimed) - set(eids)
-                    if unfenced:  # no fence row: not a durable execution stream; leave it alone
-                        self._count(GIVE_UP_LEASE, {"eids": sorted(unfenced)})
-            return Takeover(sorted(taken), sorted(stuck), {eid: flow for eid, _, flow in candidates})
+                taken = journal.advance_fences(retry)
+                eids, tokens = _split(taken)
+                self._count(TAKEOVER_TOKEN, {"eids": eids, "tokens": tokens})
+                unfenced = set(retry) - set(eids)
+                if unfenced:  # no fence row: not a durable execution stream; leave it alone
+                    self._count(GIVE_UP_LEASE, {"eids": sorted(unfenced)})
+            return Takeover(sorted(taken), sorted(stuck), {eid: flow for eid, _, flow in candidates},
+                            handed_back=sorted(eid for eid, _ in taken if claimed[eid]))
 
     def touch_worker(self, worker_id, host, pid, role=""):
         with self.connection.cursor() as cursor:

@@ -21,7 +21,7 @@ from journal.store import sqlite as journal_sql
 from journal.store import store_for as journal_store
 from journal.store.base import flow_keys
 from leases.store import base
-from leases.store.base import DueSchedule, Item, LeaseStore, Reservation, Takeover
+from leases.store.base import DueSchedule, Item, LeaseStore, Reservation, Takeover, split_stuck
 
 PAIRS = "SELECT json_extract(value, '$[0]') AS eid, json_extract(value, '$[1]') AS tok FROM json_each(%(items)s)"
 IDS = "SELECT value FROM json_each(%(eids)s)"
@@ -29,14 +29,16 @@ IDS = "SELECT value FROM json_each(%(eids)s)"
 # -- acquire --
 # See leases/store/postgres.py ACQUIRE: a lease only at the current fence token; on conflict it
 # moves to a higher token or is refreshed by the same owner at the same token. (WHERE true is
-# SQLite's documented way to keep INSERT ... SELECT ... ON CONFLICT unambiguous.)
+# SQLite's documented way to keep INSERT ... SELECT ... ON CONFLICT unambiguous.) %(handed_back)s: see
+# postgres.ACQUIRE (a graceful hand-back of rowless lazy claims; every write sets the mark anew).
 ACQUIRE = f"""
-INSERT INTO leases_lease (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
-SELECT t.eid, %(owner)s, t.tok, %(now)s, %(now)s, %(expires)s FROM ({PAIRS}) t
+INSERT INTO leases_lease (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at, handed_back)
+SELECT t.eid, %(owner)s, t.tok, %(now)s, %(now)s, %(expires)s, %(handed_back)s FROM ({PAIRS}) t
 {journal_sql.CURRENT_FENCE_JOIN.format(eid="t.eid", token="t.tok")}
 WHERE true
 ON CONFLICT (execution_id) DO UPDATE SET owner = excluded.owner, fence_token = excluded.fence_token,
-    acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at
+    acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at,
+    handed_back = excluded.handed_back
 WHERE leases_lease.fence_token < excluded.fence_token
    OR (leases_lease.fence_token = excluded.fence_token AND leases_lease.owner = excluded.owner)
 RETURNING execution_id
@@ -44,9 +46,10 @@ RETURNING execution_id
 
 # -- renew_many --
 # One statement per chunk per tick; rows taken over (other owner or token) are not returned.
-# Only while the fence is still the lease's (see postgres.RENEW_MANY: a cancel ends the renewals).
+# Only while the fence is still the lease's (see postgres.RENEW_MANY: a cancel ends the renewals); a renewed
+# lease is no hand-back.
 RENEW_MANY = f"""
-UPDATE leases_lease SET renewed_at = %(now)s, expires_at = %(expires)s
+UPDATE leases_lease SET renewed_at = %(now)s, expires_at = %(expires)s, handed_back = 0
 WHERE owner = %(owner)s AND (execution_id, fence_token) IN ({PAIRS})
   AND EXISTS (SELECT 1 FROM leases_lease cur {journal_sql.CURRENT_FENCE_JOIN.format(eid="cur.execution_id",
                                                                                    token="cur.fence_token")}
@@ -57,9 +60,10 @@ RETURNING execution_id
 # -- release --
 RELEASE = f"DELETE FROM leases_lease WHERE owner = %(owner)s AND (execution_id, fence_token) IN ({PAIRS})"
 
-# -- expire --
+# -- expire -- (%(graceful)s: marked handed back, see postgres.EXPIRE)
 EXPIRE = f"""
-UPDATE leases_lease SET expires_at = %(now)s WHERE owner = %(owner)s AND (execution_id, fence_token) IN ({PAIRS})
+UPDATE leases_lease SET expires_at = %(now)s, handed_back = %(graceful)s
+WHERE owner = %(owner)s AND (execution_id, fence_token) IN ({PAIRS})
 """
 
 # -- takeover: candidates --
@@ -71,22 +75,24 @@ TAKEOVER_CANDIDATES = journal_sql.RECOVERY_CANDIDATES.format(
     unleased="NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.execution_id = o.id)",
 )
 
-# -- takeover: claim --
+# -- takeover: claim -- (see postgres.TAKEOVER_CLAIM: handed_back is kept and returned, cleared by TAKEOVER_TOKEN;
+# the stuck candidates are claimed too, under the write lock.)
 TAKEOVER_CLAIM = f"""
-INSERT INTO leases_lease (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at)
-SELECT t.value, %(owner)s, 0, %(now)s, %(now)s, %(expires)s FROM ({IDS}) t
+INSERT INTO leases_lease (execution_id, owner, fence_token, acquired_at, renewed_at, expires_at, handed_back)
+SELECT t.value, %(owner)s, 0, %(now)s, %(now)s, %(expires)s, 0 FROM ({IDS}) t
 WHERE true
 ON CONFLICT (execution_id) DO UPDATE SET owner = excluded.owner, fence_token = 0,
     acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at
 WHERE leases_lease.expires_at < %(now)s
-RETURNING execution_id
+RETURNING execution_id, handed_back
 """
 
 # -- takeover: fence -- the journal's advance_fences, in the same transaction (see postgres.py).
 
 # -- takeover: token --
 TAKEOVER_TOKEN = f"""
-UPDATE leases_lease SET fence_token = (SELECT t.tok FROM ({PAIRS}) t WHERE t.eid = leases_lease.execution_id)
+UPDATE leases_lease SET fence_token = (SELECT t.tok FROM ({PAIRS}) t WHERE t.eid = leases_lease.execution_id),
+    handed_back = 0
 WHERE execution_id IN (SELECT json_extract(value, '$[0]') FROM json_each(%(items)s))
 """
 
@@ -214,18 +220,19 @@ class SqliteLeaseStore(SqliteSchedules, LeaseStore):
         now = _now()
         return {"now": stamp(now), "expires": stamp(now + timedelta(seconds=ttl))}
 
-    def acquire_many(self, owner, items, ttl, release=()):
+    def acquire_many(self, owner, items, ttl, release=(), handed_back=False):
         if not items:
             if release:
                 self.release_many(owner, release)
             return set()
+        params = {"owner": owner, "items": _pairs(items), "handed_back": handed_back, **self._times(ttl)}
         if release:
             # The releases riding along commit with the acquires: one write transaction.
             with atomic(self.alias):
                 self._count(RELEASE, {"owner": owner, "items": _pairs(release)})
-                rows = self._rows(ACQUIRE, {"owner": owner, "items": _pairs(items), **self._times(ttl)})
+                rows = self._rows(ACQUIRE, params)
         else:
-            rows = self._rows(ACQUIRE, {"owner": owner, "items": _pairs(items), **self._times(ttl)})
+            rows = self._rows(ACQUIRE, params)
         return {r[0] for r in rows}
 
     def renew_many(self, owner, items, ttl):
@@ -239,10 +246,11 @@ class SqliteLeaseStore(SqliteSchedules, LeaseStore):
             return 0
         return self._count(RELEASE, {"owner": owner, "items": _pairs(items)})
 
-    def expire_many(self, owner, items):
+    def expire_many(self, owner, items, graceful=False):
         if not items:
             return 0
-        return self._count(EXPIRE, {"owner": owner, "items": _pairs(items), "now": stamp(_now())})
+        return self._count(EXPIRE, {"owner": owner, "items": _pairs(items), "now": stamp(_now()),
+                                    "graceful": graceful})
 
     def takeover(self, owner, ttl, orphan_after, max_attempts, limit, flows=None, orphan_window=None):
         # BEGIN IMMEDIATE: the whole check-and-take runs under the write lock.
@@ -256,8 +264,9 @@ class SqliteLeaseStore(SqliteSchedules, LeaseStore):
                 "flows": json.dumps([list(key) for key in zip(*flow_keys(flows or []), strict=True)])})
             if not candidates:
                 return Takeover()
-            stuck = [eid for eid, recoveries, _ in candidates if recoveries >= max_attempts]
-            retry = [eid for eid, recoveries, _ in candidates if recoveries < max_attempts]
+            claimed = {eid: bool(back) for eid, back in self._rows(TAKEOVER_CLAIM, {
+                "owner": owner, "eids": json.dumps([eid for eid, _, _ in candidates]), **times})}
+            stuck, retry = split_stuck(candidates, claimed, max_attempts)
             journal = journal_store(self.alias)
             if stuck:
                 journal.mark_stuck(stuck)
@@ -265,15 +274,13 @@ class SqliteLeaseStore(SqliteSchedules, LeaseStore):
                 self._count(GIVE_UP_LEASE, {"eids": json.dumps(stuck)})
             taken: list[Item] = []
             if retry:
-                claimed = [r[0] for r in self._rows(TAKEOVER_CLAIM, {"owner": owner, "eids": json.dumps(retry),
-                                                                       **times})]
-                if claimed:
-                    taken = journal.advance_fences(claimed)
-                    self._count(TAKEOVER_TOKEN, {"items": _pairs(taken)})
-                    unfenced = set(claimed) - {t[0] for t in taken}
-                    if unfenced:
-                        self._count(GIVE_UP_LEASE, {"eids": json.dumps(sorted(unfenced))})
-            return Takeover(sorted(taken), sorted(stuck), {eid: flow for eid, _, flow in candidates})
+                taken = journal.advance_fences(retry)
+                self._count(TAKEOVER_TOKEN, {"items": _pairs(taken)})
+                unfenced = set(retry) - {t[0] for t in taken}
+                if unfenced:
+                    self._count(GIVE_UP_LEASE, {"eids": json.dumps(sorted(unfenced))})
+            return Takeover(sorted(taken), sorted(stuck), {eid: flow for eid, _, flow in candidates},
+                            handed_back=sorted(eid for eid, _ in taken if claimed[eid]))
 
     def touch_worker(self, worker_id, host, pid, role=""):
         now = stamp(_now())

@@ -132,6 +132,32 @@ class LeaseStoreContract(SchedulesContract, StoreContract):
         assert journal_store_for().count_recovery("x", 2) is True
         assert Execution.objects.get(id="x").recoveries == 1
 
+    def test_a_graceful_hand_back_is_reported_by_the_takeover_and_exempt_from_the_max(self, store):
+        """expire_many(graceful=True) (a run stopped at a step boundary) and the TTL-0 acquire of a lazy claim
+        that had no row (handed_back=True) mark the lease: the takeover lists it in handed_back (its resume counts
+        no recovery) and takes it even at the max; a plain expiry (a step cut off) is an attempt like a lapse."""
+        running("x", recoveries=5), running("y", recoveries=5), running("z")
+        store.acquire_many("a", [("x", 1), ("y", 1)], TTL)
+        assert store.expire_many("a", [("x", 1)], graceful=True) == 1
+        assert store.expire_many("a", [("y", 1)]) == 1
+        assert store.acquire_many("a", [("z", 1)], 0.0, handed_back=True) == {"z"}
+        result = store.takeover("b", TTL, LONG, 5, 10)
+        assert (result.taken, result.handed_back, result.stuck) == ([("x", 2), ("z", 2)], ["x", "z"], ["y"])
+        assert not Lease.objects.get(execution_id="x").handed_back  # the sweeper holds it now
+        assert Execution.objects.get(id="x").recoveries == 5 and Execution.objects.get(id="y").status == "stuck"
+
+    def test_any_later_write_of_a_handed_back_lease_clears_the_mark(self, store):
+        running("x")
+        store.acquire_many("a", [("x", 1)], TTL)
+        store.expire_many("a", [("x", 1)], graceful=True)
+        assert Lease.objects.get(execution_id="x").handed_back
+        assert store.renew_many("a", [("x", 1)], TTL) == {"x"}  # its owner is alive after all
+        assert not Lease.objects.get(execution_id="x").handed_back
+        store.expire_many("a", [("x", 1)], graceful=True)
+        assert store.acquire_many("a", [("x", 1)], -1.0) == {"x"}  # refreshed, then lapsed: no hand-back
+        result = store.takeover("b", TTL, LONG, 5, 10)
+        assert result.taken == [("x", 2)] and result.handed_back == []
+
     def test_the_old_owner_is_fenced_out_after_a_takeover(self, store):
         running("x")
         store.acquire_many("a", [("x", 1)], -1.0)
