@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('journal', '0007_a1_queued_status'),
+        ('journal', '0007_queued_status'),
     ]
 
     operations = [

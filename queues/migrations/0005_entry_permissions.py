@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queues', '0004_a1_resume_entries'),
+        ('queues', '0004_resume_entries'),
     ]
 
     operations = [
