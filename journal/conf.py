@@ -175,6 +175,9 @@ register(
     Setting("LOOM_DISCLOSE_GROUPS", list, [], "Admin users' roles from their Django groups, as `group:role` "
             "entries (a group's name alone grants no role; the role `privacy` comes from the permission "
             "journal.disclose_personal_data).", check=_disclose_groups_problem),
+    Setting("LOOM_PRIVACY_ACCEPT_CLEAR", bool, False, "Read a stored event holding a field its type marks "
+            "sensitive in clear (written before the field was marked) instead of refusing it as SealDowngraded. "
+            "On only while such old events exist: it lets a downgrade by a database writer through too."),
     Setting("LOOM_CONTENT_THRESHOLD_BYTES", int, None, "Payloads whose JSON is larger go to the content store, "
             "the event keeping a reference (unset: none do, except Blob fields).", 1, optional=True),
     Setting("LOOM_CONTENT_STORAGE", str, "", "Name of the Django storage (settings.STORAGES) of the content "

@@ -189,3 +189,16 @@ def test_a_downgraded_event_after_intact_ones_of_the_same_read_is_refused(sealed
     overwrite("contact-k", 2, payload)
     with pytest.raises(SealDowngraded, match=r"contact-k#2 field (email|phone)"):
         Event.objects.read("contact-k")
+
+
+def test_an_event_written_before_its_field_was_marked_reads_only_with_the_documented_setting(sealed, settings):
+    """A clear value of a field its type marks sensitive is refused by default (it cannot be told from a
+    downgrade); a project whose old events predate the marking sets LOOM_PRIVACY_ACCEPT_CLEAR to read them."""
+    Event.objects.append("contact-old", [contact("old@example.org")])
+    payload = {k: v for k, v in stored("contact-old").items() if k != "$sealed"} | {"email": "old@example.org",
+                                                                                     "phone": "+1 555"}
+    overwrite("contact-old", 0, payload)  # as an event written before email and phone were marked
+    with pytest.raises(SealDowngraded):
+        Event.objects.read("contact-old")
+    settings.LOOM_PRIVACY_ACCEPT_CLEAR = True
+    assert Event.objects.read("contact-old")[0].payload["email"] == "old@example.org"
