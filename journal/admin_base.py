@@ -125,6 +125,21 @@ def add_execution_panel(name: str, label: str, render: Callable[[str], str]) -> 
     EXECUTION_PANELS[name] = ExecutionPanel(name, label, field)
 
 
+EXECUTION_FILTERS: dict[str, tuple[int, type]] = {}
+"""List filters other apps add to the executions list, by name: (place, filter class)."""
+
+
+def add_execution_filter(name: str, list_filter: type, place: int) -> None:
+    """Offer `list_filter` on the executions list, after the journal's own filters, ordered by `place`
+    (an app's admin module calls this: the queues app its queue filter, leases its schedule filter)."""
+    EXECUTION_FILTERS[name] = (place, list_filter)
+
+
+def execution_filters() -> tuple[type, ...]:
+    """The registered list filters in their places."""
+    return tuple(one for _, one in sorted(EXECUTION_FILTERS.values(), key=lambda entry: entry[0]))
+
+
 def panel_fields() -> tuple[Callable, ...]:
     """The registered panels as read-only fields, the same objects on every call (the admin matches them)."""
     return tuple(panel.field for panel in EXECUTION_PANELS.values())
