@@ -17,7 +17,7 @@ class QueuesConfig(AppConfig):
         add_cancel_hook(cancelled)
         set_queue_start(enqueue)  # journal.flows.start(..., queue=...)
         set_resume_queue(enqueue_resume)  # journal.flows.hand_over, retry(handoff=True)
-        import_task_flows()  # the Tasks backend's flow, when TASKS names journal.tasks.LoomBackend
+        import_task_flows()  # the Tasks backend's flow, when TASKS names queues.tasks.LoomBackend
         try:
             from leases.worker import register_service
         except ImportError:  # pragma: no cover - leases is a dependency of this app

@@ -10,7 +10,7 @@ in how results are awaited and read:
 
 from __future__ import annotations
 
-from journal.tasks import TASK_FLOW, LoomBackend
+from queues.tasks import TASK_FLOW, LoomBackend
 
 
 class AwaitingLoomBackend(LoomBackend):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from journal.tasks import LoomBackend
+from queues.tasks import LoomBackend
 from tests import queue_flows
 from tests.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
 from tests.test_tasks_backend import work

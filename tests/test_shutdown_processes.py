@@ -133,7 +133,7 @@ def test_a_rolling_restart_runs_no_step_twice_loses_none_and_hands_leases_back(e
 
 
 def test_sigterm_during_a_one_step_django_task_lets_it_finish_and_exits_0(env):
-    """A Django task (journal.tasks.LoomBackend) of one 3 s step runs in a worker with its django-q2 cluster;
+    """A Django task (queues.tasks.LoomBackend) of one 3 s step runs in a worker with its django-q2 cluster;
     SIGTERM while it runs: the task finishes there (SUCCESSFUL, its effect once) and the worker exits 0."""
     from tests.shutdown_flows import slow_effect
 

@@ -1,4 +1,4 @@
-"""Django's documented Task semantics on journal.tasks.LoomBackend, on Django 6 (django.tasks) and
+"""Django's documented Task semantics on queues.tasks.LoomBackend, on Django 6 (django.tasks) and
 Django 5.2 (the django-tasks backport): enqueue, get_result, statuses, return values, errors,
 attempts, takes_context, run_after, priority, aenqueue; arguments that are not JSON are refused with
 our error and nothing queued.
@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journal.flows import registry
-from journal.tasks import TASK_FLOW, InvalidTaskArguments, LoomBackend, sign_task
 from queues.models import QueueEntry
 from queues.service import run_claimed
 from queues.store import store_for
+from queues.tasks import TASK_FLOW, InvalidTaskArguments, LoomBackend, sign_task
 from tests import queue_flows
 
 try:
@@ -58,6 +58,20 @@ def test_the_configured_backend_is_loom():
     backend = task_backends["default"]
     assert backend.supports_defer and backend.supports_get_result and backend.supports_priority
     assert backend.supports_async_task
+
+
+def test_the_old_path_journal_tasks_is_the_same_backend_with_a_deprecation_warning(settings):
+    """A TASKS setting naming journal.tasks.LoomBackend (the path before the backend moved to queues/tasks.py)
+    keeps working: Django builds the same class, and the import says the new path (docs/queues.md)."""
+    import importlib
+    import sys
+
+    sys.modules.pop("journal.tasks", None)
+    with pytest.warns(DeprecationWarning, match="queues.tasks.LoomBackend"):
+        old = importlib.import_module("journal.tasks")
+    assert old.LoomBackend is LoomBackend and old.sign_task is sign_task and old.TASK_FLOW == TASK_FLOW
+    settings.TASKS = {"old": {"BACKEND": "journal.tasks.LoomBackend", "QUEUES": ["default"]}}
+    assert type(task_backends["old"]) is LoomBackend
 
 
 def test_enqueue_returns_a_ready_result_and_a_worker_makes_it_successful():

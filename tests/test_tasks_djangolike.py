@@ -22,9 +22,9 @@ from django.urls import reverse
 
 from journal.flows import describe
 from journal.models import Execution
-from journal.tasks import InvalidTaskArguments, LoomBackend
 from queues.models import QueueEntry
 from queues.store import store_for
+from queues.tasks import InvalidTaskArguments, LoomBackend
 from tests import queue_flows
 from tests.test_tasks_backend import work
 
@@ -69,7 +69,7 @@ def test_a_running_result_names_its_worker_and_attempt_one():
 
 
 def test_an_empty_queues_list_accepts_any_queue_and_a_name_loom_cannot_store_is_invalid_task(settings):
-    settings.TASKS = {"default": {"BACKEND": "journal.tasks.LoomBackend", "QUEUES": []}}
+    settings.TASKS = {"default": {"BACKEND": "queues.tasks.LoomBackend", "QUEUES": []}}
     try:
         result = queue_flows.add.using(queue_name="t-anything").enqueue(2, 2)
         assert work("t-anything") == ["completed"]
@@ -182,7 +182,7 @@ def test_a_task_an_earlier_release_left_running_goes_on_from_its_recorded_attemp
     a resume under this release counts them, runs only the attempts left, and reads their errors."""
     from journal.flows import events as ev
     from journal.flows import resume
-    from journal.tasks import sign_task
+    from queues.tasks import sign_task
 
     path = queue_flows.flaky.module_path
     queue_flows.FLAKY_CALLS.clear()

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from journal.flows import start
 from journal.models import Execution
-from journal.tasks import TASK_FLOW, LoomBackend, UnverifiedTask, sign_task, verified_path
 from queues import enqueue
+from queues.tasks import TASK_FLOW, LoomBackend, UnverifiedTask, sign_task, verified_path
 from tests import queue_flows
 from tests.test_tasks_backend import work
 

@@ -52,7 +52,7 @@ class TestWorkerCases:
         assert work() == []
 
     def test_doesnt_process_different_queue(self, settings):
-        settings.TASKS = {"default": {"BACKEND": "journal.tasks.LoomBackend", "QUEUES": []}}
+        settings.TASKS = {"default": {"BACKEND": "queues.tasks.LoomBackend", "QUEUES": []}}
         from queues.declarations import forget
 
         try:

@@ -1,6 +1,6 @@
 """A Django Tasks backend whose tasks are durable executions on Loom's queues.
 
-    TASKS = {"default": {"BACKEND": "journal.tasks.LoomBackend", "QUEUES": ["default", "emails"],
+    TASKS = {"default": {"BACKEND": "queues.tasks.LoomBackend", "QUEUES": ["default", "emails"],
                          "OPTIONS": {"ATTEMPTS": 3, "CONCURRENCY": 10}}}
 
 `task.enqueue(...)` queues an execution of the flow "loom.task" (queues.enqueue: priority, queue_name
@@ -8,7 +8,8 @@ and run_after become the entry's priority, queue and not-before time); a loom_wo
 its queue's caps and runs the task function in a journaled step, leased like any run: a worker killed
 mid-task leaves a running execution that the recovery sweep resumes elsewhere. `get_result(id)` reads
 the execution (the result id IS the execution id). Works with `django.tasks` (Django 6) and with the
-`django_tasks` backport (Django 5.2). Needs the `queues` app installed (docs/queues.md).
+`django_tasks` backport (Django 5.2). Needs the `queues` app installed (docs/queues.md). Its old path
+`journal.tasks.LoomBackend` still works, deprecated (journal/tasks/__init__.py).
 
 Attempts: one journaled step "call" whose retry policy is the task's (OPTIONS ATTEMPTS, BACKOFF,
 BACKOFF_FACTOR, MAX_BACKOFF; `retry` under @task per task): each failed attempt, any BaseException but
