@@ -1,4 +1,5 @@
-"""`manage.py serve_api`: the HTTP API under gunicorn with N warm worker processes (docs/http-api.md)."""
+"""`manage.py loom_serve_api` (old name `serve_api`, an alias): the HTTP API under gunicorn with N warm worker
+processes (docs/http-api.md)."""
 
 from __future__ import annotations
 
