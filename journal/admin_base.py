@@ -35,7 +35,7 @@ class RefuseUnstorableFilters:
     It also refuses any lookup on a column of `withheld_lookups` (400, as Django answers a lookup it does not
     allow): Django lets a list page filter on every local field, so `?wrapped__startswith=` on data keys was
     a prefix oracle on a secret column for view-only staff, and `?payload__contains=` would be one on data a
-    viewer is shown redacted. tests/test_security_admin.py checks every text and JSON column of every Loom
+    viewer is shown redacted. tests/security/test_security_admin.py checks every text and JSON column of every Loom
     admin is either withheld or named harmless there."""
 
     withheld_lookups: tuple[str, ...] = ()
