@@ -91,6 +91,7 @@ def test_the_layout_check_catches_a_table_named_outside_its_app():
 # is one of the legacy ones counted per file in LOCAL_LEFT, which may only shrink.
 
 import ast  # noqa: E402
+import functools  # noqa: E402
 import importlib  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
@@ -189,6 +190,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def _is_module(name: str) -> bool:
     base = ROOT.joinpath(*name.split("."))
     return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
@@ -265,7 +267,9 @@ def local_faults(found: list[Import], left: dict[str, int]) -> list[str]:
             for path, ones in sorted(counts.items()) if len(ones) > left.get(path, 0)]
 
 
-def _tree_imports() -> list[Import]:
+@functools.cache
+def _tree_imports() -> tuple[Import, ...]:
+    """Every import of the apps' files, walked once per test session (the three checks share it)."""
     found = []
     for app in LOOM:
         for path in sorted((ROOT / app).rglob("*.py")):
@@ -273,14 +277,14 @@ def _tree_imports() -> list[Import]:
             if "migrations" in relative.parts:
                 continue
             found += imports_of(str(relative), path.read_text(encoding="utf-8"))
-    return found
+    return tuple(found)
 
 
 def test_imports_point_down_and_through_the_faces():
     """No app imports one on its own floor or above it, nor another app's inside (docs/architecture.md)."""
     found = _tree_imports()
     assert any(one.target == "journal.flows" for one in found), "the walk found no imports: is it broken?"
-    assert arrow_faults(found, faces()) == []
+    assert arrow_faults(list(found), faces()) == []
 
 
 def test_the_allowlists_hold_only_arrows_that_exist():
@@ -292,7 +296,7 @@ def test_the_allowlists_hold_only_arrows_that_exist():
 
 def test_function_local_imports_carry_their_reason():
     """A Loom module imported inside a function says why (LOCAL_MARK), or is a counted legacy one."""
-    assert local_faults(_tree_imports(), LOCAL_LEFT) == []
+    assert local_faults(list(_tree_imports()), LOCAL_LEFT) == []
 
 
 def test_every_face_module_exists():
