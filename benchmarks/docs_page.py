@@ -49,7 +49,7 @@ class Entry:
 PLAN: tuple[Entry, ...] = (
     Entry("throughput", "bench_throughput, every section", "bench_throughput", (),
           # --small: every section but `shards`, whose second server's database aliases a test must declare
-          # before its database guard is set up (tests/test_bench_smoke.py runs it on its own).
+          # before its database guard is set up (tests/benchmarks/test_bench_smoke.py runs it on its own).
           (*(arg for name in THROUGHPUT_SECTIONS if name != "shards" for arg in ("--section", name)),
            "--concurrency", "1,2", "--ops", "16", "--append-repeats", "2", "--repeats", "2", "--coalesce-writers", "3",
            "--batch-writers", "2", "--notify-writers", "2", "--exec-concurrency", "2", "--exec-rounds", "1",

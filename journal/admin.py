@@ -47,8 +47,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from journal import shards
-from journal.admin_base import ReadOnlyAdmin, SafeChangeList, panel_fields
-from journal.admin_filters import FlowFilter, QueueFilter, ScheduleFilter
+from journal.admin_base import ReadOnlyAdmin, SafeChangeList, execution_filters, panel_fields
+from journal.admin_filters import FlowFilter
 from journal.admin_shards import ShardedRows, pick_value
 from journal.aggregates.admin import AggregateAdmin
 from journal.exceptions import ForgetIncomplete
@@ -208,7 +208,7 @@ class StatusFilter(admin.ChoicesFieldListFilter):
 class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("id", "flow_name", "flow_version", "status", "progress", "duration", "created", "finished",
                     "recoveries", "shard")
-    list_filter = (("status", StatusFilter), FlowFilter, "flow_version", QueueFilter, ScheduleFilter)
+    list_filter = (("status", StatusFilter), FlowFilter, "flow_version")  # + the apps' (add_execution_filter)
     search_fields = ("id", "flow")
     withheld_lookups = ("input", "result", "error")  # a viewer may see their sensitive fields redacted
     readonly_fields = ("id", "flow", "flow_version", "status", "input_json", "result_json", "error", "recoveries",
@@ -294,6 +294,9 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     @admin.display(description="result")
     def result_json(self, execution) -> str:
         return format_html("<pre>{}</pre>", _json(execution.result))
+
+    def get_list_filter(self, request):
+        return (*super().get_list_filter(request), *execution_filters())
 
     def get_fields(self, request, obj=None):
         return (*super().get_fields(request, obj), *panel_fields())

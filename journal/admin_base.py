@@ -35,7 +35,7 @@ class RefuseUnstorableFilters:
     It also refuses any lookup on a column of `withheld_lookups` (400, as Django answers a lookup it does not
     allow): Django lets a list page filter on every local field, so `?wrapped__startswith=` on data keys was
     a prefix oracle on a secret column for view-only staff, and `?payload__contains=` would be one on data a
-    viewer is shown redacted. tests/test_security_admin.py checks every text and JSON column of every Loom
+    viewer is shown redacted. tests/security/test_security_admin.py checks every text and JSON column of every Loom
     admin is either withheld or named harmless there."""
 
     withheld_lookups: tuple[str, ...] = ()
@@ -123,6 +123,21 @@ def add_execution_panel(name: str, label: str, render: Callable[[str], str]) -> 
     field.short_description = label  # type: ignore[attr-defined]
     field.__name__ = f"{name}_panel"
     EXECUTION_PANELS[name] = ExecutionPanel(name, label, field)
+
+
+EXECUTION_FILTERS: dict[str, tuple[int, type]] = {}
+"""List filters other apps add to the executions list, by name: (place, filter class)."""
+
+
+def add_execution_filter(name: str, list_filter: type, place: int) -> None:
+    """Offer `list_filter` on the executions list, after the journal's own filters, ordered by `place`
+    (an app's admin module calls this: the queues app its queue filter, leases its schedule filter)."""
+    EXECUTION_FILTERS[name] = (place, list_filter)
+
+
+def execution_filters() -> tuple[type, ...]:
+    """The registered list filters in their places."""
+    return tuple(one for _, one in sorted(EXECUTION_FILTERS.values(), key=lambda entry: entry[0]))
 
 
 def panel_fields() -> tuple[Callable, ...]:

@@ -493,7 +493,7 @@ class Coalescer:
         request.done.set()
 
 
-CoalescingAppender = Coalescer  # the name of the journal-append-only coalescer it generalises
+CoalescingAppender = Coalescer  # deprecated: the first name, of the journal-append-only coalescer it generalises
 
 
 # -- the journal's own kind: the guarded multi-stream append ------------------------------------

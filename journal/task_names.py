@@ -1,6 +1,6 @@
 """Which Django task a `loom.task` execution runs: its signed task path, and the name people see for it.
 
-LoomBackend.enqueue (journal/tasks.py) signs the task path together with the execution id (Django's signing:
+LoomBackend.enqueue (queues/tasks.py) signs the task path together with the execution id (Django's signing:
 SECRET_KEY, and SECRET_KEY_FALLBACKS verify too). The worker, get_result, the admin and the CLI trust a path only
 once its signature verifies, so a start of `loom.task` made elsewhere (the API, a schedule, a row written by
 hand) neither imports a module nor shows as a task. No Django Tasks import here: the admin and the CLI use this
@@ -18,6 +18,7 @@ from journal.flows.errors import FlowError
 
 TASK_FLOW = "loom.task"
 SIGNING_SALT = "journal.tasks.LoomBackend"  # the signature of a task path: made at enqueue, checked before import
+# (the backend's first path: kept, so that tasks queued before it moved to queues/tasks.py still verify)
 
 
 class UnverifiedTask(FlowError):

@@ -13,7 +13,7 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils.html import format_html
 
-from journal.admin_base import RefuseUnstorableFilters
+from journal.admin_base import RefuseUnstorableFilters, add_execution_filter
 from journal.flows.errors import FlowError, UnknownFlow
 from journal.flows.registry import exposed
 from journal.timestamps import stamp
@@ -106,3 +106,23 @@ class ScheduleAdmin(RefuseUnstorableFilters, admin.ModelAdmin):
         spec = form.spec
         sc.define(spec.name, spec.cron, spec.flow, spec.input, spec.catch_up, spec.queue, spec.enabled, spec.timezone,
                   source="admin")
+
+
+class ScheduleFilter(admin.SimpleListFilter):
+    """The executions list's schedule filter: a tick's schedule is in its execution id
+    (`sched:<name>:<tick>`, leases/schedules.py)."""
+
+    title = "schedule"
+    parameter_name = "schedule"
+
+    def lookups(self, request, model_admin):
+        return [(name, name) for name in Schedule.objects.order_by("name").values_list("name", flat=True)[:200]]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(id__startswith=f"{sc.ID_PREFIX}{value}:")
+
+
+add_execution_filter("schedule", ScheduleFilter, place=50)

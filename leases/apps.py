@@ -14,11 +14,10 @@ class LeasesConfig(AppConfig):
         from leases.worker import HeartbeatService, register_service
 
         install()  # LOOM_LEASE_MODE decides; the keeper's thread starts with the first claim
-        from journal.flows.runtime import CANCEL_HOOKS
+        from journal.flows.plugins import add_cancel_hook
         from leases.ownership import drop_on_cancel
 
-        if drop_on_cancel not in CANCEL_HOOKS:  # whatever the mode: rows another process wrote go too
-            CANCEL_HOOKS.append(drop_on_cancel)
+        add_cancel_hook(drop_on_cancel)  # whatever the mode: rows another process wrote go too
         register_service(HeartbeatService)
         register_service(RecoveryService)
         from leases.schedules import ScheduleService

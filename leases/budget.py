@@ -3,7 +3,7 @@ so that a deployment can be planned against the server's max_connections (docs/w
 
 Every thread that touches the database keeps its own session (Django's connections are per thread). The figures
 are upper bounds per database (each shard counts its own), measured with real processes by
-tests/test_connection_budget.py (pg_stat_activity by application_name):
+tests/leases/test_connection_budget.py (pg_stat_activity by application_name):
 - a loom_worker's services, idle: the lease keeper, the recovery sweep, the waker and its LISTEN session, the
   queue dispatcher and its LISTEN session, the cron schedules (6, `WORKER_SERVICES`; the drains of projections
   add theirs when projections are declared);

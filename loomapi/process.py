@@ -60,7 +60,7 @@ def free_port() -> int:
 
 
 def spawn_server(workers: int, port: int, env: dict[str, str], *extra: str):
-    """Start `serve_api` in a child process; it gets SIGTERM if we die (no server outlives its caller)."""
+    """Start `loom_serve_api` in a child process; it gets SIGTERM if we die (no server outlives its caller)."""
     import signal
     import subprocess
     import sys
@@ -70,7 +70,7 @@ def spawn_server(workers: int, port: int, env: dict[str, str], *extra: str):
 
     # The server's log goes to a file, not a pipe: an unread pipe would fill and block the server.
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (outlives this call: the server owns it)
-    command = [sys.executable, "-m", "django", "serve_api", "--bind", f"127.0.0.1:{port}",
+    command = [sys.executable, "-m", "django", "loom_serve_api", "--bind", f"127.0.0.1:{port}",
                "--workers", str(workers), *extra]
     server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                               preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM))

@@ -195,8 +195,8 @@ LOGGING = {
 # django-q2: the ORM broker on the same database by default; Redis when LOOM_Q_REDIS_URL is set.
 _redis_url = env.str("LOOM_Q_REDIS_URL", default="")
 # Django's Tasks framework (django.tasks on Django 6, the django-tasks backport on 5.2): tasks are durable
-# executions on Loom's queues, run by loom_worker (journal/tasks.py, docs/queues.md).
-TASKS = {"default": {"BACKEND": "journal.tasks.LoomBackend", "QUEUES": ["default"]}}
+# executions on Loom's queues, run by loom_worker (queues/tasks.py, docs/queues.md).
+TASKS = {"default": {"BACKEND": "queues.tasks.LoomBackend", "QUEUES": ["default"]}}
 if importlib.util.find_spec("django_tasks_db") is not None:
     # The reference database backend, the peer of `bench_queues` (optional extra; docs/queues.md).
     INSTALLED_APPS.append("django_tasks_db")

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from queues.service import run_due
     from queues.store.base import QueueStats
 
+# The face of queues (tests/test_layout.py): what users and the apps above may import.
+FACE_MODULES = ("queues.models", "queues.declarations", "queues.exceptions", "queues.store", "queues.tasks")
+
 _LAZY = {"enqueue": "queues.enqueuing", "Enqueued": "queues.enqueuing", "QueueStats": "queues.store.base",
          "run_due": "queues.service"}
 

@@ -30,7 +30,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from journal.admin import execution_url
-from journal.admin_base import ReadOnlyAdmin, add_execution_panel
+from journal.admin_base import ReadOnlyAdmin, add_execution_filter, add_execution_panel
 from journal.admin_shards import ShardedRows, pick_value
 from journal.timestamps import stamp
 from queues import entries as ops
@@ -315,3 +315,23 @@ def entry_summary(execution_id: str) -> str:
 
 
 add_execution_panel("queue", "queue entry", entry_summary)
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """The executions list's queue filter: an execution's queue is its entry (QueueEntry, joined by
+    execution id: no foreign key between the apps)."""
+
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request, model_admin):
+        return [(name, name) for name in Queue.objects.order_by("name").values_list("name", flat=True)[:200]]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(pk__in=QueueEntry.objects.filter(queue_id=value).values("execution_id"))
+
+
+add_execution_filter("queue", QueueFilter, place=40)

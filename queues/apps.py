@@ -7,21 +7,17 @@ class QueuesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from journal.flows.runtime import CANCEL_HOOKS, QUEUE_STARTS, RERUN_HOOKS
+        from journal.flows.plugins import add_cancel_hook, add_rerun_hook, set_queue_start, set_resume_queue
         from queues import conf  # noqa: F401  (registers the LOOM_QUEUE* settings)
+        from queues.enqueuing import enqueue, enqueue_resume
         from queues.hooks import cancelled, reopen
         from queues.service import QueueService, import_task_flows
 
-        if reopen not in RERUN_HOOKS:
-            RERUN_HOOKS.append(reopen)
-        if cancelled not in CANCEL_HOOKS:
-            CANCEL_HOOKS.append(cancelled)
-        from journal.flows.handover import RESUME_QUEUES
-        from queues.enqueuing import enqueue, enqueue_resume
-
-        QUEUE_STARTS[:] = [enqueue]  # journal.flows.start(..., queue=...)
-        RESUME_QUEUES[:] = [enqueue_resume]  # journal.flows.hand_over, retry(handoff=True)
-        import_task_flows()  # the Tasks backend's flow, when TASKS names journal.tasks.LoomBackend
+        add_rerun_hook(reopen)
+        add_cancel_hook(cancelled)
+        set_queue_start(enqueue)  # journal.flows.start(..., queue=...)
+        set_resume_queue(enqueue_resume)  # journal.flows.hand_over, retry(handoff=True)
+        import_task_flows()  # the Tasks backend's flow, when TASKS names queues.tasks.LoomBackend
         try:
             from leases.worker import register_service
         except ImportError:  # pragma: no cover - leases is a dependency of this app

@@ -33,7 +33,7 @@ from django.db import DatabaseError, connections, router
 from queues import conf
 
 log = logging.getLogger("loom.queues")
-TASKS_BACKEND = "journal.tasks.LoomBackend"
+TASKS_BACKENDS = ("queues.tasks.LoomBackend", "journal.tasks.LoomBackend")  # the new path, the deprecated one
 BUSY_RETRY = 0.005  # seconds before looking again at a queue another worker was claiming from
 PRUNE_EVERY = 60.0  # seconds between two prunings of finished entries by one worker
 
@@ -50,8 +50,8 @@ def import_task_flows() -> None:
     """Register the Tasks backend's flow in this process when a TASKS backend is Loom's (a worker must
     know the flow of the entries it claims)."""
     backends = getattr(settings, "TASKS", None) or {}
-    if any(isinstance(cfg, dict) and cfg.get("BACKEND") == TASKS_BACKEND for cfg in backends.values()):
-        import journal.tasks  # noqa: F401
+    if any(isinstance(cfg, dict) and cfg.get("BACKEND") in TASKS_BACKENDS for cfg in backends.values()):
+        import queues.tasks  # noqa: F401
 
 
 def run_claimed(claimed, using: str | None = None) -> str:

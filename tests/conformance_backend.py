@@ -1,4 +1,4 @@
-"""LoomBackend as the backends Django's own tests/tasks/ name (tests/test_tasks_conformance.py), adapted only
+"""LoomBackend as the backends Django's own tests/tasks/ name (tests/queues/test_tasks_conformance.py), adapted only
 in how results are awaited and read:
 
 - AwaitingLoomBackend stands where Django's tests name ImmediateBackend: its enqueue() queues the task as
@@ -10,7 +10,7 @@ in how results are awaited and read:
 
 from __future__ import annotations
 
-from journal.tasks import TASK_FLOW, LoomBackend
+from queues.tasks import TASK_FLOW, LoomBackend
 
 
 class AwaitingLoomBackend(LoomBackend):

@@ -1,4 +1,4 @@
-"""Flows used by tests/test_flows*.py, in a module so that child processes can import them
+"""Flows used by tests/flows/test_flows*.py, in a module so that child processes can import them
 (the tests list this module in LOOM_FLOW_MODULES)."""
 
 from __future__ import annotations

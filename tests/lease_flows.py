@@ -1,4 +1,4 @@
-"""Flows used by tests/test_leases*.py, importable by child processes (LOOM_FLOW_MODULES)."""
+"""Flows used by tests/leases/test_leases*.py, importable by child processes (LOOM_FLOW_MODULES)."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def sleep_then_fail(ctx, value):
 def stop_after_each_step(ctx, value):
     """`n` steps, each recording its effect and then starting this process's graceful shutdown (what a SIGTERM
     does: leases.keeper.begin_drain), so every run stops at the next step boundary and hands its lease back: each
-    takeover continues one step further (tests/test_leases_handback.py)."""
+    takeover continues one step further (tests/leases/test_leases_handback.py)."""
     from leases.keeper import begin_drain
 
     eid = ctx.execution_id

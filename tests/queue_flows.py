@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from journal.flows import flow
-from journal.tasks import retry
+from queues.tasks import retry
 
 try:
     from django.tasks import task

@@ -1,4 +1,4 @@
-"""Child processes of tests/test_shards.py: each scenario runs in a Django process configured for two real
+"""Child processes of tests/journal/test_shards.py: each scenario runs in a Django process configured for two real
 shards (the environment names them), and prints one JSON line of facts for the test to assert on.
 
     python -m tests.shard_scenarios <scenario> [json argument]

@@ -77,3 +77,22 @@ def test_each_backend_subclasses_every_contract_once(module):
         subclasses = re.findall(rf"^class Test\w+\({contract.__name__}\):", source, re.M)
         assert len(subclasses) == 1, f"tests/{module} must subclass {contract.__name__} exactly once"
     assert all(f"`{contract.__name__}`" in DOC.read_text() for _, contract in STORES.values())
+
+
+def test_the_journal_store_is_its_five_interfaces_each_listed_with_its_contract():
+    """docs/backends.md lists the journal's interfaces with their abstract methods and conformance classes:
+    every abstract method of JournalStore belongs to exactly one interface, the one its row names."""
+    from journal.store import base
+    from tests.conformance import journal as contracts
+
+    interfaces = (base.LogStore, base.ExecutionStore, base.WaitStore, base.OtherAppsStore, base.PrivacyStatements)
+    own = {cls.__name__: {n for n in getattr(cls, "__abstractmethods__", ()) if n in vars(cls)} for cls in interfaces}
+    assert set().union(*own.values()) == set(JournalStore.__abstractmethods__)
+    assert sum(map(len, own.values())) == len(JournalStore.__abstractmethods__)
+    text = DOC.read_text()
+    for cls in interfaces:
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{cls.__name__}"))
+        named = set(re.findall(r"`(\w+)`", row.split(" | ")[2]))
+        assert named == own[cls.__name__], cls.__name__
+        contract = re.findall(r"`(\w+Contract)`", row)[-1]
+        assert issubclass(JournalStoreContract, getattr(contracts, contract)), contract

@@ -1,5 +1,5 @@
-"""Flows whose code a test changes under recorded executions (tests/test_flow_versions.py,
-tests/test_flow_replay.py): CODE["variant"] says which release this process runs, read at every call
+"""Flows whose code a test changes under recorded executions (tests/flows/test_flow_versions.py,
+tests/flows/test_flow_replay.py): CODE["variant"] says which release this process runs, read at every call
 (LOOM_TEST_VARIANT sets it in a child process, `manage.py loom replay` run as a deploy's CI would)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Release 1 of `ver.order` (tests/test_flow_versions*.py): a worker whose LOOM_FLOW_MODULES lists only this
+"""Release 1 of `ver.order` (tests/flows/test_flow_versions*.py): a worker whose LOOM_FLOW_MODULES lists only this
 module has version 1 and nothing else. It waits on a timer or a message, then records who ran its last step."""
 
 from __future__ import annotations

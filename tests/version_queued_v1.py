@@ -1,4 +1,4 @@
-"""Release 1 of `ver.queued` (tests/test_flow_versions_queues.py, tests/test_flow_versions_processes.py): a
+"""Release 1 of `ver.queued` (tests/flows/test_flow_versions_queues.py, tests/flows/test_flow_versions_processes.py): a
 queued flow that runs to its end at once and records in the effects table who ran it on which version. A
 worker whose LOOM_FLOW_MODULES lists only this module has version 1 of it and nothing else."""
 

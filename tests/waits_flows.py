@@ -1,4 +1,4 @@
-"""Flows that wait, used by tests/test_waits_engine*.py (and importable by worker processes through
+"""Flows that wait, used by tests/flows/test_waits_engine*.py (and importable by worker processes through
 LOOM_FLOW_MODULES). Each step's effect is a row in the effects table, so a test counts runs."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ read from the journal's headers):
 - **rate**: a rate limit of `--queue-rate` starts per `--queue-rate-period` seconds over three periods'
   worth of entries: the most starts in any window of one period (at most the limit) and the rate
   achieved, starts per period between the first and the last.
-- **tasks**: Django tasks through journal.tasks.LoomBackend, then the same through django-tasks-db
+- **tasks**: Django tasks through queues.tasks.LoomBackend, then the same through django-tasks-db
   (`DatabaseBackend`, its `db_worker`), each with `--queue-workers` processes running one task at a
   time and polling every `--queue-poll` s: tasks/s over a backlog of `--queue-task-execs`, and
   enqueue->start latency of `--queue-latency-tasks` tasks enqueued one every 100 ms to idle workers

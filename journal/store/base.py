@@ -1,8 +1,13 @@
 """What every backend store does, and the parts they share: grouping, encoding, diagnosis.
 
-A backend implements `_append` (one guarded statement, or the SQLite equivalent under its write
-lock), `_open`, `advance_fence` and the reads. The shared code validates before any SQL and turns
-guard failures into the journal's exceptions, so callers never see a raw database error.
+The journal's store is five small interfaces, layered as eventsourcing's recorders are: `LogStore`
+(the guarded append, fences, snapshots, reads), `ExecutionStore` (headers written with the log),
+`WaitStore` (flows that wait), `OtherAppsStore` (statements for leases and projections) and
+`PrivacyStatements` (data keys, content links); `JournalStore` is all five, plus the benchmarks' and
+tests' upkeep (journal/store/testing.py). A backend implements `_append` (one guarded statement, or the
+SQLite equivalent under its write lock), `_open`, `advance_fence` and the rest of each interface's
+abstract methods (docs/backends.md). The shared code validates before any SQL and turns guard failures
+into the journal's exceptions, so callers never see a raw database error.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from journal.exceptions import (
     UnknownStream,
 )
 from journal.privacy import codec
+from journal.store.testing import JournalUpkeep
 
 if TYPE_CHECKING:
     from journal.flows.ownership import Companion
@@ -357,7 +363,10 @@ GROUP BY k.master_id, k.wrapped
 """
 
 
-class JournalStore(DatabaseBound, PrivacyStatements, ABC):
+class LogStore(DatabaseBound, ABC):
+    """The log: guarded all-or-nothing appends, fences, snapshots and reads (the first of the journal's five
+    interfaces, eventsourcing's AggregateRecorder; docs/backends.md). The layers above add to it."""
+
 
     # -- writes ---------------------------------------------------------------------------------
     def append_batch(self, items: Sequence[AppendItem]) -> list[Appended]:
@@ -450,190 +459,6 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
         if current is None:
             return UnknownStream(f"stream {stream_id} has no fence to advance", [stream_id])
         return StaleFence(f"fence of {stream_id} is {current}, not the expected {expected_token}", [stream_id])
-
-    # == executions (flows): the header row written WITH the log ====================================
-    # A durable run's bootstrap and settle write the Execution header together with the log, in the
-    # same statement (PostgreSQL) or transaction (SQLite), so a reader never sees a settled log with
-    # a running header, or a header without its log. journal/flows/writer.py decides what to write
-    # when; these methods are the only code that writes it. Refusals are the journal's own errors.
-
-    #: True: a bootstrap and a settle are each ONE statement, which may carry an ownership's companion
-    #: CTEs (the inline lease), and many executions' merge into one (the coalescer's flows kinds).
-    #: False: each is a short transaction of plain statements, no companion; many executions' merge
-    #: into ONE transaction (the coalescer's flows kinds: group commit under the write lock).
-    one_statement_executions = False
-
-    def bootstrap_execution(self, boot: ExecutionBoot) -> int:
-        """Sequence 0.. with fence token 1 and the header row; returns the token (1). StreamExists if
-        the id exists (a fence, or the events of an aggregate stream); nothing is written then."""
-        try:
-            opened = self._bootstrap(boot)
-        except IntegrityError:
-            opened = False
-        if not opened:
-            raise stream_exists(boot.item.stream_id)
-        return 1
-
-    def bootstrap_many(self, boots: Sequence[ExecutionBoot]) -> list[int | StreamExists]:
-        """Many bootstraps at once (distinct ids): per execution its token 1, or StreamExists (nothing
-        written for it; the others start all the same). Raises when the statement wrote nothing at
-        all: an id with events but no fence (an aggregate stream) fails the whole statement; the
-        error names it (BatchRefused of StreamExists; a batch of one: its StreamExists)."""
-        items = [boot.item for boot in boots]
-        try:
-            won = self._bootstrap_many(boots)
-        except IntegrityError as exc:
-            refused = self.sequence_conflict(items, exc)
-            named = refused.errors if isinstance(refused, BatchRefused) else {items[0].stream_id: refused}
-            if len(items) == 1:
-                raise stream_exists(items[0].stream_id) from None
-            raise BatchRefused({sid: stream_exists(sid) for sid in named}) from None
-        return [1 if item.stream_id in won else stream_exists(item.stream_id) for item in items]
-
-    def settle_execution(self, settle: ExecutionSettle) -> Appended:
-        """The run's settling events (fenced, at the expected tip) and its header's terminal state,
-        together; refused exactly like append_encoded (StaleFence after a takeover...), and then
-        nothing is written: no event, no header change, no lease deleted."""
-        return self.settle_many([settle])[0]
-
-    def settle_many(self, settles: Sequence[ExecutionSettle]) -> list[Appended]:
-        """Many settles at once (distinct ids), all or nothing like append_encoded: BatchRefused
-        names the refused (the caller writes the others again without them)."""
-        items = [settle.item for settle in settles]
-        try:
-            verdicts = self._settle(settles)
-        except IntegrityError as exc:
-            raise self.sequence_conflict(items, exc) from None
-        return self.appended(items, verdicts)
-
-    def execution_status(self, execution_id: str) -> tuple[str, str, Any, str] | None:
-        """(status, flow, result, error) of the execution's header row, or None if it has none."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(EXECUTION_STATUS, [execution_id])
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        result = json.loads(row[2]) if isinstance(row[2], str) else row[2]
-        return row[0], row[1], result, row[3]
-
-    def message_sent(self, execution_id: str, message_id: str) -> bool:
-        """Whether `message_id` was sent to the execution (consumed or not)."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(MESSAGE_SENT, [execution_id, message_id])
-            return cursor.fetchone() is not None
-
-    @abstractmethod
-    def _bootstrap(self, boot: ExecutionBoot) -> bool:
-        """Fence token 1, the events from seq 0 and the header, together; False (or IntegrityError)
-        if the fence already existed, and then nothing is written."""
-
-    @abstractmethod
-    def _bootstrap_many(self, boots: Sequence[ExecutionBoot]) -> set[str]:
-        """`_bootstrap` of each execution; the ids that started. IntegrityError: nothing written."""
-
-    @abstractmethod
-    def _settle(self, settles: Sequence[ExecutionSettle]) -> list[Verdict]:
-        """The guarded append of the settling events and, only if every guard passed, the headers
-        (and the companion's lease deletes); one verdict per settle, in order."""
-
-    # == waits (flows that wait: journal/flows/waits.py) ==========================================
-    # A parked execution has one row in journal_wait (what it waits for, until when, under which
-    # fence); messages wait in journal_message until a recv consumes them; ctx.set_event values live in
-    # journal_flowevent. A header lock orders park, send and a child's wake-up (see each backend):
-    # a message or a settle that lands while an execution parks is either seen by the park or wakes
-    # the row the park committed, never lost in between.
-
-    #: Whether this backend notifies waits made due and flow events (PostgreSQL NOTIFY on
-    #: LOOM_WAIT_CHANNEL); without it the waker and get_event poll.
-    wait_notifications = False
-
-    @abstractmethod
-    def lock_execution(self, execution_id: str) -> str | None:
-        """Lock the execution's header in the caller's transaction (the first lock of park, send and
-        a takeover of a parked execution: one order, no deadlock); its status, None if unknown."""
-
-    @abstractmethod
-    def park(self, wait: WaitRecord, status: str) -> datetime | bool | None:
-        """Under the run's fence (`wait.token`), in one transaction: lock the header, upsert the wait
-        row and set the header to `status` (waiting). A recv whose topic already has a pending message,
-        or a child wait whose child has settled, is parked due now. Returns the due time written (None:
-        no timer), or False if the fence moved on (nothing written)."""
-
-    @abstractmethod
-    def claim_due_waits(self, now: datetime, limit: int, flows: Sequence[str | tuple[str, int]] | None
-                        ) -> list[ClaimedWait]:
-        """Take up to `limit` waits due at `now` (of `flows`: names, or (name, version) pairs whose
-        executions started on that version, flow_keys; None: any): each row deleted, its fence
-        advanced from the parked token and its header set running (updated_at now), in one
-        transaction. Two claimers never take the same row. Rows outlived by a takeover (fence moved)
-        are deleted and not returned."""
-
-    @abstractmethod
-    def next_wait_due(self, flows: Sequence[str | tuple[str, int]] | None = None) -> datetime | None:
-        """The earliest due time of the waits of `flows` (one probe of the (flow, due_at) index per flow;
-        None: of any flow, maintenance and tests only: it sorts every timer row), or None."""
-
-    @abstractmethod
-    def explain_due_waits(self, flows: Sequence[str] | None = None) -> dict:
-        """The plans of the waker's due statements for `flows` (None: those registered in this process)
-        (claim and next due), explained, never
-        run (the bench records their growth with the number of waits): {"plan", "cost", "next_due_plan",
-        "next_due_cost"}; PostgreSQL: EXPLAIN (FORMAT JSON), cost the top node's total; SQLite: EXPLAIN
-        QUERY PLAN, cost None."""
-
-    @abstractmethod
-    def carry_messages(self, from_id: str, to_id: str, now: datetime) -> int:
-        """In a continue_as_new's settle transaction: move `from_id`'s unconsumed messages to the next
-        run `to_id` (ids and message_ids kept; one `to_id` has already stays), waking its recv of their
-        topics, and copy its flow events (`to_id`'s own win); returns the number of topics moved."""
-
-    @abstractmethod
-    def wake_wait(self, execution_id: str, now: datetime, *, topic: str | None = None,
-                  child: str | None = None) -> bool:
-        """Make the execution's wait due now (only a recv of `topic`, or a wait for `child`, if given),
-        under its header lock; False if it waits for nothing of the kind."""
-
-    @abstractmethod
-    def drop_wait(self, execution_id: str) -> None:
-        """Delete the execution's wait row, if any (it settled, or was suspended)."""
-
-    @abstractmethod
-    def wait_of(self, execution_id: str) -> dict | None:
-        """The wait row as a dict (kind, pos, token, due_at, topic, child, flow), or None."""
-
-    @abstractmethod
-    def set_execution_status(self, execution_id: str, token: int, status: str) -> bool:
-        """Set a header's status (running, waiting, suspended) if the fence is still `token`, in the
-        caller's transaction; False (nothing written) otherwise."""
-
-    @abstractmethod
-    def send_message(self, execution_id: str, topic: str, message_id: str, payload: str,
-                     now: datetime) -> tuple[str | None, bool]:
-        """(header status, inserted): under the recipient's header lock, keep the message (JSON text)
-        unless the recipient is unknown (status None) or settled, or `message_id` was sent before
-        (inserted False); wake a recv of its topic. Nothing is written in the refused cases."""
-
-    @abstractmethod
-    def pending_message(self, execution_id: str, topic: str) -> tuple[int, str, Any] | None:
-        """(row id, message_id, payload) of the oldest unconsumed message of the topic, or None."""
-
-    @abstractmethod
-    def consume_message(self, row_id: int, seq: int, now: datetime) -> bool:
-        """Mark a message consumed (by the event at `seq`), in the caller's transaction; False if
-        it was consumed already."""
-
-    @abstractmethod
-    def messages_of(self, execution_id: str, limit: int) -> list[dict]:
-        """The newest messages of an execution (admin): message_id, topic, payload, sent_at, consumed_at."""
-
-    @abstractmethod
-    def put_flow_event(self, execution_id: str, key: str, value: str) -> None:
-        """Set (or overwrite) an execution's event `key` (JSON text), in the caller's transaction;
-        notified on LOOM_WAIT_CHANNEL where the backend can."""
-
-    @abstractmethod
-    def flow_event(self, execution_id: str, key: str) -> tuple[bool, Any]:
-        """(found, value) of an execution's event `key`."""
 
     # -- reads ----------------------------------------------------------------------------------
     def read(self, stream_id: str, after_seq: int = -1, limit: int | None = None,
@@ -778,6 +603,202 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
             return next(iter(errors.values()))
         return BatchRefused(errors)
 
+
+class ExecutionStore(LogStore, ABC):
+    """Execution headers written WITH the log: a durable run's bootstrap and settle (journal/flows/writer.py)."""
+
+    # == executions (flows): the header row written WITH the log ====================================
+    # A durable run's bootstrap and settle write the Execution header together with the log, in the
+    # same statement (PostgreSQL) or transaction (SQLite), so a reader never sees a settled log with
+    # a running header, or a header without its log. journal/flows/writer.py decides what to write
+    # when; these methods are the only code that writes it. Refusals are the journal's own errors.
+
+    #: True: a bootstrap and a settle are each ONE statement, which may carry an ownership's companion
+    #: CTEs (the inline lease), and many executions' merge into one (the coalescer's flows kinds).
+    #: False: each is a short transaction of plain statements, no companion; many executions' merge
+    #: into ONE transaction (the coalescer's flows kinds: group commit under the write lock).
+    one_statement_executions = False
+
+    def bootstrap_execution(self, boot: ExecutionBoot) -> int:
+        """Sequence 0.. with fence token 1 and the header row; returns the token (1). StreamExists if
+        the id exists (a fence, or the events of an aggregate stream); nothing is written then."""
+        try:
+            opened = self._bootstrap(boot)
+        except IntegrityError:
+            opened = False
+        if not opened:
+            raise stream_exists(boot.item.stream_id)
+        return 1
+
+    def bootstrap_many(self, boots: Sequence[ExecutionBoot]) -> list[int | StreamExists]:
+        """Many bootstraps at once (distinct ids): per execution its token 1, or StreamExists (nothing
+        written for it; the others start all the same). Raises when the statement wrote nothing at
+        all: an id with events but no fence (an aggregate stream) fails the whole statement; the
+        error names it (BatchRefused of StreamExists; a batch of one: its StreamExists)."""
+        items = [boot.item for boot in boots]
+        try:
+            won = self._bootstrap_many(boots)
+        except IntegrityError as exc:
+            refused = self.sequence_conflict(items, exc)
+            named = refused.errors if isinstance(refused, BatchRefused) else {items[0].stream_id: refused}
+            if len(items) == 1:
+                raise stream_exists(items[0].stream_id) from None
+            raise BatchRefused({sid: stream_exists(sid) for sid in named}) from None
+        return [1 if item.stream_id in won else stream_exists(item.stream_id) for item in items]
+
+    def settle_execution(self, settle: ExecutionSettle) -> Appended:
+        """The run's settling events (fenced, at the expected tip) and its header's terminal state,
+        together; refused exactly like append_encoded (StaleFence after a takeover...), and then
+        nothing is written: no event, no header change, no lease deleted."""
+        return self.settle_many([settle])[0]
+
+    def settle_many(self, settles: Sequence[ExecutionSettle]) -> list[Appended]:
+        """Many settles at once (distinct ids), all or nothing like append_encoded: BatchRefused
+        names the refused (the caller writes the others again without them)."""
+        items = [settle.item for settle in settles]
+        try:
+            verdicts = self._settle(settles)
+        except IntegrityError as exc:
+            raise self.sequence_conflict(items, exc) from None
+        return self.appended(items, verdicts)
+
+    def execution_status(self, execution_id: str) -> tuple[str, str, Any, str] | None:
+        """(status, flow, result, error) of the execution's header row, or None if it has none."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(EXECUTION_STATUS, [execution_id])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        result = json.loads(row[2]) if isinstance(row[2], str) else row[2]
+        return row[0], row[1], result, row[3]
+
+    def message_sent(self, execution_id: str, message_id: str) -> bool:
+        """Whether `message_id` was sent to the execution (consumed or not)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(MESSAGE_SENT, [execution_id, message_id])
+            return cursor.fetchone() is not None
+
+    @abstractmethod
+    def _bootstrap(self, boot: ExecutionBoot) -> bool:
+        """Fence token 1, the events from seq 0 and the header, together; False (or IntegrityError)
+        if the fence already existed, and then nothing is written."""
+
+    @abstractmethod
+    def _bootstrap_many(self, boots: Sequence[ExecutionBoot]) -> set[str]:
+        """`_bootstrap` of each execution; the ids that started. IntegrityError: nothing written."""
+
+    @abstractmethod
+    def _settle(self, settles: Sequence[ExecutionSettle]) -> list[Verdict]:
+        """The guarded append of the settling events and, only if every guard passed, the headers
+        (and the companion's lease deletes); one verdict per settle, in order."""
+
+
+class WaitStore(ExecutionStore, ABC):
+    """Flows that wait: parked executions' wait rows, messages and flow events (journal/flows/waits.py)."""
+
+    # == waits (flows that wait: journal/flows/waits.py) ==========================================
+    # A parked execution has one row in journal_wait (what it waits for, until when, under which
+    # fence); messages wait in journal_message until a recv consumes them; ctx.set_event values live in
+    # journal_flowevent. A header lock orders park, send and a child's wake-up (see each backend):
+    # a message or a settle that lands while an execution parks is either seen by the park or wakes
+    # the row the park committed, never lost in between.
+
+    #: Whether this backend notifies waits made due and flow events (PostgreSQL NOTIFY on
+    #: LOOM_WAIT_CHANNEL); without it the waker and get_event poll.
+    wait_notifications = False
+
+    @abstractmethod
+    def lock_execution(self, execution_id: str) -> str | None:
+        """Lock the execution's header in the caller's transaction (the first lock of park, send and
+        a takeover of a parked execution: one order, no deadlock); its status, None if unknown."""
+
+    @abstractmethod
+    def park(self, wait: WaitRecord, status: str) -> datetime | bool | None:
+        """Under the run's fence (`wait.token`), in one transaction: lock the header, upsert the wait
+        row and set the header to `status` (waiting). A recv whose topic already has a pending message,
+        or a child wait whose child has settled, is parked due now. Returns the due time written (None:
+        no timer), or False if the fence moved on (nothing written)."""
+
+    @abstractmethod
+    def claim_due_waits(self, now: datetime, limit: int, flows: Sequence[str | tuple[str, int]] | None
+                        ) -> list[ClaimedWait]:
+        """Take up to `limit` waits due at `now` (of `flows`: names, or (name, version) pairs whose
+        executions started on that version, flow_keys; None: any): each row deleted, its fence
+        advanced from the parked token and its header set running (updated_at now), in one
+        transaction. Two claimers never take the same row. Rows outlived by a takeover (fence moved)
+        are deleted and not returned."""
+
+    @abstractmethod
+    def next_wait_due(self, flows: Sequence[str | tuple[str, int]] | None = None) -> datetime | None:
+        """The earliest due time of the waits of `flows` (one probe of the (flow, due_at) index per flow;
+        None: of any flow, maintenance and tests only: it sorts every timer row), or None."""
+
+    @abstractmethod
+    def explain_due_waits(self, flows: Sequence[str] | None = None) -> dict:
+        """The plans of the waker's due statements for `flows` (None: those registered in this process)
+        (claim and next due), explained, never
+        run (the bench records their growth with the number of waits): {"plan", "cost", "next_due_plan",
+        "next_due_cost"}; PostgreSQL: EXPLAIN (FORMAT JSON), cost the top node's total; SQLite: EXPLAIN
+        QUERY PLAN, cost None."""
+
+    @abstractmethod
+    def carry_messages(self, from_id: str, to_id: str, now: datetime) -> int:
+        """In a continue_as_new's settle transaction: move `from_id`'s unconsumed messages to the next
+        run `to_id` (ids and message_ids kept; one `to_id` has already stays), waking its recv of their
+        topics, and copy its flow events (`to_id`'s own win); returns the number of topics moved."""
+
+    @abstractmethod
+    def wake_wait(self, execution_id: str, now: datetime, *, topic: str | None = None,
+                  child: str | None = None) -> bool:
+        """Make the execution's wait due now (only a recv of `topic`, or a wait for `child`, if given),
+        under its header lock; False if it waits for nothing of the kind."""
+
+    @abstractmethod
+    def drop_wait(self, execution_id: str) -> None:
+        """Delete the execution's wait row, if any (it settled, or was suspended)."""
+
+    @abstractmethod
+    def wait_of(self, execution_id: str) -> dict | None:
+        """The wait row as a dict (kind, pos, token, due_at, topic, child, flow), or None."""
+
+    @abstractmethod
+    def set_execution_status(self, execution_id: str, token: int, status: str) -> bool:
+        """Set a header's status (running, waiting, suspended) if the fence is still `token`, in the
+        caller's transaction; False (nothing written) otherwise."""
+
+    @abstractmethod
+    def send_message(self, execution_id: str, topic: str, message_id: str, payload: str,
+                     now: datetime) -> tuple[str | None, bool]:
+        """(header status, inserted): under the recipient's header lock, keep the message (JSON text)
+        unless the recipient is unknown (status None) or settled, or `message_id` was sent before
+        (inserted False); wake a recv of its topic. Nothing is written in the refused cases."""
+
+    @abstractmethod
+    def pending_message(self, execution_id: str, topic: str) -> tuple[int, str, Any] | None:
+        """(row id, message_id, payload) of the oldest unconsumed message of the topic, or None."""
+
+    @abstractmethod
+    def consume_message(self, row_id: int, seq: int, now: datetime) -> bool:
+        """Mark a message consumed (by the event at `seq`), in the caller's transaction; False if
+        it was consumed already."""
+
+    @abstractmethod
+    def messages_of(self, execution_id: str, limit: int) -> list[dict]:
+        """The newest messages of an execution (admin): message_id, topic, payload, sent_at, consumed_at."""
+
+    @abstractmethod
+    def put_flow_event(self, execution_id: str, key: str, value: str) -> None:
+        """Set (or overwrite) an execution's event `key` (JSON text), in the caller's transaction;
+        notified on LOOM_WAIT_CHANNEL where the backend can."""
+
+    @abstractmethod
+    def flow_event(self, execution_id: str, key: str) -> tuple[bool, Any]:
+        """(found, value) of an execution's event `key`."""
+
+
+class OtherAppsStore(LogStore, ABC):
+    """The statements other apps' stores need on the journal's tables (leases' takeover, projections' scans)."""
+
     # == for other apps: fences, executions recovery, event reads ====================================
     # The statements other apps' stores need on the journal's tables (leases' takeover, projections'
     # correlation and reads) and the benchmarks' counts and clean-up. They run on the caller's
@@ -848,60 +869,10 @@ class JournalStore(DatabaseBound, PrivacyStatements, ABC):
     def read_after(self, pairs: Sequence[tuple[str, int]], batch: int) -> dict[tuple[str, int], list[StoredEvent]]:
         """For each distinct (stream, seq): up to `batch` events of the stream after that seq, in order."""
 
-    # -- benchmarks and tests only: counts and clean-up by id prefix (the write path never deletes) --
-    def count_events(self, prefix: str) -> int:
-        """Events of the streams whose id starts with `prefix`."""
-        return self._one(COUNT_EVENTS, [prefix + "%"])
 
-    def count_gapped_streams(self, prefix: str) -> int:
-        """Streams under `prefix` whose seqs are not exactly 0..n-1."""
-        return self._one(COUNT_GAPPED_STREAMS, [prefix + "%"])
-
-    def events_per_stream(self, prefix: str) -> tuple[int, int | None, int | None]:
-        """(streams, fewest events in one, most events in one) under `prefix`."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(EVENTS_PER_STREAM, [prefix + "%"])
-            return cursor.fetchone()
-
-    def count_executions(self, prefix: str, status: str) -> int:
-        """Execution headers under `prefix` with this status."""
-        return self._one(COUNT_EXECUTIONS, [prefix + "%", status])
-
-    def delete_streams(self, prefix: str | None = None, ids: Sequence[str] | None = None) -> None:
-        """Delete the events, fences and snapshots of the streams under `prefix` (or named in `ids`)."""
-        self._delete(DELETE_STREAMS, prefix, ids)
-
-    def delete_executions(self, prefix: str | None = None, ids: Sequence[str] | None = None) -> None:
-        """Delete the execution headers under `prefix` (or named in `ids`), with their wait rows,
-        messages and flow events."""
-        self._delete(DELETE_EXECUTIONS, prefix, ids)
-
-    def fill_growth(self, prefix: str, first: int, count: int, per_stream: int, payload: str) -> None:
-        """Benchmarks only: streams `prefix{n}` for n in first..first+count-1, each with `per_stream`
-        events (seq 0..), fence token 1 and a running execution header, bulk loaded (bulk_load)."""
-        now = self.now()
-        ids = [f"{prefix}{n}" for n in range(first, first + count)]
-        self.bulk_load(*FILL_EVENTS, ((sid, seq, "BenchFilled", payload, now) for sid in ids
-                                      for seq in range(per_stream)))
-        self.bulk_load(*FILL_FENCES, ((sid, 1, now) for sid in ids))
-        self.bulk_load(*FILL_EXECUTIONS, ((sid, "bench.growth", "running", "{}", None, "", 0, now, now, None)
-                                          for sid in ids))
-        self.analyze(FILL_EVENTS[0], FILL_FENCES[0], FILL_EXECUTIONS[0])
-
-    def _one(self, sql: str, params) -> int:
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchone()[0]
-
-    def _delete(self, statements: tuple[str, ...], prefix: str | None, ids: Sequence[str] | None) -> None:
-        with self.connection.cursor() as cursor:
-            if prefix is not None:
-                for sql in statements:
-                    cursor.execute(sql.format(where="LIKE %s"), [prefix + "%"])
-            for start in range(0, len(ids or ()), 500):
-                part = list(ids[start:start + 500])
-                for sql in statements:
-                    cursor.execute(sql.format(where=f"IN ({', '.join(['%s'] * len(part))})"), part)
+class JournalStore(WaitStore, OtherAppsStore, PrivacyStatements, JournalUpkeep, ABC):
+    """The journal's store: its five interfaces (LogStore, ExecutionStore, WaitStore, OtherAppsStore,
+    PrivacyStatements), and the benchmarks' and tests' upkeep, shared (journal/store/testing.py)."""
 
 
 # -- scan_events --
@@ -911,40 +882,6 @@ SCAN_EVENTS = "SELECT id, stream_id, seq, type FROM journal_event WHERE id > %s 
 
 # -- last_event_id --
 LAST_EVENT_ID = "SELECT COALESCE(MAX(id), 0) FROM journal_event"
-
-# -- count_events / count_gapped_streams / events_per_stream / count_executions -- (benchmarks, tests)
-COUNT_EVENTS = "SELECT count(*) FROM journal_event WHERE stream_id LIKE %s"
-COUNT_GAPPED_STREAMS = """
-SELECT count(*) FROM (SELECT stream_id FROM journal_event WHERE stream_id LIKE %s
-GROUP BY stream_id HAVING max(seq) + 1 <> count(*) OR min(seq) <> 0) bad
-"""
-EVENTS_PER_STREAM = """
-SELECT count(DISTINCT stream_id), min(n), max(n) FROM (SELECT stream_id, count(*) AS n
-FROM journal_event WHERE stream_id LIKE %s GROUP BY stream_id) s
-"""
-COUNT_EXECUTIONS = "SELECT count(*) FROM journal_execution WHERE id LIKE %s AND status = %s"
-
-# -- fill_growth -- (benchmarks: the growth section's pre-filled journal, through bulk_load)
-FILL_EVENTS = ("journal_event", ("stream_id", "seq", "type", "payload", "recorded_at"))
-FILL_FENCES = ("journal_fence", ("stream_id", "token", "created_at"))
-FILL_EXECUTIONS = ("journal_execution", ("id", "flow", "status", "input", "result", "error", "recoveries",
-                                         "created_at", "updated_at", "finished_at"))
-
-# -- delete_streams / delete_executions -- (benchmarks, tests: maintenance of their own rows only)
-DELETE_STREAMS = (
-    "DELETE FROM journal_event WHERE stream_id {where}",
-    "DELETE FROM journal_fence WHERE stream_id {where}",
-    "DELETE FROM journal_snapshot WHERE stream_id {where}",
-)
-# An execution's wait row, messages and flow events go with its header: a wait row left behind would
-# be claimed (and refused) by every later waker.
-DELETE_EXECUTIONS = (
-    "DELETE FROM journal_wait WHERE execution_id {where}",
-    "DELETE FROM journal_message WHERE execution_id {where}",
-    "DELETE FROM journal_flowevent WHERE execution_id {where}",
-    "DELETE FROM journal_execution WHERE id {where}",
-)
-
 
 def _detail(exc: BaseException) -> str:
     cause = exc.__cause__
