@@ -268,7 +268,7 @@ def pool_size() -> int:
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
     global _pool, _pool_pid
     with _loop_lock:
-        if _pool is None or _pool_pid != os.getpid():
+        if _pool is None or _pool_pid != os.getpid() or _pool._max_workers != pool_size():
             _pool = concurrent.futures.ThreadPoolExecutor(max_workers=pool_size(), thread_name_prefix="loom-adb")
             _pool_pid = os.getpid()
         return _pool
