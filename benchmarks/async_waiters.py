@@ -17,6 +17,7 @@ import statistics
 import threading
 import time
 
+from asgiref.sync import async_to_sync
 from django.db import connection
 
 from journal.flows import flow
@@ -29,6 +30,20 @@ def publisher(ctx, value):
     ctx.recv("go")
     ctx.set_event("ready", time.time())  # just before the commit: a wake-up is measured from here
     return "published"
+
+
+async def _all_waiting(waiters: int) -> None:
+    """Until every waiter has read once and subscribed (PostgreSQL: the listener counts them; SQLite: a pause)."""
+    if connection.vendor != "postgresql":
+        await asyncio.sleep(3.0)
+        return
+    from journal.flows.event_listener import listener_for
+
+    listener = listener_for("default")
+    deadline = time.monotonic() + 120
+    while (listener.waiting() < waiters or not listener.connected) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
 
 
 def _sessions() -> int | None:
@@ -88,7 +103,7 @@ def run_async(waiters: int) -> dict:
             return time.time() - value
 
         tasks = [asyncio.ensure_future(one()) for _ in range(waiters)]
-        await asyncio.sleep(2.0)  # every waiter is waiting now
+        await _all_waiting(waiters)
         await asyncio.get_running_loop().run_in_executor(None, _release, eid)
         return await asyncio.gather(*tasks)
 
@@ -119,7 +134,7 @@ def run_sync(waiters: int) -> dict:
     threads = [threading.Thread(target=one) for _ in range(waiters)]
     for thread in threads:
         thread.start()
-    time.sleep(2.0)
+    async_to_sync(_all_waiting)(waiters)
     _release(eid)
     for thread in threads:
         thread.join()

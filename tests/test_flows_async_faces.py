@@ -16,7 +16,7 @@ from journal.flows import InvalidInput, UnknownExecution, get_event, start, wake
 from journal.flows import ownership as own
 from journal.flows.aio import acancel, adescribe, aget_event, aoutcome_of, asend, astart, in_pool
 from journal.models import Execution, Message
-from tests import mode_flows as mf  # noqa: F401 (registers the flows)
+from tests import mode_flows as mf
 from tests.conftest import effect_rows
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.async_views")]
@@ -87,10 +87,9 @@ def test_the_awaitable_faces_answer_as_the_sync_calls_do():
 
 
 def test_a_queued_start_of_an_async_flow_is_run_by_the_queue_runner():
+    from journal.flows import registry
     from queues.service import run_claimed
     from queues.store import store_for
-
-    from journal.flows import registry
 
     out = start("modes.async.effects", {}, execution_id="aq1", queue="default")
     assert out.status == "queued"

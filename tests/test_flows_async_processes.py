@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PAIRS = 100
 
 
-def test_workers_killed_under_200_async_flows_that_sleep_and_message_lose_none_and_repeat_none(workers):
+def test_workers_killed_under_200_async_flows_that_sleep_and_message_lose_none_and_repeat_none(workers):  # noqa: F811
     ids = [f"ak-{i:03d}" for i in range(2 * PAIRS)]
     for i, eid in enumerate(ids):
         peer = ids[i ^ 1]  # pairs (0, 1), (2, 3), ...: each sends to the other and waits for its message

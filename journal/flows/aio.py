@@ -321,14 +321,18 @@ async def aoutcome_of(execution_id: str):
 class _LoopFlag:
     """A Waiter's `woken` that the listener thread sets, waking an asyncio.Event on its loop."""
 
-    __slots__ = ("event", "loop")
+    __slots__ = ("at", "event", "loop")
 
     def __init__(self, running: asyncio.AbstractEventLoop):
-        self.loop, self.event = running, asyncio.Event()
+        self.loop, self.event, self.at = running, asyncio.Event(), 0.0
 
     def set(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            self.loop.call_soon_threadsafe(self.event.set)
+            self.loop.call_soon_threadsafe(self._wake, time.monotonic())
+
+    def _wake(self, at: float) -> None:
+        self.at = at  # when the notification came: a read begun after it sees what it announced
+        self.event.set()
 
 
 async def aget_event(execution_id: str, key: str, timeout: float | None = None, default: Any = None) -> Any:
@@ -339,21 +343,22 @@ async def aget_event(execution_id: str, key: str, timeout: float | None = None, 
 
     wait = 0.0 if timeout is None else waits.check_seconds(timeout, "get_event timeout")
     until = time.monotonic() + wait
-    found, value, target, notified = await in_pool(_first_read, execution_id, key)
+    found, value, target, alias = await in_pool(_first_read, execution_id, key)
     if found:
         return value
     if wait <= 0:
         return default
     waiter = None
-    if notified:
-        waiter = event_listener.listener_for(await in_pool(_alias_of, execution_id)).waiter(target)
+    if alias is not None:
+        waiter = event_listener.listener_for(alias).waiter(target)
         flag = _LoopFlag(asyncio.get_running_loop())
         waiter.woken = flag  # the listener calls woken.set(): it wakes this coroutine, no thread waits
+    since = time.monotonic()  # subscribed (and about to read) from here: a read begun later is one of ours
     try:
         while True:
             if waiter is not None:
                 waiter.follow(target)
-            found, value, target, moved = await in_pool(_read, execution_id, target, key)
+            found, value, target, moved = await _shared_read(execution_id, target, key, since)
             if moved:
                 continue
             if found:
@@ -361,26 +366,50 @@ async def aget_event(execution_id: str, key: str, timeout: float | None = None, 
             left = until - time.monotonic()
             if left <= 0:
                 return default
-            pause = min(left, conf.get("LOOM_WAIT_POLL"))
+            # While the LISTEN session is up it wakes every waiter on a notification and after each reconnect, so
+            # a waiter sleeps until then (or its timeout); polls (LOOM_WAIT_POLL) only while it is down and on
+            # SQLite: 1,000 waiters polling each second would be 1,000 reads a second through the pool.
+            listening = waiter is not None and waiter.listener.connected
+            pause = left if listening else min(left, conf.get("LOOM_WAIT_POLL"))
+            since = time.monotonic()  # a poll: any read begun after the pause began will do
             if waiter is None:
                 await asyncio.sleep(pause)
             else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(flag.event.wait(), pause)
+                if flag.event.is_set():
+                    since = max(since, flag.at)  # woken: only a read begun after the notification came
                 flag.event.clear()
     finally:
         if waiter is not None:
             waiter.close()
 
 
-def _alias_of(execution_id: str) -> str:
-    from journal import shards
+# Reads in flight, shared by the waiters of one (loop, execution, run, key): 1,000 callers woken by one
+# notification make a few reads, not 1,000 through the pool. A waiter joins whatever read is in flight; a value
+# it finds is the value (set once, never unset); a miss counts only from a read begun after the waiter's
+# `since` (its subscription, its wake-up): one begun earlier may have read before the commit, so it reads again.
+_inflight: dict[tuple, tuple[float, asyncio.Future]] = {}
 
-    return shards.shard_for(execution_id)
+
+async def _shared_read(execution_id: str, target: str, key: str, since: float) -> tuple[bool, Any, str, bool]:
+    slot = (id(asyncio.get_running_loop()), execution_id, target, key)
+    while True:
+        found = _inflight.get(slot)
+        if found is None or found[1].done():
+            began = time.monotonic()
+            future = asyncio.ensure_future(in_pool(_read, execution_id, target, key))
+            _inflight[slot] = found = (began, future)
+            future.add_done_callback(lambda done: _inflight.pop(slot, None)
+                                     if _inflight.get(slot, (0, None))[1] is done else None)
+        answer = await asyncio.shield(found[1])
+        if answer[0] or answer[3] or found[0] >= since:
+            return answer
 
 
-def _first_read(execution_id: str, key: str) -> tuple[bool, Any, str, bool]:
-    """get_event's checks and first read, on the execution's shard: (found, value, run to follow, notified)."""
+def _first_read(execution_id: str, key: str) -> tuple[bool, Any, str, str | None]:
+    """get_event's checks and first read, on the execution's shard: (found, value, the run to follow, the alias
+    whose LISTEN session notifies its set_event, or None where none does: SQLite)."""
     from journal import shards
     from journal.flows import waits, writer
     from journal.flows.errors import UnknownExecution
@@ -397,7 +426,7 @@ def _first_read(execution_id: str, key: str) -> tuple[bool, Any, str, bool]:
             raise UnknownExecution(execution_id)
         target = waits._current_run(execution_id, header)
         found, value = waits._store(target).flow_event(target, key)
-        return found, value, target, bool(waits._store().wait_notifications)
+        return found, value, target, waits._alias() if waits._store().wait_notifications else None
 
 
 def _read(execution_id: str, target: str, key: str) -> tuple[bool, Any, str, bool]:
