@@ -234,3 +234,15 @@ async def apatched(ctx, value):
     if await ctx.patched("v2"):
         return await ctx.step("new", _aecho, "new")
     return await ctx.step("old", _aecho, "old")
+
+
+# -- versions (docs/flows.md "Versions"): an async flow's executions resume on the version they started on ------
+@flow("modes.async.versioned", version=1)
+async def aversioned_v1(ctx, value):
+    await ctx.step("v1-only", _aecho, "v1")
+    return {"version": 1, "got": await ctx.recv("go")}
+
+
+@flow("modes.async.versioned", version=2)
+async def aversioned_v2(ctx, value):
+    return {"version": 2, "got": await ctx.recv("go")}
