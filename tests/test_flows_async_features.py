@@ -1,13 +1,12 @@
 """Async flows across features: sealed fields and forget (journal/privacy) write and read the same as a sync flow's;
-flow versions (an async execution resumes on the version it started on, wherever it is woken); the Tasks backend's
-`aenqueue`/`aget_result` (Django's async faces of the Loom backend). SQLite and PostgreSQL."""
+flow versions (an async execution resumes on the version it started on, wherever it is woken).
+SQLite and PostgreSQL. (The Tasks backend's `aenqueue` is Django's own async face: tests/test_tasks_backend.py.)"""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from asgiref.sync import async_to_sync
 
 from journal.flows import describe, send, start, wake_due
 from journal.flows import ownership as own
@@ -15,7 +14,7 @@ from journal.models import Event, Execution
 from journal.privacy import keys
 from journal.privacy.codec import FORGOTTEN
 from tests import mode_flows as mf  # noqa: F401 (registers the flows)
-from tests import privacy_fixtures as pf  # noqa: F401 (registers the flows)
+from tests import privacy_fixtures as pf
 from tests.test_flow_versions import release
 from tests.test_privacy import raw_rows
 
@@ -62,4 +61,4 @@ def test_an_async_execution_resumes_on_the_version_it_started_on():
     wake_due()
     assert Execution.objects.get(pk="av-1").result == {"version": 1, "got": "a"}
     assert Execution.objects.get(pk="av-2").result == {"version": 2, "got": "b"}
-    assert [e.payload.get("step") for e in Event.objects.read("av-1") if e.type == "STEP_COMPLETED"][0] == "v1-only"
+    assert next(e.payload.get("step") for e in Event.objects.read("av-1") if e.type == "STEP_COMPLETED") == "v1-only"
