@@ -53,3 +53,13 @@ def planned_connections() -> int | None:
         return None
     total = (workers or 0) * sum(worker_connections().values())
     return total + (api or 0) * api_connections(conf.get("LOOM_PLANNED_API_THREADS"))
+
+
+def async_caller_connections() -> int:
+    """The most sessions the awaitable faces (astart, aget_event, ...: journal/flows/aio.py) add to a process that
+    calls them from async code: one per thread of their pool. A worker running async flows adds none: an async
+    run's journal calls are made in the thread that drives it (a queue runner's, the waker's, recovery's)."""
+    from journal.flows.aio import pool_size
+
+    return pool_size()
+

@@ -124,3 +124,22 @@ def gated_after_sleep(ctx, value):
     ctx.step("gate", gate)
     effect(ctx, "after")
     return value["seconds"]
+
+
+# -- async flows (journal/flows/aio.py): the same journal, driven by the same workers --------------------------
+def _send_to(peer: str, sender: str) -> str:
+    """A send inside a step: re-run after a crash, it sends the same message id again (the same send)."""
+    from journal.flows import send
+
+    return send(peer, "ping", sender, message_id=f"{sender}->{peer}")
+
+
+@flow("edge.async_pinger")
+async def async_pinger(ctx, value):
+    """An `async def` flow: an effect, a durable sleep, a message to its peer, the peer's message, an effect."""
+    await ctx.step("before", record, ctx.execution_id, "before", atomic=True)
+    await ctx.sleep(value["seconds"])
+    await ctx.step("send", _send_to, value["peer"], ctx.execution_id)
+    got = await ctx.recv("ping")
+    await ctx.step("got", record, ctx.execution_id, f"got:{got}", atomic=True)
+    return got

@@ -176,3 +176,14 @@ def fails(ctx, value: Signup):
 
 def _mail(address: str):
     raise ValueError(f"could not mail {address}")
+
+
+@flow("test.privacy.asignup", input_model=Signup)
+async def asignup(ctx, value: Signup):
+    """test.privacy.signup as an `async def` flow (tests/test_flows_async_features.py): the same sealed records."""
+
+    async def greet() -> dict:
+        return {"customer_id": value.customer_id, "text": f"hi {value.email}"}
+
+    greeting = await ctx.step("privacy.greet", greet)
+    return {"greeted": bool(greeting["text"])}

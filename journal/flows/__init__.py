@@ -69,6 +69,8 @@ _LAZY = {
     "outcome_of": "journal.flows.runtime", "describe": "journal.flows.describe",
     "retry_execution": "journal.flows.runtime", "hand_over": "journal.flows.handover",
     "load_state": "journal.flows.state",
+    **{name: "journal.flows.aio" for name in ("astart", "aresume", "acancel", "asend", "aget_event", "adescribe",
+                                              "aoutcome_of")},
     **{name: "journal.flows.waits" for name in ("send", "get_event", "suspend", "wake_now", "wake_due", "waiting_on",
                                                 "pending_messages", "fork")},
 }
@@ -88,7 +90,8 @@ def __getattr__(name: str):
 __all__ = [
     "ChildFailed", "Context", "DeadlineExceeded", "ExecutionBusy", "ExecutionExists", "ExecutionFinished", "Flow",
     "FlowError", "InvalidInput", "NeedsDurable", "NonDeterminism", "NonRetryableError", "NotResumable", "Outcome",
-    "OwnershipLost", "RetryPolicy", "ShuttingDown", "StepFailed", "UnknownExecution", "UnknownFlow", "cancel",
+    "OwnershipLost", "RetryPolicy", "ShuttingDown", "StepFailed", "UnknownExecution", "UnknownFlow", "acancel",
+    "adescribe", "aget_event", "aoutcome_of", "aresume", "asend", "astart", "cancel",
     "describe", "flow", "fork", "get_event", "get_flow", "hand_over", "invoke_transient", "load_state", "outcome_of",
     "pending_messages", "resume", "retry_execution", "send", "start", "suspend", "waiting_on", "wake_due", "wake_now",
 ]

@@ -150,6 +150,7 @@ class EventListener:
             except Exception as exc:  # the session was lost: the waiters poll until the next connects
                 self.connected = False
                 conn.close()
+                self._wake()  # a waiter that slept on the session (aget_event) re-reads and polls from now on
                 if not self._stopping.is_set():
                     log.warning("get_event listener of %s: connection lost (%s); reconnecting", self.alias, exc)
                     self._stopping.wait(0.2)

@@ -172,10 +172,13 @@ def replay_history(history: History) -> ReplayResult:
         value, _ = definition.prepare(state.input, check_json=False)
     except InvalidInput as exc:
         return failed("InvalidInput", f"its recorded input no longer validates: {exc}")
-    ctx = DurableContext(_ReplayRunner(state), state, definition.retry)
+    from journal.flows import aio
+
+    asynchronous = aio.is_async(definition.fn)  # an async flow replays the same way, its code on the loop
+    ctx = (aio.AsyncDurableContext if asynchronous else DurableContext)(_ReplayRunner(state), state, definition.retry)
     try:
         with contextlib.suppress(ContinueAsNew):  # the flow ended this run: its records are checked all the same
-            definition.fn(ctx, value)
+            aio.run_flow(ctx, definition, value) if asynchronous else definition.fn(ctx, value)
         ctx.check_consumed()
     except _ReplayEnd:
         pass

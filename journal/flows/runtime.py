@@ -21,8 +21,8 @@ from journal import shards
 from journal.atomic import atomic
 from journal.envelopes import Envelope, check_new_stream_id
 from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
+from journal.flows import aio, ownership, writer
 from journal.flows import events as ev
-from journal.flows import ownership, writer
 from journal.flows.context import (
     ContinueAsNew,
     DurableContext,
@@ -266,11 +266,12 @@ class Runner:
 
     def drive(self, flow: Flow, value: Any) -> Outcome:
         eid = self.run.execution_id
-        ctx = DurableContext(self, self.state, flow.retry)
+        asynchronous = aio.is_async(flow.fn)  # an `async def` flow: its code on the loop, its journal here
+        ctx = (aio.AsyncDurableContext if asynchronous else DurableContext)(self, self.state, flow.retry)
         try:
             try:
                 self.check_start()
-                result = flow.fn(ctx, value)
+                result = aio.run_flow(ctx, flow, value) if asynchronous else flow.fn(ctx, value)
                 ctx.check_consumed()
                 problem = _jsonable(result)
                 if problem is not None:

@@ -7,9 +7,11 @@ the call (docs/bench-flows.md has the figure). The input is not JSON-checked: no
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from journal.flows.context import TransientContext, _error_text
+from journal.flows.errors import NeedsDurable
 from journal.flows.outcome import Outcome
 from journal.flows.registry import _NEWEST, Flow, get_flow
 
@@ -19,6 +21,9 @@ def invoke_transient(flow: str | Flow, input: Any) -> Outcome:
     definition = _NEWEST.get(flow) if type(flow) is str else None
     if definition is None:
         definition = get_flow(flow)
+    if inspect.iscoroutinefunction(definition.fn):
+        raise NeedsDurable(f"flow {definition.name!r} is an async flow: start() it (invoke_transient runs sync "
+                           f"flows only)")
     if definition.input_model is not None:
         input = definition.prepare(input, check_json=False)[0]
     try:

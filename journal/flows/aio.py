@@ -1,0 +1,442 @@
+"""Async flows: `async def` flows and steps on one event loop per process, and awaitable faces for callers.
+
+    @flow("orders.ship")
+    async def ship(ctx, order):
+        label = await ctx.step("label", fetch_label, order["id"])   # a coroutine function, awaited
+        await ctx.sleep(30)                                           # parks like a sync sleep
+        return await ctx.step("notify", send_mail, label)            # a plain function: a thread runs it
+
+How it runs (docs/flows.md "Async flows"). The journal is the sync one, unchanged: an async flow's run is
+driven by `Runner.drive` (journal/flows/runtime.py) in a DRIVE THREAD: the thread that called start/resume
+(a worker's waker, recovery or queue thread, or a caller's), or, for the awaitable faces below, a thread of
+this module's bounded pool. Only the flow's own code runs as a coroutine, on this process's event loop (one
+daemon thread, `loop()`); every journal call it makes (a step's records, a wait's, a message's consumption)
+is sent back to its drive thread and awaited there. So
+
+- Django's async-safety holds: no database access ever happens on the event loop; the drive thread is
+  a plain sync thread with the connection it had (a test's transaction, a worker thread's connection, its
+  shard binding: the coroutine runs in a copy of the drive thread's context);
+- the events are the sync runtime's, byte for byte (2n+2 for n steps), with the same exactly-once and
+  recovery rules: a resume of an async execution on any worker replays it like a sync one;
+- a coroutine step runs on the loop while its drive thread waits; a sync step function runs in the drive
+  thread (never on the loop); `atomic=True` needs a sync function (its effects and its record commit in one
+  transaction of the drive thread's connection; a coroutine's database work would run elsewhere).
+
+Costs, stated: a RUNNING async execution holds its drive thread (idle while its coroutine awaits) and that
+thread's connection, as a sync one does; a WAITING one holds none (waits of LOOM_WAIT_INLINE_MAX or longer
+park, as in a sync flow). The awaitable faces (`astart`, `aresume`, `acancel`, `asend`, `adescribe`) run the
+sync call in a thread of a pool of LOOM_ASYNC_DB_THREADS threads (one connection each at most, counted by
+leases/budget.py), so an async view never touches the database on its loop; `aget_event` holds NO thread while
+it waits: it reads in the pool and sleeps on the loop, woken by the process's one shared LISTEN session on
+PostgreSQL (journal/flows/event_listener.py) or by its poll of LOOM_WAIT_POLL on SQLite.
+
+Why a dedicated pool and not `sync_to_async(thread_sensitive=True)`: under Django's ASGI handler each request
+has a thread-sensitive context of its own, so 1,000 waiting callers would hold 1,000 threads and connections;
+thread_sensitive=False uses the loop's default executor, whose size is not ours to budget. The pool's size is
+a setting, its connections a known figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import functools
+import inspect
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from journal import conf
+from journal.flows.context import DurableContext
+from journal.flows.errors import InvalidInput
+
+# == the process's event loop ===========================================================================
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid: int | None = None
+_loop_lock = threading.Lock()
+
+
+def loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop for flow code (a daemon thread `loom-aio`, started on first use; a forked
+    child starts its own)."""
+    global _loop, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
+            ready = threading.Event()
+            created = asyncio.new_event_loop()
+
+            def run() -> None:
+                asyncio.set_event_loop(created)
+                created.call_soon(ready.set)
+                created.run_forever()
+
+            threading.Thread(target=run, name="loom-aio", daemon=True).start()
+            ready.wait()
+            _loop, _loop_pid = created, os.getpid()
+        return _loop
+
+
+def is_async(fn: Any) -> bool:
+    """Whether `fn` is an `async def` function (a coroutine function)."""
+    return inspect.iscoroutinefunction(fn)
+
+
+def _submit(coro: Coroutine, context: contextvars.Context) -> concurrent.futures.Future:
+    """Run `coro` on the process loop in `context` (the caller's contextvars: its shard binding, its step)."""
+    target = loop()
+    try:
+        if asyncio.get_running_loop() is target:
+            coro.close()
+            raise RuntimeError("a sync flow call (start, resume, a step) was made from the loop that runs async "
+                               "flow code: await its async face instead (astart, aresume, ...)")
+    except RuntimeError as exc:
+        if "no running event loop" not in str(exc):
+            raise
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def begin() -> None:
+        task = target.create_task(coro, context=context)
+
+        def settle(finished: asyncio.Task) -> None:
+            if finished.cancelled():
+                done.cancel()
+            elif finished.exception() is not None:
+                done.set_exception(finished.exception())
+            else:
+                done.set_result(finished.result())
+
+        task.add_done_callback(settle)
+
+    target.call_soon_threadsafe(begin)
+    return done
+
+
+# == the drive thread's side =============================================================================
+_DRIVER: contextvars.ContextVar[_Driver | None] = contextvars.ContextVar("loom_aio_driver", default=None)
+_STOP = object()
+
+
+class _Driver:
+    """The drive thread of one async run: it serves the journal calls its coroutine sends back."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self):
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+
+    async def call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run `fn` in the drive thread (in a copy of this coroutine's context) and await its result."""
+        running = asyncio.get_running_loop()
+        answer = running.create_future()
+        self.requests.put((fn, args, kwargs, contextvars.copy_context(), running, answer))
+        return await answer
+
+    def serve(self, done: concurrent.futures.Future) -> Any:
+        """Until the coroutine finished: run what it sends, then its result (or its exception)."""
+        done.add_done_callback(lambda _: self.requests.put(_STOP))
+        while True:
+            item = self.requests.get()
+            if item is _STOP:
+                return done.result()
+            fn, args, kwargs, context, running, answer = item
+            try:
+                value = context.run(fn, *args, **kwargs)
+            except BaseException as exc:  # Halt, Park, a flow's error: raised where the coroutine awaits
+                running.call_soon_threadsafe(_reject, answer, exc)
+            else:
+                running.call_soon_threadsafe(_resolve, answer, value)
+
+
+def _resolve(answer: asyncio.Future, value: Any) -> None:
+    if not answer.done():
+        answer.set_result(value)
+
+
+def _reject(answer: asyncio.Future, exc: BaseException) -> None:
+    if not answer.done():
+        answer.set_exception(exc)
+
+
+def run_flow(ctx: AsyncDurableContext, flow, value: Any) -> Any:
+    """Runner.drive's call of an async flow: its coroutine on the process loop, this thread serving its journal
+    calls; returns its result or raises what it raised (Park, ContinueAsNew, Halt, a failure), as `flow.fn`
+    would in a sync flow."""
+    driver = _Driver()
+    context = contextvars.copy_context()
+    context.run(_DRIVER.set, driver)
+    return driver.serve(_submit(flow.fn(ctx, value), context))
+
+
+def _blocking(coro: Coroutine) -> Any:
+    """From the drive thread (a step's function): run `coro` on the loop in this thread's context and wait."""
+    return _submit(coro, contextvars.copy_context()).result()
+
+
+async def _in_drive_thread(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    driver = _DRIVER.get()
+    if driver is None:
+        raise RuntimeError("an async flow's context was used outside the run that owns it")
+    return await driver.call(fn, *args, **kwargs)
+
+
+class AsyncDurableContext(DurableContext):
+    """What an `async def` flow talks to: DurableContext's calls, awaitable. Each runs the sync call (the
+    same records, the same replay) in the run's drive thread; a coroutine step's function runs on the loop."""
+
+    def __init__(self, runner, state, default_retry):
+        super().__init__(runner, state, default_retry)
+        # The sync calls' own view of this context: one state (the same __dict__, so one position counter),
+        # with the sync methods, so a sync call that makes another (set_event's step) stays sync.
+        face = DurableContext.__new__(DurableContext)
+        face.__dict__ = self.__dict__
+        self._sync = face
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any, retry=None, atomic: bool = False,
+                   timeout: float | None = None, heartbeat_timeout: float | None = None) -> Any:
+        if is_async(fn):
+            if atomic:
+                raise InvalidInput(f"step {name!r}: atomic=True needs a sync function (its database effects "
+                                   f"commit with its record in the drive thread's transaction); got a coroutine "
+                                   f"function")
+            coroutine_fn = fn
+
+            def fn(*call_args: Any) -> Any:  # in the drive thread, inside interrupt.running: ctx.cancelled() works
+                return _blocking(coroutine_fn(*call_args))
+
+        return await _in_drive_thread(self._sync.step, name, fn, *args, retry=retry, atomic=atomic,
+                                      timeout=timeout, heartbeat_timeout=heartbeat_timeout)
+
+    async def sleep(self, seconds: float) -> None:
+        return await _in_drive_thread(self._sync.sleep, seconds)
+
+    async def sleep_until(self, when) -> None:
+        return await _in_drive_thread(self._sync.sleep_until, when)
+
+    async def recv(self, topic: str, timeout: float | None = None) -> Any:
+        return await _in_drive_thread(self._sync.recv, topic, timeout)
+
+    async def set_event(self, key: str, value: Any) -> None:
+        return await _in_drive_thread(self._sync.set_event, key, value)
+
+    async def start_child(self, flow: Any, input: Any, execution_id: str | None = None) -> AsyncChildHandle:
+        handle = await _in_drive_thread(self._sync.start_child, flow, input, execution_id)
+        return AsyncChildHandle(self, handle.execution_id)
+
+    async def patched(self, patch_id: str) -> bool:
+        return await _in_drive_thread(self._sync.patched, patch_id)
+
+    async def deprecate_patch(self, patch_id: str) -> None:
+        return await _in_drive_thread(self._sync.deprecate_patch, patch_id)
+
+    async def continue_as_new(self, input: Any) -> None:
+        self._sync.continue_as_new(input)  # raises ContinueAsNew (or InvalidInput): nothing to await
+
+    async def heartbeat_async(self, details: Any = None) -> None:
+        """ctx.heartbeat() for a coroutine step (the same call: it touches no database)."""
+        self.heartbeat(details)
+
+
+class AsyncChildHandle:
+    """A child started by an async flow: `await handle.result()`."""
+
+    __slots__ = ("_ctx", "execution_id")
+
+    def __init__(self, ctx: AsyncDurableContext, execution_id: str):
+        self._ctx, self.execution_id = ctx, execution_id
+
+    async def result(self) -> Any:
+        return await _in_drive_thread(self._ctx._sync._await_child, self.execution_id)
+
+    def __repr__(self) -> str:
+        return f"<AsyncChildHandle {self.execution_id}>"
+
+
+# == awaitable faces for callers (async views) ===========================================================
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_pid: int | None = None
+
+
+def pool_size() -> int:
+    return conf.get("LOOM_ASYNC_DB_THREADS")
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _loop_lock:
+        if _pool is None or _pool_pid != os.getpid() or _pool._max_workers != pool_size():
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=pool_size(), thread_name_prefix="loom-adb")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+async def in_pool(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` in a thread of the bounded pool (in a copy of the caller's context), awaited."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(
+        _executor(), functools.partial(context.run, fn, *args, **kwargs))
+
+
+async def astart(flow, input: Any, execution_id: str | None = None, meta: dict | None = None, **options: Any):
+    """`start()`, awaitable: the start (and the run, until it settles or parks) in a pool thread."""
+    from journal.flows.runtime import start
+
+    return await in_pool(start, flow, input, execution_id, meta, **options)
+
+
+async def aresume(execution_id: str, **options: Any):
+    from journal.flows.runtime import resume
+
+    return await in_pool(resume, execution_id, **options)
+
+
+async def acancel(execution_id: str, reason: str = "cancelled"):
+    from journal.flows.runtime import cancel
+
+    return await in_pool(cancel, execution_id, reason)
+
+
+async def asend(execution_id: str, topic: str, payload: Any, message_id: str | None = None) -> str:
+    from journal.flows.waits import send
+
+    return await in_pool(send, execution_id, topic, payload, message_id)
+
+
+async def adescribe(execution_id: str, reader=None) -> dict:
+    from journal.flows.describe import describe
+
+    return await in_pool(describe, execution_id, reader)
+
+
+async def aoutcome_of(execution_id: str):
+    from journal.flows.runtime import outcome_of
+
+    return await in_pool(outcome_of, execution_id)
+
+
+class _LoopFlag:
+    """A Waiter's `woken` that the listener thread sets, waking an asyncio.Event on its loop."""
+
+    __slots__ = ("at", "event", "loop")
+
+    def __init__(self, running: asyncio.AbstractEventLoop):
+        self.loop, self.event, self.at = running, asyncio.Event(), 0.0
+
+    def set(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            self.loop.call_soon_threadsafe(self._wake, time.monotonic())
+
+    def _wake(self, at: float) -> None:
+        self.at = at  # when the notification came: a read begun after it sees what it announced
+        self.event.set()
+
+
+async def aget_event(execution_id: str, key: str, timeout: float | None = None, default: Any = None) -> Any:
+    """`get_event()`, awaitable, holding no thread while it waits: each read runs in the pool; between reads
+    the caller sleeps on its loop until the shared LISTEN session (PostgreSQL) wakes it or LOOM_WAIT_POLL
+    passes (the only wake-up on SQLite, and while the session is down)."""
+    from journal.flows import event_listener, waits
+
+    wait = 0.0 if timeout is None else waits.check_seconds(timeout, "get_event timeout")
+    until = time.monotonic() + wait
+    found, value, target, alias = await in_pool(_first_read, execution_id, key)
+    if found:
+        return value
+    if wait <= 0:
+        return default
+    waiter = None
+    if alias is not None:
+        waiter = event_listener.listener_for(alias).waiter(target)
+        flag = _LoopFlag(asyncio.get_running_loop())
+        waiter.woken = flag  # the listener calls woken.set(): it wakes this coroutine, no thread waits
+    since = time.monotonic()  # subscribed (and about to read) from here: a read begun later is one of ours
+    try:
+        while True:
+            if waiter is not None:
+                waiter.follow(target)
+            found, value, target, moved = await _shared_read(execution_id, target, key, since)
+            if moved:
+                continue
+            if found:
+                return value
+            left = until - time.monotonic()
+            if left <= 0:
+                return default
+            # While the LISTEN session is up it wakes every waiter on a notification and after each reconnect, so
+            # a waiter sleeps until then (or its timeout); polls (LOOM_WAIT_POLL) only while it is down and on
+            # SQLite: 1,000 waiters polling each second would be 1,000 reads a second through the pool.
+            listening = waiter is not None and waiter.listener.connected
+            pause = left if listening else min(left, conf.get("LOOM_WAIT_POLL"))
+            since = time.monotonic()  # a poll: any read begun after the pause began will do
+            if waiter is None:
+                await asyncio.sleep(pause)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(flag.event.wait(), pause)
+                if flag.event.is_set():
+                    since = max(since, flag.at)  # woken: only a read begun after the notification came
+                flag.event.clear()
+    finally:
+        if waiter is not None:
+            waiter.close()
+
+
+# Reads in flight, shared by the waiters of one (loop, execution, run, key): 1,000 callers woken by one
+# notification make a few reads, not 1,000 through the pool. A waiter joins whatever read is in flight; a value
+# it finds is the value (set once, never unset); a miss counts only from a read begun after the waiter's
+# `since` (its subscription, its wake-up): one begun earlier may have read before the commit, so it reads again.
+_inflight: dict[tuple, tuple[float, asyncio.Future]] = {}
+
+
+async def _shared_read(execution_id: str, target: str, key: str, since: float) -> tuple[bool, Any, str, bool]:
+    slot = (id(asyncio.get_running_loop()), execution_id, target, key)
+    while True:
+        found = _inflight.get(slot)
+        if found is None or found[1].done():
+            began = time.monotonic()
+            future = asyncio.ensure_future(in_pool(_read, execution_id, target, key))
+            _inflight[slot] = found = (began, future)
+            future.add_done_callback(lambda done: _inflight.pop(slot, None)
+                                     if _inflight.get(slot, (0, None))[1] is done else None)
+        answer = await asyncio.shield(found[1])
+        if answer[0] or answer[3] or found[0] >= since:
+            return answer
+
+
+def _first_read(execution_id: str, key: str) -> tuple[bool, Any, str, str | None]:
+    """get_event's checks and first read, on the execution's shard: (found, value, the run to follow, the alias
+    whose LISTEN session notifies its set_event, or None where none does: SQLite)."""
+    from journal import shards
+    from journal.flows import waits, writer
+    from journal.flows.errors import UnknownExecution
+    from journal.ids import check_stored_id
+
+    waits.check_name(key, "event key")
+    try:
+        check_stored_id(execution_id, "execution id")
+    except Exception as exc:
+        raise InvalidInput(str(exc)) from None
+    with shards.on_stream(execution_id):
+        header = writer.header_status(execution_id)
+        if header is None:
+            raise UnknownExecution(execution_id)
+        target = waits._current_run(execution_id, header)
+        found, value = waits._store(target).flow_event(target, key)
+        return found, value, target, waits._alias() if waits._store().wait_notifications else None
+
+
+def _read(execution_id: str, target: str, key: str) -> tuple[bool, Any, str, bool]:
+    """One more read: (found, value, the run that stands for the execution now, whether that moved)."""
+    from journal import shards
+    from journal.flows import waits
+
+    with shards.on_stream(execution_id):
+        current = waits._current_run(target)
+        if current != target:
+            return False, None, current, True
+        found, value = waits._store(target).flow_event(target, key)
+        return found, value, target, False
