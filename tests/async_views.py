@@ -1,4 +1,4 @@
-"""Async Django views over the awaitable faces (tests/test_flows_async_faces.py routes to them with
+"""Async Django views over the awaitable faces (tests/flows/test_flows_async_faces.py routes to them with
 @pytest.mark.urls): no sync_to_async anywhere, no database access on the loop (Django would refuse it)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The flows of the sync/async conformance suite (tests/test_flows_modes.py): each flow twice, as `modes.sync.<x>`
+"""The flows of the sync/async conformance suite (tests/flows/test_flows_modes.py): each flow twice, as `modes.sync.<x>`
 (a plain function) and `modes.async.<x>` (an `async def` flow whose steps are coroutine functions where a step may
 be one), the same steps in the same order, so that one parametrised test checks both against the same log.
 A module, so that worker processes can import it (LOOM_FLOW_MODULES)."""

@@ -1,6 +1,6 @@
 """Async flows across features: sealed fields and forget (journal/privacy) write and read the same as a sync flow's;
 flow versions (an async execution resumes on the version it started on, wherever it is woken).
-SQLite and PostgreSQL. (The Tasks backend's `aenqueue` is Django's own async face: tests/test_tasks_backend.py.)"""
+SQLite and PostgreSQL. (The Tasks backend's `aenqueue` is Django's own async face: tests/queues/test_tasks_backend.py.)"""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from journal.privacy import keys
 from journal.privacy.codec import FORGOTTEN
 from tests import mode_flows as mf  # noqa: F401 (registers the flows)
 from tests import privacy_fixtures as pf
-from tests.test_flow_versions import release
-from tests.test_privacy import raw_rows
+from tests.flows.test_flow_versions import release
+from tests.privacy.test_privacy import raw_rows
 
 pytestmark = pytest.mark.django_db
 
