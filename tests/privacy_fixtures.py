@@ -180,7 +180,8 @@ def _mail(address: str):
 
 @flow("test.privacy.asignup", input_model=Signup)
 async def asignup(ctx, value: Signup):
-    """test.privacy.signup as an `async def` flow (tests/flows/test_flows_async_features.py): the same sealed records."""
+    """test.privacy.signup as an `async def` flow (tests/flows/test_flows_async_features.py):
+    the same sealed records."""
 
     async def greet() -> dict:
         return {"customer_id": value.customer_id, "text": f"hi {value.email}"}
