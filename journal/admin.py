@@ -183,6 +183,30 @@ def _json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
+class CreatedFilter(admin.DateFieldListFilter):
+    """Created today / in the last 7 days / this month / this year; any other range is the URL's
+    `created_at__gte=2026-12-01&created_at__lt=2026-12-02` (ISO dates or times, UTC), which this filter reads."""
+
+    title = "created (date range)"
+
+    def queryset(self, request, queryset):
+        """The range's bounds read as UTC when they name no zone (a naive bound would be a warning, and a
+        different instant per server time zone); a bound that is no ISO date or time is the admin's "?e=1"."""
+        from datetime import UTC, datetime
+
+        from django.contrib.admin.options import IncorrectLookupParameters
+
+        bounds = {}
+        for key, value in self.used_parameters.items():
+            text = value[-1] if isinstance(value, list) else value
+            try:
+                moment = datetime.fromisoformat(str(text).strip())
+            except ValueError as exc:
+                raise IncorrectLookupParameters(exc) from exc
+            bounds[key] = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return queryset.filter(**bounds)
+
+
 class StatusFilter(admin.ChoicesFieldListFilter):
     """Every status an execution can have (waiting and suspended are set since flows can wait), and
     "queued" (a start accepted onto a queue that no worker has begun, issue 24) even where the model's
@@ -207,9 +231,11 @@ class StatusFilter(admin.ChoicesFieldListFilter):
 @admin.register(Execution)
 class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("id", "flow_name", "flow_version", "status", "progress", "duration", "created", "finished",
-                    "recoveries", "shard")
-    list_filter = (("status", StatusFilter), FlowFilter, "flow_version", QueueFilter, ScheduleFilter)
-    search_fields = ("id", "flow")
+                    "error_column", "recoveries", "shard")
+    list_filter = (("status", StatusFilter), FlowFilter, "flow_version", QueueFilter, ScheduleFilter,
+                   ("created_at", CreatedFilter))
+    search_fields = ("id", "flow", "input", "error")  # journal/search.py: get_search_results below
+    search_help_text = "Id, flow, a value of the input, or a part of the error text (docs/backends.md: indexes)."
     withheld_lookups = ("input", "result", "error")  # a viewer may see their sensitive fields redacted
     readonly_fields = ("id", "flow", "flow_version", "status", "input_json", "result_json", "error", "recoveries",
                        "created", "updated", "finished")
@@ -262,6 +288,24 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
         from journal.task_names import shown_flow
 
         return shown_flow(execution.flow, execution.input, execution.pk)
+
+    def get_search_results(self, request, queryset, search_term):
+        """One search over id, flow, input text and error text (journal/search.py), not Django's per-field
+        `icontains` on a JSON column (which differs by backend)."""
+        from journal.search import search
+
+        return search(queryset, search_term), False
+
+    @admin.display(description="error")
+    def error_column(self, execution) -> str:
+        """The first line of the error (a cancel's reason is not an error: shown as such)."""
+        from journal.search import error_line
+
+        if not execution.error:
+            return "-"
+        if execution.status == "cancelled":
+            return f"(cancelled: {error_line(execution.error, 80)})"
+        return error_line(execution.error)
 
     @admin.display(description="steps done")
     def progress(self, execution) -> str:
