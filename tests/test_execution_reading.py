@@ -95,6 +95,16 @@ def test_resume_of_a_live_run_is_disabled_with_the_reason_beside_it(admin_client
     assert re.search(r'<button type="button" class="button" id="loom-resume-button" disabled', page)
     assert "refused: running under worker worker-b" in page
     assert "loom-force-button" in page  # forcing stays offered, behind its confirmation
+    # Buttons and permissions: a viewer without journal.resume_execution gets no Resume, enabled or not
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_execution"))
+    client = Client()
+    client.force_login(viewer)
+    seen = client.get(PAGE.format("live-1")).content.decode()
+    assert "Status (from the log)" in seen and "loom-resume-button" not in seen and "loom-resume-why" not in seen
 
 
 def test_the_lists_show_times_to_the_millisecond(admin_client):
