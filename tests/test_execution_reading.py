@@ -113,3 +113,18 @@ def test_the_lists_show_times_to_the_millisecond(admin_client):
     for url in ("/admin/leases/lease/", "/admin/journal/execution/", "/admin/journal/event/"):
         page = admin_client.get(url).content.decode()
         assert MILLIS.search(page), url
+
+
+def test_running_for_counts_from_the_retry_not_from_the_first_creation(admin_client):
+    from journal.flows.runtime import retry
+
+    af.FAIL = True
+    try:
+        assert start("admin.fail_second", {}, execution_id="rf-1").status == "failed"
+    finally:
+        af.FAIL = False
+    Execution.objects.filter(pk="rf-1").update(created_at=timezone.now() - timezone.timedelta(hours=1))
+    retry("rf-1", actor="test", handoff=True)  # handed to a worker that is not running here: running
+    page = admin_client.get(PAGE.format("rf-1")).content.decode()
+    seconds = float(re.search(r"running for ([\d.]+) s \(since its retry\)", page).group(1))
+    assert seconds < 3600  # not the hour since it was first created
