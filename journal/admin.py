@@ -183,6 +183,30 @@ def _json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
+class CreatedFilter(admin.DateFieldListFilter):
+    """Created today / in the last 7 days / this month / this year; any other range is the URL's
+    `created_at__gte=2026-12-01&created_at__lt=2026-12-02` (ISO dates or times, UTC), which this filter reads."""
+
+    title = "created (date range)"
+
+    def queryset(self, request, queryset):
+        """The range's bounds read as UTC when they name no zone (a naive bound would be a warning, and a
+        different instant per server time zone); a bound that is no ISO date or time is the admin's "?e=1"."""
+        from datetime import UTC, datetime
+
+        from django.contrib.admin.options import IncorrectLookupParameters
+
+        bounds = {}
+        for key, value in self.used_parameters.items():
+            text = value[-1] if isinstance(value, list) else value
+            try:
+                moment = datetime.fromisoformat(str(text).strip())
+            except ValueError as exc:
+                raise IncorrectLookupParameters(exc) from exc
+            bounds[key] = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return queryset.filter(**bounds)
+
+
 class StatusFilter(admin.ChoicesFieldListFilter):
     """Every status an execution can have (waiting and suspended are set since flows can wait), and
     "queued" (a start accepted onto a queue that no worker has begun, issue 24) even where the model's
@@ -207,12 +231,14 @@ class StatusFilter(admin.ChoicesFieldListFilter):
 @admin.register(Execution)
 class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     list_display = ("id", "flow_name", "flow_version", "status", "progress", "duration", "created", "finished",
-                    "recoveries", "shard")
-    list_filter = (("status", StatusFilter), FlowFilter, "flow_version")  # + the apps' (add_execution_filter)
-    search_fields = ("id", "flow")
+                    "error_column", "recoveries", "shard")
+    list_filter = (("status", StatusFilter), FlowFilter, "flow_version", ("created_at", CreatedFilter))
+    # + the apps' (add_execution_filter: queues its queue filter, leases its schedule filter)
+    search_fields = ("id", "flow", "input", "error")  # journal/search.py: get_search_results below
+    search_help_text = "Id, flow, a value of the input, or a part of the error text (docs/backends.md: indexes)."
     withheld_lookups = ("input", "result", "error")  # a viewer may see their sensitive fields redacted
-    readonly_fields = ("id", "flow", "flow_version", "status", "input_json", "result_json", "error", "recoveries",
-                       "created", "updated", "finished")
+    readonly_fields = ("id", "flow", "flow_version", "status", "input_json", "result_json", "error_or_reason",
+                       "recoveries", "created", "updated", "finished")
     fields = readonly_fields  # and the panels other apps add (journal.admin_base.add_execution_panel)
     actions = ("resume_executions", "retry_executions", "cancel_executions", "wake_executions",
                "suspend_executions")
@@ -263,6 +289,24 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
 
         return shown_flow(execution.flow, execution.input, execution.pk)
 
+    def get_search_results(self, request, queryset, search_term):
+        """One search over id, flow, input text and error text (journal/search.py), not Django's per-field
+        `icontains` on a JSON column (which differs by backend)."""
+        from journal.search import search
+
+        return search(queryset, search_term), False
+
+    @admin.display(description="error")
+    def error_column(self, execution) -> str:
+        """The first line of the error (a cancel's reason is not an error: shown as such)."""
+        from journal.search import error_line
+
+        if not execution.error:
+            return "-"
+        if execution.status == "cancelled":
+            return f"(cancelled: {error_line(execution.error, 80)})"
+        return error_line(execution.error)
+
     @admin.display(description="steps done")
     def progress(self, execution) -> str:
         n = getattr(execution, "steps_done", None) or 0
@@ -270,10 +314,11 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
 
     @admin.display(description="duration")
     def duration(self, execution) -> str:
-        end = execution.finished_at or (timezone.now() if execution.status == "running" else execution.updated_at)
+        unsettled = execution.status in UNSETTLED  # running, or parked: its time goes on (not until it parked)
+        end = execution.finished_at or (timezone.now() if unsettled else execution.updated_at)
         seconds = max(0.0, (end - execution.created_at).total_seconds())
-        text = f"{seconds:.3f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
-        return text + (" (running)" if execution.status == "running" else "")
+        text = f"{seconds:.3f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:.3f} s"
+        return text + (f" ({execution.status}, so far)" if unsettled else "")
 
     @admin.display(description="created", ordering="created_at")
     def created(self, execution) -> str:
@@ -286,6 +331,15 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
     @admin.display(description="updated")
     def updated(self, execution) -> str:
         return stamp(execution.updated_at)
+
+    @admin.display(description="error (or cancel reason)")
+    def error_or_reason(self, execution) -> str:
+        """A cancel's reason is not an error: said to be a reason (issue #28)."""
+        if not execution.error:
+            return "-"
+        if execution.status == "cancelled":
+            return f"cancel reason: {execution.error}"
+        return execution.error
 
     @admin.display(description="input")
     def input_json(self, execution) -> str:
@@ -435,17 +489,33 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
             if view.get("header_status") in ("waiting", "suspended"):
                 # Parked or suspended is the header's word (the wait row's); the log's fold says running.
                 view["status"] = view["header_status"]
+            retried_at = None
             for event in view["events"]:
-                event["json"] = json.dumps(event["payload"], sort_keys=True, ensure_ascii=False)
+                payload = event["payload"]
+                if isinstance(payload, dict) and isinstance(payload.get("traceback"), str):
+                    # Shown as the lines it is, under the payload, not as one escaped JSON string (issue #28).
+                    event["traceback"] = payload["traceback"]
+                    payload = {k: v for k, v in payload.items() if k != "traceback"}
+                event["json"] = json.dumps(payload, sort_keys=True, ensure_ascii=False)
                 event["when"] = stamp(event["recorded_at"])
+                if event["type"] == "EXECUTION_RETRIED":
+                    retried_at = event["recorded_at"]
             for row in view["steps"]:
                 row["json"] = json.dumps(row["result"], sort_keys=True, ensure_ascii=False)
                 row["when"] = stamp(row["started_at"])
             running = view["status"] == "running"
-            created = view["created_at"]
-            view["running_for"] = (f"{(timezone.now() - created).total_seconds():.1f} s"
-                                   if running and created else "")
+            began = retried_at or view["created_at"]  # this attempt's start: a retry's, else the creation
+            view["running_for"] = (f"{(timezone.now() - began).total_seconds():.3f} s"
+                                   + (" (since its retry)" if retried_at else "") if running and began else "")
             view["holder"] = ownership.live_owner(execution_id) if running else None
+            view["parent_link"] = tree_row(view["parent"]) if view.get("parent") else None
+            view["child_links"] = [tree_row(child) for child in view.get("children", [])[:TREE_LIMIT]]
+            view["children_left"] = max(0, len(view.get("children", [])) - TREE_LIMIT)
+            view["refusals"] = {}  # buttons shown disabled, with the reason the verb would be refused
+            if running and view["holder"]:
+                will, why = plan(execution_header(execution_id), "resume")
+                if not will:
+                    view["refusals"]["resume"] = why
             view["waiting"] = waiting_for(execution_id) if view["status"] == "waiting" else None
             view["messages"] = pending(execution_id) if view["status"] in UNSETTLED else []
         extra_context["execution_view"] = view
@@ -594,6 +664,25 @@ def form_fields(verb: str, data) -> tuple[dict, str | None]:
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
+
+
+TREE_LIMIT = 100  # children linked on a parent's page; the rest are counted
+
+
+def tree_row(execution_id: str) -> dict:
+    """A parent or child of an execution: its id, its page and its status (on its own shard)."""
+    from journal.flows.writer import header_status
+
+    try:
+        header = header_status(execution_id)
+    except Exception:  # an id the database cannot hold, or its shard not answering: named, not a 500
+        header = None
+    return {"id": execution_id, "url": execution_url(execution_id), "status": header[0] if header else "not begun"}
+
+
+def execution_header(execution_id: str) -> Execution:
+    """The header row plan() reads (on the execution's shard)."""
+    return Execution.objects.using(shards.shard_for(execution_id)).get(pk=execution_id)
 
 
 def waiting_for(execution_id: str) -> dict | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from django.contrib import admin
 from django.contrib.admin.views.main import ERROR_FLAG
 from django.db import DatabaseError
+from django.db.models import DateTimeField
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpResponseRedirect
 
@@ -87,7 +88,48 @@ class ReadOnlyPermissions:
         return False
 
 
-class ReadOnlyAdmin(ReadOnlyPermissions, RefuseUnstorableFilters, ShardedAdmin, admin.ModelAdmin):
+_STAMPED: dict[tuple[type, str], Callable] = {}
+
+
+def stamped(model: type, name: str) -> Callable:
+    """A column (or read-only field) showing the date-time field `name` in the one format of every page (UTC, to
+    the millisecond: journal/timestamps.py), sortable by it; the same object on every call (the admin matches
+    read-only fields by identity), named like the field (its CSS class stays `field-<name>`)."""
+    key = (model, name)
+    if key not in _STAMPED:
+        from journal.timestamps import stamp
+
+        field = model._meta.get_field(name)
+
+        def column(obj) -> str:
+            return stamp(getattr(obj, name)) or "-"
+
+        column.__name__ = name
+        column.short_description = field.verbose_name  # type: ignore[attr-defined]
+        column.admin_order_field = name  # type: ignore[attr-defined]
+        _STAMPED[key] = column
+    return _STAMPED[key]
+
+
+class StampedTimes:
+    """Every date-time column and read-only field of a Loom page in one format, to the millisecond (issue #28:
+    lists were to the minute, so a heartbeat could not be read)."""
+
+    def _stamp(self, names):
+        times = {f.name for f in self.model._meta.get_fields() if isinstance(f, DateTimeField)}
+        return tuple(stamped(self.model, n) if isinstance(n, str) and n in times else n for n in names)
+
+    def get_list_display(self, request):
+        return self._stamp(super().get_list_display(request))
+
+    def get_fields(self, request, obj=None):
+        return self._stamp(super().get_fields(request, obj))
+
+    def get_readonly_fields(self, request, obj=None):
+        return self._stamp(super().get_readonly_fields(request, obj))
+
+
+class ReadOnlyAdmin(StampedTimes, ReadOnlyPermissions, RefuseUnstorableFilters, ShardedAdmin, admin.ModelAdmin):
     """A read-only model page: views only, unstorable filters redirect, actions need their own permission.
     The journal's pages put SafeChangeList first, so out-of-range values redirect too. A model that lives on
     every shard (journal, leases, queues, projections) is listed, opened and acted on across shards

@@ -62,18 +62,19 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).isoformat()
 
 
-def parse_since(text: str, now: datetime | None = None) -> datetime:
+def parse_since(text: str, now: datetime | None = None, option: str = "--since") -> datetime:
     """`30s`, `15m`, `2h`, `7d` ago, or an ISO 8601 time (UTC unless it says otherwise); Refused (usage)."""
     match = SINCE.match(text.strip())
     if match:
         try:
             return (now or timezone.now()) - timedelta(**{UNITS[match[2]]: int(match[1])})
         except OverflowError:
-            raise Refused(f"--since {text!r}: further back than a datetime goes", USAGE) from None
+            raise Refused(f"{option} {text!r}: further back than a datetime goes", USAGE) from None
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise Refused(f"--since {text!r}: an ISO time (2026-12-01T10:00) or an age (30s, 15m, 2h, 7d)", USAGE) from None
+        raise Refused(f"{option} {text!r}: an ISO time (2026-12-01T10:00) or an age (30s, 15m, 2h, 7d)",
+                      USAGE) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
@@ -173,31 +174,50 @@ def check_alias(using: str | None) -> str | None:
 # -- executions list ------------------------------------------------------------------------------------
 def list_executions(using: str | None, *, status: str | None = None, flow: str | None = None, queue: str | None = None,
                     schedule: str | None = None, since: str | None = None, stuck: bool = False,
-                    limit: int = 50) -> Reply:
+                    limit: int = 50, search: str | None = None, until: str | None = None) -> Reply:
     """The newest executions matching every filter given (`--stuck`: recovery gave up, or running
     with a lease that expired and nobody took over yet). With LOOM_SHARDS and no alias: every shard's
-    newest `limit`, merged newest first (each row names its shard)."""
+    newest `limit`, merged newest first (each row names its shard). `--search` is the admin's search
+    (journal/search.py: id, flow, input text, error text); `--until` ends the created range `--since` opens."""
+    from journal.search import error_line
+    from journal.search import search as narrowed
+
     if not 1 <= limit <= MAX_LIMIT:
         raise Refused(f"--limit is 1 to {MAX_LIMIT}", USAGE)
-    for option, value in (("--flow", flow), ("--queue", queue), ("--schedule", schedule)):
+    for option, value in (("--flow", flow), ("--queue", queue), ("--schedule", schedule), ("--search", search)):
         if value is not None:
             _check_text(option, value)
     since_at = parse_since(since) if since else None
+    until_at = parse_since(until, option="--until") if until else None
     found = []
     for alias in _aliases(using):
         rows = _matching(alias, status, flow, queue, schedule, since_at, stuck)
+        if until_at is not None:
+            rows = rows.filter(created_at__lt=until_at)
+        if search:
+            rows = narrowed(rows, search)
         found += [{**row, "shard": alias} if shards.sharded() else row for row in _with_task(
-            rows.values("id", "flow", "status", "created_at", "finished_at", "recoveries", "input")[:limit])]
+            rows.values("id", "flow", "status", "created_at", "finished_at", "recoveries", "input", "error")[:limit])]
     found.sort(key=lambda row: row["id"])
     found.sort(key=lambda row: row["created_at"], reverse=True)  # stable: newest first, then by id
     found = found[:limit]
-    data = [{**row, "created_at": _iso(row["created_at"]), "finished_at": _iso(row["finished_at"])} for row in found]
-    lines = _table(["id", "flow", "status", "created", "finished"],
+    data = [{**row, "error": row["error"] or None, "created_at": _iso(row["created_at"]),
+             "finished_at": _iso(row["finished_at"])} for row in found]
+    lines = _table(["id", "flow", "status", "created", "finished", "error"],
                    [[r["id"], r["task"] or r["flow"], r["status"], stamp(r["created_at"]),
-                     stamp(r["finished_at"]) or "-"] for r in found])
+                     stamp(r["finished_at"]) or "-", _error_cell(r, error_line)] for r in found])
     if len(found) == limit:
         lines.append(f"(the newest {limit}; --limit to see more)")
     return Reply(data, lines or ["no executions"])
+
+
+def _error_cell(row: dict, error_line) -> str:
+    """The list's error column: the error's first line; a cancel's reason is said to be one."""
+    if not row["error"]:
+        return "-"
+    if row["status"] == "cancelled":
+        return f"(cancelled: {error_line(row['error'], 60)})"
+    return error_line(row["error"], 100)
 
 
 def _with_task(rows) -> list[dict]:

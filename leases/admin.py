@@ -19,6 +19,7 @@ from django.utils.html import format_html
 
 from journal.admin_base import ReadOnlyAdmin, ReadOnlyInline, add_execution_panel
 from journal.ids import stored_id_problem
+from journal.timestamps import stamp
 from leases import conf
 from leases.models import Lease, RecoveryView, Worker
 
@@ -34,7 +35,7 @@ def lease_summary(execution_id: str) -> str:
     if lease is None:
         return "no lease (settled, off mode, or a lazy run still within its grace)"
     return (f"owner {lease.owner_id}, fence token {lease.fence_token}, expires in {expires_in(lease)}, "
-            f"renewed at {lease.renewed_at:%Y-%m-%d %H:%M:%S}")
+            f"renewed at {stamp(lease.renewed_at)}")
 
 
 add_execution_panel("lease", "lease", lease_summary)
@@ -103,9 +104,10 @@ class WorkerAdmin(ReadOnlyAdmin):
 
 @admin.register(RecoveryView)
 class RecoveryAdmin(ReadOnlyAdmin):
-    """Executions recovery is concerned with, not healthy ones: running with an expired lease, or
-    with none past the lazy grace + TTL (orphans the next sweep takes), recovered at least once
-    (any status), or stuck. Stuck ones (recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS) need a
+    """Executions under recovery now, not healthy ones: running with an expired lease, or with none past
+    the lazy grace + TTL (orphans the next sweep takes), or stuck (an execution recovered once and healthy
+    or settled since is not listed: its "recoveries" column on the executions list counts it).
+    Stuck ones (recovery gave up after LOOM_RECOVERY_MAX_ATTEMPTS) need a
     person: fix the cause, then resume them by hand (journal.flows.resume)."""
 
     withheld_lookups = ("input", "result", "error")
@@ -127,7 +129,9 @@ class RecoveryAdmin(ReadOnlyAdmin):
         orphaned_before = timezone.now() - timedelta(seconds=conf.lease_grace() + conf.get("LOOM_LEASE_TTL"))
         expired = Q(status="running", lease__expires_at__lt=Now())
         orphan = Q(status="running", lease__isnull=True, updated_at__lt=orphaned_before)
-        return (super().get_queryset(request).filter(expired | orphan | Q(recoveries__gt=0) | Q(status="stuck"))
+        # Under recovery NOW (issue #28): not every execution ever recovered (the executions list shows those
+        # by their "recoveries" column), only ones a sweep is about to take, or gave up on.
+        return (super().get_queryset(request).filter(expired | orphan | Q(status="stuck"))
                 .select_related("lease"))
 
     @staticmethod
@@ -150,7 +154,7 @@ class RecoveryAdmin(ReadOnlyAdmin):
     @admin.display(description="renewed at")
     def lease_renewed_at(self, execution) -> str:
         lease = self._lease(execution)
-        return str(lease.renewed_at) if lease else "-"
+        return stamp(lease.renewed_at) if lease else "-"
 
     @admin.display(description="lease expires in")
     def lease_expires_in(self, execution) -> str:

@@ -138,6 +138,9 @@ class Schedule(models.Model):
     class Meta:
         ordering = ["name"]
         indexes = [models.Index(fields=["next_tick_at"], name="leases_schedule_due")]
+        # Not django-q2's "Scheduled tasks" (its own page, under Django Q): the admin index names both apart.
+        verbose_name = "Loom schedule"
+        verbose_name_plural = "Loom schedules (flows on a cron)"
 
     def __str__(self) -> str:
         return f"{self.name} ({self.cron} -> {self.flow})"

@@ -253,6 +253,23 @@ def message_body(data: Any) -> MessageBody:
     return MessageBody(topic, data["payload"], message_id)
 
 
+def cancel_reason(request) -> str:
+    """A cancel's reason: the optional body `{"reason": "..."}` (no body: a reason naming the API)."""
+    if not has_body(request):
+        request._loom_body_read = True
+        return ""
+    data = read_json(request)
+    if not isinstance(data, dict):
+        raise InvalidBody(f"body must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - {"reason"})
+    if unknown:
+        raise InvalidBody(f"unknown key(s) {', '.join(map(repr, unknown))}; allowed: 'reason'")
+    reason = data.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 2000:
+        raise InvalidBody("'reason' is a string of at most 2000 characters")
+    return reason
+
+
 def timeout_seconds(request) -> float:
     """The `timeout` query parameter of an event read: seconds to wait for the event (0: none),
     bounded by LOOM_API_MAX_WAIT like a start's `wait`."""

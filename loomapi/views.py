@@ -43,6 +43,7 @@ from loomapi.auth import Principal, authenticate, require_flow
 from loomapi.bodies import (
     body_consumed,
     call_body,
+    cancel_reason,
     has_body,
     message_body,
     read_json,
@@ -199,7 +200,10 @@ def start_execution(request, name: str):
                 body.queue, principal.name, current.trace_id)
     location = {"Location": _location(execution_id)}
     status = "queued"
-    if wait and (waiting := waiter()):
+    waiting = waiter() if wait else None
+    if wait and not waiting:
+        location.update(NOT_WAITED)
+    if waiting:
         with waiting:
             header = _wait_settled(execution_id, wait)
         if header is not None:
@@ -252,14 +256,23 @@ def _deduplicated(principal: Principal, execution_id: str, header: tuple | None,
 
 
 def _answer_existing(execution_id: str, header: tuple, wait: float) -> HttpResponse:
-    if wait and header[0] not in TERMINAL and (waiting := waiter()):
-        with waiting:
-            header = _wait_settled(execution_id, wait) or header_status(execution_id) or header
+    headers = {"Location": _location(execution_id)}
+    if wait and header[0] not in TERMINAL:
+        waiting = waiter()
+        if not waiting:
+            headers.update(NOT_WAITED)
+        else:
+            with waiting:
+                header = _wait_settled(execution_id, wait) or header_status(execution_id) or header
     status, existing_flow, result, error = header
     existing = {"execution_id": execution_id, "flow": existing_flow, "status": status, "result": result,
                 "error": error or None, "created": False}
-    return json_response(existing, status=200, headers={"Location": _location(execution_id)})
+    return json_response(existing, status=200, headers=headers)
 
+
+NOT_WAITED = {"X-Loom-Wait": "not waited: no request thread free to wait in (serve_api --threads 1 leaves "
+                             "none; serve with --threads 2 or more), answered at once"}
+"""Said on an answer to `?wait=` / `?timeout=` that could not wait (docs/http-api.md): never silently ignored."""
 
 _waiters: threading.BoundedSemaphore | None = None
 _waiters_made = False
@@ -364,6 +377,43 @@ def retry_execution(request, execution_id: str):
                          status=202, headers={"Location": _location(execution_id)})
 
 
+@api_view("GET")
+def list_executions(request):
+    """The executions this token may read, newest first, a page at a time (loomapi/listing.py)."""
+    from loomapi.listing import list_query, page
+
+    return json_response(page(request.loom_principal, list_query(request.GET)))
+
+
+@api_view("POST", "GET")
+def cancel_execution(request, execution_id: str):
+    """POST: cancel a queued, waiting, suspended or running execution (journal.flows.cancel); 200 with its
+    outcome. Idempotent: a cancelled one answers 200 `"cancelled": false` (nothing more done); a completed
+    or failed one 409 `execution_finished`. GET: the execution whose id ends in "/cancel", like any other."""
+    if request.method in ("GET", "HEAD"):
+        return _describe(request, f"{execution_id}/cancel")
+    from journal.flows import cancel
+
+    principal: Principal = request.loom_principal
+    header = _readable_header(principal, execution_id)
+    require_flow(principal, header[1])
+    reason = cancel_reason(request)
+    if header[0] == "cancelled":
+        return json_response({"execution_id": execution_id, "flow": header[1], "status": "cancelled",
+                              "reason": header[3] or None, "cancelled": False},
+                             headers={"Location": _location(execution_id)})
+    current = trace.current()
+    try:
+        outcome = cancel(execution_id, reason or f"cancelled through the API by {principal.name}")
+    except NotResumable as exc:  # completed or failed: nothing to cancel
+        raise errors.ExecutionFinished(str(exc)) from None
+    logger.info("cancel of execution %s (flow %s, was %s) by %s (trace %s)", execution_id, header[1], header[0],
+                principal.name, current.trace_id)
+    return json_response({"execution_id": execution_id, "flow": header[1], "status": outcome.status,
+                          "reason": outcome.error, "cancelled": True, "was": header[0]},
+                         headers={"Location": _location(execution_id)})
+
+
 @api_view("POST", "GET")
 def send_message(request, execution_id: str):
     """POST: send a message to an execution (journal.flows.send); 202, idempotent by `message_id`.
@@ -415,7 +465,8 @@ def get_event(request, execution_id: str, key: str):
         return _describe(request, whole)
     require_flow(principal, flow)
     try:
-        if timeout and (waiting := waiter()):
+        waiting = waiter() if timeout else None
+        if waiting:
             with waiting:
                 value = read_event(execution_id, key, timeout=timeout, default=_UNSET)
         else:
@@ -424,7 +475,7 @@ def get_event(request, execution_id: str, key: str):
         raise errors.InvalidParameter(str(exc)) from None
     found = value is not _UNSET
     return json_response({"execution_id": execution_id, "key": key, "set": found,
-                          "value": value if found else None})
+                          "value": value if found else None}, headers=NOT_WAITED if timeout and not waiting else None)
 
 
 @api_view("GET", "POST", "PUT", "PATCH", "DELETE", auth=False)

@@ -280,7 +280,7 @@ class QueueService:
             listener.start()
         self.thread = threading.Thread(target=self._loop, name="loom-queue-dispatcher", daemon=True)
         self.thread.start()
-        log.info("queue dispatcher of %s: %d thread(s) over %s, declared queues: %s%s", self.owner, threads,
+        log.info("queue dispatcher of %s: %d thread(s) over database(s) %s, declared queues: %s%s", self.owner, threads,
                  ", ".join(self.aliases), ", ".join(names) or "none",
                  f"; listening on {channel}" if self.listeners else "; polling")
 

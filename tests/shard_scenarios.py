@@ -538,10 +538,26 @@ def admin_pages(arg) -> dict:
             url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
             lists[model._meta.label] = client.get(url).status_code
     fences = client.get("/admin/journal/fence/", {"q": run}).content.decode()
+    # Issue #28: a search by an input value finds executions on every shard (the admin and the CLI), and the
+    # API's list merges them.
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    marked = ids_on_each_shard(f"{run}m", 1)  # one id on each shard
+    for eid in marked:
+        start("shards.one", {"order": f"{run}-needle"}, execution_id=eid)
+    html = client.get("/admin/journal/execution/", {"q": f"{run}-needle"}).content.decode()
+    searched = re.findall(rf'href="/admin/journal/execution/({re.escape(run)}m-\d+)/change/', html)
+    out = io.StringIO()
+    call_command("loom", "executions", "list", "--search", f"{run}-needle", "--json", stdout=out)
     return {"listed": listed, "distinct": len(set(listed)), "expected": sorted(eids), "count": counted and counted[1],
             "page": page.status_code, "names_flow": "shards.one" in page.content.decode(),
             "confirm": confirm.status_code, "lists": lists,
-            "fences": sorted(set(re.findall(rf"({re.escape(run)}-\d+)", fences)))}
+            "fences": sorted(set(re.findall(rf"({re.escape(run)}-\d+)", fences))),
+            "searched": sorted(set(searched)), "searched_cli": sorted(r["id"] for r in json.loads(out.getvalue())),
+            "marked": sorted(marked), "marked_shards": [shards.shard_for(e) for e in marked]}
 
 
 def admin_rows_per_shard(arg) -> dict:

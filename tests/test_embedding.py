@@ -163,6 +163,7 @@ for app in ("journal", "leases", "projections", "benchmarks", "django_q"):
     assert f'href="/admin/{app}/"' in html, app
 for url in ("/admin/journal/", "/admin/leases/", "/admin/projections/", "/bench/"):
     assert client.get(url).status_code == 200, url
+assert "Loom schedules (flows on a cron)" in html  # ours, told apart from django-q2's "Scheduled tasks"
 import sys
 assert not any(m == "loomsite" or m.startswith("loomsite.") for m in sys.modules), "loomsite imported"
 from django.conf import settings
@@ -175,11 +176,14 @@ def test_a_new_project_built_from_the_docs_runs_the_worker_admin_and_api(tmp_pat
     the admin index lists Loom's apps, serve_api answers, and loom_worker runs a durable start the API
     queued. No step beyond the docs, no environment from this repository."""
     env = host_env()
+    # The apps of this checkout (the venv's editable install may point at another worktree of the repository)
+    env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-m", "django", "startproject", "hostsite", str(tmp_path)], env=env,
                    check=True, capture_output=True, timeout=60)
     settings_py = tmp_path / "hostsite" / "settings.py"
     settings_py.write_text(settings_py.read_text() + "\n" + doc_block("## settings.py"))
     (tmp_path / "hostsite" / "urls.py").write_text(doc_block("## urls.py"))
+    (tmp_path / "jobs.py").write_text(doc_block("## jobs.py"))  # next to manage.py, as the page says
 
     def manage(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "manage.py", *args], cwd=tmp_path, env=env, capture_output=True,
@@ -212,6 +216,31 @@ def test_a_new_project_built_from_the_docs_runs_the_worker_admin_and_api(tmp_pat
             http("GET", f"{base}/executions/embedded-start-1", token)), 90, "the worker to run the queued start")
         assert done["result"] == 42
         assert http("GET", f"{base}/executions/embedded-start-1")[0] == 401  # no token, no answer
+        # The docs' own flow (jobs.py), started through the API and listed by it
+        status, body = http("POST", f"{base}/flows/jobs.greet/executions", token,
+                            {"input": {"name": "ann"}, "execution_id": "embedded-greet"})
+        assert status in (200, 201, 202), body
+        greeted = wait_for(lambda: (lambda r: r[1] if r[1].get("status") == "completed" else None)(
+            http("GET", f"{base}/executions/embedded-greet", token)), 90, "the worker to run jobs.greet")
+        assert greeted["result"] == {"text": "hello ann"}
+        status, listed = http("GET", f"{base}/executions?flow=jobs.greet", token)
+        assert status == 200 and [r["execution_id"] for r in listed["executions"]] == ["embedded-greet"]
+        # A Django @task (jobs.add), enqueued from the project's shell, run by the worker
+        enqueued = manage("shell", "-c", "from jobs import add; print('ID=' + add.enqueue(2, 3).id)")
+        assert enqueued.returncode == 0, enqueued.stderr
+        task_id = enqueued.stdout.split("ID=")[1].strip()
+
+        def task_done():
+            shown = manage("loom", "executions", "show", task_id, "--json")
+            view = json.loads(shown.stdout) if shown.returncode == 0 else {}
+            return view if view.get("status") == "completed" else None
+
+        assert wait_for(task_done, 90, "the worker to run the task")["result"] == 5
+        # The schedule of jobs.py, written to the table by the worker at its start
+        schedules = wait_for(lambda: (lambda out: out if "nightly-greeting" in out else None)(
+            manage("loom", "schedules", "--json").stdout), 60, "the worker to write the code schedule")
+        assert any(row["name"] == "nightly-greeting" and row["flow"] == "jobs.greet"
+                   for row in json.loads(schedules))
         refused = urllib.request.Request(f"{base}/health", headers={"Host": "evil.example"})
         with pytest.raises(urllib.error.HTTPError) as bad_host:  # (startproject's DEBUG shows Django's page)
             urllib.request.urlopen(refused, timeout=10)
@@ -219,6 +248,10 @@ def test_a_new_project_built_from_the_docs_runs_the_worker_admin_and_api(tmp_pat
     finally:
         api_out, worker_out = stop(api), stop(worker)
     assert api.returncode is not None and worker.returncode is not None, (api_out, worker_out)
+    # The worker's documented INFO lines show (docs/embedding.md's LOGGING; docs/workers.md "Logs")
+    assert "queue dispatcher of" in worker_out and "over database(s) default" in worker_out, worker_out
+    assert "start execution=embedded-greet flow=jobs.greet" in worker_out or "execution=embedded-greet" in worker_out, \
+        worker_out
 
 
 @pytest.mark.parametrize("heading", ["## settings.py", "## urls.py"])

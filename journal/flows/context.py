@@ -92,9 +92,12 @@ MAX_TRACE = 8000  # characters of an exit's traceback kept in its failure event 
 
 
 def exit_trace(exc: BaseException, secrets: list[str] | None = None) -> dict:
-    """{"traceback": ...} for a BaseException that is not an Exception (a failure whose message says little:
-    `SystemExit: 2`), scrubbed like its error text; {} for an ordinary exception (its message is its record)."""
-    if isinstance(exc, Exception):
+    """{"traceback": ...} of a failure (its last MAX_TRACE characters), scrubbed like its error text: any
+    exception of a step or a flow, also a SystemExit (issue #28: a flow's ordinary exception showed no
+    traceback). {} for a StepFailed (the step's own failure event holds its traceback) and for an exception
+    that brings its own (a Django task's attempt, journal/tasks.py `journal_fields`)."""
+    own = getattr(exc, "journal_fields", None)
+    if isinstance(exc, StepFailed) or (isinstance(own, dict) and isinstance(own.get("traceback"), str)):
         return {}
     import traceback
 

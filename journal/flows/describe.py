@@ -23,17 +23,26 @@ def timeline(events) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     open_rows: dict[int, dict[str, Any]] = {}
     pending_note = ""
+    # Why the run before a resume stopped: it parked (a wait, a parked backoff, a retry of the execution, a
+    # suspension) and was resumed as planned, or it died (a recovery). Only the second is "a recovery".
+    parked, wait_pos = "", None
     for event in events:
         p = event.payload if isinstance(event.payload, dict) else {}
+        if event.type in (ev.EXECUTION_RETRIED, ev.EXECUTION_RESUMED):
+            parked = "a new attempt of the execution" if event.type == ev.EXECUTION_RETRIED else "after a suspension"
         if event.type == ev.STEP_STARTED:
             recovered = p.get("recovered_by")
             interrupted = open_rows.pop(p.get("pos"), None)
+            by_whom = recovered.get("by") if isinstance(recovered, dict) else None
             if interrupted is not None:
-                by = f" by {recovered['by']}" if isinstance(recovered, dict) and recovered.get("by") else ""
+                by = f" by {by_whom}" if by_whom else ""
                 interrupted["status"] = "interrupted"
                 interrupted["note"] = f"interrupted; recovered{by} at {stamp(event.recorded_at)}"
+            elif isinstance(recovered, dict) and parked:
+                pending_note = f"resumed by {by_whom or 'a worker'} ({parked})"
             elif isinstance(recovered, dict):
-                pending_note = f"after a recovery by {recovered.get('by') or 'another process'}"
+                pending_note = f"after a recovery by {by_whom or 'another process'}"
+            parked = ""
             row = {"pos": p.get("pos"), "step": p.get("step"), "attempt": p.get("attempt", 1), "status": "started",
                    "started_at": event.recorded_at, "started_seq": event.seq, "ms": None, "result": None,
                    "error": "", "note": pending_note}
@@ -41,6 +50,7 @@ def timeline(events) -> list[dict[str, Any]]:
             rows.append(row)
             open_rows[p.get("pos")] = row
         elif event.type == ev.WAIT_STARTED:
+            wait_pos = p.get("pos")
             # A wait of flows that wait: a row of its own, open until its STEP_COMPLETED.
             row = {"pos": p.get("pos"), "step": p.get("step"), "attempt": 1, "status": "waiting",
                    "started_at": event.recorded_at, "started_seq": event.seq, "ms": None, "result": None,
@@ -57,12 +67,16 @@ def timeline(events) -> list[dict[str, Any]]:
                 continue
             row["ms"] = p.get("ms")
             row["finished_at"] = event.recorded_at
+            if event.type == ev.STEP_COMPLETED and p.get("pos") == wait_pos:
+                parked, wait_pos = "after its wait", None
+            elif event.type == ev.STEP_FAILED and p.get("retry"):
+                parked = "the next attempt of its step"
             if event.type == ev.STEP_COMPLETED:
                 row["status"], row["result"] = "completed", p.get("result")
             else:
                 row["status"] = "retrying" if p.get("retry") else "failed"
                 row["error"] = p.get("error", "")
-                if isinstance(p.get("traceback"), str):  # a Django task's attempt (journal/tasks.py)
+                if isinstance(p.get("traceback"), str):  # any failed attempt (a task's: journal/tasks.py)
                     row["traceback"] = p["traceback"]
         elif event.type in ev.SETTLING:
             for row in open_rows.values():  # a step still going when the execution settled (a cancel)
@@ -116,7 +130,34 @@ def describe(execution_id: str, reader=None) -> dict[str, Any]:
         "finished_at": header.get("finished_at"),
         "fence": Fence.objects.current(execution_id),
         "snapshot_seq": None if snapshot is None else snapshot.seq,
-        "steps": timeline(events),
+        "steps": (steps := timeline(events)),
+        "traceback": failure_traceback(events, steps) if state.status == "failed" else None,
+        # The tree (issue #28): the parent that started this one as its child, and the children it started.
+        "parent": _parent(events),
+        "children": [record[2] for record in state.steps
+                     if record[0] == "$start_child" and record[1] == "completed" and isinstance(record[2], str)],
         "events": [{"seq": e.seq, "type": e.type, "payload": e.payload, "recorded_at": e.recorded_at}
                    for e in events],
     }
+
+
+def _parent(events) -> str | None:
+    """The parent execution named in the first EXECUTION_STARTED (`$parent`, journal/flows/waits.py)."""
+    first = events[0].payload if events and events[0].seq == 0 else None
+    parent = first.get("$parent") if isinstance(first, dict) else None
+    return parent if isinstance(parent, str) else None
+
+
+def failure_traceback(events, steps: list[dict]) -> str | None:
+    """The traceback of a failed execution: its EXECUTION_FAILED's (the flow's own exception), else that of
+    the step whose failure ended it (the last failed step row: a flow that let a StepFailed through)."""
+    for event in reversed(events):
+        if event.type == ev.EXECUTION_FAILED:
+            text = event.payload.get("traceback") if isinstance(event.payload, dict) else None
+            if isinstance(text, str):
+                return text
+            break
+    for row in reversed(steps):
+        if row.get("status") == "failed" and isinstance(row.get("traceback"), str):
+            return row["traceback"]
+    return None

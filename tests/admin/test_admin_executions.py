@@ -381,7 +381,7 @@ def test_the_list_shows_duration_and_step_progress(admin_client):
     crashed("list-run")
     body = admin_client.get("/admin/journal/execution/").content.decode()
     assert "column-progress" in body and "column-duration" in body
-    assert "2 steps" in body and "1 step so far" in body and "(running)" in body
+    assert "2 steps" in body and "1 step so far" in body and "(running, so far)" in body
 
 
 def test_the_bulk_resume_refuses_a_healthy_run_and_hands_over_the_others(admin_client, leased):

@@ -335,6 +335,17 @@ def test_with_one_request_thread_a_start_does_not_wait(child_env, servers):
     status, body, _ = request(conn, "POST", "/api/flows/calc.add/executions?wait=30",
                               {"input": {"a": 1, "b": 2}, "execution_id": "nowait"})
     assert (status, body["status"]) == (202, "queued")
+    # Issue #28: said in the answer, not silently ignored
+    conn.request("POST", "/api/flows/calc.add/executions?wait=30", body=json.dumps(
+        {"input": {"a": 1, "b": 2}, "execution_id": "nowait"}),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    repeat = conn.getresponse()
+    repeat.read()
+    assert repeat.status == 200 and repeat.getheader("X-Loom-Wait", "").startswith("not waited")
+    conn.request("GET", "/api/executions/nowait", headers={"Authorization": f"Bearer {TOKEN}"})
+    plain = conn.getresponse()
+    plain.read()
+    assert plain.getheader("X-Loom-Wait") is None  # no wait asked: nothing said
     assert request(conn, "GET", "/api/health")[0] == 200
     conn.close()
 

@@ -170,6 +170,9 @@ def test_the_executions_admin_lists_every_shard_and_opens_each_execution_on_its_
     assert facts["page"] == 200 and facts["names_flow"] and facts["confirm"] == 200
     assert facts["lists"] and set(facts["lists"].values()) == {200}, facts["lists"]
     assert len(facts["fences"]) == 60  # the fences list (journal's generic read-only page) merges both shards too
+    # a search by an input value (issue #28) finds the marked execution of each shard, in the admin and the CLI
+    assert sorted(set(facts["marked_shards"])) == ["default", "shard1"]
+    assert facts["searched"] == facts["marked"] and facts["searched_cli"] == facts["marked"]
 
 
 def test_leases_workers_subscriptions_and_checkpoints_are_listed_opened_and_acted_on_per_shard(shard_env):

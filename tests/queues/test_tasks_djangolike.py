@@ -112,7 +112,9 @@ def test_three_attempts_are_three_failed_attempts_with_errors_and_tracebacks(adm
     fetched = queue_flows.explode.get_result(result.id)
     assert fetched.status == TaskResultStatus.FAILED and fetched.attempts == 3 and len(fetched.errors) == 3
     page = admin_client.get(reverse("admin:journal_execution_change", args=[result.id])).content.decode()
-    assert "<pre>Traceback (most recent call last):\n" in page and page.count('class="loom-traceback"') == 3
+    timeline = page.split('id="loom-timeline"')[1].split("</table>")[0]  # one traceback per failed attempt
+    assert "<pre>Traceback (most recent call last):\n" in timeline and timeline.count('class="loom-traceback"') == 3
+    assert '<pre id="loom-traceback">Traceback (most recent call last):' in page  # and the execution's failure
 
 
 def test_a_backoff_parks_the_task_between_attempts_and_a_wake_runs_the_next():

@@ -1,6 +1,7 @@
 """`manage.py loom`: inspect and operate executions, queues and schedules from a terminal.
 
-    manage.py loom executions list [--status S] [--flow F] [--queue Q] [--schedule NAME] [--since 2h] [--stuck]
+    manage.py loom executions list [--status S] [--flow F] [--queue Q] [--schedule NAME] [--since 2h] [--until 1h]
+        [--search TEXT] [--stuck]
     manage.py loom executions show|steps ID [--reveal]
     manage.py loom executions cancel|resume|retry ID
     manage.py loom executions fork ID --from-step N
@@ -51,6 +52,8 @@ class Command(BaseCommand):
         listing.add_argument("--queue", help="Only executions enqueued on this queue.")
         listing.add_argument("--schedule", help="Only executions started by this schedule.")
         listing.add_argument("--since", help="Created since: an age (30s, 15m, 2h, 7d) or an ISO time.")
+        listing.add_argument("--until", help="Created before: an age (30s, 15m, 2h, 7d) or an ISO time.")
+        listing.add_argument("--search", help="Id, flow, a value of the input or a part of the error text.")
         listing.add_argument("--stuck", action="store_true",
                              help="Stuck (recovery gave up) or running with an expired lease.")
         listing.add_argument("--limit", type=int, default=50, help="At most this many (default 50).")
@@ -120,7 +123,7 @@ class Command(BaseCommand):
         if verb == "list":
             return cli.list_executions(using, status=options["status"], flow=options["flow"], queue=options["queue"],
                                        schedule=options["schedule"], since=options["since"], stuck=options["stuck"],
-                                       limit=options["limit"])
+                                       limit=options["limit"], search=options["search"], until=options["until"])
         if verb == "cancel":
             return cli.cancel(using, eid, options["reason"])
         if verb == "resume":

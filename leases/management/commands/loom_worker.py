@@ -25,6 +25,18 @@ from leases.lifeline import die_with_parents
 from leases.worker import Worker, drain_children, share_drain_with_children
 
 
+def console_unless_configured(loom_log: logging.Logger, root: logging.Logger) -> bool:
+    """Give the "loom" logger a console handler when neither it nor the root logger has one: a project
+    without LOGGING would print none of the worker's INFO lines (Python's last-resort handler shows warnings
+    only; issue #28). True when one was added."""
+    if loom_log.handlers or root.handlers:
+        return False
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    loom_log.addHandler(handler)
+    return True
+
+
 class Command(BaseCommand):
     help = "Run a Loom worker: lease heartbeat, recovery sweep, drains, and the django-q2 cluster."
 
@@ -50,6 +62,7 @@ class Command(BaseCommand):
             loom_log.setLevel(log_level)
         elif loom_log.level == logging.NOTSET:
             loom_log.setLevel(logging.INFO)
+        console_unless_configured(loom_log, logging.getLogger())
         cluster = None
         if not no_cluster:
             problem = broker_problem()  # also system check loom.E110, which --skip-checks skips
