@@ -12,8 +12,8 @@ from django.contrib.auth.models import User
 from journal.flows import ownership as own
 from journal.flows import start
 from tests import waits_flows  # noqa: F401  (waits.parent, waits.child)
-from tests.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
-from tests.test_execution_reading import wake_until
+from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_execution_reading import wake_until
 
 pytestmark = [
     pytest.mark.browser,

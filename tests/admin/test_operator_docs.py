@@ -8,7 +8,7 @@ from pathlib import Path
 
 from leases.management.commands.loom_worker import console_unless_configured
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_worker_gives_its_logs_a_console_only_when_nothing_is_configured():
