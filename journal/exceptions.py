@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.db import OperationalError
+
 
 class JournalError(Exception):
     """Base class of every error the journal raises."""
@@ -31,6 +33,14 @@ class AppendRefused(JournalError):
     def __init__(self, message: str, streams: Iterable[str]):
         self.streams = tuple(streams)
         super().__init__(message)
+
+
+class DatabaseUnavailable(JournalError, OperationalError):
+    """A write could not be completed because the database could not be reached (down, restarting, failing
+    over to its standby: journal/reach.py). Retryable, and in doubt: the commit may have been stored before the
+    connection broke. Retry with the same guards (expected seq, fence token): the guard refuses a second copy
+    (SequenceConflict, StaleFence), so a retry never applies twice. An OperationalError too, so that code
+    catching the driver's error still catches it."""
 
 
 class StaleFence(AppendRefused):
