@@ -175,8 +175,9 @@ def failover_loss(cursor, several_hosts: bool = False) -> str | None:
     if in_recovery or not (streaming or several_hosts):
         return None
     if not (standby_names or "").strip():
-        return (f"asynchronous replication: {streaming} standby(s) stream from it but synchronous_standby_names "
-                "is empty, so a commit is acknowledged before any standby has it")
+        return (f"asynchronous replication: synchronous_standby_names is empty ({streaming} standby(s) streaming"
+                + (", the DSN names several hosts" if several_hosts else "")
+                + "), so a commit is acknowledged before any standby has it")
     if commit not in SYNCHRONOUS_COMMITS:
         return (f"synchronous_commit is {commit!r}: a commit is acknowledged before the synchronous standby "
                 f"({standby_names}) has it")
