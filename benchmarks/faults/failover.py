@@ -36,6 +36,7 @@ NAME = "failover"
 POSTGRES_ONLY = True
 STREAMS = 3
 QUEUE = "faults-failover"
+STEP_PAUSE = 0.5  # seconds a step takes: runs, queued or started, are mid-way when the primary dies
 
 
 def cannot_run(options: dict) -> str | None:
@@ -102,7 +103,7 @@ def run(r: Round) -> Verdict:
     declare_queue(QUEUE, concurrency=2)
     try:
         for eid in queued:  # waiting on the queue before the first failover; some claimed by the time of it
-            enqueue("faults.steps", {"n": steps, "pause": 0.05}, queue=QUEUE, execution_id=eid)
+            enqueue("faults.steps", {"n": steps, "pause": STEP_PAUSE}, queue=QUEUE, execution_id=eid)
         with r.pool() as pool:
             env = r.env(LOOM_QUEUES=json.dumps({QUEUE: {"concurrency": 2}}), LOOM_QUEUE_THREADS="2",
                         LOOM_QUEUE_POLL="0.05", LOOM_RECOVERY_PATIENCE="60")
@@ -111,24 +112,27 @@ def run(r: Round) -> Verdict:
                 "wid": f"w{w}", "streams": streams_of(r, f"w{w}", STREAMS), "rounds": 100_000, "per": 1,
                 "pause": 0.03, "tolerant": True, "stop": str(stop)}, env) for w in range(producers)]
             starter = pool.role("starter", "flows", {"wid": f"{r.prefix}starter", "ids": ids, "flow": "faults.steps",
-                                                     "input": {"n": steps, "pause": 0.05}, "threads": 2,
-                                                     "pause": 20.0 / max(1, n), "tolerant": True}, env)
+                                                     "input": {"n": steps, "pause": STEP_PAUSE}, "threads": 1,
+                                                     "pause": 6.0 * failovers / max(1, n), "tolerant": True}, env)
             worker.ready()
             wait_until(lambda: starter.said("READY"), "the flow starter to come up", 120, [*writers, starter])
+            rejoining: tuple | None = None
             for k, after in enumerate(kill_after):
+                if rejoining:  # the previous failover's lost node must be the standby again before the next
+                    ha.rejoined(*rejoining)
+                    r.figures[f"rejoined_seconds_{k}"] = rejoining[0].rejoined_seconds
                 at = len(acks(writers[:1])) + after
                 if not wait_until(lambda at=at: len(acks(writers[:1])) >= at, "the load", 120, [*writers, starter]):
                     raise AssertionError(f"the producers stopped acknowledging before failover {k + 1}")
                 failover = ha.kill_primary()
                 r.figures[f"promoted_seconds_{k + 1}"] = failover.promoted_seconds
                 r.figures[f"write_recovery_seconds_{k + 1}"] = _first_ack_after(writers, failover)
+                rejoining = (failover, ha.rejoin(failover, wait=False))  # meanwhile: the load goes on
                 # A TTL (and a sweep) after the promotion, every running execution's lease was renewed or taken.
                 time.sleep(2 * TTL + 0.5)
                 _reconnect()
                 verdict.add("stuck", "stuck:lease-expired-past-ttl", _with_retry(
                     lambda: lease_store().count_leases_expired_for(r.prefix, TTL), "the lease count"))
-                ha.rejoin(failover)
-                r.figures[f"rejoined_seconds_{k + 1}"] = failover.rejoined_seconds
             stop.touch()
             finish([*writers, starter], 600)
             _reconnect()
@@ -138,6 +142,9 @@ def run(r: Round) -> Verdict:
             caught_up = settle(lambda: drained(r.prefix, 3) and Execution.objects.filter(
                 id__in=existing + queued, status="completed").count() == len(existing) + len(queued), r.bound)
             r.figures["settled_seconds"] = round(time.monotonic() - t0, 2)
+            if rejoining:  # it ran while the round settled; waited for so that the formation is whole again
+                ha.rejoined(*rejoining)
+                r.figures[f"rejoined_seconds_{len(kill_after)}"] = rejoining[0].rejoined_seconds
             verdict.add("stuck", "stuck:worker-died", int(not worker.alive()))
             if worker.alive():
                 worker.terminate(60)

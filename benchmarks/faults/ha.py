@@ -85,7 +85,8 @@ class Failover:
     new: int  # the promoted standby's port
     promoted_seconds: float  # from the SIGKILL until the standby accepts writes
     killed_at: float  # time.monotonic() of the SIGKILL
-    rejoined_seconds: float = 0.0  # from the promotion until the old node is a secondary in sync again
+    rejoined_seconds: float = 0.0  # from the restart of the old node until it is a secondary in sync again
+    rejoin_started: float = 0.0
 
 
 def _writable(port: int) -> bool:
@@ -112,10 +113,22 @@ def kill_primary() -> Failover:
     return Failover(old, new, round(time.monotonic() - t0, 2), t0)
 
 
-def rejoin(failover: Failover) -> None:
-    """Start the lost node again (scripts/ha-servers start is idempotent) and wait until it is the secondary."""
-    t0 = time.monotonic()
-    subprocess.run([str(SCRIPT), "start"], check=True, capture_output=True, text=True, timeout=240)
+def rejoin(failover: Failover, wait: bool = True) -> subprocess.Popen | None:
+    """Start the lost node again (scripts/ha-servers start is idempotent) and, with `wait`, wait until it is the
+    secondary; without, return the running script for `rejoined` (the load goes on meanwhile)."""
+    failover.rejoin_started = time.monotonic()
+    proc = subprocess.Popen([str(SCRIPT), "start"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return proc
+    rejoined(failover, proc)
+    return None
+
+
+def rejoined(failover: Failover, proc: subprocess.Popen) -> None:
+    """Wait for the lost node's restart (`rejoin(..., wait=False)`) until it is a secondary in sync again."""
+    _, err = proc.communicate(timeout=240)
+    if proc.returncode:
+        raise RuntimeError(f"scripts/ha-servers start failed: {err.strip()[-500:]}")
     _wait(lambda: states().get(failover.old, ("", ""))[0] == "secondary"
           and states().get(failover.new, ("", ""))[0] == "primary", f"node {failover.old} to rejoin", 180)
-    failover.rejoined_seconds = round(time.monotonic() - t0, 2)
+    failover.rejoined_seconds = round(time.monotonic() - failover.rejoin_started, 2)
