@@ -142,8 +142,8 @@ def run(r: Round) -> Verdict:
             caught_up = settle(lambda: drained(r.prefix, 3) and Execution.objects.filter(
                 id__in=existing + queued, status="completed").count() == len(existing) + len(queued), r.bound)
             r.figures["settled_seconds"] = round(time.monotonic() - t0, 2)
-            if rejoining:  # it ran while the round settled; waited for so that the formation is whole again
-                ha.rejoined(*rejoining)
+            if rejoining and r.options.get("failover_rejoin") != "background":
+                ha.rejoined(*rejoining)  # it ran while the round settled; waited for so that the formation is whole
                 r.figures[f"rejoined_seconds_{len(kill_after)}"] = rejoining[0].rejoined_seconds
             verdict.add("stuck", "stuck:worker-died", int(not worker.alive()))
             if worker.alive():

@@ -54,8 +54,12 @@ def problem() -> str | None:
         now = states()
     except psycopg.Error as exc:
         return f"the HA formation's monitor on {MONITOR_PORT} is not running (scripts/ha-servers start): {exc}"
-    if sorted(s for s, _ in now.values()) != ["primary", "secondary"]:
-        return f"the HA formation is not a primary and a secondary (scripts/ha-servers status): {now}"
+    deadline = time.monotonic() + 90  # a node still rejoining after a failover (pg_rewind, catching up)
+    while sorted(s for s, _ in now.values()) != ["primary", "secondary"]:
+        if time.monotonic() > deadline:
+            return f"the HA formation is not a primary and a secondary (scripts/ha-servers status): {now}"
+        time.sleep(0.5)
+        now = states()
     return None
 
 
