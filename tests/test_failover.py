@@ -138,11 +138,12 @@ def test_a_real_failover_loses_nothing_runs_every_queued_entry_once_and_holds_no
             conn.execute(f"CREATE DATABASE {db}")
     env = {**os.environ, "DATABASE_URL": ha.uri(db), "ALLOW_DEV_SECRET_KEY": "true"}
     manage = [sys.executable, "manage.py"]
-    subprocess.run([*manage, "migrate", "--noinput", "-v0", "--skip-checks"], cwd=ROOT, env=env, check=True, timeout=300)
+    subprocess.run([*manage, "migrate", "--noinput", "-v0", "--skip-checks"], cwd=ROOT, env=env, check=True,
+                   timeout=300)
     # The lost node rejoins in the background (scripts/ha-servers start; ~30 s of crash recovery and pg_rewind
     # here): the round's checks do not need it, and the next user of the formation waits for it (ha.problem).
-    run = subprocess.run([*manage, "loom_faults", "--skip-checks", "--scenario", "failover", "--failovers", "1", "--repeats", "1",
-                          "--failover-rejoin", "background",
+    run = subprocess.run([*manage, "loom_faults", "--skip-checks", "--scenario", "failover", "--failovers", "1",
+                          "--repeats", "1", "--failover-rejoin", "background",
                           "--executions", "2", "--steps", "2", "--events", "12", "--bound", "60", "--quiet",
                           "--json", str(tmp_path / "run.json"), "--workdir", str(tmp_path / "w")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
