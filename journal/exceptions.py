@@ -1,6 +1,8 @@
 """The journal's errors. Database errors are translated into these at the store boundary.
 
-Every error raised by an append guarantees that nothing of the failed call was stored.
+Every error raised by an append guarantees that nothing of the failed call was stored, except
+DatabaseUnavailable: the server went away under the statement, so the commit is in doubt (retry with the
+same guards to decide).
 """
 
 from __future__ import annotations
