@@ -27,8 +27,13 @@ def database_url(conn=None) -> str:
         raise ValueError(f"bench children run on SQLite or PostgreSQL, not {conn.vendor}")
     user = quote(s.get("USER") or "postgres", safe="")
     password = f":{quote(s['PASSWORD'], safe='')}" if s.get("PASSWORD") else ""
-    host = f"{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}"
-    return f"postgres://{user}{password}@{host}/{s['NAME']}"
+    hosts = str(s.get("HOST") or "127.0.0.1").split(",")
+    ports = str(s.get("PORT") or 5432).split(",")
+    ports += ports[-1:] * (len(hosts) - len(ports))  # libpq: one port for every host, or one for all
+    host = ",".join(f"{h}:{p}" for h, p in zip(hosts, ports, strict=False))
+    # A multi-host DSN (a primary and its standby, docs/scaling.md "High availability") keeps its target.
+    target = (s.get("OPTIONS") or {}).get("target_session_attrs")
+    return f"postgres://{user}{password}@{host}/{s['NAME']}" + (f"?target_session_attrs={target}" if target else "")
 
 
 def child_env(conn=None, **extra: str) -> dict[str, str]:

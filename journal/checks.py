@@ -153,3 +153,59 @@ def check_session_engine(app_configs=None, **kwargs) -> list:
                     hint='Use SESSION_ENGINE = "django.contrib.sessions.backends.signed_cookies" (or a cache '
                          "that no database reader can read), or keep every reporting role off django_session; "
                          "docs/security.md, 'What a database reader learns'.", id="loom.W040")]
+
+
+# synchronous_commit values under which a commit is acknowledged only once a synchronous standby has it
+# (remote_write: in the standby's memory; on: flushed to its disk; remote_apply: replayed). docs/scaling.md.
+SYNCHRONOUS_COMMITS = ("remote_write", "on", "remote_apply")
+REPLICATION_SQL = ("SELECT pg_is_in_recovery(), current_setting('synchronous_standby_names'), "
+                   "current_setting('synchronous_commit'), (SELECT count(*) FROM pg_stat_replication)")
+
+
+def failover_loss(cursor, several_hosts: bool = False) -> str | None:
+    """Why a failover of the server `cursor` is connected to could lose acknowledged commits, or None.
+
+    The rule (docs/scaling.md "High availability"): a server with a standby (a streaming replica in
+    pg_stat_replication, or a DSN naming several hosts) loses what it acknowledged on promotion of that standby
+    unless every commit waits for a synchronous standby: synchronous_standby_names set and synchronous_commit
+    one of remote_write, on, remote_apply for this session. A server without standby has no failover to lose
+    writes to (its own disk holds them: nothing to say); a standby (in recovery) is not written to."""
+    cursor.execute(REPLICATION_SQL)
+    in_recovery, standby_names, commit, streaming = cursor.fetchone()
+    if in_recovery or not (streaming or several_hosts):
+        return None
+    if not (standby_names or "").strip():
+        return (f"asynchronous replication: synchronous_standby_names is empty ({streaming} standby(s) streaming"
+                + (", the DSN names several hosts" if several_hosts else "")
+                + "), so a commit is acknowledged before any standby has it")
+    if commit not in SYNCHRONOUS_COMMITS:
+        return (f"synchronous_commit is {commit!r}: a commit is acknowledged before the synchronous standby "
+                f"({standby_names}) has it")
+    return None
+
+
+@register()
+def check_failover_durability(app_configs=None, **kwargs) -> list:
+    """loom.W050: a PostgreSQL database with a standby replicates asynchronously (or this session commits with
+    synchronous_commit local/off): an acknowledged append could be lost when the standby is promoted. One query
+    per PostgreSQL alias; an unreachable database is skipped (the worker reports it); SQLite: nothing to say."""
+    from django.db import DatabaseError
+
+    messages = []
+    for alias in settings.DATABASES:
+        conn = connections[alias]
+        if conn.vendor != "postgresql":
+            continue
+        several = "," in str(conn.settings_dict.get("HOST") or "")
+        try:
+            with conn.cursor() as cursor:
+                problem = failover_loss(cursor, several)
+        except DatabaseError:
+            continue
+        if problem:
+            messages.append(Warning(
+                f"database {alias!r} would lose acknowledged writes on failover: {problem}",
+                hint="Set synchronous_standby_names on the primary (pg_auto_failover does: number_sync_standbys, "
+                     "replication quorum) and keep synchronous_commit on; docs/scaling.md \"High availability\".",
+                id="loom.W050"))
+    return messages

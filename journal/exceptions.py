@@ -1,11 +1,15 @@
 """The journal's errors. Database errors are translated into these at the store boundary.
 
-Every error raised by an append guarantees that nothing of the failed call was stored.
+Every error raised by an append guarantees that nothing of the failed call was stored, except
+DatabaseUnavailable: the server went away under the statement, so the commit is in doubt (retry with the
+same guards to decide).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from django.db import OperationalError
 
 
 class JournalError(Exception):
@@ -31,6 +35,14 @@ class AppendRefused(JournalError):
     def __init__(self, message: str, streams: Iterable[str]):
         self.streams = tuple(streams)
         super().__init__(message)
+
+
+class DatabaseUnavailable(JournalError, OperationalError):
+    """A write could not be completed because the database could not be reached (down, restarting, failing
+    over to its standby: journal/reach.py). Retryable, and in doubt: the commit may have been stored before the
+    connection broke. Retry with the same guards (expected seq, fence token): the guard refuses a second copy
+    (SequenceConflict, StaleFence), so a retry never applies twice. An OperationalError too, so that code
+    catching the driver's error still catches it."""
 
 
 class StaleFence(AppendRefused):

@@ -14,40 +14,17 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import connections
 
+from journal.reach import cannot_reach
 from leases import conf
 
 log = logging.getLogger("loom.recovery")
 T = TypeVar("T")
+__all__ = ["cannot_reach", "patiently"]  # cannot_reach: journal/reach.py, kept importable here
 
 FIRST_BACKOFF = 0.1  # seconds before the first retry; doubled each time up to MAX_BACKOFF
 MAX_BACKOFF = 2.0
-# What a driver says when the server cannot be reached or took the session away (psycopg's texts; the server's
-# FATALs of a full or restarting server). A lock timeout, a deadlock, a constraint: not these, the run's own.
-_SIGNS = ("too many clients", "remaining connection slots", "connection failed", "could not connect",
-          "connection refused", "server closed the connection", "terminating connection", "connection is closed",
-          "connection already closed", "the database system is", "no connection to the server", "connection timeout",
-          "timeout expired", "connection to server", "consuming input failed", "ssl connection has been closed",
-          "could not receive data", "could not send data", "connection reset", "broken pipe",
-          "couldn't get a connection")  # Django's own pool (OPTIONS["pool"]) with every session taken
-
-
-def cannot_reach(exc: BaseException) -> bool:
-    """Whether `exc` (or what it was raised from) says the database could not be reached, rather than refusing
-    a statement."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, InterfaceError):
-            return True
-        if isinstance(current, OperationalError):
-            text = str(current).lower()
-            if any(sign in text for sign in _SIGNS):
-                return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 def patiently(attempt: Callable[[], T], what: str, stopping: Callable[[], bool] = lambda: False) -> T:

@@ -119,6 +119,19 @@ class CallTimedOut(ApiError):
         return error_response(self.status, self.code, self.message, error_id=self.call_id, headers=self.headers)
 
 
+class DatabaseUnavailable(ApiError):
+    """The database could not be reached (a restart, a failover to the standby: docs/scaling.md "High
+    availability"). Retryable: the request's effect is in doubt only for a write whose commit was in flight, and
+    a retry of a start with the same execution id is answered as a repeat of it, never run twice."""
+
+    status = 503
+    code = "database_unavailable"
+    RETRY_AFTER = "1"
+
+    def __init__(self, message: str):
+        super().__init__(message, headers={"Retry-After": self.RETRY_AFTER})
+
+
 class InvalidInput(ApiError):
     """The flow's input (or caller-owned state) does not validate; nothing was run or written."""
 

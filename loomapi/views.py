@@ -38,6 +38,7 @@ from journal.flows import NotResumable, UnknownExecution, UnknownFlow, describe,
 from journal.flows.state import TERMINAL
 from journal.flows.writer import header_status
 from journal.ids import stored_id_problem
+from journal.reach import cannot_reach
 from loomapi import errors, trace
 from loomapi.auth import Principal, authenticate, require_flow
 from loomapi.bodies import (
@@ -114,6 +115,9 @@ def _serve(view: Callable, request, methods, allowed: str, auth: bool, args, kwa
     except InvalidStream as exc:
         return errors.InvalidBody(f"execution id refused by the journal: {exc}").response()
     except Exception as exc:
+        if cannot_reach(exc):  # DatabaseUnavailable, or the driver's own error outside an append: retryable
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            return errors.DatabaseUnavailable(f"the database could not be reached ({first}); retry").response()
         return errors.internal_error(request, exc)
     except (SystemExit, KeyboardInterrupt) as exc:
         # Raised by code a request reached (an input model's validator, a module a flow imports), never by a

@@ -17,4 +17,5 @@ SCENARIOS = {
     "kill-after-send": "benchmarks.faults.kill_after_send",
     "exit-on-cap-one": "benchmarks.faults.exit_on_cap_one",
     "connection-spike": "benchmarks.faults.connection_spike",
+    "failover": "benchmarks.faults.failover",
 }

@@ -44,7 +44,8 @@ def produce(args: dict) -> None:
     """Append `FaultTick` events to `streams`, `rounds` times each, `per` events an append.
 
     tolerant: an append that raises is in doubt (the server may have committed it before the
-    connection broke): say DOUBT, reconnect and go on. Otherwise any error ends the child."""
+    connection broke): say DOUBT, reconnect and go on. Otherwise any error ends the child. Given `stop` (a file),
+    the child ends early once it exists (a scenario that needs load for as long as it runs)."""
     from benchmarks.faults.fixtures import TYPE
     from journal.envelopes import Envelope
     from journal.models import Event
@@ -52,6 +53,8 @@ def produce(args: dict) -> None:
     _wait_for(args.get("go"))
     n = 0
     for _r in range(args["rounds"]):
+        if args.get("stop") and os.path.exists(args["stop"]):
+            break
         for stream in args["streams"]:
             envelopes = [Envelope(TYPE, {"w": args["wid"], "n": n + k}) for k in range(args["per"])]
             try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connections
+from django.db import IntegrityError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
 from journal import conf
@@ -30,6 +30,7 @@ from journal.envelopes import Appended, AppendItem, SnapshotRecord, StoredEvent
 from journal.exceptions import (
     AppendRefused,
     BatchRefused,
+    DatabaseUnavailable,
     InvalidPayload,
     SequenceConflict,
     StaleFence,
@@ -37,6 +38,7 @@ from journal.exceptions import (
     UnknownStream,
 )
 from journal.privacy import codec
+from journal.reach import cannot_reach
 from journal.store.testing import JournalUpkeep
 
 if TYPE_CHECKING:
@@ -407,6 +409,14 @@ class LogStore(DatabaseBound, ABC):
             verdicts = self._append(items, encoded)
         except IntegrityError as exc:
             raise self.sequence_conflict(items, exc) from None
+        except (OperationalError, InterfaceError) as exc:
+            if not cannot_reach(exc):
+                raise
+            # The server went away under the statement (a restart, a failover): the commit may or may not have
+            # been stored. Named and retryable; the guards decide on a retry (journal/exceptions.py).
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise DatabaseUnavailable(f"append to {', '.join(i.stream_id for i in items[:3])}: the database could "
+                                      f"not be reached ({first}); in doubt: retry with the same guards") from exc
         return self.appended(items, verdicts)
 
     def appended(self, items: Sequence[AppendItem], verdicts: list[Verdict]) -> list[Appended]:

@@ -257,6 +257,15 @@ WHERE w.seen_at < now() - %(older)s::float8 * interval '1 second'
   AND NOT EXISTS (SELECT 1 FROM leases_lease l WHERE l.owner = w.id)
 """
 
+# -- count_leases_expired_for -- (the fault suite's failover scenario; the database clock, as every expiry)
+# Lease rows of running executions under a prefix that expired more than `older` seconds ago: nobody renewed
+# them and no recovery sweep took the execution over in that time. No lock: a count the suite samples.
+COUNT_LEASES_EXPIRED_FOR = """
+SELECT count(*) FROM leases_lease l JOIN journal_execution e ON e.id = l.execution_id
+WHERE l.execution_id LIKE %(prefix)s AND e.status = 'running'
+  AND l.expires_at < now() - %(older)s::float8 * interval '1 second'
+"""
+
 # -- prune_settled_leases -- (leases/store/base.py: the database clock)
 PRUNE_SETTLED_LEASES = base.PRUNE_SETTLED_LEASES.format(now="now()")
 
@@ -431,6 +440,12 @@ class PostgresLeaseStore(PostgresSchedules, LeaseStore):
 
     def prune_settled_leases(self):
         return self._count(PRUNE_SETTLED_LEASES, [])
+
+    def count_leases_expired_for(self, prefix: str, older: float) -> int:
+        """Leases of running executions under `prefix` expired more than `older` s ago (database clock)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(COUNT_LEASES_EXPIRED_FOR, {"prefix": prefix + "%", "older": older})
+            return cursor.fetchone()[0]
 
     def stop_worker(self, worker_id):
         with self.connection.cursor() as cursor:

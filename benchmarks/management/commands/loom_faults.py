@@ -53,6 +53,11 @@ class Command(BaseCommand):
         parser.add_argument("--restart-cluster", default=None, metavar="VERSION/NAME",
                             help="pg-restart: the cluster the database is on, restarted with pg_ctlcluster "
                                  "(never a shared one). Without it, pg-restart is skipped.")
+        parser.add_argument("--failovers", type=int, default=2,
+                            help="Failovers per round of the failover scenario (default 2; docs/reliability.md).")
+        parser.add_argument("--failover-rejoin", choices=("wait", "background"), default="wait",
+                            help="After the last failover, wait for the lost node to be the standby again (default), "
+                                 "or leave it rejoining in the background (tests/test_failover.py).")
         parser.add_argument("--spike-port", type=int, default=None,
                             help="connection-spike: the port of a small PostgreSQL server of its own to fill "
                                  "(default SPIKE_PORT or 5505: scripts/spike-server). Without one it is skipped.")
