@@ -4,7 +4,7 @@ pg_autoctl keeper and then its postmaster SIGKILLed (a keeper left alive would r
 no failover would happen), the monitor promoting the synchronous standby, and the lost node started again to
 rejoin as the new standby (pg_rewind), so that a second failover can follow.
 
-Used by the fault suite's `failover` scenario and tests/test_failover.py."""
+Used by the fault suite's `failover` scenario and tests/leases/test_failover.py."""
 
 from __future__ import annotations
 

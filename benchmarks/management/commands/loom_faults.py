@@ -57,7 +57,7 @@ class Command(BaseCommand):
                             help="Failovers per round of the failover scenario (default 2; docs/reliability.md).")
         parser.add_argument("--failover-rejoin", choices=("wait", "background"), default="wait",
                             help="After the last failover, wait for the lost node to be the standby again (default), "
-                                 "or leave it rejoining in the background (tests/test_failover.py).")
+                                 "or leave it rejoining in the background (tests/leases/test_failover.py).")
         parser.add_argument("--spike-port", type=int, default=None,
                             help="connection-spike: the port of a small PostgreSQL server of its own to fill "
                                  "(default SPIKE_PORT or 5505: scripts/spike-server). Without one it is skipped.")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.faults import ha
-from tests.test_failover import formation_or_skip, node
+from tests.leases.test_failover import formation_or_skip, node
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.postgres

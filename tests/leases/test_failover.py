@@ -1,7 +1,7 @@
 """High availability (docs/scaling.md "High availability"): the durability check loom.W050 on both backends and
 on a real primary with a synchronous standby (the formation of `scripts/ha-servers`); a write or an API start the
 database drops is a named, retryable error (DatabaseUnavailable, 503) that wrote nothing, and its retry applies
-once. The real failover under load: tests/test_failover_processes.py."""
+once. The real failover under load: tests/leases/test_failover_processes.py."""
 
 from __future__ import annotations
 
