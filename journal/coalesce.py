@@ -215,6 +215,11 @@ class Coalescer:
         self.direct = 0
         self.fallbacks = 0  # requests handed back to their caller (stream locked elsewhere)
         self.reconnects = 0  # flush connections replaced after the server dropped them
+        # Requests of statements rolled back on a lock timeout (counted in `batched_requests` then, and
+        # again when re-sent alone, or in `fallbacks` when handed back). The timeout also fires on the
+        # commit's wait for PostgreSQL's notification-queue lock when commits are slow (see
+        # docs/coalescing.md, "Issue 33").
+        self.timed_out = 0
         self.kind_statements: dict[str, int] = {}
         self.kind_requests: dict[str, int] = {}
         self.busy_s = 0.0
@@ -439,6 +444,8 @@ class Coalescer:
             except BaseException as exc:
                 self._add_busy(began)
                 if _lock_timed_out(exc):  # rolled back: nothing written; some stream is locked elsewhere
+                    with self._cond:
+                        self.timed_out += len(remaining)
                     if len(remaining) == 1:
                         self._hand_back(remaining[0])
                     else:  # each alone: the free ones are written, the locked ones handed back

@@ -164,3 +164,46 @@ def test_the_gate_holds_the_coalescer_against_the_raw_coalescer():
     assert ok.verdict == "ok" and ok.value == pytest.approx(0.61)
     (slid,) = evaluate(cells([3000, 4000, 4500, 3500, 4200], [10000] * 5), [rule])
     assert slid.failed
+
+
+@pytest.mark.postgres
+def test_a_batch_rolled_back_on_a_lock_timeout_is_counted_once_per_request_written():
+    """A flush statement that meets a row lock held by another transaction times out (lock_timeout),
+    is re-sent request by request, and the still-blocked request is handed back to its caller. The
+    counters then say how many requests were written exactly once (benchmarks' `written_once`, which
+    the coalesced section verifies against the rows): the free one in a committed statement, the held
+    one by its caller; the rolled-back statements' requests are `timed_out`."""
+    from benchmarks.sections.coalesced import written_once
+    from journal.coalesce import APPEND, Coalescer, _Request
+    from journal.store import store_for
+
+    held, free = _stream("fenced", "held"), _stream("fenced", "free")
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        try:
+            with transaction.atomic():
+                Event.objects.append(held, Envelope("Held"), fence_token=1)
+                holding.set()
+                release.wait(60)
+        finally:
+            connection.close()
+
+    holder_thread = threading.Thread(target=holder, daemon=True)
+    holder_thread.start()
+    assert holding.wait(30)
+    coalescer = Coalescer(flushers=1)
+    items = [AppendItem.build(sid, Envelope("X"), 1) for sid in (held, free)]
+    requests = [_Request(APPEND, item.stream_id, (item, store_for().encode([item])[0])) for item in items]
+    flush = threading.Thread(target=lambda: (coalescer._flush(requests), connection.close()), daemon=True)
+    try:
+        flush.start()
+        flush.join(30)
+    finally:
+        release.set()
+        holder_thread.join(30)
+    assert not flush.is_alive()
+    assert requests[0].handed_back and requests[1].result.first_seq == 1
+    assert (coalescer.timed_out, coalescer.fallbacks) == (3, 1)  # the batch of 2, then the held one alone
+    assert written_once(coalescer) == 2
+    assert _rows(free) == [(0, "Opened"), (1, "X")] and _rows(held) == [(0, "Opened"), (1, "Held")]
