@@ -207,3 +207,59 @@ def test_a_batch_rolled_back_on_a_lock_timeout_is_counted_once_per_request_writt
     assert (coalescer.timed_out, coalescer.fallbacks) == (3, 1)  # the batch of 2, then the held one alone
     assert written_once(coalescer) == 2
     assert _rows(free) == [(0, "Opened"), (1, "X")] and _rows(held) == [(0, "Opened"), (1, "Held")]
+
+
+@pytest.mark.postgres
+def test_a_commit_that_waits_for_the_notify_lock_is_sent_again_whole_not_split(monkeypatch):
+    """lock_timeout also fires while a commit waits for PostgreSQL's notification-queue lock, which
+    every notifying commit takes (no row is locked: the error has no context). Such a batch is sent
+    again whole, nothing having been written, instead of being split and handed back request by
+    request as for a stream locked elsewhere. Driven for real: the flush connections' lock_timeout is
+    1 ms while other connections notify in a loop; every append is written once, in order."""
+    import psycopg
+
+    from benchmarks.sections.coalesced import written_once
+    from journal import coalesce
+
+    monkeypatch.setattr(coalesce, "FLUSH_LOCK_TIMEOUT_MS", 1)
+    settings_dict = connection.settings_dict
+    stop = threading.Event()
+
+    def notifier() -> None:
+        with psycopg.connect(host=settings_dict["HOST"] or "127.0.0.1", port=settings_dict["PORT"] or 5432,
+                             dbname=settings_dict["NAME"], user=settings_dict["USER"] or None,
+                             autocommit=True) as conn:
+            while not stop.is_set():
+                conn.execute("SELECT pg_notify('loom_wp_probe', 'x')")
+
+    sids = [_stream("fenced", "nq") for _ in range(12)]
+    coalescer = coalesce.Coalescer(max_batch=16, flushers=2)
+    errors: list[BaseException] = []
+    seqs: dict[str, list[int]] = {sid: [] for sid in sids}
+
+    def writer(sid: str) -> None:
+        try:
+            for _ in range(15):
+                seqs[sid].append(coalescer.append(sid, Envelope("E"), fence_token=1).first_seq)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    notifiers = [threading.Thread(target=notifier, daemon=True) for _ in range(3)]
+    writers = [threading.Thread(target=writer, args=(sid,), daemon=True) for sid in sids]
+    try:
+        for thread in notifiers + writers:
+            thread.start()
+        for thread in writers:
+            thread.join(120)
+    finally:
+        stop.set()
+        for thread in notifiers:
+            thread.join(30)
+        coalescer.close()
+    assert not errors
+    assert all(seqs[sid] == list(range(1, 16)) for sid in sids)
+    assert all([seq for seq, _ in _rows(sid)] == list(range(16)) for sid in sids)
+    assert written_once(coalescer) == 12 * 15
+    assert coalescer.fallbacks == 0  # no row was locked: nothing is handed back, whatever timed out
