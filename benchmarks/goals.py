@@ -162,6 +162,51 @@ def growth_flat(results: Sequence, at_most: float = 1.3) -> Verdict:
     return Verdict(text + (f" (over: {', '.join(over)})" if over else ""), NOT_MET if over else MET)
 
 
+# -- the write path past the GIL (issue 33) -----------------------------------------------------------
+def _vendor(results: Sequence) -> str | None:
+    """The database of the run the cells come from (BenchResult rows know their run; plain cells do not)."""
+    run = getattr(results[0], "run", None) if results else None
+    return getattr(run, "db_vendor", None)
+
+
+def sqlite_versus_minimal(at_least: float = 0.5) -> Callable[[Sequence], Verdict]:
+    """SQLite, the embedded default: per-event over the minimal sqlite3 statement at 1 writer (vs_minimal)."""
+    def evaluate(results: Sequence) -> Verdict:
+        vendor = _vendor(results)
+        if vendor is not None and vendor != "sqlite":
+            return Verdict(f"a goal of the SQLite run (this run is on {vendor})", NOT_MEASURED)
+        cells = cells_of(results, "append", "per-event", concurrency=1)
+        ratio = cells[0].metrics.get("vs_minimal") if cells else None
+        if not ratio:
+            return Verdict("no per-event cell with vs_minimal at 1 writer", NOT_MEASURED)
+        return Verdict(f"per-event/minimal = {_x(ratio)} at 1 writer", MET if ratio >= at_least else NOT_MET)
+    return evaluate
+
+
+def durable_default_rate(results: Sequence, conc: int = 64, at_least: float = 5000.0) -> Verdict:
+    """Durable 1-step executions at 64 concurrent with the default settings (config=default)."""
+    cells = [c for c in cells_of(results, "durable", "1-step", concurrency=conc)
+             if (c.params.get("config") or "default") == "default"]
+    if not cells or not cells[0].throughput:
+        return Verdict(f"no default 1-step cell at {conc} concurrent", NOT_MEASURED)
+    rate = max(c.throughput for c in cells)
+    return Verdict(f"{rate:,.0f} exec/s (default settings)", MET if rate >= at_least else NOT_MET)
+
+
+def peer_ratio_at_least(peer: str, at_least: float) -> Callable[[Sequence], Verdict]:
+    """Ours over a peer (vs_<peer> of the peers section) at every concurrency, at least `at_least`."""
+    key = f"vs_{peer.lower()}"
+
+    def evaluate(results: Sequence) -> Verdict:
+        ratios = {c.params.get("concurrency"): c.metrics.get(key) for c in cells_of(results, "peers")
+                  if c.params.get("peer", "").lower() == peer.lower() and c.metrics.get(key) is not None}
+        if not ratios:
+            return Verdict(f"no {peer} cells (PostgreSQL with the `peers` extra only)", NOT_MEASURED)
+        text = ", ".join(f"{_x(v)} at {k}" for k, v in sorted(ratios.items()))
+        return Verdict(f"ours / {peer}: {text} callers", MET if min(ratios.values()) >= at_least else NOT_MET)
+    return evaluate
+
+
 # -- durable flows, transient calls, reads (issue 3, 7, 15) -------------------------------------------
 def durable_rate(results: Sequence, conc: int = 64, at_least: float = 1500.0) -> Verdict:
     cells = cells_of(results, "durable", "1-step", concurrency=conc)
@@ -331,6 +376,20 @@ GOALS: tuple[Goal, ...] = (
     Goal("gate: append overhead (ceiling/ours ≤ 1.5 at 1 writer)", "issue 15", "gate", gate_rule("append overhead")),
     Goal("gate: coalescing gain (≥ 3x per-event at 64 writers)", "issue 15", "gate", gate_rule("coalescing gain")),
     Goal("gate: eager lease cost (eager/off ≥ 0.80)", "issue 15", "gate", gate_rule("eager lease cost")),
+    # Issue 33's table (its per-event/minimal, APPEND/minimal and coalesced/raw-coalescer rows are the issue-16
+    # goals above, kept as they are: the same ratios with the same limits).
+    Goal("durable 1-step at 64 concurrent, default settings ≥ 5,000 exec/s", "issue 33; Loom reference",
+         "throughput", durable_default_rate),
+    Goal("our durable one-step flow ≥ 20x a DBOS one-step workflow at every concurrency", "issue 33",
+         "throughput", peer_ratio_at_least("dbos", 20.0)),
+    Goal("SQLite: per-event append ≥ 0.5x the minimal sqlite3 statement (1 writer)", "issue 33", "throughput",
+         sqlite_versus_minimal(0.5)),
+    Goal("transient calls ≥ 1,000,000/s, nothing written", "issue 33", "throughput",
+         lambda results: transient_rate(results, at_least=1_000_000.0)),
+    Goal("gate: coalescer vs raw (coalesced-64/raw-coalescer ≥ 0.5 gated)", "issue 33", "gate",
+         gate_rule("coalescer vs raw")),
+    Goal("coalesced-64 ≥ 0.9x the raw coalescer (the gate's cell)", "issue 33", "gate",
+         gate_rule("coalescer vs raw", goal_at_least=0.9)),
     Goal("eager lease overhead ≤ 15 % (eager/off ≥ 0.85, the gate's cell)", "issue 15", "gate",
          gate_rule("eager lease cost", goal_at_least=0.85)),
 )

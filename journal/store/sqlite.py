@@ -19,6 +19,7 @@ from django.utils import timezone
 from journal import jsonvalues
 from journal.atomic import atomic
 from journal.envelopes import AppendItem, SnapshotRecord
+from journal.store import sqlite_lean
 from journal.store.base import (
     SETTLED_STATUSES,
     ClaimedWait,
@@ -34,8 +35,13 @@ from journal.store.base import (
 FENCES = "SELECT stream_id, token FROM journal_fence WHERE stream_id IN ({marks})"
 
 # -- append: tips --
-# The last seq of each stream in the batch; the (stream_id, seq) unique index answers MAX.
-TIPS = "SELECT stream_id, MAX(seq) FROM journal_event WHERE stream_id IN ({marks}) GROUP BY stream_id"
+# The last seq of each stream in the batch (-1: no event yet), one correlated MAX per stream: the
+# (stream_id, seq) unique index answers each with one seek. (`WHERE stream_id IN (...) GROUP BY
+# stream_id` read every row of every stream in the batch: 3.1 ms for a 20,000-event stream, issue 33.)
+TIPS = """
+SELECT s.value, COALESCE((SELECT MAX(e.seq) FROM journal_event e WHERE e.stream_id = s.value), -1)
+FROM json_each(json_array({marks})) s
+"""
 
 # -- append: insert --
 # One multi-row INSERT for the whole batch, in (stream_id, seq) order.
@@ -285,6 +291,17 @@ class SqliteStore(JournalStore):
     vendor = "sqlite"
 
     def _append(self, items: Sequence[AppendItem], encoded) -> list[Verdict]:
+        connection = self.connection
+        if sqlite_lean.lean_applies(connection, items):  # one event, autocommit: one guarded statement
+            verdict = sqlite_lean.lean_append(connection, items[0], encoded[0][0], self.now())
+            if verdict is not None:
+                return [verdict]
+            # Refused at that moment: the transaction below reads the guards again under the write lock
+            # (and writes if another writer's commit made them pass) and gives the verdicts.
+        return self._append_locked(items, encoded)
+
+    def _append_locked(self, items: Sequence[AppendItem], encoded) -> list[Verdict]:
+        """The guarded append in one IMMEDIATE transaction (or a savepoint of the caller's)."""
         sids = [item.stream_id for item in items]
         marks = ", ".join(["%s"] * len(sids))
         fenced = [item.stream_id for item in items if item.fence_token is not None]
