@@ -89,11 +89,10 @@ def _enqueue(row, eid: str, meta: dict, using: str) -> bool:
     from queues import enqueue
 
     try:
-        enqueue(row.flow, row.input, queue=row.queue or "default", execution_id=eid, meta=meta,
-                using=None if shards.sharded() else using)
-    except ExecutionExists:
+        return enqueue(row.flow, row.input, queue=row.queue or "default", execution_id=eid, meta=meta,
+                       using=None if shards.sharded() else using).created  # False: this very start, already queued
+    except ExecutionExists:  # the id is taken by another start (the schedule's own tick of it, say)
         return False
-    return True
 
 
 def run_now(name: str, by: str = "", using: str | None = None) -> str:

@@ -45,10 +45,15 @@ def pause(name: str, by: str = "", using: str | None = None) -> Outcome:
     """Pause the queue on every shard that has its row; UnknownQueue (nothing written) if none has."""
     from queues.store import store_for
 
+    from queues.declarations import ensure_queue
+
     name = check_name(name)
-    found = [store_for(alias).pause_queue(name, by[:200]) for alias in _aliases(using)]
+    aliases = _aliases(using)
+    for alias in aliases:  # a queue this process declares may have no row yet: write it, so the pause holds
+        ensure_queue(name, alias)  # UnknownQueue (nothing written): neither declared here nor a row there
+    found = [store_for(alias).pause_queue(name, by[:200]) for alias in aliases]
     if all(result is None for result in found):
-        raise UnknownQueue(f"no queue named {name!r} (declared queues get their row when a worker starts)")
+        raise UnknownQueue(f"no queue named {name!r}")
     return Outcome(name, True, any(found))
 
 
