@@ -81,11 +81,11 @@ def queues(using: str | None = None) -> list[QueueRow]:
     return out
 
 
-def depth_series(window: str, using: str | None = None) -> list[Series]:
+def depth_series(window: str, using: str | None = None, edges: list[datetime] | None = None) -> list[Series]:
     """Pending entries per queue at each bucket end (one grouped statement of filtered counts)."""
     from queues.models import QueueEntry
 
-    edges = bucket_edges(window)
+    edges = edges or bucket_edges(window)
     counts = {f"d{i}": Count("id", filter=Q(enqueued_at__lte=t) & (Q(started_at__isnull=True) | Q(started_at__gt=t))
                              & (Q(finished_at__isnull=True) | Q(finished_at__gt=t)))
               for i, t in enumerate(edges)}
@@ -95,11 +95,12 @@ def depth_series(window: str, using: str | None = None) -> list[Series]:
     return [Series(r["queue_id"], [(t, r[f"d{i}"]) for i, t in enumerate(edges)]) for r in rows]
 
 
-def throughput_series(window: str, using: str | None = None) -> tuple[list[Series], list[Series]]:
-    """(executions finished per bucket: completed, failed; failure rate in % per bucket)."""
+def throughput_series(window: str, using: str | None = None, edges: list[datetime] | None = None
+                      ) -> tuple[list[Series], list[Series]]:
+    """(executions finished per bucket: completed, failed; failure rate in % per bucket with any finished)."""
     from journal.models import Execution
 
-    edges = bucket_edges(window)
+    edges = edges or bucket_edges(window)
     width = WINDOWS[window][0] / WINDOWS[window][1]
     counts = {}
     for i, t in enumerate(edges):

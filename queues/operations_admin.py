@@ -24,7 +24,7 @@ from journal.timestamps import stamp
 from queues import operations
 
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000")
-W, H, LEFT, RIGHT, TOP, BOTTOM = 560, 220, 56, 12, 34, 34
+W, H, LEFT, RIGHT, TOP, BOTTOM = 560, 220, 56, 16, 34, 34
 
 
 def _nice(value: float) -> float:
@@ -34,11 +34,13 @@ def _nice(value: float) -> float:
     return float(value)
 
 
-def svg_chart(title: str, series: list[operations.Series], y_label: str, fixed_max: float | None = None) -> str:
-    """Lines over time (x: the bucket ends, labelled HH:MM), y from 0; a legend across the top. Escaped markup."""
+def svg_chart(title: str, series: list[operations.Series], y_label: str, edges: list[datetime],
+              fixed_max: float | None = None) -> str:
+    """Lines over the window's bucket ends `edges` (x, labelled HH:MM UTC), y from 0; a bucket a series has no
+    value for (no execution finished: no failure rate) breaks its line. A legend across the top. Escaped markup."""
     values = [v for s in series for _, v in s.points]
     top = fixed_max or _nice(max(values, default=0) or 1)
-    times = sorted({t for s in series for t, _ in s.points})
+    times = list(edges)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="loom-ops-chart" viewBox="0 0 {W} {H}" width="{W}" '
              f'height="{H}" role="img" aria-label="{escape(title)}"><title>{escape(title)}</title>',
              f'<rect width="{W}" height="{H}" fill="#fff"/>']
@@ -59,7 +61,8 @@ def svg_chart(title: str, series: list[operations.Series], y_label: str, fixed_m
                      f'<text x="{LEFT - 5}" y="{py(v) + 4:.1f}" text-anchor="end" font-size="11">{v:g}</text>')
     for i, t in enumerate(times):
         if i % max(1, len(times) // 6) == 0 or i == len(times) - 1:
-            parts.append(f'<text x="{px(t):.1f}" y="{H - BOTTOM + 15}" text-anchor="middle" font-size="11">'
+            anchor = "end" if i == len(times) - 1 else "start" if i == 0 else "middle"  # inside the frame
+            parts.append(f'<text x="{px(t):.1f}" y="{H - BOTTOM + 15}" text-anchor="{anchor}" font-size="11">'
                          f'{t.astimezone(UTC):%H:%M}</text>')
     parts.append(f'<text x="{(LEFT + W) / 2}" y="{H - 4}" text-anchor="middle" font-size="11">UTC, bucket end</text>'
                  f'<text transform="translate(12 {(TOP + H - BOTTOM) / 2}) rotate(-90)" text-anchor="middle" '
@@ -68,9 +71,13 @@ def svg_chart(title: str, series: list[operations.Series], y_label: str, fixed_m
     for j, s in enumerate(series):
         color = PALETTE[j % len(PALETTE)]
         pts = [(px(t), py(v), t, v) for t, v in s.points]
-        if len(pts) > 1:
-            parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
-                         + " ".join(f"{a:.1f},{b:.1f}" for a, b, _, _ in pts) + '"/>')
+        index = {t: i for i, t in enumerate(times)}
+        run: list[tuple[float, float]] = []
+        for k, (a, b, t, _) in enumerate(pts):  # one polyline per run of adjacent buckets
+            if k and index.get(t, -9) != index.get(pts[k - 1][2], -9) + 1:
+                run = _flush(parts, run, color)
+            run.append((a, b))
+        _flush(parts, run, color)
         for a, b, t, v in pts:
             parts.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{color}"><title>{escape(s.name)} '
                          f'{t.astimezone(UTC):%H:%M}: {v:g}</title></circle>')
@@ -80,6 +87,13 @@ def svg_chart(title: str, series: list[operations.Series], y_label: str, fixed_m
         if x > W - 80:
             break  # more series than the legend's one line: the rest stay in the chart, named by their tooltips
     return "".join(parts) + "</svg>"
+
+
+def _flush(parts: list[str], run: list[tuple[float, float]], color: str) -> list:
+    if len(run) > 1:
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
+                     + " ".join(f"{a:.1f},{b:.1f}" for a, b in run) + '"/>')
+    return []
 
 
 def _user_can(request, perm: str) -> None:
@@ -152,11 +166,16 @@ def operations_view(admin_site, request):
 
     window = request.GET.get("window", "hour")
     window = window if window in operations.WINDOWS else "hour"
-    done, rate = operations.throughput_series(window)
+    edges = operations.bucket_edges(window)
+    done, rate = operations.throughput_series(window, edges=edges)
+    width = "5 min" if window == "hour" else "1 h"
     charts = [("Queue depth (pending entries)", svg_chart(f"Queue depth, last {window}",
-                                                          operations.depth_series(window), "pending")),
-              ("Throughput", svg_chart(f"Executions finished, last {window}", done, "per bucket")),
-              ("Failure rate", svg_chart(f"Failure rate, last {window}", rate, "% failed", 100.0))]
+                                                          operations.depth_series(window, edges=edges), "pending",
+                                                          edges)),
+              (f"Throughput (executions finished per {width})",
+               svg_chart(f"Executions finished, last {window}", done, f"per {width}", edges)),
+              ("Failure rate (failed / finished)", svg_chart(f"Failure rate, last {window}", rate, "% failed", edges,
+                                                             100.0))]
     perms = request.user
     context = {**admin_site.each_context(request), "title": "Operations", "window": window,
                "windows": list(operations.WINDOWS), "charts": charts, "queues": operations.queues(),

@@ -43,9 +43,8 @@ def check_name(name: object) -> str:
 
 def pause(name: str, by: str = "", using: str | None = None) -> Outcome:
     """Pause the queue on every shard that has its row; UnknownQueue (nothing written) if none has."""
-    from queues.store import store_for
-
     from queues.declarations import ensure_queue
+    from queues.store import store_for
 
     name = check_name(name)
     aliases = _aliases(using)

@@ -11,7 +11,9 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import Client
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from journal.flows import cancel, registry
 from journal.flows.ownership import get_ownership, set_ownership
@@ -169,7 +171,7 @@ def test_the_operations_page_shows_the_figures_and_each_button_needs_its_permiss
     assert run_due() == ["completed"]
     enqueue("sched.echo", {"n": 2}, queue=capped, execution_id="op-page-2")
     Worker.objects.create(id="op-page-w", host="h", pid=1)
-    done, rate = operations.throughput_series("hour")
+    done, _rate = operations.throughput_series("hour")
     assert sum(v for _, v in done[0].points) >= 1 and done[1].points[-1][1] == 0
     depth = {s.name: s.points[-1][1] for s in operations.depth_series("day")}
     assert depth[capped] == 1
