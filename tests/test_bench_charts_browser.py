@@ -7,6 +7,7 @@ LOOM_SCREENSHOTS=<dir> the pages are saved there (docs/results.md "Screenshots")
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 import pytest
 
@@ -66,7 +67,7 @@ def test_result_charts_are_readable_and_compare_has_a_chart(live_server, browser
     assert len(durable) == 2 and all(plot_height(svg) >= charts.PLOT for svg in durable)
     for svg in durable:  # y tick labels at least TICK_GAP apart
         ys = sorted(float(y) for y in re.findall(r'<text x="70" y="([\d.]+)" text-anchor="end" class="tick">', svg))
-        assert ys and all(b - a >= charts.TICK_GAP for a, b in zip(ys, ys[1:], strict=False))
+        assert ys and all(b - a >= charts.TICK_GAP for a, b in pairwise(ys))
     latency = next(svg for title, svg in by_title.items() if title.startswith("durable: latency"))
     assert latency.count('class="legend"') == 12  # one entry per series, not one per percentile line
     batch = next(svg for title, svg in by_title.items() if title.startswith("batch-shape: throughput"))
