@@ -95,9 +95,10 @@ class QueueAdmin(ReadOnlyAdmin):
 
     @admin.display(description="dispatch")
     def dispatch(self, queue) -> str:
-        if queue.paused_at is None:
-            return "running"
-        return f"paused since {stamp(queue.paused_at)}" + (f" by {queue.paused_by}" if queue.paused_by else "")
+        """Running or paused, linked to the operations page (charts, workers, the actions)."""
+        text = "running" if queue.paused_at is None else (
+            f"paused since {stamp(queue.paused_at)}" + (f" by {queue.paused_by}" if queue.paused_by else ""))
+        return format_html('<a href="{}" title="the operations page">{}</a>', reverse("admin:queues_operations"), text)
 
     @admin.action(description="Pause selected queues (no worker takes their entries; enqueues still accepted)",
                   permissions=["pause"])

@@ -5,7 +5,7 @@ every worker on every host is seen as the rows say, never from one process's mem
 - depth over the last hour or day: rebuilt from the entries' own times (an entry was pending at t if it was
   enqueued by t and neither claimed nor finished by t). Finished entries are kept LOOM_QUEUE_RETENTION
   (default a day), so the day's chart is whole with the default retention; a shorter one cuts its left part;
-- throughput and failure rate: executions finished per bucket (journal_execution.finished_at), completed
+- throughput and failure rate: executions finished per bucket (the headers' finished_at, through the ORM), completed
   against failed;
 - workers: the rows not stopped, with their live load: leases held (executions they run now, every kind) and
   queue runs (entries they claimed whose execution has not settled), their drain request if any;

@@ -108,3 +108,32 @@ def test_a_drained_worker_finishes_its_run_takes_nothing_new_and_exits(env, queu
         assert "drained (no run left); exiting" in output(worker)
     finally:
         cleanup(worker)
+
+
+def test_a_sigterm_during_a_drain_is_a_graceful_shutdown_that_hands_the_run_back(env, queues_declared):
+    """drain x LOOM_SHUTDOWN_GRACE: a drain waits for the run to end; a SIGTERM meanwhile stops it at its next
+    step boundary after the grace, its lease handed back (expired at once) for another worker to continue."""
+    import signal
+
+    from django.utils import timezone
+
+    from leases.models import Lease
+
+    env["LOOM_SHUTDOWN_GRACE"] = "0.5"
+    worker = spawn_worker(env, "opw-term")
+    try:
+        enqueue("queues.test.nap", {"seconds": 30}, queue=OTHER, execution_id="op-t-long")
+        wait_until(lambda: Execution.objects.filter(pk="op-t-long", status="running").exists(), "the run began",
+                   proc=worker)
+        call_command("loom", "workers", "drain", "opw-term")
+        wait_until(lambda: DrainRequest.objects.filter(worker_id="opw-term", started_at__isnull=False).exists(),
+                   "the worker saw its drain request", proc=worker)
+        assert worker.poll() is None  # draining: the 30 s step still runs
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0, output(worker)
+        # Interrupted after the grace (the step was mid-way): its lease expired at once, not left to lapse.
+        lease = Lease.objects.get(execution_id="op-t-long")
+        assert lease.expires_at <= timezone.now() and Execution.objects.get(pk="op-t-long").status == "running"
+        assert DrainRequest.objects.get(worker_id="opw-term").finished_at is None  # it did not finish draining
+    finally:
+        cleanup(worker)
