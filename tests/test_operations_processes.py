@@ -6,16 +6,22 @@ execution finish (completed, not handed back), and exits by itself."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
 from journal.models import Execution
-from leases.models import DrainRequest, Worker
+from leases.models import DrainRequest, Lease, Worker
 from queues import declare_queue, enqueue, pause
 from queues.declarations import forget
 from queues.models import QueueEntry
 from tests import queue_flows  # noqa: F401  (the flows)
+from tests.conftest import ROOT
 from tests.test_worker_processes import cleanup, output, spawn_worker, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -89,51 +95,53 @@ def test_two_racing_workers_never_dispatch_from_a_paused_queue_and_resume_runs_i
             cleanup(worker)
 
 
-def test_a_drained_worker_finishes_its_run_takes_nothing_new_and_exits(env, queues_declared):
-    worker = spawn_worker(env, "opw-drain")
+def spawn(env: dict, worker_id: str):
+    """A loom_worker (--no-cluster: the queue dispatcher runs the entries) with a short stop timeout."""
+    log = open(Path(env["LOOM_TEST_LOGS"]) / f"{worker_id}.log", "w")  # noqa: SIM115 (closed by cleanup)
+    proc = subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--id", worker_id, "--no-cluster",
+                             "--stop-timeout", "2"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    proc.log = log
+    return proc
+
+
+def test_drained_workers_finish_their_runs_take_nothing_new_and_exit_unless_sigterm_comes_first(env,
+                                                                                              queues_declared):
+    """Two workers each run one execution (one runner thread each) and are asked to drain. The one with the
+    short run lets it complete (not handed back), takes nothing enqueued after, and exits by itself. The other's
+    run is a 30 s step: a SIGTERM during its drain is an ordinary graceful shutdown (drain x LOOM_SHUTDOWN_GRACE):
+    after the grace the step is interrupted and its lease handed back (expired at once) for another worker."""
+    env.update({"LOOM_QUEUE_THREADS": "1", "LOOM_SHUTDOWN_GRACE": "0.5"})
+    workers = {wid: spawn(env, wid) for wid in ("opw-a", "opw-b")}
     try:
-        enqueue("queues.test.nap", {"seconds": 1.5}, queue=OTHER, execution_id="op-d-long")
-        wait_until(lambda: Execution.objects.filter(pk="op-d-long", status="running").exists(), "the run began",
-                   proc=worker)
-        call_command("loom", "workers", "drain", "opw-drain")
-        wait_until(lambda: DrainRequest.objects.filter(worker_id="opw-drain", started_at__isnull=False).exists(),
-                   "the worker saw its drain request", proc=worker)
+        wait_until(lambda: Worker.objects.filter(pk__in=list(workers), stopped_at__isnull=True).count() == 2,
+                   "both workers registered", proc=workers["opw-a"])
+        enqueue("queues.test.nap", {"seconds": 1.5}, queue=OTHER, execution_id="op-d-short")
+        enqueue("queues.test.nap", {"seconds": 30}, queue=OTHER, execution_id="op-d-long")
+        wait_until(lambda: Execution.objects.filter(pk__in=["op-d-short", "op-d-long"], status="running").count()
+                   + Execution.objects.filter(pk="op-d-short", status="completed").count() == 2,
+                   "both runs began", proc=workers["opw-b"])
+        owner = dict(QueueEntry.objects.filter(queue_id=OTHER).values_list("execution_id", "worker"))
+        assert set(owner.values()) == set(workers), f"one run each: {owner}"
+        short, long = workers[owner["op-d-short"]], workers[owner["op-d-long"]]
+        for wid in workers:
+            call_command("loom", "workers", "drain", wid)
+        wait_until(lambda: DrainRequest.objects.filter(started_at__isnull=False).count() == 2,
+                   "both workers saw their drain request", proc=long)
         enqueue("queues.test.nap", {"seconds": 0.0}, queue=OTHER, execution_id="op-d-after")
-        assert worker.wait(timeout=60) == 0, output(worker)
-        run = Execution.objects.get(pk="op-d-long")
-        assert run.status == "completed" and run.recoveries == 0, (run.status, output(worker))
+        assert short.wait(timeout=60) == 0, output(short)
+        run = Execution.objects.get(pk="op-d-short")
+        assert run.status == "completed" and run.recoveries == 0, (run.status, output(short))
+        assert DrainRequest.objects.get(worker_id=owner["op-d-short"]).finished_at is not None
+        assert Worker.objects.get(pk=owner["op-d-short"]).stopped_at is not None
+        assert "drained (no run left); exiting" in output(short)
+        assert long.poll() is None  # still draining: its 30 s step runs
+        long.send_signal(signal.SIGTERM)
+        assert long.wait(timeout=60) == 0, output(long)
+        lease = Lease.objects.get(execution_id="op-d-long")
+        assert lease.expires_at <= timezone.now() and Execution.objects.get(pk="op-d-long").status == "running"
+        assert DrainRequest.objects.get(worker_id=owner["op-d-long"]).finished_at is None  # it never drained
         assert QueueEntry.objects.get(execution_id="op-d-after").state == "pending", "taken after the drain"
-        assert DrainRequest.objects.get(worker_id="opw-drain").finished_at is not None
-        assert Worker.objects.get(pk="opw-drain").stopped_at is not None
-        assert "drained (no run left); exiting" in output(worker)
     finally:
-        cleanup(worker)
-
-
-def test_a_sigterm_during_a_drain_is_a_graceful_shutdown_that_hands_the_run_back(env, queues_declared):
-    """drain x LOOM_SHUTDOWN_GRACE: a drain waits for the run to end; a SIGTERM meanwhile stops it at its next
-    step boundary after the grace, its lease handed back (expired at once) for another worker to continue."""
-    import signal
-
-    from django.utils import timezone
-
-    from leases.models import Lease
-
-    env["LOOM_SHUTDOWN_GRACE"] = "0.5"
-    worker = spawn_worker(env, "opw-term")
-    try:
-        enqueue("queues.test.nap", {"seconds": 30}, queue=OTHER, execution_id="op-t-long")
-        wait_until(lambda: Execution.objects.filter(pk="op-t-long", status="running").exists(), "the run began",
-                   proc=worker)
-        call_command("loom", "workers", "drain", "opw-term")
-        wait_until(lambda: DrainRequest.objects.filter(worker_id="opw-term", started_at__isnull=False).exists(),
-                   "the worker saw its drain request", proc=worker)
-        assert worker.poll() is None  # draining: the 30 s step still runs
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=60) == 0, output(worker)
-        # Interrupted after the grace (the step was mid-way): its lease expired at once, not left to lapse.
-        lease = Lease.objects.get(execution_id="op-t-long")
-        assert lease.expires_at <= timezone.now() and Execution.objects.get(pk="op-t-long").status == "running"
-        assert DrainRequest.objects.get(worker_id="opw-term").finished_at is None  # it did not finish draining
-    finally:
-        cleanup(worker)
+        for worker in workers.values():
+            cleanup(worker)
