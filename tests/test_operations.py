@@ -116,7 +116,10 @@ def test_the_cli_verbs_act_and_refuse_with_nothing_written(capsys, capped):
     call_command("loom", "queues", "pause", capped)
     assert "queue t-ops: paused" in capsys.readouterr().out
     call_command("loom", "queues", "--json")
-    assert any(q["name"] == capped for q in json.loads(capsys.readouterr().out))
+    (row,) = [q for q in json.loads(capsys.readouterr().out) if q["name"] == capped]
+    assert row["paused_by"] == "loom CLI" and row["paused_since"] is not None
+    call_command("loom", "queues")
+    assert "paused by loom CLI" in capsys.readouterr().out
     call_command("loom", "queues", "resume", capped, "--json")
     assert json.loads(capsys.readouterr().out) == {"queue": capped, "paused": False, "changed": True}
     with pytest.raises(CommandError) as refused:
