@@ -22,6 +22,10 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F
 PERCENTILES = (("p50_ms", "p50"), ("p95_ms", "p95"), ("p99_ms", "p99"))
 WIDTH, HEIGHT = 640, 300
 LEFT, RIGHT, TOP, BOTTOM = 76, 16, 40, 60  # room for 13-14px labels (results.css)
+# The plot's own height, whatever the legend takes above it: the chart grows with its legend rather than the plot
+# shrinking (12 legend rows left ~20 px of plot, issue 28). HEIGHT is the chart with a one-row legend.
+PLOT = HEIGHT - TOP - BOTTOM
+TICK_GAP = 14  # px: a y tick label closer than this to the previous one drawn is left out (no overlap)
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ def _nice_max(value: float) -> float:
 class _Scale:
     """Maps a value to a y pixel, linear from 0 or logarithmic over whole decades."""
 
-    def __init__(self, values: Sequence[float], log: bool, top: float = TOP):
+    def __init__(self, values: Sequence[float], log: bool, top: float = TOP, bottom: float = HEIGHT - BOTTOM):
         positive = [v for v in values if v is not None and v > 0]
         self.log = log and len(positive) > 0
         if self.log:
@@ -74,7 +78,7 @@ class _Scale:
                 self.hi = self.lo * 10
         else:
             self.lo, self.hi = 0.0, _nice_max(max(positive, default=1.0))
-        self.top, self.bottom = top, HEIGHT - BOTTOM
+        self.top, self.bottom = top, bottom
 
     def y(self, value: float) -> float:
         if self.log:
@@ -92,24 +96,28 @@ class _Scale:
 
 
 def _frame(scale: _Scale, y_label: str, x_label: str, title: str) -> list[str]:
+    height = scale.bottom + BOTTOM
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{escape(title)}">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {WIDTH} {height:.0f}" '
+        f'width="{WIDTH}" height="{height:.0f}" role="img" aria-label="{escape(title)}">',
         f"<title>{escape(title)}</title>",
-        f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>',
+        f'<rect x="0" y="0" width="{WIDTH}" height="{height:.0f}" fill="#fff"/>',
     ]
+    last_label = None
     for tick in scale.ticks():
         y = scale.y(tick)
         parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e7eb"/>')
-        parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{_fmt(tick)}</text>')
-    parts.append(f'<line x1="{LEFT}" x2="{LEFT}" y1="{scale.top}" y2="{HEIGHT - BOTTOM}" stroke="#9ca3af"/>')
-    parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{HEIGHT - BOTTOM}" y2="{HEIGHT - BOTTOM}" '
+        if last_label is None or abs(last_label - y) >= TICK_GAP:
+            parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{_fmt(tick)}</text>')
+            last_label = y
+    parts.append(f'<line x1="{LEFT}" x2="{LEFT}" y1="{scale.top}" y2="{scale.bottom}" stroke="#9ca3af"/>')
+    parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{scale.bottom}" y2="{scale.bottom}" '
                  'stroke="#9ca3af"/>')
-    mid = (scale.top + HEIGHT - BOTTOM) / 2
+    mid = (scale.top + scale.bottom) / 2
     scale_note = " (log)" if scale.log else ""
     parts.append(f'<text transform="translate(14 {mid:.0f}) rotate(-90)" text-anchor="middle" class="axis">'
                  f"{escape(y_label + scale_note)}</text>")
-    parts.append(f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.0f}" y="{HEIGHT - 8}" text-anchor="middle" '
+    parts.append(f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.0f}" y="{height - 8:.0f}" text-anchor="middle" '
                  f'class="axis">{escape(x_label)}</text>')
     return parts
 
@@ -131,16 +139,19 @@ def _legend(series: Sequence[tuple[str, str, bool]]) -> tuple[list[str], float]:
 
 
 def line_chart(title: str, x_label: str, x_values: Sequence, series: Sequence[Series], y_label: str,
-               log: bool = False) -> str:
-    """Lines over ordinal x categories (equally spaced: 1, 8, 32, 256 read well without a log axis)."""
-    legend, top = _legend([(s.name, s.color, s.dashed) for s in series])
-    scale = _Scale([v for s in series for v in s.points.values()], log, top)
+               log: bool = False, legend_entries: Sequence[tuple[str, str, bool]] | None = None) -> str:
+    """Lines over ordinal x categories (equally spaced: 1, 8, 32, 256 read well without a log axis). The plot
+    is PLOT px high below however many legend rows (`legend_entries`: default one per series)."""
+    legend, top = _legend(legend_entries if legend_entries is not None else [(s.name, s.color, s.dashed)
+                                                                             for s in series])
+    scale = _Scale([v for s in series for v in s.points.values()], log, top, top + PLOT)
+    bottom = scale.bottom
     parts = _frame(scale, y_label, x_label, title)
     span = WIDTH - RIGHT - LEFT - 40
     step = span / max(len(x_values) - 1, 1)
     xs = {x: LEFT + 20 + i * step for i, x in enumerate(x_values)}
     for x, px in xs.items():
-        parts.append(f'<text x="{px:.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle" class="tick">'
+        parts.append(f'<text x="{px:.1f}" y="{bottom + 16:.1f}" text-anchor="middle" class="tick">'
                      f"{escape(str(x))}</text>")
     for s in series:
         points = [(xs[x], scale.y(y), x, y) for x, y in ((x, s.points.get(x)) for x in x_values) if y is not None]
@@ -160,10 +171,12 @@ def line_chart(title: str, x_label: str, x_values: Sequence, series: Sequence[Se
 
 
 def bar_chart(title: str, categories: Sequence[str], groups: Sequence[tuple[str, Sequence[float | None]]],
-              y_label: str, log: bool = False) -> str:
-    """Grouped bars: one group per category, one bar per (name, values) entry of `groups`."""
+              y_label: str, log: bool = False, reference: float | None = None) -> str:
+    """Grouped bars: one group per category, one bar per (name, values) entry of `groups`; `reference`: a grey
+    horizontal line at that value (a ratio's 1x)."""
     legend, top = _legend([(name, PALETTE[j % len(PALETTE)], False) for j, (name, _) in enumerate(groups)])
-    scale = _Scale([v for _, values in groups for v in values if v is not None], log, top)
+    scale = _Scale([v for _, values in groups for v in values if v is not None], log, top, top + PLOT)
+    bottom = scale.bottom
     parts = _frame(scale, y_label, "", title)
     span = WIDTH - RIGHT - LEFT
     slot = span / max(len(categories), 1)
@@ -178,18 +191,49 @@ def bar_chart(title: str, categories: Sequence[str], groups: Sequence[tuple[str,
                 continue
             y = scale.y(value)
             parts.append(f'<rect class="bar" x="{start + j * bar:.1f}" y="{y:.1f}" width="{bar - 1:.1f}" '
-                         f'height="{max(HEIGHT - BOTTOM - y, 0.5):.1f}" fill="{PALETTE[j % len(PALETTE)]}">'
+                         f'height="{max(bottom - y, 0.5):.1f}" fill="{PALETTE[j % len(PALETTE)]}">'
                          f"<title>{escape(category)} {escape(name)}: {_fmt(value)} {escape(y_label)}</title></rect>")
         label = escape(category if len(category) <= 28 else category[:27] + "…")
         if rotate:
-            parts.append(f'<text transform="translate({cx:.1f} {HEIGHT - BOTTOM + 12}) rotate(-25)" '
+            parts.append(f'<text transform="translate({cx:.1f} {bottom + 12:.1f}) rotate(-25)" '
                          f'text-anchor="end" class="tick">{label}</text>')
         else:
-            parts.append(f'<text x="{cx:.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle" class="tick">'
+            parts.append(f'<text x="{cx:.1f}" y="{bottom + 16:.1f}" text-anchor="middle" class="tick">'
                          f"{label}</text>")
+    if reference is not None:
+        y = scale.y(reference)
+        parts.append(f'<line class="reference" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" '
+                     f'stroke="#6b7280" stroke-width="1.5" stroke-dasharray="4 3"/>')
     parts += legend
     parts.append("</svg>")
     return "".join(parts)
+
+
+COMPARE_MAX = 24  # sections the compare chart draws at most (the tables below have every cell)
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    positive = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in positive) / len(positive)) if positive else None
+
+
+def compare_chart(title: str, rows: Sequence) -> str:
+    """The compare page's chart: per section, the geometric mean of the throughput and p50 ratios (new ÷ base)
+    of the cells both runs have, as bars around a 1x line (log scale: 0.5x and 2x are as far from it); one bar
+    per section stays readable where one per cell (a section has dozens) would not. "" when no ratio."""
+    by_section: dict[str, list] = {}
+    for r in rows:
+        if r.status not in ("added", "removed"):
+            by_section.setdefault(r.cell.section, []).append(r)
+    sections = [name for name, found in by_section.items()
+                if any(r.throughput_ratio is not None or r.p50_ratio is not None for r in found)][:COMPARE_MAX]
+    if not sections:
+        return ""
+    labels = [f"{name} ({len(by_section[name])})" for name in sections]
+    groups = [("throughput ratio (higher is better)",
+               [_geomean([r.throughput_ratio for r in by_section[name]]) for name in sections]),
+              ("p50 ratio (lower is better)", [_geomean([r.p50_ratio for r in by_section[name]]) for name in sections])]
+    return bar_chart(title, labels, groups, "new ÷ base", log=True, reference=1.0)
 
 
 def _numeric(value) -> bool:
@@ -233,6 +277,18 @@ def _varying_within_scenario(cells: Sequence[Cell], sweep: str | None) -> list[s
     return sorted(keys)
 
 
+def _one_series(section: str, series: list[Series]) -> list[Series]:
+    """Scenarios that each hold one point of the sweep (batch-1, batch-4...: the scenario's name is the swept
+    value) are one series over the parameter, not single dots (issue 28); anything else is left as it is."""
+    if len(series) < 2 or any(len(one.points) != 1 for one in series):
+        return series
+    xs = [x for one in series for x in one.points]
+    if len(set(map(repr, xs))) != len(xs):
+        return series  # two scenarios at one x: not one series
+    first = series[0]
+    return [Series(section, {x: y for one in series for x, y in one.points.items()}, first.dashed, first.color)]
+
+
 def section_charts(section: str, cells: Sequence[Cell]) -> list[Chart]:
     """Charts for one section's cells: throughput (per unit) and latency percentiles."""
     charts: list[Chart] = []
@@ -256,21 +312,25 @@ def section_charts(section: str, cells: Sequence[Cell]) -> list[Chart]:
                     points[cell.params[sweep]] = cell.throughput
                 series[name] = Series(name, points, color=color)
             title = f"{section}: throughput vs {sweep}"
-            charts.append(Chart(title, line_chart(title, sweep, xs, list(series.values()), unit)))
+            charts.append(Chart(title, line_chart(title, sweep, xs, _one_series(section, list(series.values())),
+                                                  unit)))
         if timed:
             names: list[str] = []
             for cell in timed:
                 if _series_name(cell, varying) not in names:
                     names.append(_series_name(cell, varying))
             lines = []
-            for i, name in enumerate(names):
-                color = PALETTE[i % len(PALETTE)]
-                for attr, label, dashed in (("p50_ms", "p50", False), ("p99_ms", "p99", True)):
-                    points = {c.params[sweep]: getattr(c, attr) for c in timed
-                              if _series_name(c, varying) == name and sweep in c.params}
-                    lines.append(Series(f"{name} {label}", points, dashed=dashed, color=color))
+            for attr, label, dashed in (("p50_ms", "p50", False), ("p99_ms", "p99", True)):
+                per_name = [Series(name, {c.params[sweep]: getattr(c, attr) for c in timed
+                                          if _series_name(c, varying) == name and sweep in c.params},
+                                   dashed=dashed, color=PALETTE[i % len(PALETTE)]) for i, name in enumerate(names)]
+                lines += [Series(f"{one.name} {label}", one.points, one.dashed, one.color)
+                          for one in _one_series(section, per_name)]
+            # One legend entry per series (its colour); solid p50 and dashed p99 are said once, in the title.
+            entries = list({line.name.rsplit(" ", 1)[0]: (line.name.rsplit(" ", 1)[0], line.color, False)
+                            for line in lines}.values())
             title = f"{section}: latency p50 (solid) and p99 (dashed) vs {sweep}"
-            charts.append(Chart(title, line_chart(title, sweep, xs, lines, "ms", log=True)))
+            charts.append(Chart(title, line_chart(title, sweep, xs, lines, "ms", log=True, legend_entries=entries)))
         return charts
 
     for unit, group in units.items():

@@ -102,10 +102,7 @@ class BenchCommand(BaseCommand):
         if options.get("json_path"):
             Path(options["json_path"]).write_text(json.dumps(run_as_json(run, recorder.results), indent=2))
             self.stdout.write(f"figures written to {options['json_path']}")
-        self.stdout.write(
-            f"recorded as run #{run.pk}: browse it at http://127.0.0.1:8000/bench/runs/{run.pk}/ "
-            "(python manage.py runserver --insecure) or in the admin under Benchmarks."
-        )
+        self.stdout.write(f"recorded as run #{run.pk}: {run_link(run.pk)}, or in the admin under Benchmarks.")
 
 
 def run_as_json(run, results) -> dict:
@@ -121,3 +118,18 @@ def run_as_json(run, results) -> dict:
             for r in results
         ],
     }
+
+
+def run_link(pk: int) -> str:
+    """Where the run's page is, as true in any project as this process knows: the path benchmarks.urls has in
+    this URLconf, after LOOM_RESULTS_URL when set (no host is guessed: a project serves it where it does)."""
+    from django.urls import NoReverseMatch, reverse
+
+    from benchmarks import conf
+
+    try:
+        path = reverse("benchmarks:run_detail", args=[pk])
+    except NoReverseMatch:
+        return "its page needs benchmarks.urls in your URLconf (docs/results.md)"
+    base = (conf.get("LOOM_RESULTS_URL") or "").rstrip("/")
+    return f"browse it at {base}{path}" if base else f"browse it at {path} on your site (LOOM_RESULTS_URL: a full link)"

@@ -67,13 +67,19 @@ def _sections(results: Iterable) -> list[dict]:
         sections.append({
             "name": name,
             "extra": extra,
-            "rows": [{"result": r, "params": _params(r.params), "gated": is_gated(c),
+            "rows": [{"result": r, "params": _params(r.params), "gated": is_gated(c), "once": measured_once(r),
                       "extras": [(r.metrics or {}).get(k) for k in extra]} for r, c in zip(rows, cells, strict=True)],
             # Safe: charts.py escapes every label and value it puts into the markup.
             "charts": [{"title": c.title, "svg": mark_safe(c.svg)}
                        for c in charts.section_charts(name, cells)],
         })
     return sections
+
+
+def measured_once(result) -> bool:
+    """A timed cell whose figure rests on one measurement (count 1: the growth section's recovery sweep at a
+    size, say): no spread, no percentile worth the name; the page flags it (issue 28)."""
+    return result.count == 1 and (result.throughput is not None or result.p50_ms is not None)
 
 
 def _params(params: dict | None) -> str:
@@ -94,6 +100,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
     if vendor:
         runs = runs.filter(db_vendor=vendor)
     page = Paginator(runs, 50).get_page(request.GET.get("page"))
+    for run in page.object_list:
+        _shown(run)  # the command line shown beside the command's name, secrets redacted
     return render(request, "benchmarks/run_list.html", {
         "page": page,
         "runs": page.object_list,
@@ -150,16 +158,25 @@ def compare_runs(request: HttpRequest, base: int | None = None, new: int | None 
         query = f"?threshold={request.GET['threshold']}" if request.GET.get("threshold") else ""
         return redirect(url + query)
     base_run, new_run = _pair(request, base, new)
+    _shown(base_run)
+    _shown(new_run)
     factor = _factor(request)
     rows = _comparison(base_run, new_run, factor)
     counts = {status: sum(1 for r in rows if r.status == status)
               for status in ("regression", "improvement", "noise", "same", "added", "removed")}
+    shared_only = request.GET.get("shared") == "1"  # hide the rows only one of the runs has
     sections: dict[str, list] = {}
     for row in rows:
+        if shared_only and row.status in ("added", "removed"):
+            continue
         sections.setdefault(row.cell.section, []).append(
             {"row": row, "params": _params(row.cell.params), "gated": is_gated(row.cell)})
+    # Safe: charts.py escapes every label and value it puts into the markup.
+    chart = charts.compare_chart(f"#{base_run.pk} → #{new_run.pk}: new ÷ base per section (geometric mean of "
+                                 "its shared cells)", rows)
     return render(request, "benchmarks/compare.html", {
         "base": base_run, "new": new_run, "factor": factor, "sections": sections, "counts": counts,
+        "shared_only": shared_only, "chart": mark_safe(chart) if chart else "",
     })
 
 

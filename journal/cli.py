@@ -467,14 +467,18 @@ def queues(using: str | None) -> Reply:
     if not apps.is_installed("queues"):
         raise Refused("no queues: the queues app is not installed (add \"queues\" to INSTALLED_APPS)", UNAVAILABLE)
     import queues as queue_app
+    from queues.pause import paused as paused_queues
 
+    held = paused_queues(using)  # queue -> (since, by): `loom queues pause` (docs/queues.md "Pausing a queue")
     data = [{"name": q.name, "concurrency": q.concurrency, "partition_concurrency": q.partition_concurrency,
              "rate_limit": q.rate_limit, "rate_period": q.rate_period, "pending": q.pending, "ready": q.ready,
-             "running": q.running} for q in queue_app.stats(using)]
-    lines = _table(["queue", "running", "cap", "pending", "ready", "per partition", "rate"],
+             "running": q.running, "paused_since": _iso(held[q.name][0]) if q.name in held else None,
+             "paused_by": held[q.name][1] if q.name in held else None} for q in queue_app.stats(using)]
+    lines = _table(["queue", "running", "cap", "pending", "ready", "per partition", "rate", "dispatch"],
                    [[q["name"], q["running"], q["concurrency"], q["pending"], q["ready"],
                      q["partition_concurrency"] or "-",
-                     f"{q['rate_limit']}/{q['rate_period']:g}s" if q["rate_limit"] else "-"] for q in data])
+                     f"{q['rate_limit']}/{q['rate_period']:g}s" if q["rate_limit"] else "-",
+                     f"paused by {q['paused_by'] or '?'}" if q["paused_since"] else "running"] for q in data])
     return Reply(data, lines or ["no queues"])
 
 

@@ -27,6 +27,9 @@ class LeasesConfig(AppConfig):
         from leases.watchdog import StepWatchdog
 
         register_service(StepWatchdog)  # tells running steps to stop; retires a worker whose step ignores it
+        from leases.drain import DrainService
+
+        register_service(DrainService)  # carries out an operator's drain request naming this worker
         try:
             from django_q.signals import post_spawn
         except ImportError:  # django-q2 not installed: no queued starts, no cluster to watch

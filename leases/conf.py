@@ -45,6 +45,9 @@ register(
     Setting("LOOM_SCHEDULE_BATCH", int, 100, "Due schedules one tick claims at most.", 1),
     Setting("LOOM_SCHEDULE_CATCH_UP_MAX", int, 100,
             "Missed ticks one claim starts at most under catch_up='all' (the next claims start the rest).", 1),
+    Setting("LOOM_DRAIN_POLL", float, 1.0,
+            "Seconds between a worker's reads of its drain request (leases/drain.py: how soon it starts draining).",
+            0.01),
 )
 
 

@@ -132,6 +132,11 @@ class Schedule(models.Model):
     next_tick_at = models.DateTimeField(help_text="The next tick due (UTC).")
     last_tick_at = models.DateTimeField(null=True, blank=True, help_text="The last tick that started an execution.")
     last_execution_id = models.CharField(max_length=200, blank=True, default="")
+    # An operator's pause (leases/schedule_ops.py): no tick starts while set. Kept apart from `enabled` so that a
+    # code schedule rewritten from its code at a worker's start stays paused; on resume the catch-up policy
+    # decides what the ticks missed meanwhile start.
+    paused_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="Paused since (empty: not).")
+    paused_by = models.CharField(max_length=200, blank=True, default="", db_default="", editable=False)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
@@ -141,9 +146,35 @@ class Schedule(models.Model):
         # Not django-q2's "Scheduled tasks" (its own page, under Django Q): the admin index names both apart.
         verbose_name = "Loom schedule"
         verbose_name_plural = "Loom schedules (flows on a cron)"
+        permissions = [("operate_schedule", "Can run a schedule now, pause, resume and backfill it")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.cron} -> {self.flow})"
 
     def save(self, *args, **kwargs):
         raise TypeError("schedules are written by leases.schedules.define() (validated), not save()")
+
+
+class DrainRequest(models.Model):
+    """An operator's request that one worker drain (leases/drain.py): take no new work, let what runs finish,
+    then exit. Written by the admin or `loom workers drain`; read and carried out by the named loom_worker
+    process itself (its drain service polls this row), so the request outlives the process that made it."""
+
+    worker_id = models.CharField(max_length=200, primary_key=True, help_text="The worker that is to drain.")
+    requested_at = models.DateTimeField()
+    requested_by = models.CharField(max_length=200, blank=True, default="", db_default="")
+    started_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="When the worker saw the request and stopped taking work.")
+    finished_at = models.DateTimeField(null=True, blank=True,
+                                       help_text="When its runs had ended and it began to exit.")
+
+    class Meta:
+        db_table = "leases_drain_request"
+        ordering = ["-requested_at"]
+        permissions = [("drain_worker", "Can ask a worker to drain (finish its runs and exit)")]
+
+    def __str__(self) -> str:
+        return f"drain {self.worker_id}"
+
+    def save(self, *args, **kwargs):
+        raise TypeError("drain requests are written by leases.drain (request/seen/done), not save()")

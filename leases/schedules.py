@@ -349,7 +349,7 @@ def _anything_due(using: str) -> bool:
     from leases.models import Schedule
 
     soon = django_timezone.now() + timedelta(seconds=1)
-    return Schedule.objects.using(using).filter(enabled=True, next_tick_at__lte=soon).exists()
+    return Schedule.objects.using(using).filter(enabled=True, paused_at__isnull=True, next_tick_at__lte=soon).exists()
 
 
 def _start(row, eid: str, moment: datetime, using: str) -> bool:

@@ -53,11 +53,15 @@ def _figures(queue: Queue):
 
 @admin.register(Queue)
 class QueueAdmin(ReadOnlyAdmin):
-    list_display = ("name", "running", "cap", "depth", "ready", "partition_cap", "rate", "executions", "entries")
-    fields = ("name", "running", "cap", "depth", "ready", "partition_cap", "rate", "updated_at", "executions",
-              "entries")
+    list_display = ("name", "dispatch", "running", "cap", "depth", "ready", "partition_cap", "rate", "executions",
+                    "entries")
+    fields = ("name", "dispatch", "running", "cap", "depth", "ready", "partition_cap", "rate", "updated_at",
+              "executions", "entries")
     readonly_fields = fields
     search_fields = ("name",)
+    # Pause and resume (queues/pause.py), with their own permission (queues.pause_queue): reversible, so no
+    # confirmation page; each queue's outcome is said as it happened.
+    actions = ("pause_queues", "resume_queues")
     # One row per queue, not per shard: a queue's row is on every shard (each counts its own caps), so one
     # database's rows name them all; the figures are every shard's added up (queues.stats), list and page.
     rows_per_shard = False
@@ -77,6 +81,42 @@ class QueueAdmin(ReadOnlyAdmin):
             return response
         finally:
             _stats.reset(token)
+
+    def get_urls(self):
+        from django.urls import path
+
+        from queues.operations_admin import operations_view
+
+        view = self.admin_site.admin_view(lambda request: operations_view(self.admin_site, request))
+        return [path("operations/", view, name="queues_operations"), *super().get_urls()]
+
+    def has_pause_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("queues.pause_queue")
+
+    @admin.display(description="dispatch")
+    def dispatch(self, queue) -> str:
+        """Running or paused, linked to the operations page (charts, workers, the actions)."""
+        text = "running" if queue.paused_at is None else (
+            f"paused since {stamp(queue.paused_at)}" + (f" by {queue.paused_by}" if queue.paused_by else ""))
+        return format_html('<a href="{}" title="the operations page">{}</a>', reverse("admin:queues_operations"), text)
+
+    @admin.action(description="Pause selected queues (no worker takes their entries; enqueues still accepted)",
+                  permissions=["pause"])
+    def pause_queues(self, request, queryset):
+        from queues import pause
+
+        by = f"{request.user.get_username()} (admin)"
+        for name in queryset.values_list("name", flat=True)[:BULK_LIMIT]:
+            out = pause.pause(name, by)
+            messages.success(request, f"queue {name}: paused" if out.changed else f"queue {name}: already paused")
+
+    @admin.action(description="Resume selected queues", permissions=["pause"])
+    def resume_queues(self, request, queryset):
+        from queues import pause
+
+        for name in queryset.values_list("name", flat=True)[:BULK_LIMIT]:
+            out = pause.resume(name)
+            messages.success(request, f"queue {name}: resumed" if out.changed else f"queue {name}: was not paused")
 
     @admin.display(description="running")
     def running(self, queue) -> int:

@@ -26,9 +26,16 @@ class Queue(models.Model):
                                      help_text="Most starts per rate_period seconds (empty: no rate limit).")
     rate_period = models.FloatField(null=True, blank=True, help_text="Seconds of the rate limit's sliding window.")
     updated_at = models.DateTimeField(db_default=Now())
+    # An operator's pause (queues/pause.py): while set, no dispatcher on any host claims from the queue (the
+    # dequeue reads it under the queue's row lock); enqueues are still accepted. Declarations never touch it.
+    paused_at = models.DateTimeField(null=True, blank=True, help_text="Paused since (empty: not paused).")
+    paused_by = models.CharField(max_length=200, blank=True, default="", db_default="",
+                                 help_text="Who paused it, and from where (admin, CLI).")
 
     class Meta:
         ordering = ["name"]
+        # What an operator may do to a queue in the admin and the CLI (queues/pause.py), besides viewing it.
+        permissions = [("pause_queue", "Can pause and resume a queue's dispatch")]
 
     def __str__(self) -> str:
         return self.name

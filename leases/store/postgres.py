@@ -300,7 +300,7 @@ ON CONFLICT (name) DO UPDATE SET cron = EXCLUDED.cron, timezone = EXCLUDED.timez
 # transaction's start, the one clock every host shares.
 CLAIM_DUE_SCHEDULES = """
 SELECT name, cron, flow, input, catch_up, queue, next_tick_at, timezone, now() FROM leases_schedule
-WHERE enabled AND next_tick_at <= now() AND (%(any_flow)s OR flow = ANY(%(flows)s::text[]))
+WHERE enabled AND paused_at IS NULL AND next_tick_at <= now() AND (%(any_flow)s OR flow = ANY(%(flows)s::text[]))
 ORDER BY next_tick_at, name
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED

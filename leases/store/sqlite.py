@@ -154,7 +154,8 @@ ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timez
 # -- schedule: claim due -- (under the write lock of the caller's transaction)
 CLAIM_DUE_SCHEDULES = """
 SELECT name, cron, flow, input, catch_up, queue, next_tick_at, timezone FROM leases_schedule
-WHERE enabled AND next_tick_at <= %(now)s AND (%(any_flow)s OR flow IN (SELECT value FROM json_each(%(flows)s)))
+WHERE enabled AND paused_at IS NULL AND next_tick_at <= %(now)s
+  AND (%(any_flow)s OR flow IN (SELECT value FROM json_each(%(flows)s)))
 ORDER BY next_tick_at, name
 LIMIT %(limit)s
 """

@@ -234,6 +234,27 @@ class QueueStore(DatabaseBound, ABC):
         refuses) if the entry is still this claim's (started by `worker` at claim number `attempts`,
         not begun); False when it was cancelled or offered again meanwhile: do not start it."""
 
+    # -- pause / resume (queues/pause.py) ------------------------------------------------------------
+    def pause_queue(self, name: str, by: str) -> bool | None:
+        """Pause the queue's dispatch: True if paused now, False if it already was (kept as it was), None if
+        the queue has no row here. The update waits for a dequeue holding the row (PostgreSQL: FOR UPDATE;
+        SQLite: the write lock), so once this commits no dequeue claims from the queue until resume_queue."""
+        if self._count(PAUSE_QUEUE, [self._now_param(), by, name]):
+            return True
+        return False if self._rows(HAS_QUEUE_ROW, [name]) else None
+
+    def resume_queue(self, name: str) -> bool | None:
+        """Resume it: True if it was paused, False if it was not, None if the queue has no row here."""
+        if self._count(RESUME_QUEUE, [name]):
+            return True
+        return False if self._rows(HAS_QUEUE_ROW, [name]) else None
+
+    def _now_param(self):
+        """The current time as this backend's statements take it (a parameter, not the SQL's own clock)."""
+        from django.utils import timezone
+
+        return timezone.now()
+
     CANDIDATES = ""  # the backend's candidates statement (a keyset page; see postgres.py)
 
     def _candidates(self, caps: Caps, params: dict, want: int, start: tuple[int, int]) -> list[int]:
@@ -287,3 +308,10 @@ COUNT_ENTRIES = "SELECT count(*) FROM queues_entry WHERE execution_id LIKE %s AN
 DELETE_ENTRIES = "DELETE FROM queues_entry WHERE execution_id LIKE %s"
 DELETE_QUEUE_ENTRIES = "DELETE FROM queues_entry WHERE queue_id = %s"
 DELETE_QUEUE = "DELETE FROM queues_queue WHERE name = %s"
+
+# -- pause_queue / resume_queue -- An operator's pause: the row's paused_at, read by the dequeue under the
+# queue's row lock (postgres.py LOCK_QUEUE). Only a queue not paused yet is updated: a second pause keeps
+# who paused it first and since when. No other lock than the update's own row lock.
+PAUSE_QUEUE = "UPDATE queues_queue SET paused_at = %s, paused_by = %s WHERE name = %s AND paused_at IS NULL"
+RESUME_QUEUE = "UPDATE queues_queue SET paused_at = NULL, paused_by = '' WHERE name = %s AND paused_at IS NOT NULL"
+HAS_QUEUE_ROW = "SELECT 1 FROM queues_queue WHERE name = %s"

@@ -42,6 +42,9 @@ RUNNABLE = f"""EXISTS (SELECT 1 FROM unnest(%(flows)s::text[], %(versions)s::int
                WHERE f.flow = q.flow
                  AND (f.version = 0 OR f.version = COALESCE({VERSION}, f.version)))"""
 
+# -- resume_queue: wake the dispatchers -- (the pending entries of a resumed queue are claimable again)
+NOTIFY_QUEUE = "SELECT pg_notify(%s, %s)"
+
 # -- has_queue --
 HAS_QUEUE = "SELECT 1 FROM queues_queue WHERE name = %s"
 
@@ -141,10 +144,11 @@ SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM note)
 # of the started index (a claim whose execution never began). No lock: the dequeue decides.
 READY_QUEUES = f"""
 SELECT qq.name FROM queues_queue qq
-WHERE EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'
+WHERE qq.paused_at IS NULL
+  AND (EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'
               AND q.run_after <= now() AND {RUNNABLE})
    OR EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'started'
-              AND q.started_at < now() - %(timeout)s::float8 * interval '1 second' AND {NOT_BEGUN})
+              AND q.started_at < now() - %(timeout)s::float8 * interval '1 second' AND {NOT_BEGUN}))
 """
 
 # -- next_due --
@@ -157,6 +161,7 @@ CROSS JOIN LATERAL (SELECT q.run_after FROM queues_entry q
                     WHERE q.queue_id = qq.name AND q.state = 'pending' AND q.run_after > now()
                       AND {RUNNABLE}
                     ORDER BY q.run_after LIMIT 1) d
+WHERE qq.paused_at IS NULL
 """
 
 # -- dequeue: lock the queue --
@@ -165,8 +170,11 @@ CROSS JOIN LATERAL (SELECT q.run_after FROM queues_entry q
 # each counted 7 of 8 cannot both claim the eighth). SKIP LOCKED: a dispatcher that finds another
 # claiming from this queue skips it (that one is filling the free slots) instead of queueing
 # behind it; it comes back at its next poll.
+# The row's pause (queues/pause.py) is read under this lock: a pause waits for a dequeue holding the row, and
+# every dequeue after its commit sees it, so no dispatcher on any host claims from a paused queue.
 LOCK_QUEUE = """
-SELECT concurrency, partition_concurrency, rate_limit, rate_period FROM queues_queue WHERE name = %(queue)s
+SELECT concurrency, partition_concurrency, rate_limit, rate_period, paused_at IS NOT NULL FROM queues_queue
+WHERE name = %(queue)s
 FOR UPDATE SKIP LOCKED
 """
 
@@ -362,6 +370,13 @@ class PostgresQueueStore(QueueStore):
                              strict=True))}
         return self._rows(UPSERT_RESUME, params)[0][0] == 1
 
+    def resume_queue(self, name):
+        with atomic(self.alias):
+            resumed = super().resume_queue(name)
+            if resumed and channel():  # idle dispatchers sleep until notified: wake them (delivered at commit)
+                self._rows(NOTIFY_QUEUE, [channel(), name])
+        return resumed
+
     def ready_queues(self, flows, claim_timeout):
         names, versions = flow_keys(flows)
         return [r[0] for r in self._rows(READY_QUEUES, {"flows": names, "versions": versions,
@@ -381,7 +396,9 @@ class PostgresQueueStore(QueueStore):
             row = self._rows(LOCK_QUEUE, params)
             if not row:
                 return None  # another worker is claiming from it right now (or the queue has no row)
-            caps = Caps(*row[0])
+            if row[0][4]:
+                return []  # paused (queues/pause.py): nothing is claimed, not even a re-offer
+            caps = Caps(*row[0][:4])
             self._rows(SYNC, params)
             caps.running = {key: n for key, n in self._rows(RUNNING, params)}
             want = min(limit, caps.concurrency - caps.total)

@@ -102,10 +102,11 @@ WHERE queues_entry.state <> 'pending' OR queues_entry.resume_fence IS NOT NULL
 # -- ready_queues -- (see postgres.py)
 READY_QUEUES = f"""
 SELECT qq.name FROM queues_queue qq
-WHERE EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'
+WHERE qq.paused_at IS NULL
+  AND (EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'pending'
               AND q.run_after <= %(now)s AND {RUNNABLE})
    OR EXISTS (SELECT 1 FROM queues_entry q WHERE q.queue_id = qq.name AND q.state = 'started'
-              AND q.started_at < %(claim_cutoff)s AND {NOT_BEGUN})
+              AND q.started_at < %(claim_cutoff)s AND {NOT_BEGUN}))
 """
 
 # -- next_due -- (see postgres.py; SQLite never notifies, so only tests and the contract read it)
@@ -114,8 +115,10 @@ SELECT min(q.run_after) FROM queues_entry q WHERE q.state = 'pending' AND q.run_
 """
 
 # -- dequeue: read the queue -- under the write lock the transaction took at BEGIN (IMMEDIATE)
+# The pause (queues/pause.py) is read under the same write lock as the claim: a pause committed before it is seen.
 LOCK_QUEUE = """
-SELECT concurrency, partition_concurrency, rate_limit, rate_period FROM queues_queue WHERE name = %(queue)s
+SELECT concurrency, partition_concurrency, rate_limit, rate_period, paused_at IS NOT NULL FROM queues_queue
+WHERE name = %(queue)s
 """
 
 # -- dequeue: sync / running / rate window -- (see postgres.py)
@@ -252,6 +255,9 @@ class SqliteQueueStore(QueueStore):
                                                                  entry.caps, strict=True))})
             return self._count(UPSERT_RESUME, params) == 1
 
+    def _now_param(self):
+        return stamp(_now())  # the text form every timestamp of these tables has here
+
     def ready_queues(self, flows, claim_timeout):
         now = _now()
         return [r[0] for r in self._rows(READY_QUEUES, {
@@ -271,9 +277,9 @@ class SqliteQueueStore(QueueStore):
             params = {"queue": queue, "flows": _keys(flows), "owner": owner, "now": stamp(now),
                       "claim_cutoff": stamp(now - timedelta(seconds=claim_timeout))}
             row = self._rows(LOCK_QUEUE, params)
-            if not row:
-                return []
-            caps = Caps(*row[0])
+            if not row or row[0][4]:
+                return []  # no row, or paused (queues/pause.py): nothing is claimed
+            caps = Caps(*row[0][:4])
             self._count(SYNC, params)
             caps.running = {key: n for key, n in self._rows(RUNNING, params)}
             want = min(limit, caps.concurrency - caps.total)
@@ -303,7 +309,7 @@ class SqliteQueueStore(QueueStore):
             now = _now()
             params = {"queue": queue, "id": entry_id, "now": stamp(now),
                       "claim_cutoff": stamp(now - timedelta(days=36500))}  # no re-offer here
-            caps = Caps(*self._rows(LOCK_QUEUE, params)[0])
+            caps = Caps(*self._rows(LOCK_QUEUE, params)[0][:4])
             self._count(SYNC, params)
             caps.running = {k: n for k, n in self._rows(RUNNING, params)}
             check_room(queue, key, caps)

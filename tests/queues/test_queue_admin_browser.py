@@ -136,7 +136,8 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
     # The queue page: running 0 of cap 4, depth 3; its link lists the queue's executions.
     page.goto(f"{live_server.url}/admin/queues/queue/")
     cells = page.locator("#result_list tbody tr", has_text="mail").first.locator("td, th").all_inner_texts()
-    assert cells[:5] == ["mail", "0", "4", "3", "3"]  # name, running, cap, depth, ready
+    # the action checkbox (pause/resume), name, dispatch, running, cap, depth, ready
+    assert cells[:7] == ["", "mail", "running", "0", "4", "3", "3"]
     page.locator("#result_list a", has_text="executions of mail").click()
     assert "queue=mail" in page.url
 

@@ -42,7 +42,8 @@ class Command(BaseCommand):
                 sub.add_argument(flag, **kwargs)
             return sub
 
-        nouns = parser.add_subparsers(dest="noun", required=True, metavar="{executions,queues,schedules,flows,replay}")
+        nouns = parser.add_subparsers(dest="noun", required=True,
+                                      metavar="{executions,queues,workers,schedules,flows,replay}")
         executions = nouns.add_parser("executions", help="List, show and operate executions.")
         verbs = executions.add_subparsers(dest="verb", required=True,
                                           metavar="{list,show,steps,cancel,resume,retry,fork,export}")
@@ -76,8 +77,19 @@ class Command(BaseCommand):
             if verb == "fork":
                 sub.add_argument("--from-step", type=int, required=True, dest="from_step")
                 sub.add_argument("--new-id", dest="new_id", help="The new execution's id (default: minted).")
-        options(nouns.add_parser("queues", help="Queues: running, cap, depth."))
-        options(nouns.add_parser("schedules", help="Schedules: cron, flow, next and last tick."))
+        queue_cmd = options(nouns.add_parser("queues", help="Queues: running, cap, depth; pause or resume one."))
+        queue_cmd.add_argument("action", nargs="?", default="list", choices=["list", "pause", "resume"])
+        queue_cmd.add_argument("name", nargs="?", metavar="QUEUE")
+        worker_cmd = options(nouns.add_parser("workers", help="Running workers and their load; drain one."))
+        worker_cmd.add_argument("action", nargs="?", default="list", choices=["list", "drain"])
+        worker_cmd.add_argument("name", nargs="?", metavar="WORKER_ID")
+        schedule_cmd = options(nouns.add_parser("schedules", help="Schedules: cron, flow, next and last tick; run "
+                                                "one now, pause, resume or backfill it."))
+        schedule_cmd.add_argument("action", nargs="?", default="list",
+                                  choices=["list", "run-now", "pause", "resume", "backfill"])
+        schedule_cmd.add_argument("name", nargs="?", metavar="SCHEDULE")
+        schedule_cmd.add_argument("--from", dest="start", help="backfill: the range's start (ISO time or age: 2h).")
+        schedule_cmd.add_argument("--to", dest="end", help="backfill: the range's end (ISO time or age: 0s).")
         versions = options(nouns.add_parser("flows", help="Flow versions: registered here, live executions of each."))
         versions.add_argument("--flow", help="Only this flow.")
         replaying = options(nouns.add_parser("replay", help="Replay recorded histories against this code, writing "
@@ -110,8 +122,20 @@ class Command(BaseCommand):
 
     def dispatch(self, options: dict, using: str | None) -> cli.Reply:
         noun = options["noun"]
+        if noun in ("queues", "workers", "schedules") and options["action"] != "list":
+            from queues import operations_cli as ops  # pause/resume, drain, run-now/pause/resume/backfill
+
+            if noun == "queues":
+                return ops.queue_action(using, options["action"], options["name"])
+            if noun == "workers":
+                return ops.drain(using, options["name"])
+            return ops.schedule_action(using, options["action"], options["name"], options["start"], options["end"])
         if noun == "queues":
             return cli.queues(using)
+        if noun == "workers":
+            from queues import operations_cli as ops
+
+            return ops.workers(using)
         if noun == "schedules":
             return cli.schedules(using)
         if noun == "flows":
