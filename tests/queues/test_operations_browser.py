@@ -19,7 +19,7 @@ from queues import declare_queue, enqueue, run_due
 from queues.declarations import forget
 from queues.models import Queue, QueueEntry
 from tests import schedule_flows  # noqa: F401  (the flows)
-from tests.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
 
 pytestmark = [
     pytest.mark.browser,

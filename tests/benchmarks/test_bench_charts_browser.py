@@ -15,7 +15,7 @@ from benchmarks import charts
 from benchmarks.command import run_link
 from benchmarks.models import BenchRun
 from benchmarks.recording import Recorder
-from tests.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
 from tests.test_operations_browser import shot
 
 pytestmark = [

@@ -28,7 +28,7 @@ from queues.exceptions import UnknownQueue
 from queues.models import Queue, QueueEntry
 from queues.store import store_for
 from tests import schedule_flows, version_queued_v1, version_queued_v2  # noqa: F401  (the flows)
-from tests.test_flow_versions import release
+from tests.flows.test_flow_versions import release
 from tests.version_common import create_effects_table, drop_effects_table
 
 pytestmark = pytest.mark.django_db(transaction=True)

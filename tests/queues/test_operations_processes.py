@@ -22,7 +22,7 @@ from queues.declarations import forget
 from queues.models import QueueEntry
 from tests import queue_flows  # noqa: F401  (the flows)
 from tests.conftest import ROOT
-from tests.test_worker_processes import cleanup, output, spawn_worker, wait_until
+from tests.leases.test_worker_processes import cleanup, output, spawn_worker, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
