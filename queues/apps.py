@@ -22,6 +22,11 @@ class QueuesConfig(AppConfig):
         QUEUE_STARTS[:] = [enqueue]  # journal.flows.start(..., queue=...)
         RESUME_QUEUES[:] = [enqueue_resume]  # journal.flows.hand_over, retry(handoff=True)
         import_task_flows()  # the Tasks backend's flow, when TASKS names journal.tasks.LoomBackend
+        from journal.telemetry import SOURCES
+        from queues.telemetry import gauges
+
+        if gauges not in SOURCES:
+            SOURCES.append(gauges)  # queue depth on the metrics page (docs/observability.md)
         try:
             from leases.worker import register_service
         except ImportError:  # pragma: no cover - leases is a dependency of this app
