@@ -149,3 +149,22 @@ def test_off_by_default_nothing_installed(settings):
     """Unconfigured: no tracer, no metrics; the hooks return at their first line."""
     telemetry.configure()
     assert (telemetry.TRACING, telemetry.METRICS, telemetry._tracer) == (False, False, None)
+
+
+def test_every_metric_is_documented_and_the_dashboard_asks_only_for_those():
+    import re
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    if not telemetry._metrics:
+        telemetry._make_metrics()
+    suffix = {"Counter": "_total", "Histogram": "", "Gauge": ""}
+    names = {m._name + suffix[type(m).__name__] for m in telemetry._metrics.values()}
+    names |= {"loom_executions", "loom_queue_depth", "loom_queue_ready", "loom_queue_running",
+              "loom_queue_oldest_pending_age_seconds", "loom_scrape_time"}
+    table = set(re.findall(r"^\| `(loom_[a-z_]+)` \|", (docs / "observability.md").read_text(), re.M))
+    assert table == names
+    dashboard = json.loads((docs / "grafana" / "loom-dashboard.json").read_text())
+    asked = {re.sub(r"_(bucket|sum|count)$", "", name) for panel in dashboard["panels"]
+             for target in panel["targets"] for name in re.findall(r"loom_[a-z_]+", target["expr"])}
+    assert asked <= names and len(dashboard["panels"]) >= 10
