@@ -57,11 +57,17 @@ def configure() -> None:
 
     with _lock:
         mode = conf.get("LOOM_TRACES")
-        _tracer = _make_tracer(mode) if mode != "off" else None
+        try:
+            _tracer = _make_tracer(mode) if mode != "off" else None
+            METRICS = bool(conf.get("LOOM_METRICS"))
+            if METRICS and not _metrics:
+                _make_metrics()
+        except ImportError as exc:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(f"LOOM_TRACES={mode!r} / LOOM_METRICS need {exc.name}: pip install "
+                                       "'loom-django[telemetry]' (or [telemetry-otlp]; docs/observability.md)") from exc
         TRACING = _tracer is not None
-        METRICS = bool(conf.get("LOOM_METRICS"))
-        if METRICS and not _metrics:
-            _make_metrics()
 
 
 def _make_tracer(mode: str):
@@ -454,17 +460,16 @@ def exposition() -> tuple[bytes, str]:
     directory) counters and histograms, and the database's gauges."""
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-    registry = CollectorRegistry()
+    database = CollectorRegistry()
+    database.register(DatabaseCollector())
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
-        multiprocess.MultiProcessCollector(registry)
+        processes = CollectorRegistry()
+        multiprocess.MultiProcessCollector(processes)  # every process's files in the directory, added up
     else:
-        for collector in list(REGISTRY._collector_to_names):
-            if collector.__class__.__module__.startswith("prometheus_client.metrics"):
-                registry.register(collector)
-    registry.register(DatabaseCollector())
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+        processes = REGISTRY  # this process's metrics (and prometheus-client's process and GC collectors)
+    return generate_latest(processes) + generate_latest(database), CONTENT_TYPE_LATEST
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1"):

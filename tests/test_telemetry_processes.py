@@ -183,3 +183,4 @@ def test_a_trace_and_the_metrics_survive_a_sigkill_and_match_the_database(child_
     (hold,) = [s for s in mine if s["name"] == "loom.step hold"]
     assert hold["parent_id"] == recovered["context"]["span_id"]
     assert Execution.objects.get(pk="tel-kill").recoveries == 1
+
