@@ -166,11 +166,18 @@ def _traced(drive: Callable, runner, flow, value):
         return drive(runner, flow, value)
     from opentelemetry import context, trace
 
+    from journal.flows import events as ev
+
     attributes = {"loom.execution_id": run.execution_id, "loom.flow": flow.name,
                   "loom.flow_version": int(getattr(run, "version", None) or getattr(flow, "version", 1) or 1),
                   "loom.fence": -1 if run.token is None else int(run.token), "loom.recovered": recovered,
                   "loom.worker": _worker()}
-    span = _tracer.start_span(f"loom.run {flow.name}", context=_parent_of(run.execution_id), attributes=attributes)
+    meta = None
+    pending = runner.pending
+    if run.token is None and pending and pending[0].type == ev.EXECUTION_STARTED:  # a fresh start: no read
+        meta = pending[0].payload.get("$meta") or {}
+    span = _tracer.start_span(f"loom.run {flow.name}", context=_parent_of(run.execution_id, meta),
+                              attributes=attributes)
     token = context.attach(trace.set_span_in_context(span))
     state = {"run": span, "steps": {}}
     previous = _run.set(state)

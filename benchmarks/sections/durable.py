@@ -71,7 +71,8 @@ def run(ctx) -> None:
             for rep in range(ctx.options.get("flow_repeats") or 1):  # rotating: none always first
                 turn = rep % len(variants)
                 for config in variants[turn:] + variants[:turn]:  # the variants of one cell back to back
-                    for tele in ctx.options.get("flow_telemetry") or ("off",):
+                    teles = ctx.options.get("flow_telemetry") or ("off",)
+                    for tele in teles[rep % len(teles):] + teles[:rep % len(teles)]:  # rotating too
                         with telemetry_mode(tele):
                             _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc), config,
                                   rep, tele)
