@@ -15,6 +15,11 @@ class ProjectionsConfig(AppConfig):
         for module in conf.get_safe("LOOM_PROJECTION_MODULES", []):
             with suppress(ImportError):  # reported by the system check projections.E001
                 import_module(module)
+        from journal.telemetry import SOURCES
+        from projections.telemetry import gauges
+
+        if gauges not in SOURCES:
+            SOURCES.append(gauges)  # projection lag on the metrics page (docs/observability.md)
         if apps.is_installed("leases"):
             from leases.worker import register_service
             from projections.service import DrainService

@@ -161,10 +161,40 @@ def test_every_metric_is_documented_and_the_dashboard_asks_only_for_those():
     suffix = {"Counter": "_total", "Histogram": "", "Gauge": ""}
     names = {m._name + suffix[type(m).__name__] for m in telemetry._metrics.values()}
     names |= {"loom_executions", "loom_queue_depth", "loom_queue_ready", "loom_queue_running",
-              "loom_queue_oldest_pending_age_seconds", "loom_scrape_time"}
+              "loom_queue_oldest_pending_age_seconds", "loom_scrape_time", "loom_projection_lag_events",
+              "loom_projection_blocked"}
     table = set(re.findall(r"^\| `(loom_[a-z_]+)` \|", (docs / "observability.md").read_text(), re.M))
     assert table == names
     dashboard = json.loads((docs / "grafana" / "loom-dashboard.json").read_text())
     asked = {re.sub(r"_(bucket|sum|count)$", "", name) for panel in dashboard["panels"]
              for target in panel["targets"] for name in re.findall(r"loom_[a-z_]+", target["expr"])}
     assert asked <= names and len(dashboard["panels"]) >= 10
+
+
+def test_projection_lag_is_read_from_the_subscriptions_and_a_drain_cycle_is_a_span(client, spans):
+    from journal.envelopes import Envelope
+    from journal.models import Event
+    from projections.correlate import correlate
+    from projections.declarations import registry
+    from projections.models import Subscription
+    from projections.service import drain
+    from tests.test_projections_helpers import applied, create_table, declare_counter
+
+    registry.clear()
+    create_table()
+    try:
+        declare_counter("tel_counter")
+        for stream, n in (("tel-a", 3), ("tel-b", 2)):
+            Event.objects.append(stream, [Envelope("Tick", {"i": i}) for i in range(n)])
+        assert correlate(registry) > 0  # the subscriptions know of the events: nothing handled yet
+        behind = sum(s.tip - s.at for s in Subscription.objects.filter(consumer="tel_counter"))
+        assert behind == 5
+        lag = ("loom_projection_lag_events", (("alias", "default"), ("consumer", "tel_counter")))
+        assert metrics(client)[lag] == behind
+        assert drain().handled == 5 and len(applied()) == 5
+        assert metrics(client)[lag] == 0
+        (cycle,) = [s for s in spans.get_finished_spans() if s.name == "loom.drain default"]
+        assert (cycle.attributes["loom.handled"], cycle.attributes["loom.failed"]) == (5, 0)
+        assert metrics(client)[("loom_drain_batch_events_sum", (("lane", "default"),))] == 5
+    finally:
+        registry.clear()
