@@ -38,3 +38,11 @@ def _hold(directory: str) -> int:
 @flow("telemetry.double")
 def double(ctx, value):
     return ctx.step("double", lambda: value["n"] * 2)
+
+
+@flow("telemetry.sleeps")
+def sleeps(ctx, value):
+    """A short sleep (in the thread) then a long one (the run parks: a waker runs the rest later)."""
+    ctx.sleep(0.01)
+    ctx.sleep(3600)
+    return "woken"

@@ -28,6 +28,16 @@ SCOPED = {"token": "telemetry-scoped-0123456789", "name": "scoped", "flows": ["t
 CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def stop_the_process_lease_keeper():
+    """Runs here start the process's lease keeper (PostgreSQL): stopped before the test database goes."""
+    yield
+    from leases.keeper import get_keeper, reset_keeper
+
+    get_keeper().shutdown()
+    reset_keeper(None)
+
+
 @pytest.fixture
 def spans(monkeypatch, settings):
     """Tracing on, into an in-memory exporter (the SDK's), metrics on."""
@@ -198,3 +208,13 @@ def test_projection_lag_is_read_from_the_subscriptions_and_a_drain_cycle_is_a_sp
         assert metrics(client)[("loom_drain_batch_events_sum", (("lane", "default"),))] == 5
     finally:
         registry.clear()
+
+
+def test_a_wait_is_a_span_and_a_parked_run_ends_its_span_waiting(spans):
+    assert start("telemetry.sleeps", {}, "tel-sleeps").status == "waiting"
+    finished = spans.get_finished_spans()
+    (run,) = [s for s in finished if s.name == "loom.run telemetry.sleeps"]
+    waits = sorted((s for s in finished if s.name == "loom.wait sleep"), key=lambda s: s.attributes["loom.pos"])
+    assert [(s.attributes["loom.pos"], s.attributes.get("loom.parked")) for s in waits] == [(0, None), (1, True)]
+    assert {s.parent.span_id for s in waits} == {run.context.span_id}
+    assert run.attributes["loom.status"] == "waiting" and run.parent is None  # started here, not by a request

@@ -17,6 +17,7 @@ statements per execution and requests per statement.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 from django.test import override_settings
@@ -137,9 +138,9 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, config: str, r
     with override_settings(**overrides), counting_statements() as counter:
         try:
             start("bench.noop1", {}, execution_id=f"{pfx}warmup")  # first use (imports, flush threads) untimed
-            before, counted_before = _counters(), counter.snapshot()
+            before, counted_before, cpu_before = _counters(), counter.snapshot(), time.process_time()
             outcome = run_workers(conc, per_worker, op, progress=bar.update)
-            after, counted_after = _counters(), counter.snapshot()
+            after, counted_after, cpu = _counters(), counter.snapshot(), time.process_time() - cpu_before
         finally:
             coalesce.close_shared()
     bar.close()
@@ -166,6 +167,8 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, config: str, r
                statements_per_execution=round(all_statements / outcome.units, 3),
                control_statements_per_execution=round(control / outcome.units, 3),
                events_per_s=round(outcome.throughput * per_exec, 1), wall_s=round(outcome.wall_s, 4),
+               # this process's CPU (every thread) per execution: steadier than exec/s on a shared machine
+               cpu_ms_per_execution=round(cpu * 1000 / outcome.units, 3),
                coalesced_statements_per_execution=round(statements / outcome.units, 3) if coalesced else None,
                requests_per_statement=round(requests / statements, 2) if coalesced and statements else None)
     if not ctx.options.get("keep"):
