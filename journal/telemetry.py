@@ -194,11 +194,9 @@ def _traced(drive: Callable, runner, flow, value):
         span.set_attribute("loom.halt", type(exc).__name__)
         raise
     finally:
-        for pos, open_span in state["steps"].items():  # a wait that parked, a step the run stopped in
-            open_span.set_attribute("loom.parked" if open_span.name.startswith("loom.wait") else "loom.cut",
-                                    True)
+        for open_span in state["steps"].values():  # a wait that parked, a step the run stopped in
+            open_span.set_attribute("loom.parked" if open_span.name.startswith("loom.wait") else "loom.cut", True)
             open_span.end()
-            del pos
         _run.reset(previous)
         context.detach(token)
         span.end()
