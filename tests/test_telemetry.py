@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -107,12 +109,18 @@ def test_metrics_page_reads_queue_depth_from_the_database_and_only_a_full_token_
     for n in range(3):
         start("telemetry.double", {"n": n}, f"tel-q{n}", queue="default", delay=3600)  # pending, not due
     start("telemetry.double", {"n": 9}, "tel-now", queue="default")
+    late = timezone.now() - timedelta(minutes=10)
+    start("telemetry.double", {"n": 8}, "tel-late", queue="default", start_at=late)  # due 10 minutes ago
     seen = metrics(client)
     depth = QueueEntry.objects.filter(state="pending", queue_id="default").count()
-    assert depth == 4
+    assert depth == 5
     assert seen[("loom_queue_depth", (("alias", "default"), ("queue", "default")))] == depth
-    assert seen[("loom_queue_ready", (("alias", "default"), ("queue", "default")))] == 1
-    assert seen[("loom_executions", (("alias", "default"), ("flow", "telemetry.double"), ("status", "queued")))] == 4
+    assert seen[("loom_queue_ready", (("alias", "default"), ("queue", "default")))] == 2
+    assert seen[("loom_executions", (("alias", "default"), ("flow", "telemetry.double"), ("status", "queued")))] == 5
+    oldest = QueueEntry.objects.get(execution_id="tel-late").run_after
+    assert oldest <= late + timedelta(seconds=1)
+    # the oldest due entry's age: at least the 10 minutes it was due before the scrape
+    assert seen[("loom_queue_oldest_pending_age_seconds", (("alias", "default"), ("queue", "default")))] >= 599
     # A token limited to some flows could learn every flow's name and volume from the labels: it gets the
     # answer an unknown route gets; no token is refused as everywhere in the API.
     assert client.get("/api/metrics", headers={"Authorization": f"Bearer {SCOPED['token']}"}).status_code == 404
