@@ -56,10 +56,11 @@ def configure() -> None:
     from journal import conf
 
     with _lock:
-        mode = conf.get("LOOM_TRACES")
+        # A bad value is reported by the system check loom.E001, not at start-up: telemetry stays off then.
+        mode = conf.get_safe("LOOM_TRACES", "off")
         try:
             _tracer = _make_tracer(mode) if mode != "off" else None
-            METRICS = bool(conf.get("LOOM_METRICS"))
+            METRICS = bool(conf.get_safe("LOOM_METRICS", False))
             if METRICS and not _metrics:
                 _make_metrics()
         except ImportError as exc:

@@ -226,3 +226,11 @@ def test_a_wait_is_a_span_and_a_parked_run_ends_its_span_waiting(spans):
     assert [(s.attributes["loom.pos"], s.attributes.get("loom.parked")) for s in waits] == [(0, None), (1, True)]
     assert {s.parent.span_id for s in waits} == {run.context.span_id}
     assert run.attributes["loom.status"] == "waiting" and run.parent is None  # started here, not by a request
+
+
+def test_a_bad_value_is_the_system_checks_and_leaves_telemetry_off(settings):
+    from django.core.checks import run_checks
+
+    settings.LOOM_TRACES = "zipkin"
+    assert (telemetry.TRACING, telemetry._tracer) == (False, None)
+    assert any("LOOM_TRACES" in m.msg for m in run_checks() if m.id == "loom.E001")
