@@ -15,3 +15,6 @@ class JournalConfig(AppConfig):
         # execution must know its flow, so the modules listed here are imported at start-up.
         # A module that cannot be imported is reported by the system check loom.E003.
         flow_module_problems(get_safe("LOOM_FLOW_MODULES", []))
+        from journal import telemetry
+
+        telemetry.configure()  # traces, metrics (LOOM_TRACES, LOOM_METRICS): nothing unless configured

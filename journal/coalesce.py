@@ -53,7 +53,7 @@ from django.core.signals import setting_changed
 from django.db import connections
 from django.dispatch import receiver
 
-from journal import conf, shards
+from journal import conf, shards, telemetry
 from journal.envelopes import Appended, AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused, JournalError
 
@@ -459,6 +459,7 @@ class Coalescer:
                 return
             with self._cond:
                 self._count_locked(kind, len(remaining))
+            telemetry.observe("batch", len(remaining), kind=kind)  # metrics (a no-op when off)
             began = time.perf_counter()
             try:
                 outcomes = executor(self.using, [r.payload for r in remaining])

@@ -189,6 +189,17 @@ register(
             "one follows each process's working directory: loom.W032); empty: <BASE_DIR>/var/loom-content, or "
             "<MEDIA_ROOT>/loom-content without settings.BASE_DIR."),
     Setting("LOOM_CONTENT_CACHE_SIZE", int, 1000, "Content items kept in each process's LRU cache.", 0),
+    Setting("LOOM_TRACES", str, "off", "OpenTelemetry spans of runs, steps, waits, queue dispatches and API requests: "
+            "off; otlp (the OTLP/HTTP exporter, configured by OTEL_EXPORTER_OTLP_*: pip install "
+            "loom-django[telemetry-otlp]); jsonl (one JSON line per span appended to LOOM_TRACES_FILE); global (the "
+            "project's own tracer provider). docs/observability.md.", choices=("off", "otlp", "jsonl", "global")),
+    Setting("LOOM_TRACES_FILE", str, "loom-spans.jsonl", "The file LOOM_TRACES=jsonl appends spans to."),
+    Setting("LOOM_TRACES_SERVICE", str, "loom", "The service.name of the spans' resource (otlp, jsonl)."),
+    Setting("LOOM_METRICS", bool, False, "Collect Prometheus metrics and answer /metrics (serve_api, loom_worker "
+            "--metrics-port); set PROMETHEUS_MULTIPROC_DIR (an empty directory per service) for processes that fork "
+            "workers. docs/observability.md."),
+    Setting("LOOM_METRICS_AUTH", bool, True, "The API's /metrics asks for a token with access to every flow (its "
+            "labels name every flow); false: no token (bind serve_api where only Prometheus reaches it)."),
 )
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 from django.db import DatabaseError, connections
 
-from journal import shards
+from journal import shards, telemetry
 from journal.identity import node_identity as journal_node_identity
 from leases import conf
 from leases.store import store_for
@@ -462,6 +462,7 @@ class LeaseKeeper:
             self.stats["renew"] += len(part)
             self.stats["renew_statements"] += 1
             renewed = store.renew_many(self.worker_id, [c.item for c in part], ttl)
+            telemetry.count("renewals", len(part))  # metrics (a no-op when off)
             with self.cond:
                 for claim in part:
                     if claim.execution_id in renewed:

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import DatabaseError, connections
 
-from journal import shards
+from journal import shards, telemetry
 from leases import conf
 from leases.store import Takeover, store_for
 
@@ -116,6 +116,7 @@ def log_takeover(result: Takeover) -> None:
         log.warning("stuck execution=%s flow=%s: recovery gave up (LOOM_RECOVERY_MAX_ATTEMPTS)", execution_id,
                     result.flow_of.get(execution_id, "?"))
     handed = set(result.handed_back)
+    telemetry.takeovers(len(result.taken), len(handed), len(result.stuck))  # metrics (a no-op when off)
     for execution_id, token in result.taken:
         log.info("takeover execution=%s flow=%s fence=%s%s", execution_id, result.flow_of.get(execution_id, "?"),
                  token, " handed back (no recovery attempt)" if execution_id in handed else "")
@@ -137,6 +138,7 @@ def resume_one(execution_id: str, flow: str = "?", token: int | None = None,
     from leases.unreachable import patiently
 
     began = time.monotonic()
+    telemetry.count("recoveries", flow=flow)
     log.info("recovering execution=%s flow=%s", execution_id, flow)
     what = f"recovery of execution={execution_id}"
     try:

@@ -16,6 +16,8 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from journal import telemetry
+
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
@@ -45,8 +47,11 @@ def from_header(value: str | None) -> Trace:
     return Trace(secrets.token_hex(16), secrets.token_hex(8))
 
 
-def begin(value: str | None) -> tuple[Trace, contextvars.Token]:
+def begin(value: str | None, method: str = "", route: str = "") -> tuple[Trace, contextvars.Token]:
     trace = from_header(value)
+    ids = telemetry.request_begin(trace.trace_id, trace.parent_id, method, route)  # None: tracing is off
+    if ids is not None:  # the request's OTel span: its ids are the ones answered and recorded in $meta
+        trace = Trace(ids[0], ids[1], trace.parent_id, trace.flags)
     return trace, _current.set(trace)
 
 

@@ -12,6 +12,7 @@ app_name = "loomapi"
 
 urlpatterns = [
     path("health", views.health, name="health"),
+    path("metrics", views.metrics, name="metrics"),
     path("flows/<str:name>/call", views.call, name="call"),
     path("flows/<str:name>/executions", views.start_execution, name="start"),
     path("executions", views.list_executions, name="list"),

@@ -31,7 +31,7 @@ from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from ulid import ULID
 
-from journal import shards
+from journal import shards, telemetry
 from journal.exceptions import InvalidStream
 from journal.flows import InvalidInput as FlowInvalidInput
 from journal.flows import NotResumable, UnknownExecution, UnknownFlow, describe, get_flow
@@ -76,9 +76,11 @@ def api_view(*methods: str, auth: bool = True) -> Callable:
         @csrf_exempt
         @functools.wraps(view)
         def wrapper(request, *args, **kwargs):
-            current, token = trace.begin(request.headers.get("traceparent"))
+            current, token = trace.begin(request.headers.get("traceparent"), request.method, view.__name__)
+            status = 500
             try:
                 response = _serve(view, request, methods, allowed, auth, args, kwargs)
+                status = response.status_code
                 # Every API response names the worker process that served it: the benchmark counts the
                 # first request each worker serves (its cold start); an operator matches a response to a log.
                 response["X-Loom-Worker"] = str(os.getpid())
@@ -89,6 +91,7 @@ def api_view(*methods: str, auth: bool = True) -> Callable:
                     response["Connection"] = "close"
                 return response
             finally:
+                telemetry.request_end(status, view.__name__)  # its span ends; counted by route and status
                 trace.end(token)
 
         return wrapper
@@ -130,6 +133,23 @@ def _serve(view: Callable, request, methods, allowed: str, auth: bool, args, kwa
 def health(request):
     """Liveness for load balancers and the benchmark's readiness poll: no auth, no database."""
     return json_response({"status": "ok"})
+
+
+@api_view("GET", auth=False)
+def metrics(request):
+    """The Prometheus metrics page (LOOM_METRICS; docs/observability.md). Its labels name every flow, so with
+    LOOM_METRICS_AUTH (the default) only a token with access to every flow and execution reads it; any other
+    token gets the answer an unknown route gets, as a flow it may not use answers as an unknown one."""
+    from journal import conf
+
+    if not conf.get("LOOM_METRICS"):
+        raise errors.NotFound("no such route (metrics are off: LOOM_METRICS)")
+    if conf.get("LOOM_METRICS_AUTH"):
+        principal = authenticate(request)
+        if principal.flows != ("*",) or not principal.read_all:
+            raise errors.NotFound("no such route")
+    body, content_type = telemetry.exposition()
+    return HttpResponse(body, content_type=content_type)
 
 
 @api_view("POST")
@@ -183,6 +203,7 @@ def start_execution(request, name: str):
                                        "choose another execution_id")
     current = trace.current()
     meta = {"started_by": principal.name, "trace_id": current.trace_id, "span_id": current.span_id}
+    telemetry.annotate(execution_id=execution_id, flow=flow.name, queue=body.queue)
     try:
         queued = enqueue(flow.name, value, body.queue, execution_id=execution_id, partition_key=body.partition_key,
                          priority=body.priority, dedup_id=body.dedup_id, run_after=_run_after(body), meta=meta,

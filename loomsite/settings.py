@@ -191,6 +191,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
 }
+if env.bool("LOOM_LOG_JSON", default=False):  # JSON log lines with the spans' trace ids (docs/observability.md)
+    LOGGING["formatters"] = {"json": {"()": "journal.telemetry.JsonFormatter"}}
+    LOGGING["handlers"]["console"]["formatter"] = "json"
 
 # django-q2: the ORM broker on the same database by default; Redis when LOOM_Q_REDIS_URL is set.
 _redis_url = env.str("LOOM_Q_REDIS_URL", default="")

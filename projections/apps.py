@@ -15,6 +15,10 @@ class ProjectionsConfig(AppConfig):
         for module in conf.get_safe("LOOM_PROJECTION_MODULES", []):
             with suppress(ImportError):  # reported by the system check loom.E004 (was projections.E001)
                 import_module(module)
+        from journal.telemetry import add_gauge_source
+        from projections.telemetry import gauges
+
+        add_gauge_source(gauges)  # projection lag on the metrics page (docs/observability.md)
         if apps.is_installed("leases"):
             from leases.worker import register_service
             from projections.service import DrainService

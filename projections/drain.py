@@ -17,7 +17,7 @@ import logging
 import traceback
 from dataclasses import dataclass, field
 
-from journal import conf, shards
+from journal import conf, shards, telemetry
 from journal.atomic import atomic
 from journal.envelopes import StoredEvent
 from projections.declarations import Consumer, Lane, Registry
@@ -70,6 +70,7 @@ class DrainController:
     def consumers(self) -> dict[str, Consumer]:
         return {c.name: c for c in self.registry.in_lane(self.lane.name)}
 
+    @telemetry.traced_drain  # a span per drain cycle that claimed work, its batch size (a no-op when off)
     def cycle(self) -> CycleResult:
         consumers = self.consumers
         result = CycleResult()

@@ -18,6 +18,10 @@ class QueuesConfig(AppConfig):
         set_queue_start(enqueue)  # journal.flows.start(..., queue=...)
         set_resume_queue(enqueue_resume)  # journal.flows.hand_over, retry(handoff=True)
         import_task_flows()  # the Tasks backend's flow, when TASKS names queues.tasks.LoomBackend
+        from journal.telemetry import add_gauge_source
+        from queues.telemetry import gauges
+
+        add_gauge_source(gauges)  # queue depth on the metrics page (docs/observability.md)
         try:
             from leases.worker import register_service
         except ImportError:  # pragma: no cover - leases is a dependency of this app

@@ -30,6 +30,7 @@ from functools import partial
 from django.conf import settings
 from django.db import DatabaseError, connections, router
 
+from journal import telemetry
 from queues import conf
 
 log = logging.getLogger("loom.queues")
@@ -54,6 +55,7 @@ def import_task_flows() -> None:
         import queues.tasks  # noqa: F401
 
 
+@telemetry.traced_dispatch  # a span `loom.queue.dispatch` around the run when tracing is on
 def run_claimed(claimed, using: str | None = None) -> str:
     """Run one claimed entry to its end in this thread; its status (or "cancelled": cancelled before it
     began, or no longer this claim's; "duplicate": its execution was no longer queued, begun by another

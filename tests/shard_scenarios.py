@@ -1157,6 +1157,25 @@ def forget_shard_down(arg) -> dict:
     return facts
 
 
+def telemetry_per_shard(arg) -> dict:
+    """Executions on both shards; the metrics page's executions gauge per alias (journal/telemetry.py, read
+    from each shard at scrape time) beside each shard's own rows."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from journal import shards, telemetry
+    from journal.flows import start
+    from journal.models import Execution
+
+    for eid in ids_on_each_shard("telm", 2):
+        assert start("shards.one", {}, eid).status == "completed"
+    page = telemetry.exposition()[0].decode()
+    seen = {s.labels["alias"]: s.value for f in text_string_to_metric_families(page) for s in f.samples
+            if s.name == "loom_executions" and s.labels["flow"] == "shards.one" and s.labels["status"] == "completed"}
+    db = {alias: Execution.objects.using(alias).filter(flow="shards.one", status="completed").count()
+          for alias in shards.shards()}
+    return {"seen": seen, "db": db}
+
+
 def main() -> None:
     django.setup()
     name = sys.argv[1]

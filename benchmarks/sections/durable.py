@@ -17,13 +17,16 @@ statements per execution and requests per statement.
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+
 from django.test import override_settings
 
 from benchmarks import streams
 from benchmarks.arguments import choice_list, positive_int, positive_int_list
 from benchmarks.cells import raise_errors
 from benchmarks.harness import counting_statements, run_workers
-from journal import coalesce, conf
+from journal import coalesce, conf, telemetry
 from journal.flows import flow, start
 from journal.flows.ownership import get_ownership
 from journal.store import store_for
@@ -55,6 +58,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--flow-coalesce", type=choice_list("default", "off", "on"), default="default,off,on",
                         help="LOOM_COALESCE variants of each durable cell, in order, out of default (the settings as"
                              " they are), off, on (default: default,off,on).")
+    parser.add_argument("--flow-telemetry", type=choice_list("off", "on"), default="off",
+                        help="Telemetry variants of each durable cell: off (the default), on (spans of the OTel SDK "
+                             "to a discarding exporter, Prometheus metrics: journal/telemetry.py), e.g. off,on.")
     parser.add_argument("--flow-repeats", type=positive_int, default=1,
                         help="Rounds of the durable variants, rotating their order (each round recorded; default 1).")
 
@@ -66,7 +72,38 @@ def run(ctx) -> None:
             for rep in range(ctx.options.get("flow_repeats") or 1):  # rotating: none always first
                 turn = rep % len(variants)
                 for config in variants[turn:] + variants[:turn]:  # the variants of one cell back to back
-                    _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc), config, rep)
+                    teles = ctx.options.get("flow_telemetry") or ("off",)
+                    for tele in teles[rep % len(teles):] + teles[:rep % len(teles)]:  # rotating too
+                        with telemetry_mode(tele):
+                            _cell(ctx, steps, name, conc, max(1, ctx.options["flow_executions"] // conc), config,
+                                  rep, tele)
+
+
+@contextmanager
+def telemetry_mode(mode: str):
+    """Telemetry on for the cell: an SDK tracer whose spans are made, ended and handed to an exporter that
+    drops them (the cost of Loom's spans, not of a collector's network), and the metrics counted."""
+    if mode == "off":
+        yield
+        return
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    class Drop(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(Drop()))
+    saved = telemetry._tracer, telemetry.TRACING, telemetry.METRICS
+    if not telemetry._metrics:
+        telemetry._make_metrics()
+    telemetry._tracer, telemetry.TRACING, telemetry.METRICS = provider.get_tracer("bench"), True, True
+    try:
+        yield
+    finally:
+        telemetry._tracer, telemetry.TRACING, telemetry.METRICS = saved
+        provider.shutdown()
 
 
 def _counters() -> tuple[int, int]:
@@ -84,9 +121,10 @@ def remove_headers(pfx: str) -> None:
     store_for().delete_executions(pfx)
 
 
-def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, config: str, rep: int = 0) -> None:
+def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, config: str, rep: int = 0,
+          tele: str = "off") -> None:
     coalesced = conf.get("LOOM_COALESCE") if config == "default" else config == "on"
-    pfx = streams.prefix(ctx.run_id, "durable", steps, conc, config, rep)
+    pfx = streams.prefix(ctx.run_id, "durable", steps, conc, config, rep, *(["tel"] if tele == "on" else []))
     bar = ctx.progress(conc * per_worker, f"{steps}-step c={conc} coalesce={config}")
 
     def op(w: int, i: int) -> int:
@@ -100,9 +138,9 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, config: str, r
     with override_settings(**overrides), counting_statements() as counter:
         try:
             start("bench.noop1", {}, execution_id=f"{pfx}warmup")  # first use (imports, flush threads) untimed
-            before, counted_before = _counters(), counter.snapshot()
+            before, counted_before, cpu_before = _counters(), counter.snapshot(), time.process_time()
             outcome = run_workers(conc, per_worker, op, progress=bar.update)
-            after, counted_after = _counters(), counter.snapshot()
+            after, counted_after, cpu = _counters(), counter.snapshot(), time.process_time() - cpu_before
         finally:
             coalesce.close_shared()
     bar.close()
@@ -122,12 +160,15 @@ def _cell(ctx, steps: int, name: str, conc: int, per_worker: int, config: str, r
                                  "coalesce": coalesced, "config": config, "round": rep + 1,
                                  "lease_mode": conf.get("LOOM_LEASE_MODE"),
                                  "ownership": type(get_ownership()).__name__,
-                                 "snapshot_every": conf.get("LOOM_SNAPSHOT_EVERY")},
+                                 "snapshot_every": conf.get("LOOM_SNAPSHOT_EVERY"),
+                                 **({"telemetry": tele} if tele != "off" else {})},
                throughput=outcome.throughput, unit="exec/s", latencies_ms=outcome.latencies_ms,
                count=outcome.units, verified_rows=outcome.units * per_exec,
                statements_per_execution=round(all_statements / outcome.units, 3),
                control_statements_per_execution=round(control / outcome.units, 3),
                events_per_s=round(outcome.throughput * per_exec, 1), wall_s=round(outcome.wall_s, 4),
+               # this process's CPU (every thread) per execution: steadier than exec/s on a shared machine
+               cpu_ms_per_execution=round(cpu * 1000 / outcome.units, 3),
                coalesced_statements_per_execution=round(statements / outcome.units, 3) if coalesced else None,
                requests_per_statement=round(requests / statements, 2) if coalesced and statements else None)
     if not ctx.options.get("keep"):

@@ -17,7 +17,7 @@ from typing import Any
 from django.db.models.functions import Now
 from ulid import ULID
 
-from journal import shards
+from journal import shards, telemetry
 from journal.atomic import atomic
 from journal.envelopes import Envelope, check_new_stream_id
 from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
@@ -98,6 +98,7 @@ class Runner:
             payload, self.recovered = {**payload, "recovered_by": self.recovered}, None
         self.state.apply(self.run.tip + len(self.pending) + 1, type_, payload)
         self.pending.append(Envelope(type_, payload))
+        telemetry.on_event(self, type_, payload)  # spans of steps and waits, metrics (a no-op when off)
 
     def flush(self, settle: writer.Settle | None = None) -> None:
         """Write the queued events (the bootstrap, for the first flush of a fresh start)."""
@@ -264,6 +265,7 @@ class Runner:
             self.flush()
         return result
 
+    @telemetry.traced_run  # a span per run (attempt) of the execution when tracing is on
     def drive(self, flow: Flow, value: Any) -> Outcome:
         eid = self.run.execution_id
         asynchronous = aio.is_async(flow.fn)  # an `async def` flow: its code on the loop, its journal here

@@ -149,6 +149,9 @@ class ClaimedWait:
 # -- execution_status --
 # The header of one execution, for the error path of a refused start and the status reads of
 # resume, cancel and the HTTP API. The same text on every backend.
+# -- count_executions_by_status -- (the metrics page: one row per flow and status)
+EXECUTIONS_BY_STATUS = "SELECT flow, status, count(*) FROM journal_execution GROUP BY flow, status"
+
 EXECUTION_STATUS = "SELECT status, flow, result, error FROM journal_execution WHERE id = %s"
 
 # -- message_sent -- whether a message id was sent to an execution: send()'s identity check once the
@@ -682,6 +685,11 @@ class ExecutionStore(LogStore, ABC):
         result = json.loads(row[2]) if isinstance(row[2], str) else row[2]
         return row[0], row[1], result, row[3]
 
+
+    def count_executions_by_status(self) -> list[tuple[str, str, int]]:
+        """(flow, status, count) of the execution headers, for the metrics page (journal/telemetry.py); no
+        lock: a scrape reads a snapshot, the next one the next."""
+        return [(flow, status, int(n)) for flow, status, n in self._rows(EXECUTIONS_BY_STATUS, [])]
     def message_sent(self, execution_id: str, message_id: str) -> bool:
         """Whether `message_id` was sent to the execution (consumed or not)."""
         with self.connection.cursor() as cursor:

@@ -66,7 +66,18 @@ class Clock:
 Bump = tuple[str, str, str, str, int, int]
 
 
+# -- lag_by_consumer -- (the metrics page: per consumer, events its subscriptions know of and have not handled,
+# and how many of them are blocked; no lock: a scrape reads a snapshot)
+LAG_BY_CONSUMER = ("SELECT consumer, sum(CASE WHEN tip > at THEN tip - at ELSE 0 END), "
+                   "sum(CASE WHEN blocked THEN 1 ELSE 0 END) FROM projections_subscription GROUP BY consumer")
+
+
 class ProjectionStore(DatabaseBound, ABC):
+    def lag_by_consumer(self) -> list[tuple[str, int, int]]:
+        """(consumer, events behind, blocked subscriptions) of every consumer with subscriptions here."""
+        return [(consumer, int(behind or 0), int(blocked or 0)) for consumer, behind, blocked
+                in self._rows(LAG_BY_CONSUMER, [])]
+
     #: Whether this backend's journal notifies commits (PostgreSQL NOTIFY), so a listener can wake the
     #: lanes (projections/listener.py); without it the lanes poll.
     notifications = False

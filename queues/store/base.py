@@ -152,6 +152,11 @@ def decode(text: str | None) -> Any:
     return None if not text else json.loads(text)
 
 
+# -- oldest_due -- (the metrics page: per queue, the run_after of the oldest pending entry already due)
+OLDEST_DUE = ("SELECT queue_id, min(run_after) FROM queues_entry WHERE state = 'pending' AND run_after <= %s "
+              "GROUP BY queue_id")
+
+
 class QueueStore(DatabaseBound, ABC):
     # Candidates read per page when a per-partition cap may skip some (keyset pages until enough fit).
     PAGE = 256
@@ -203,6 +208,11 @@ class QueueStore(DatabaseBound, ABC):
     @abstractmethod
     def queue_stats(self) -> list[QueueStats]:
         """Every queue row with its depth and running count, by name."""
+
+    def oldest_due(self, now: Any) -> dict[str, Any]:
+        """queue -> the run_after of its oldest due pending entry (the metrics page's oldest pending age); no
+        lock: a scrape reads a snapshot. `now`: the backend's parameter for the current time."""
+        return dict(self._rows(OLDEST_DUE, [now]))
 
     @abstractmethod
     def prune_entries(self, older_than: float) -> int:

@@ -526,3 +526,10 @@ def test_manage_py_check_is_clean_with_two_real_shards_and_refuses_a_missing_ali
 
     assert "loom.E0" not in check()
     assert "loom.E020" in check(LOOM_SHARDS="default,shard1,shard9")
+
+
+def test_the_metrics_pages_executions_gauge_is_per_shard_alias_and_matches_each_shards_rows(shard_env):
+    """Telemetry x shards (docs/observability.md): one gauge series per alias, each its shard's own count."""
+    facts = scenario(shard_env, "telemetry_per_shard", LOOM_METRICS="true")
+    assert set(facts["db"]) == {"default", "shard1"} and min(facts["db"].values()) >= 2  # runs on both shards
+    assert facts["seen"] == {alias: float(n) for alias, n in facts["db"].items()}

@@ -49,12 +49,17 @@ class Command(BaseCommand):
                             help="Seconds each service gets to stop on SIGTERM (default 10).")
         parser.add_argument("--shutdown-grace", type=float, default=None,
                             help="Seconds running steps get to finish on SIGTERM (default LOOM_SHUTDOWN_GRACE).")
+        parser.add_argument("--metrics-port", type=int, default=None,
+                            help="Answer Prometheus scrapes on this port at /metrics (needs LOOM_METRICS; "
+                                 "docs/observability.md).")
+        parser.add_argument("--metrics-host", default="127.0.0.1",
+                            help="Address of --metrics-port (default %(default)s).")
         parser.add_argument("--log-level", default=None, type=str.upper,
                             choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                             help="Level of the 'loom' loggers (default: as LOGGING says, else INFO).")
 
     def handle(self, *args, worker_id=None, no_cluster=False, stop_timeout=10.0, log_level=None,
-               shutdown_grace=None, **options) -> None:
+               shutdown_grace=None, metrics_port=None, metrics_host="127.0.0.1", **options) -> None:
         # A worker you can watch: its starts, completions, failures, takeovers and recoveries are
         # logged at INFO under "loom.*" (docs/workers.md "Logs"), unless LOGGING set that logger.
         loom_log = logging.getLogger("loom")
@@ -92,6 +97,8 @@ class Command(BaseCommand):
             if cluster is not None:
                 # Start the cluster first: it forks its processes before any of our threads exist.
                 cluster.start()
+            if metrics_port is not None:  # after the fork: the children have no server of their own
+                metrics_server(metrics_port, metrics_host)
             if not worker.stopped.is_set():
                 worker.start()
                 self.stdout.write(f"loom worker {worker.worker_id} running ({len(worker.services)} services"
@@ -118,3 +125,12 @@ class Command(BaseCommand):
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # SIGTERM during the new start-up must still stop it
             os.execv(sys.executable, sys.orig_argv)
         self.stdout.write(f"loom worker {worker.worker_id} stopped")
+
+
+def metrics_server(port: int, host: str) -> None:
+    """The /metrics page of this worker (journal/telemetry.py); refused unless LOOM_METRICS is on."""
+    from journal import telemetry
+
+    if not telemetry.METRICS:
+        raise CommandError("--metrics-port needs LOOM_METRICS=true (docs/observability.md)")
+    telemetry.serve_metrics(port, host)

@@ -1,0 +1,41 @@
+"""The queues' gauges on the metrics page (journal/telemetry.py): depth, due entries, running and the age of
+the oldest due pending entry, per queue and database alias, read from the database at each scrape (so every
+worker host reports the same figures, not its own memory)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+
+def _aliases() -> list[str]:
+    from django.db import router
+
+    from journal import shards
+    from queues.models import Queue
+
+    return shards.shards() if shards.sharded() else [router.db_for_read(Queue) or "default"]
+
+
+def gauges() -> Iterator[tuple[str, str, dict[str, str], float]]:
+    from django.db import connections
+
+    from leases.store.sqlite import stamp
+    from queues.store import store_for
+
+    for alias in _aliases():
+        store = store_for(alias)
+        now = datetime.now(UTC)
+        sqlite = connections[alias].vendor == "sqlite"
+        oldest = store.oldest_due(stamp(now) if sqlite else now)
+        for one in store.queue_stats():
+            labels = {"alias": alias, "queue": one.name}
+            yield "loom_queue_depth", "Pending entries of the queue (due or not)", labels, one.pending
+            yield "loom_queue_ready", "Pending entries of the queue already due", labels, one.ready
+            yield "loom_queue_running", "Entries of the queue claimed and running", labels, one.running
+            due = oldest.get(one.name)
+            if isinstance(due, str):
+                due = datetime.fromisoformat(due).replace(tzinfo=UTC)
+            age = 0.0 if due is None else max(0.0, (now - due).total_seconds())
+            yield ("loom_queue_oldest_pending_age_seconds", "Seconds the oldest due pending entry has waited "
+                   "(0: none)", labels, age)
