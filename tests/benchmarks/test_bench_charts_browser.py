@@ -16,7 +16,7 @@ from benchmarks.command import run_link
 from benchmarks.models import BenchRun
 from benchmarks.recording import Recorder
 from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
-from tests.test_operations_browser import shot
+from tests.queues.test_operations_browser import shot
 
 pytestmark = [
     pytest.mark.browser,

@@ -1,6 +1,6 @@
 """Telemetry in this process (journal/telemetry.py): spans in the OTel SDK's in-memory exporter, the metrics
 page read as Prometheus text, JSON log lines; with the API's scopes, privacy and the queues. The real
-processes (serve_api, loom_worker, a SIGKILL, a real Prometheus) are tests/test_telemetry_processes.py."""
+processes (serve_api, loom_worker, a SIGKILL, a real Prometheus) are tests/journal/test_telemetry_processes.py."""
 
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ def test_every_metric_is_documented_and_the_dashboard_asks_only_for_those():
     import re
     from pathlib import Path
 
-    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     if not telemetry._metrics:
         telemetry._make_metrics()
     suffix = {"Counter": "_total", "Histogram": "", "Gauge": ""}
@@ -196,7 +196,7 @@ def test_projection_lag_is_read_from_the_subscriptions_and_a_drain_cycle_is_a_sp
     from projections.declarations import registry
     from projections.models import Subscription
     from projections.service import drain
-    from tests.test_projections_helpers import applied, create_table, declare_counter
+    from tests.projections.test_projections_helpers import applied, create_table, declare_counter
 
     registry.clear()
     create_table()
