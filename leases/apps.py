@@ -19,12 +19,18 @@ class LeasesConfig(AppConfig):
 
         if drop_on_cancel not in CANCEL_HOOKS:  # whatever the mode: rows another process wrote go too
             CANCEL_HOOKS.append(drop_on_cancel)
+        from journal.retention import REMOVE_HOOKS
+        from leases.retention import RetentionService, drop_removed
+
+        if drop_removed not in REMOVE_HOOKS:
+            REMOVE_HOOKS.append(drop_removed)
         register_service(HeartbeatService)
         register_service(RecoveryService)
         from leases.schedules import ScheduleService
 
         register_service(ScheduleService)  # cron schedules (leases/schedules.py)
         register_service(WakeService)  # resumes parked executions when due (flows that wait)
+        register_service(RetentionService)  # removes settled executions past retention (journal/retention.py)
         from leases.watchdog import StepWatchdog
 
         register_service(StepWatchdog)  # tells running steps to stop; retires a worker whose step ignores it

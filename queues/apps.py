@@ -8,14 +8,17 @@ class QueuesConfig(AppConfig):
 
     def ready(self) -> None:
         from journal.flows.runtime import CANCEL_HOOKS, QUEUE_STARTS, RERUN_HOOKS
+        from journal.retention import REMOVE_HOOKS
         from queues import conf  # noqa: F401  (registers the LOOM_QUEUE* settings)
-        from queues.hooks import cancelled, reopen
+        from queues.hooks import cancelled, removed, reopen
         from queues.service import QueueService, import_task_flows
 
         if reopen not in RERUN_HOOKS:
             RERUN_HOOKS.append(reopen)
         if cancelled not in CANCEL_HOOKS:
             CANCEL_HOOKS.append(cancelled)
+        if removed not in REMOVE_HOOKS:
+            REMOVE_HOOKS.append(removed)
         from journal.flows.handover import RESUME_QUEUES
         from queues.enqueuing import enqueue, enqueue_resume
 

@@ -41,7 +41,8 @@ class Command(BaseCommand):
                 sub.add_argument(flag, **kwargs)
             return sub
 
-        nouns = parser.add_subparsers(dest="noun", required=True, metavar="{executions,queues,schedules,flows,replay}")
+        nouns = parser.add_subparsers(dest="noun", required=True,
+                                      metavar="{executions,queues,schedules,flows,replay,retention,archive}")
         executions = nouns.add_parser("executions", help="List, show and operate executions.")
         verbs = executions.add_subparsers(dest="verb", required=True,
                                           metavar="{list,show,steps,cancel,resume,retry,fork,export}")
@@ -73,6 +74,20 @@ class Command(BaseCommand):
             if verb == "fork":
                 sub.add_argument("--from-step", type=int, required=True, dest="from_step")
                 sub.add_argument("--new-id", dest="new_id", help="The new execution's id (default: minted).")
+        keeping = nouns.add_parser("retention", help="Retention: what is due, what was removed; run a round.")
+        kept = keeping.add_subparsers(dest="verb", required=True, metavar="{status,run}")
+        options(kept.add_parser("status", help="Due per policy and the newest removal batches."))
+        running = options(kept.add_parser("run", help="Remove what is due now (batches until none is due)."))
+        running.add_argument("--max-batches", type=int, default=None, dest="max_batches")
+        archiving = nouns.add_parser("archive", help="Archives written before removal: list, show, restore.")
+        arch = archiving.add_subparsers(dest="verb", required=True, metavar="{list,show,restore}")
+        options(arch.add_parser("list", help="Every archive object."))
+        for verb, text in (("show", "The manifest and the executions of one archive."),
+                           ("restore", "Put its executions back as they were (refused whole if one exists).")):
+            sub = options(arch.add_parser(verb, help=text))
+            sub.add_argument("name", metavar="NAME")
+            if verb == "restore":
+                sub.add_argument("--id", action="append", dest="ids", help="Only this execution (repeatable).")
         options(nouns.add_parser("queues", help="Queues: running, cap, depth."))
         options(nouns.add_parser("schedules", help="Schedules: cron, flow, next and last tick."))
         versions = options(nouns.add_parser("flows", help="Flow versions: registered here, live executions of each."))
@@ -107,6 +122,10 @@ class Command(BaseCommand):
 
     def dispatch(self, options: dict, using: str | None) -> cli.Reply:
         noun = options["noun"]
+        if noun == "retention":
+            return cli.retention(using, options["verb"], options.get("max_batches"))
+        if noun == "archive":
+            return cli.archive(using, options["verb"], options.get("name"), options.get("ids"))
         if noun == "queues":
             return cli.queues(using)
         if noun == "schedules":
