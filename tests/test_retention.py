@@ -216,22 +216,22 @@ def test_a_removal_racing_a_retry_removes_all_or_nothing():
         barrier = threading.Barrier(2)
         errors: list[BaseException] = []
 
-        def do_retry(eid: str = eid, gate: threading.Barrier = barrier) -> None:
+        def do_retry(eid: str = eid, gate: threading.Barrier = barrier, errors: list = errors) -> None:
             try:
                 gate.wait(10)
                 retry(eid, handoff=True)
             except (NotResumable, UnknownExecution):
                 pass
-            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            except BaseException as exc:
                 errors.append(exc)
             finally:
                 connections.close_all()
 
-        def do_remove(gate: threading.Barrier = barrier) -> None:
+        def do_remove(gate: threading.Barrier = barrier, errors: list = errors) -> None:
             try:
                 gate.wait(10)
                 retention.remove_batch("default")
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 errors.append(exc)
             finally:
                 connections.close_all()
@@ -253,4 +253,4 @@ def test_a_removal_racing_a_retry_removes_all_or_nothing():
             assert Fence.objects.current(eid) == 2
             assert not Removal.objects.filter(ids__contains=[eid]).exists()
             outcomes["retried"] += 1
-    assert sum(outcomes.values()) == 6
+    assert sum(outcomes.values()) == 6, outcomes
