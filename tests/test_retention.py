@@ -254,3 +254,18 @@ def test_a_removal_racing_a_retry_removes_all_or_nothing():
             assert not Removal.objects.filter(ids__contains=[eid]).exists()
             outcomes["retried"] += 1
     assert sum(outcomes.values()) == 6, outcomes
+
+
+def test_the_admin_lists_the_removal_batches_and_what_is_due(admin_client):
+    start("waits.steps", {"n": 1}, execution_id="rm-1")
+    start("waits.steps", {"n": 1}, execution_id="rm-2")
+    age("rm-1")
+    age("rm-2")
+    page = admin_client.get("/admin/journal/removal/").content.decode()
+    assert "Default: 30 day(s), 2 execution(s) due" in page
+    retention.remove_batch("default", limit=1)
+    page = admin_client.get("/admin/journal/removal/").content.decode()
+    assert "Default: 30 day(s), 1 execution(s) due" in page
+    (record,) = Removal.objects.all()
+    detail = admin_client.get(f"/admin/journal/removal/{record.pk}/change/").content.decode()
+    assert record.ids[0] in detail
