@@ -28,6 +28,17 @@ from journal.store.base import DatabaseBound
 
 SETTLED = ("completed", "failed", "cancelled")
 
+# -- fill_settled -- (benchmarks: the growth section's settled, ageing journal, through bulk_load)
+FILL_EVENTS = ("journal_event", ("stream_id", "seq", "type", "payload", "recorded_at"))
+FILL_FENCES = ("journal_fence", ("stream_id", "token", "created_at"))
+FILL_SETTLED = ("journal_execution", ("id", "flow", "status", "input", "result", "error", "recoveries", "created_at",
+                                      "updated_at", "finished_at"))
+# -- table_sizes -- (benchmarks) heap (with TOAST) and index bytes of the tables removal shrinks.
+TABLE_SIZES = """
+SELECT t, pg_table_size(t::regclass), pg_indexes_size(t::regclass)
+FROM unnest(ARRAY['journal_event', 'journal_execution']) t
+"""
+
 # -- due -- (status: how many settled headers finished before the cutoff; per policy group)
 DUE = """
 SELECT count(*) FROM journal_execution x
@@ -175,6 +186,41 @@ class RetentionStore(DatabaseBound):
             self._count(RESTORE_MESSAGE.format(j=j), row)
         for row in rows.get("flow_event", []):
             self._count(RESTORE_FLOW_EVENT.format(j=j), row)
+
+    # -- benchmarks only (the growth section's removal cells) ------------------------------------------
+    def fill_settled(self, prefix: str, first: int, count: int, per_stream: int, payload: str, days: float,
+                     flow: str) -> None:
+        """Streams `prefix{n}` of `per_stream` events each, with fence and a completed header of `flow`, their
+        recorded_at and finished_at spread evenly over the last `days` days (bulk_load)."""
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        now = timezone.now()
+        adapt = self.connection.ops.adapt_datetimefield_value
+        when = {n: adapt(now - timedelta(days=days * (n - first) / max(1, count))) for n in range(first, first + count)}
+        ids = range(first, first + count)
+        self.bulk_load(*FILL_EVENTS, ((f"{prefix}{n}", seq, "BenchFilled", payload, when[n]) for n in ids
+                                      for seq in range(per_stream)))
+        self.bulk_load(*FILL_FENCES, ((f"{prefix}{n}", 1, when[n]) for n in ids))
+        self.bulk_load(*FILL_SETTLED, ((f"{prefix}{n}", flow, "completed", "{}", "null", "", 0, when[n], when[n],
+                                        when[n]) for n in ids))
+        self.analyze(FILL_EVENTS[0], FILL_FENCES[0], FILL_SETTLED[0])
+
+    def table_sizes(self) -> dict[str, int] | None:
+        """Bytes of journal_event and journal_execution, heap and indexes (PostgreSQL; None on SQLite)."""
+        if self.connection.vendor != "postgresql":
+            return None
+        rows = self._rows(TABLE_SIZES, [])
+        return {f"{table}_{part}": int(size) for table, heap, index in rows
+                for part, size in (("heap_bytes", heap), ("index_bytes", index))}
+
+    def vacuum(self) -> None:
+        """VACUUM (not FULL: no exclusive lock) the removed tables so that their space is reused."""
+        if self.connection.vendor == "postgresql":
+            with self.connection.cursor() as cursor:
+                for table in ("journal_event", "journal_execution", "journal_fence"):
+                    cursor.execute(f"VACUUM (ANALYZE) {table}")
 
     @staticmethod
     def _flows(flows: Sequence[str], exclude: Sequence[str]) -> tuple[str, list]:
