@@ -9,11 +9,13 @@ import pytest
 from django.utils import timezone
 
 from journal import retention
+from journal.flows import start
 from journal.models import Execution
 from queues.models import QueueEntry
-from journal.flows import start
-from tests import flows_fixtures  # noqa: F401  (test.add)
-from tests import queue_flows
+from tests import (
+    flows_fixtures,  # noqa: F401  (test.add)
+    queue_flows,
+)
 from tests.test_api import AUTH, TOKEN
 from tests.test_tasks_backend import stop_the_process_lease_keeper, work  # noqa: F401
 
