@@ -124,11 +124,10 @@ def remove_batch(alias: str, now: datetime | None = None, limit: int | None = No
         for group in groups(now):
             if len(chosen) >= limit:
                 break
-            for eid, flow, result in store.lock_candidates(group.cutoff, limit - len(chosen), group.flows,
-                                                           group.exclude):
-                if not _chain_settled(alias, result):
-                    continue
-                chosen.append((eid, flow))
+            found = store.lock_candidates(group.cutoff, limit - len(chosen), group.flows, group.exclude)
+            kept = store.kept_by_kin([eid for eid, _, _ in found])
+            chosen += [(eid, flow) for eid, flow, result in found
+                       if eid not in kept and _chain_settled(alias, result)]
         if not chosen:
             return batch
         batch.ids = [eid for eid, _ in chosen]

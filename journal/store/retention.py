@@ -9,7 +9,8 @@ A batch is one transaction:
      second worker's batch returns at once, nothing waits); on SQLite the write lock (BEGIN IMMEDIATE)
      serializes every writer anyway;
   2. lock the candidate headers (`FOR UPDATE OF x SKIP LOCKED` on PostgreSQL): settled, finished before the
-     cutoff, no live child, no live parent. A header some other transaction holds (a retry's, a resume's or a
+     cutoff; then leave out those a live child or a live parent keeps (kept_by_kin). A header some other
+     transaction holds (a retry's, a resume's or a
      send's LOCK_HEADER) is skipped, never waited on; one they lock after us waits for our commit and then
      finds no header (UnknownExecution): the execution is either all there or all gone;
   3. (archival) read the rows of the archived ones, write the archive object;
@@ -45,17 +46,18 @@ SELECT count(*) FROM journal_execution x
 WHERE x.status IN ('completed', 'failed', 'cancelled') AND x.finished_at < %s {flows}
 """
 
-# -- candidates: filters -- a settled header is not removed while a child it started (STEP_COMPLETED of
+# -- kept_by_kin -- of the locked candidates, those a live kin keeps: a child it started (STEP_COMPLETED of
 # `$start_child`, whose result is the child's id) or the parent that started it (`$parent` in its
 # EXECUTION_STARTED) is live: the parent's wait re-reads the child's outcome, and the child's settle wakes
-# its parent. `{pj}`, `{cj}`: the backend's JSON text extraction.
-LIVE_KIN = """
-AND NOT EXISTS (SELECT 1 FROM journal_event c JOIN journal_execution k ON k.id = {cj}
-                WHERE c.stream_id = x.id AND c.type = 'STEP_COMPLETED' AND {cs} = '$start_child'
-                AND k.status NOT IN ('completed', 'failed', 'cancelled'))
-AND NOT EXISTS (SELECT 1 FROM journal_event s JOIN journal_execution p ON p.id = {pj}
-                WHERE s.stream_id = x.id AND s.seq = 0
-                AND p.status NOT IN ('completed', 'failed', 'cancelled'))
+# its parent. A statement of its own over the batch's ids (index probes of journal_event_stream_seq per id):
+# inside the candidates' statement the planner hoisted it into one scan of the whole event table per batch.
+KEPT_BY_KIN = """
+SELECT c.stream_id FROM journal_event c JOIN journal_execution k ON k.id = {cj}
+WHERE c.stream_id IN ({marks}) AND c.type = 'STEP_COMPLETED' AND {cs} = '$start_child'
+AND k.status NOT IN ('completed', 'failed', 'cancelled')
+UNION
+SELECT s.stream_id FROM journal_event s JOIN journal_execution p ON p.id = {pj}
+WHERE s.stream_id IN ({marks}) AND s.seq = 0 AND p.status NOT IN ('completed', 'failed', 'cancelled')
 """
 
 # -- delete_rows -- an execution's rows, the header last (while it is there, a retry/resume/send that locked
@@ -141,10 +143,17 @@ class RetentionStore(DatabaseBound):
         """Lock (PostgreSQL: FOR UPDATE SKIP LOCKED) up to `limit` removable headers, oldest finished first:
         (id, flow, result)."""
         clause, params = self._flows(flows, exclude)
-        kin = LIVE_KIN.format(cj=self.CHILD_ID, cs=self.CHILD_STEP, pj=self.PARENT_ID)
-        sql = self.CANDIDATES.format(flows=clause, kin=kin, result=self.JSON_TEXT.format(col="x.result"))
+        sql = self.CANDIDATES.format(flows=clause, result=self.JSON_TEXT.format(col="x.result"))
         rows = self._rows(sql, [cutoff, *params, limit])
         return [(eid, flow, json.loads(result) if isinstance(result, str) else result) for eid, flow, result in rows]
+
+    def kept_by_kin(self, ids: Sequence[str]) -> set[str]:
+        """Of these (locked) candidates, those a live child or a live parent keeps."""
+        if not ids:
+            return set()
+        marks = ", ".join(["%s"] * len(ids))
+        sql = KEPT_BY_KIN.format(marks=marks, cj=self.CHILD_ID, cs=self.CHILD_STEP, pj=self.PARENT_ID)
+        return {row[0] for row in self._rows(sql, [*ids, *ids])}
 
     def delete_rows(self, ids: Sequence[str]) -> dict[str, int]:
         """Delete every journal row of these executions (locked by lock_candidates); the counts per kind."""
@@ -241,7 +250,7 @@ class PostgresRetention(RetentionStore):
     # a retry put back to running since the scan is left out.
     CANDIDATES = """
     SELECT x.id, x.flow, {result} FROM journal_execution x
-    WHERE x.status IN ('completed', 'failed', 'cancelled') AND x.finished_at < %s {flows} {kin}
+    WHERE x.status IN ('completed', 'failed', 'cancelled') AND x.finished_at < %s {flows}
     ORDER BY x.finished_at LIMIT %s
     FOR UPDATE OF x SKIP LOCKED
     """
@@ -258,7 +267,7 @@ class SqliteRetention(RetentionStore):
     # so that the wait is one short transaction (docs/retention.md).
     CANDIDATES = """
     SELECT x.id, x.flow, {result} FROM journal_execution x
-    WHERE x.status IN ('completed', 'failed', 'cancelled') AND x.finished_at < %s {flows} {kin}
+    WHERE x.status IN ('completed', 'failed', 'cancelled') AND x.finished_at < %s {flows}
     ORDER BY x.finished_at LIMIT %s
     """
     CHILD_ID = "json_extract(c.payload, '$.result')"
