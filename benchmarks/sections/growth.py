@@ -223,6 +223,7 @@ def _removal(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
 
     from django.db import connections
     from django.test import override_settings
+    from django.utils import timezone
 
     from journal import retention
     from journal.store import retention_store_for
@@ -240,7 +241,10 @@ def _removal(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
     params = {"events": count * PER_STREAM, "days": days, "retention_days": RETENTION_DAYS, "running": filled}
     with override_settings(LOOM_RETENTION_DAYS=None, LOOM_RETENTION_FLOWS=[f"{SETTLED_FLOW}={RETENTION_DAYS}"],
                            LOOM_RETENTION_BATCH=ctx.options["growth_removal_batch"], LOOM_ARCHIVE_FLOWS=[]):
-        (group,) = retention.groups()
+        # One clock for the whole removal: what was due at its start is what it removes (with the clock moving
+        # on, executions that cross the 30-day line during a long run would be removed too).
+        at = timezone.now()
+        (group,) = retention.groups(at)
         due = store.due(group.cutoff, group.flows)
         quiet = _append(pfx, filled, ops, swept)
         done: dict = {}
@@ -248,7 +252,7 @@ def _removal(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
         def remove() -> None:
             t0 = time.perf_counter()
             try:
-                done.update(retention.run(store.alias))
+                done.update(retention.run(store.alias, now=at))
             finally:
                 done["s"] = time.perf_counter() - t0
                 connections.close_all()
