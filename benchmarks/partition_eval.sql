@@ -1,7 +1,7 @@
--- Evaluation of declarative partitioning of journal_event (docs/backends.md "Partitioning journal_event").
+-- Evaluation of declarative partitioning of the journal's event table (docs/backends.md, "Partitioning").
 -- Run on a scratch database:  psql -h 127.0.0.1 -U postgres -d <scratch> -f benchmarks/partition_eval.sql
--- Two copies of the event table's shape with N streams of 10 events spread over 400 days: `ev_plain` (as
--- journal_event: unique (stream_id, seq)) and `ev_part` (monthly RANGE partitions on recorded_at, whose unique
+-- Two copies of the event table's shape with N streams of 10 events spread over 400 days: `ev_plain` (as the
+-- event table: unique (stream_id, seq)) and `ev_part` (monthly RANGE partitions on recorded_at, whose unique
 -- index must include the partition key). Timed (\timing): removing the oldest month by DELETE vs by DETACH +
 -- DROP, a stream's read (stream_id = ...) on each, and one-row appends on each.
 \set streams 100000
