@@ -53,7 +53,7 @@ from journal.admin_shards import ShardedRows, pick_value
 from journal.aggregates.admin import AggregateAdmin
 from journal.exceptions import ForgetIncomplete
 from journal.ids import stored_id_problem
-from journal.models import AggregateStream, DataKey, Event, Execution, Fence, Snapshot
+from journal.models import AggregateStream, DataKey, Event, Execution, Fence, Removal, Snapshot
 from journal.privacy import Reader, reader_for_user
 from journal.timestamps import stamp
 
@@ -634,6 +634,27 @@ class SnapshotAdmin(SafeChangeList, ReadOnlyAdmin):
     search_fields = ("stream_id",)
     withheld_lookups = ("state",)
     readonly_fields = ("stream_id", "seq", "state", "created_at")
+
+
+@admin.register(Removal)
+class RemovalAdmin(SafeChangeList, ReadOnlyAdmin):
+    """The retention service's batches (journal/retention.py), newest first; the list says what is due now."""
+
+    list_display = ("id", "removed_at", "executions", "events", "messages", "flow_events", "archive")
+    readonly_fields = ("removed_at", "executions", "events", "messages", "flow_events", "ids", "archive")
+
+    def changelist_view(self, request, extra_context=None):
+        from journal import retention
+
+        alias = self.model.objects.db
+        policies = retention.status(alias, recent=0)["due"]
+        if not policies:
+            self.message_user(request, "No retention configured (LOOM_RETENTION_DAYS, LOOM_RETENTION_FLOWS): "
+                                       "nothing is removed.", messages.INFO)
+        for due in policies:
+            self.message_user(request, f"{due['policy']}: {due['days']:g} day(s), {due['due']} execution(s) due "
+                                       f"(finished before {due['cutoff']}).", messages.INFO)
+        return super().changelist_view(request, extra_context)
 
 
 def execution_url(execution_id: str) -> str:

@@ -559,3 +559,50 @@ def replay(using: str | None, execution_ids: list[str], *, files: list[str] | No
         raise Refused(f"{summary}; the first: {first.execution_id}{where}: {first.reason}", REFUSED,
                       first.problem, data=data, lines=lines)
     return Reply(data, [*lines, summary])
+
+
+def retention(using: str | None, verb: str, max_batches: int | None = None) -> Reply:
+    """`loom retention status`: due per policy and the newest batches, per shard; `run`: remove what is due."""
+    from journal import retention as kept
+
+    aliases = _aliases(using)
+    if verb == "run":
+        done = {alias: kept.run(alias, max_batches=max_batches) for alias in aliases}
+        lines = [f"{alias}: removed {t['executions']} execution(s), {t['events']} event(s), {t['messages']} "
+                 f"message(s), {t['flow_events']} flow event(s) in {t['batches']} batch(es)"
+                 for alias, t in done.items()]
+        return Reply(done, lines)
+    found = [kept.status(alias) for alias in aliases]
+    lines = []
+    for one in found:
+        lines.append(f"{one['alias']}:")
+        if not one["due"]:
+            lines.append("  no retention configured (LOOM_RETENTION_DAYS, LOOM_RETENTION_FLOWS): nothing is removed")
+        lines += [f"  {d['policy']}: {d['days']:g} day(s), {d['due']} due" for d in one["due"]]
+        if one["forever"]:
+            lines.append(f"  kept forever: {', '.join(one['forever'])}")
+        lines += [f"  removed #{r['id']} {r['removed_at']}: {r['executions']} execution(s), {r['events']} event(s)"
+                  + (f", archive {r['archive']}" if r["archive"] else "") for r in one["removed"]]
+    return Reply(found, lines)
+
+
+def archive(using: str | None, verb: str, name: str | None = None, ids: list[str] | None = None) -> Reply:
+    """`loom archive list | show NAME | restore NAME [--id ID]...`."""
+    from journal import retention as kept
+
+    if verb == "list":
+        names = kept.list_archives()
+        return Reply(names, names or ["no archives"])
+    try:
+        if verb == "show":
+            manifest, executions = kept.read_archive(name)
+            rows = [{"id": e["id"], "flow": e["header"][0][1], "status": e["header"][0][3],
+                     "events": len(e.get("event", []))} for e in executions]
+            return Reply({"manifest": manifest, "executions": rows},
+                         [f"{name}: {manifest['executions']} execution(s), {manifest['events']} event(s), "
+                          f"written {manifest['written_at']} on {manifest['alias']}"]
+                         + [f"  {r['id']} {r['flow']} {r['status']} ({r['events']} events)" for r in rows])
+        restored = kept.restore(name, ids, using)
+    except kept.ArchiveError as exc:
+        raise Refused(str(exc), kind="ArchiveError") from None
+    return Reply(restored, [f"restored {len(restored)} execution(s)", *restored])

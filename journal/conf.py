@@ -203,6 +203,35 @@ register(
 )
 
 
+def _retention_flows_problem(value: list) -> str | None:
+    """Each entry is `flow=days` (days a number >= 0, or `forever`); a flow named once."""
+    from journal.retention import parse_flow_policies
+
+    try:
+        parse_flow_policies(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+# Retention, archival (journal/retention.py, docs/retention.md).
+register(
+    "journal",
+    Setting("LOOM_RETENTION_DAYS", float, None, "Days a settled (completed, failed, cancelled) execution is kept "
+            "before the retention service removes it with its events, messages and flow events (unset: forever).",
+            0, optional=True),
+    Setting("LOOM_RETENTION_FLOWS", list, [], "Per-flow retention overriding LOOM_RETENTION_DAYS, as `flow=days` "
+            "entries (`flow=forever` keeps that flow's executions).", check=_retention_flows_problem),
+    Setting("LOOM_RETENTION_BATCH", int, 100, "Executions one removal batch (one transaction) removes at most.", 1),
+    Setting("LOOM_RETENTION_EVERY", float, 60.0, "Seconds between two removal rounds of a worker's retention "
+            "service (a round runs batches until nothing is due).", 0.1),
+    Setting("LOOM_ARCHIVE_FLOWS", list, [], "Flows whose executions are archived before removal (`*`: every flow)."),
+    Setting("LOOM_ARCHIVE_STORAGE", str, "", "Name of the Django storage (settings.STORAGES) archives go to; empty: "
+            "the content store's storage."),
+    Setting("LOOM_ARCHIVE_PREFIX", str, "loom-archive", "Folder of the archive objects in that storage."),
+)
+
+
 @rule
 def _keys_problem() -> list[str]:
     """LOOM_KEYS entries are `id:base64` of 32 bytes, ids distinct (journal/privacy/keys.py)."""

@@ -108,7 +108,11 @@ class Execution(models.Model):
         # table) are never in it. Its statements say `status = 'running'` exactly as here: SQLite uses a
         # partial index only when the WHERE implies its predicate term by term.
         indexes = [models.Index(fields=["updated_at"], condition=models.Q(status="running"),
-                                name="journal_exec_running_upd")]
+                                name="journal_exec_running_upd"),
+                   # Retention (journal/retention.py): the settled headers oldest finished first, one range
+                   # scan per batch. Partial: running and parked headers (no finished_at) are never in it.
+                   models.Index(fields=["finished_at"], condition=models.Q(finished_at__isnull=False),
+                                name="journal_exec_finished")]
 
     def __str__(self) -> str:
         return f"{self.flow} {self.id} ({self.status})"
@@ -221,3 +225,26 @@ class ContentLink(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["sha256", "subject"], name="journal_contentlink_sha_subject")]
         indexes = [models.Index(fields=["subject"], name="journal_contentlink_subject")]
+
+
+class Removal(models.Model):
+    """One batch of settled executions the retention service removed (journal/retention.py): written in the
+    batch's own transaction, so it records exactly what was removed (admin, `manage.py loom retention`)."""
+
+    id = models.BigAutoField(primary_key=True)
+    removed_at = models.DateTimeField()
+    executions = models.IntegerField(default=0)
+    events = models.BigIntegerField(default=0)
+    messages = models.IntegerField(default=0)
+    flow_events = models.IntegerField(default=0)
+    ids = models.JSONField(default=list, help_text="The execution ids removed by this batch.")
+    archive = models.CharField(max_length=500, blank=True, default="",
+                               help_text="The archive object written before removal ('' for none).")
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "removal batch"
+        verbose_name_plural = "removal batches"
+
+    def __str__(self) -> str:
+        return f"removal {self.id}: {self.executions} execution(s), {self.events} event(s)"

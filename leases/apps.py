@@ -18,12 +18,17 @@ class LeasesConfig(AppConfig):
         from leases.ownership import drop_on_cancel
 
         add_cancel_hook(drop_on_cancel)  # whatever the mode: rows another process wrote go too
+        from journal.retention import add_remove_hook
+        from leases.retention import RetentionService, drop_removed
+
+        add_remove_hook(drop_removed)
         register_service(HeartbeatService)
         register_service(RecoveryService)
         from leases.schedules import ScheduleService
 
         register_service(ScheduleService)  # cron schedules (leases/schedules.py)
         register_service(WakeService)  # resumes parked executions when due (flows that wait)
+        register_service(RetentionService)  # removes settled executions past retention (journal/retention.py)
         from leases.watchdog import StepWatchdog
 
         register_service(StepWatchdog)  # tells running steps to stop; retires a worker whose step ignores it

@@ -8,12 +8,14 @@ class QueuesConfig(AppConfig):
 
     def ready(self) -> None:
         from journal.flows.plugins import add_cancel_hook, add_rerun_hook, set_queue_start, set_resume_queue
+        from journal.retention import add_remove_hook
         from queues import conf  # noqa: F401  (registers the LOOM_QUEUE* settings)
         from queues.enqueuing import enqueue, enqueue_resume
-        from queues.hooks import cancelled, reopen
+        from queues.hooks import cancelled, removed, reopen
         from queues.service import QueueService, import_task_flows
 
         add_rerun_hook(reopen)
+        add_remove_hook(removed)
         add_cancel_hook(cancelled)
         set_queue_start(enqueue)  # journal.flows.start(..., queue=...)
         set_resume_queue(enqueue_resume)  # journal.flows.hand_over, retry(handoff=True)

@@ -23,3 +23,10 @@ def cancelled(execution_id: str, alias: str) -> None:
     from queues.store import store_for
 
     store_for(alias).cancel_pending(execution_id)
+
+
+def removed(execution_ids: list[str], alias: str) -> None:
+    """In a retention batch's transaction (journal.retention.REMOVE_HOOKS): the removed executions' entries go."""
+    from queues.store import store_for
+
+    store_for(alias).drop_removed(execution_ids)

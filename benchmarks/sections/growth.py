@@ -43,6 +43,14 @@ def add_arguments(parser) -> None:
                         help="Journal sizes (events) of the growth section, ascending (default 100000,1000000).")
     parser.add_argument("--growth-ops", type=positive_int, default=300,
                         help="Operations per growth cell (default 300; sweep and drain claim: a tenth).")
+    parser.add_argument("--growth-removal-events", type=int, default=0,
+                        help="Also measure retention (0: off): pre-fill this many events of settled executions "
+                             "spread over --growth-removal-days, remove those past 30 days while appends run "
+                             "(the issue's size: 10000000).")
+    parser.add_argument("--growth-removal-days", type=positive_int, default=400,
+                        help="Days the settled fill is spread over (default 400).")
+    parser.add_argument("--growth-removal-batch", type=positive_int, default=500,
+                        help="LOOM_RETENTION_BATCH of the removal cells (default 500 executions).")
 
 
 def run(ctx) -> None:
@@ -98,8 +106,12 @@ def run(ctx) -> None:
                            count=outcome.units, per_op_us=round(per_op, 1) if per_op else None,
                            fill_s=round(fill_s, 2), checkpoint_s=None if unsettled else round(checkpoint_s, 2),
                            growth_ratio=round(per_op / first[name], 3) if largest and per_op and first[name] else None)
+        if ctx.options.get("growth_removal_events"):
+            _removal(ctx, pfx, filled, ops, swept)
     finally:
         if not ctx.options.get("keep"):
+            journal.delete_streams(f"{pfx}s")
+            journal.delete_executions(f"{pfx}s")
             projections.delete_consumer(consumer)
             leases.delete_leases(pfx)
             streams.remove(pfx)
@@ -196,3 +208,75 @@ def _timed(op, ops: int):
     if outcome.errors:
         raise RuntimeError(f"growth: {outcome.errors[:3]}")
     return outcome
+
+
+RETENTION_DAYS = 30
+SETTLED_FLOW = "bench.growth.settled"
+
+
+def _removal(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
+    """Retention under load: settled executions spread over N days (`{pfx}s<n>`, of their own flow, the only
+    flow with a retention here), removed past 30 days by journal.retention.run while one caller appends to the
+    running filled streams; appends without removal first (same streams, same caller). Recorded: the removal
+    rate (events/s), both appends' latencies, the tables' sizes before, after removal, after VACUUM."""
+    import threading
+
+    from django.db import connections
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from journal import retention
+    from journal.store import retention_store_for
+
+    events, days = ctx.options["growth_removal_events"], ctx.options["growth_removal_days"]
+    count = max(1, events // PER_STREAM)
+    store = retention_store_for()
+    began = time.perf_counter()
+    for start in range(0, count, 100_000):
+        store.fill_settled(f"{pfx}s", start, min(100_000, count - start), PER_STREAM, '{"data":"filled"}', days,
+                           SETTLED_FLOW)
+    fill_s = time.perf_counter() - began
+    store.checkpoint()
+    sizes_filled = store.table_sizes()
+    params = {"events": count * PER_STREAM, "days": days, "retention_days": RETENTION_DAYS, "running": filled}
+    with override_settings(LOOM_RETENTION_DAYS=None, LOOM_RETENTION_FLOWS=[f"{SETTLED_FLOW}={RETENTION_DAYS}"],
+                           LOOM_RETENTION_BATCH=ctx.options["growth_removal_batch"], LOOM_ARCHIVE_FLOWS=[]):
+        # One clock for the whole removal: what was due at its start is what it removes (with the clock moving
+        # on, executions that cross the 30-day line during a long run would be removed too).
+        at = timezone.now()
+        (group,) = retention.groups(at)
+        due = store.due(group.cutoff, group.flows)
+        quiet = _append(pfx, filled, ops, swept)
+        done: dict = {}
+
+        def remove() -> None:
+            t0 = time.perf_counter()
+            try:
+                done.update(retention.run(store.alias, now=at))
+            finally:
+                done["s"] = time.perf_counter() - t0
+                connections.close_all()
+
+        remover = threading.Thread(target=remove, name="bench-removal")
+        remover.start()
+        during: list[float] = []
+        rounds = 0
+        while remover.is_alive() or rounds == 0:
+            during += _append(pfx, filled, ops, swept).latencies_ms
+            rounds += 1
+        remover.join()
+    ctx.verify(f"growth removal: executions removed (due past {RETENTION_DAYS} days)", due, done.get("executions"))
+    sizes_removed = store.table_sizes()
+    began = time.perf_counter()
+    store.vacuum()
+    vacuum_s = time.perf_counter() - began
+    sizes_vacuumed = store.table_sizes()
+    rate = done["events"] / done["s"] if done["s"] else None
+    ctx.record("removal", params, throughput=round(rate, 1) if rate else None, unit="events/s",
+               count=done["events"], executions_per_s=round(done["executions"] / done["s"], 1) if done["s"] else None,
+               batches=done["batches"], fill_s=round(fill_s, 2), vacuum_s=round(vacuum_s, 2),
+               sizes_filled=sizes_filled, sizes_removed=sizes_removed, sizes_vacuumed=sizes_vacuumed)
+    ctx.record("append, no removal", params, throughput=quiet.throughput, unit="ops/s",
+               latencies_ms=quiet.latencies_ms, count=quiet.units)
+    ctx.record("append, removal running", params, throughput=None, unit="ops/s", latencies_ms=during,
+               count=len(during), rounds=rounds)

@@ -18,3 +18,8 @@ backends.register("journal", "sqlite", "journal.store.sqlite.SqliteStore")
 store_for: Callable[..., JournalStore] = backends.dispatcher("journal")
 
 __all__ = ["JournalStore", "store_for"]
+
+# Retention (journal/store/retention.py): an interface of its own, both backends in one module.
+backends.register("retention", "postgresql", "journal.store.retention.PostgresRetention")
+backends.register("retention", "sqlite", "journal.store.retention.SqliteRetention")
+retention_store_for = backends.dispatcher("retention")

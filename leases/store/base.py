@@ -250,12 +250,24 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
         """Delete the lease rows of the executions under `prefix` (maintenance of bench/test rows)."""
         return self._count(DELETE_LEASES, [prefix + "%"])
 
+    def drop_removed(self, execution_ids: list[str]) -> int:
+        """Retention (journal.retention.REMOVE_HOOKS, in the removal batch's transaction): the lease rows and
+        start reservations of removed executions; the number of rows deleted."""
+        marks = ", ".join(["%s"] * len(execution_ids))
+        return sum(self._count(sql.format(marks=marks), list(execution_ids)) for sql in DROP_REMOVED)
+
 
 # -- drop_lease -- (a cancel, in its transaction)
 # Every row of the execution, whatever its owner and token: the cancel advanced the fence before, so a
 # holder's renewal finds nothing (it learns it lost) and its acquire is refused (ACQUIRE's current-fence
 # join). No lock beyond the delete's own row lock (it waits for a renewal of the row in flight).
 DROP_LEASE = "DELETE FROM leases_lease WHERE execution_id = %s"
+
+# -- drop_removed -- (retention, in the removal batch's transaction) the rows of settled executions whose
+# headers the batch locked: no run holds them (a settled execution's fence was moved by its settle), so the
+# deletes' own row locks wait for nobody but a release of the same row in flight.
+DROP_REMOVED = ("DELETE FROM leases_lease WHERE execution_id IN ({marks})",
+                "DELETE FROM leases_startreservation WHERE execution_id IN ({marks})")
 
 # -- prune_settled_leases -- (the recovery service, every PRUNE_EVERY seconds; each backend's clock)
 # Expired rows only (the index on expires_at): a live row of a settled run is its owner's release in

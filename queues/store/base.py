@@ -299,6 +299,11 @@ class QueueStore(DatabaseBound, ABC):
         the benchmarks and tests sample, read from the headers rather than from the entries' states."""
         return dict(self._rows(RUNNING_BY_PARTITION, [queue]))
 
+    def drop_removed(self, execution_ids: list[str]) -> int:
+        """Retention (journal.retention.REMOVE_HOOKS, in the removal batch's transaction): every entry of the
+        removed (settled) executions; the number deleted."""
+        return self._count(DROP_REMOVED.format(marks=", ".join(["%s"] * len(execution_ids))), list(execution_ids))
+
     def delete_queue(self, name: str) -> int:
         """Delete a queue row and its entries (tests, benchmarks: their own queues only)."""
         self._count(DELETE_QUEUE_ENTRIES, [name])
@@ -325,3 +330,7 @@ DELETE_QUEUE = "DELETE FROM queues_queue WHERE name = %s"
 PAUSE_QUEUE = "UPDATE queues_queue SET paused_at = %s, paused_by = %s WHERE name = %s AND paused_at IS NULL"
 RESUME_QUEUE = "UPDATE queues_queue SET paused_at = NULL, paused_by = '' WHERE name = %s AND paused_at IS NOT NULL"
 HAS_QUEUE_ROW = "SELECT 1 FROM queues_queue WHERE name = %s"
+
+# -- drop_removed -- (retention) the entries of settled executions past their retention: done or cancelled
+# long before (a rate window is seconds to hours, a retention days), so no cap counts them any more.
+DROP_REMOVED = "DELETE FROM queues_entry WHERE execution_id IN ({marks})"

@@ -43,7 +43,7 @@ class Command(BaseCommand):
             return sub
 
         nouns = parser.add_subparsers(dest="noun", required=True,
-                                      metavar="{executions,queues,workers,schedules,flows,replay}")
+                                      metavar="{executions,queues,workers,schedules,flows,replay,retention,archive}")
         executions = nouns.add_parser("executions", help="List, show and operate executions.")
         verbs = executions.add_subparsers(dest="verb", required=True,
                                           metavar="{list,show,steps,cancel,resume,retry,fork,export}")
@@ -90,6 +90,20 @@ class Command(BaseCommand):
         schedule_cmd.add_argument("name", nargs="?", metavar="SCHEDULE")
         schedule_cmd.add_argument("--from", dest="start", help="backfill: the range's start (ISO time or age: 2h).")
         schedule_cmd.add_argument("--to", dest="end", help="backfill: the range's end (ISO time or age: 0s).")
+        keeping = nouns.add_parser("retention", help="Retention: what is due, what was removed; run a round.")
+        kept = keeping.add_subparsers(dest="verb", required=True, metavar="{status,run}")
+        options(kept.add_parser("status", help="Due per policy and the newest removal batches."))
+        running = options(kept.add_parser("run", help="Remove what is due now (batches until none is due)."))
+        running.add_argument("--max-batches", type=int, default=None, dest="max_batches")
+        archiving = nouns.add_parser("archive", help="Archives written before removal: list, show, restore.")
+        arch = archiving.add_subparsers(dest="verb", required=True, metavar="{list,show,restore}")
+        options(arch.add_parser("list", help="Every archive object."))
+        for verb, text in (("show", "The manifest and the executions of one archive."),
+                           ("restore", "Put its executions back as they were (refused whole if one exists).")):
+            sub = options(arch.add_parser(verb, help=text))
+            sub.add_argument("name", metavar="NAME")
+            if verb == "restore":
+                sub.add_argument("--id", action="append", dest="ids", help="Only this execution (repeatable).")
         versions = options(nouns.add_parser("flows", help="Flow versions: registered here, live executions of each."))
         versions.add_argument("--flow", help="Only this flow.")
         replaying = options(nouns.add_parser("replay", help="Replay recorded histories against this code, writing "
@@ -122,6 +136,10 @@ class Command(BaseCommand):
 
     def dispatch(self, options: dict, using: str | None) -> cli.Reply:
         noun = options["noun"]
+        if noun == "retention":
+            return cli.retention(using, options["verb"], options.get("max_batches"))
+        if noun == "archive":
+            return cli.archive(using, options["verb"], options.get("name"), options.get("ids"))
         if noun in ("queues", "workers", "schedules") and options["action"] != "list":
             from queues import operations_cli as ops  # pause/resume, drain, run-now/pause/resume/backfill
 

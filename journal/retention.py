@@ -1,0 +1,306 @@
+"""Retention: settled executions removed after their flow's retention period, archived first if asked.
+
+    LOOM_RETENTION_DAYS = 30                               # every flow (unset: keep forever)
+    LOOM_RETENTION_FLOWS = ["audit.export=forever", "orders.checkout=400"]
+    LOOM_ARCHIVE_FLOWS = ["orders.checkout"]               # JSON lines to a STORAGES backend before removal
+
+What is removed: a completed, failed or cancelled execution whose `finished_at` is older than its period,
+with its events, snapshots, fence, wait row, messages and flow events, and (REMOVE_HOOKS, registered by the
+apps above the journal) its lease row, start reservation and queue entries. What never is: a running,
+waiting, suspended, queued or stuck execution; a parent while a child it started is live; a child while its
+parent is live; a run of a continue_as_new chain while the chain's newest run is live; aggregate streams
+(no header). Statements: journal/store/retention.py; locks and races: docs/retention.md.
+
+A removed id is free again: a later start with that id starts a new execution (as after Temporal's retention).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connections
+from django.utils import timezone
+
+from journal import conf
+from journal.atomic import atomic
+
+log = logging.getLogger("loom.retention")
+
+FOREVER = None
+
+# Callables (execution_ids, alias) run in a removal batch's transaction, after the journal rows are gone:
+# another app deletes its own rows of those executions there (leases: lease rows and start reservations;
+# queues: entries). Registered at the app's ready(), so the journal never imports them.
+REMOVE_HOOKS: list = []
+
+
+def add_remove_hook(hook) -> None:
+    """Register `hook(ids, alias)`, run in each removal batch's transaction (an app above the journal deleting
+    its own rows of the removed executions: leases, queues), once."""
+    if hook not in REMOVE_HOOKS:
+        REMOVE_HOOKS.append(hook)
+
+
+def parse_flow_policies(entries: list) -> dict[str, float | None]:
+    """`["flow=days", "other=forever"]` as {flow: days or None}; ValueError names the bad entry."""
+    found: dict[str, float | None] = {}
+    for entry in entries:
+        if not isinstance(entry, str) or "=" not in entry:
+            raise ValueError(f"entries are 'flow=days' or 'flow=forever', got {entry!r}")
+        name, _, value = entry.rpartition("=")
+        name, value = name.strip(), value.strip().lower()
+        if not name or name in found:
+            raise ValueError(f"{entry!r}: a flow name, each flow once")
+        if value == "forever":
+            found[name] = FOREVER
+            continue
+        try:
+            days = float(value)
+        except ValueError:
+            raise ValueError(f"{entry!r}: days must be a number or 'forever'") from None
+        if not days >= 0 or days == float("inf"):
+            raise ValueError(f"{entry!r}: days must be a finite number >= 0")
+        found[name] = days
+    return found
+
+
+@dataclass(frozen=True)
+class Group:
+    """One retention policy as a query: settled headers finished before `cutoff`, of `flows` (or of every
+    flow not in `exclude`)."""
+
+    label: str
+    days: float
+    cutoff: datetime
+    flows: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+
+def groups(now: datetime | None = None) -> list[Group]:
+    """The policies in force now, one group per flow with its own period and one for every other flow."""
+    now = now or timezone.now()
+    per_flow = parse_flow_policies(conf.get("LOOM_RETENTION_FLOWS"))
+    found = [Group(f"flow {name}", days, now - timedelta(days=days), flows=(name,))
+             for name, days in per_flow.items() if days is not FOREVER]
+    default = conf.get("LOOM_RETENTION_DAYS")
+    if default is not None:
+        found.append(Group("default", default, now - timedelta(days=default), exclude=tuple(per_flow)))
+    return found
+
+
+def _archived(flow: str) -> bool:
+    chosen = conf.get("LOOM_ARCHIVE_FLOWS")
+    return "*" in chosen or flow in chosen
+
+
+def _store(alias: str):
+    from journal.store import retention_store_for
+
+    return retention_store_for(alias)
+
+
+@dataclass
+class Batch:
+    """What one removal batch did (what its journal_removal row records)."""
+
+    ids: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    archive: str = ""
+    skipped: bool = False  # another remover held the shard's batch lock: nothing done
+
+
+def remove_batch(alias: str, now: datetime | None = None, limit: int | None = None) -> Batch:
+    """One transaction on `alias`: lock up to `limit` removable executions, archive those whose flow is
+    archived, delete all their rows, run REMOVE_HOOKS, record the batch. A failure (the archive's storage,
+    the database) rolls the whole batch back: nothing removed, nothing recorded."""
+    now = now or timezone.now()
+    limit = limit or conf.get("LOOM_RETENTION_BATCH")
+    store = _store(alias)
+    batch = Batch()
+    with atomic(alias):
+        if not store.try_batch_lock():
+            batch.skipped = True
+            return batch
+        chosen: list[tuple[str, str]] = []
+        for group in groups(now):
+            if len(chosen) >= limit:
+                break
+            found = store.lock_candidates(group.cutoff, limit - len(chosen), group.flows, group.exclude)
+            kept = store.kept_by_kin([eid for eid, _, _ in found])
+            chosen += [(eid, flow) for eid, flow, result in found
+                       if eid not in kept and _chain_settled(alias, result)]
+        if not chosen:
+            return batch
+        batch.ids = [eid for eid, _ in chosen]
+        archived = [eid for eid, flow in chosen if _archived(flow)]
+        if archived:
+            batch.archive = write_archive(alias, store.archive_rows(archived), now)
+        batch.counts = store.delete_rows(batch.ids)
+        for hook in REMOVE_HOOKS:
+            hook(batch.ids, alias)
+        store.record_removal(now, batch.counts, batch.ids, batch.archive)
+    log.info("retention removed %d execution(s), %d event(s) on %s%s", len(batch.ids),
+             batch.counts.get("events", 0), alias, f" (archive {batch.archive})" if batch.archive else "")
+    return batch
+
+
+def _chain_settled(alias: str, result: Any) -> bool:
+    """A run that continued as new is removable only once every later run of its chain is settled (or gone):
+    the id a caller knows stands for the whole chain (journal/flows/waits.py chain_current)."""
+    from journal.store import store_for
+
+    seen = 0
+    while isinstance(result, dict) and list(result) == ["continued_as"] and seen < 10_000:
+        header = store_for(alias).execution_status(result["continued_as"])
+        if header is None:
+            return True
+        status, _, result, _ = header
+        if status not in ("completed", "failed", "cancelled"):
+            return False
+        seen += 1
+    return True
+
+
+def run(alias: str, now: datetime | None = None, max_batches: int | None = None) -> dict[str, int]:
+    """Batches on `alias` until nothing is due (or another remover holds the lock): the totals."""
+    totals = {"batches": 0, "executions": 0, "events": 0, "messages": 0, "flow_events": 0}
+    while max_batches is None or totals["batches"] < max_batches:
+        batch = remove_batch(alias, now)
+        if batch.skipped or not batch.ids:
+            break
+        totals["batches"] += 1
+        totals["executions"] += len(batch.ids)
+        for kind in ("events", "messages", "flow_events"):
+            totals[kind] += batch.counts.get(kind, 0)
+    return totals
+
+
+def status(alias: str, now: datetime | None = None, recent: int = 10) -> dict:
+    """What is due now per policy (settled headers past their period; a live child or parent may still keep
+    some) and the newest removal batches."""
+    from journal.models import Removal
+
+    store = _store(alias)
+    due = [{"policy": g.label, "days": g.days, "cutoff": g.cutoff.isoformat(),
+            "due": store.due(g.cutoff, g.flows, g.exclude)} for g in groups(now)]
+    batches = [{"id": r.id, "removed_at": r.removed_at.isoformat(), "executions": r.executions, "events": r.events,
+                "messages": r.messages, "flow_events": r.flow_events, "archive": r.archive}
+               for r in Removal.objects.using(alias).order_by("-id")[:recent]]
+    return {"alias": alias, "due": due, "removed": batches,
+            "forever": [name for name, days in parse_flow_policies(conf.get("LOOM_RETENTION_FLOWS")).items()
+                        if days is FOREVER]}
+
+
+# == archives ==============================================================================================
+# One object per batch: `<prefix>/<alias>/<stamp>-<uuid>.jsonl`, a line per execution holding its rows as
+# stored (payloads as their JSON text: sealed fields stay sealed, so forgetting a subject, which destroys its
+# key, makes its data in every archive unreadable too), and `<same>.manifest.json` naming the ids, the counts
+# and the object's sha256. The object is written before the batch commits: a batch that then fails leaves
+# an archive of executions still in the database, which restore refuses (their ids exist).
+
+
+def archive_storage():
+    from django.core.files.storage import storages
+
+    chosen = conf.get("LOOM_ARCHIVE_STORAGE")
+    if chosen:
+        return storages[chosen]
+    from journal.privacy import content
+
+    return content.store().storage
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return (value if timezone.is_aware(value) else value.replace(tzinfo=UTC)).isoformat()
+    return value
+
+
+def write_archive(alias: str, rows: dict[str, list[list]], now: datetime) -> str:
+    """Write one batch's archive object and its manifest; the object's name."""
+    from django.core.files.base import ContentFile
+
+    by_id: dict[str, dict[str, list]] = {}
+    for kind, found in rows.items():
+        for row in found:
+            by_id.setdefault(row[0], {}).setdefault(kind, []).append([_jsonable(v) for v in row])
+    lines = "".join(json.dumps({"id": eid, **kinds}, ensure_ascii=False) + "\n" for eid, kinds in by_id.items())
+    data = lines.encode("utf-8")
+    name = f"{conf.get('LOOM_ARCHIVE_PREFIX')}/{alias}/{now.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}.jsonl"
+    storage = archive_storage()
+    saved = storage.save(name, ContentFile(data))
+    manifest = {"object": saved, "alias": alias, "written_at": now.isoformat(), "ids": list(by_id),
+                "executions": len(by_id), "events": len(rows.get("event", [])),
+                "sha256": hashlib.sha256(data).hexdigest()}
+    storage.save(saved + ".manifest.json", ContentFile(json.dumps(manifest, indent=1).encode("utf-8")))
+    return saved
+
+
+class ArchiveError(Exception):
+    """The archive object is missing, damaged (its sha256 differs from its manifest's) or not ours."""
+
+
+def list_archives() -> list[str]:
+    """Every archive object's name (from their manifests), oldest first."""
+    storage, prefix = archive_storage(), conf.get("LOOM_ARCHIVE_PREFIX")
+    found = []
+    try:
+        aliases, _ = storage.listdir(prefix)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for alias in aliases:
+        _, files = storage.listdir(f"{prefix}/{alias}")
+        found += [f"{prefix}/{alias}/{f[:-len('.manifest.json')]}" for f in files if f.endswith(".manifest.json")]
+    return sorted(found)
+
+
+def read_archive(name: str) -> tuple[dict, list[dict]]:
+    """(manifest, one dict per execution) of an archive object, its sha256 checked."""
+    storage = archive_storage()
+    try:
+        with storage.open(name + ".manifest.json") as handle:
+            manifest = json.loads(handle.read())
+        with storage.open(name) as handle:
+            data = handle.read()
+    except (FileNotFoundError, OSError) as exc:
+        raise ArchiveError(f"no archive {name!r}: {exc}") from None
+    if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        raise ArchiveError(f"archive {name!r} does not match its manifest's sha256")
+    return manifest, [json.loads(line) for line in data.decode("utf-8").splitlines() if line]
+
+
+def restore(name: str, ids: list[str] | None = None, alias: str | None = None) -> list[str]:
+    """Put archived executions back as they were (header, events, fence, messages, flow events), all in one
+    transaction; refused whole (ArchiveError, nothing written) if an id exists again. The ids restored."""
+    manifest, executions = read_archive(name)
+    alias = alias or manifest.get("alias") or "default"
+    chosen = [e for e in executions if ids is None or e["id"] in ids]
+    store = _store(alias)
+    ops = connections[alias].ops
+    with atomic(alias):
+        for execution in chosen:
+            if store.exists(execution["id"]):
+                raise ArchiveError(f"execution {execution['id']!r} exists in {alias}: not restored (nothing was)")
+            rows = {kind: [_stored_row(kind, row, ops) for row in execution.get(kind, [])]
+                    for kind in ("header", "event", "fence", "message", "flow_event")}
+            store.restore_rows(rows, ops.adapt_datetimefield_value(timezone.now()))
+    return [e["id"] for e in chosen]
+
+
+# Which archived columns are times (the rows of store.archive_rows).
+_TIMES = {"header": (8, 9, 10), "event": (4,), "message": (4, 5), "flow_event": (3,), "fence": ()}
+
+
+def _stored_row(kind: str, row: list, ops) -> list:
+    out = list(row)
+    for i in _TIMES[kind]:
+        if out[i] is not None:
+            moment = datetime.fromisoformat(out[i])
+            out[i] = ops.adapt_datetimefield_value(moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC))
+    return out

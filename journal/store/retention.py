@@ -1,0 +1,275 @@
+"""The retention store: every statement that removes (and restores) settled executions, both backends side
+by side (journal/retention.py decides what is due; docs/retention.md explains the locks).
+
+Kept apart from journal/store/base.py on purpose: one interface of its own (`RetentionStore`), registered
+as the `retention` store kind, so the journal store's other interfaces never see it.
+
+A batch is one transaction:
+  1. take the batch lock: on PostgreSQL `pg_try_advisory_xact_lock` (one remover per shard at a time; a
+     second worker's batch returns at once, nothing waits); on SQLite the write lock (BEGIN IMMEDIATE)
+     serializes every writer anyway;
+  2. lock the candidate headers (`FOR UPDATE OF x SKIP LOCKED` on PostgreSQL): settled, finished before the
+     cutoff; then leave out those a live child or a live parent keeps (kept_by_kin). A header some other
+     transaction holds (a retry's, a resume's or a
+     send's LOCK_HEADER) is skipped, never waited on; one they lock after us waits for our commit and then
+     finds no header (UnknownExecution): the execution is either all there or all gone;
+  3. (archival) read the rows of the archived ones, write the archive object;
+  4. delete the rows of the locked ids, header last, and record the batch (journal_removal).
+Appends of other streams take none of these locks: they lock their own fence rows (FOR KEY SHARE) and insert
+index entries of their own streams; deleting other streams' rows conflicts with neither.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+
+from journal.store.base import DatabaseBound
+
+SETTLED = ("completed", "failed", "cancelled")
+
+# -- fill_settled -- (benchmarks: the growth section's settled, ageing journal, through bulk_load)
+FILL_EVENTS = ("journal_event", ("stream_id", "seq", "type", "payload", "recorded_at"))
+FILL_FENCES = ("journal_fence", ("stream_id", "token", "created_at"))
+FILL_SETTLED = ("journal_execution", ("id", "flow", "status", "input", "result", "error", "recoveries", "created_at",
+                                      "updated_at", "finished_at"))
+# -- table_sizes -- (benchmarks) heap (with TOAST) and index bytes of the tables removal shrinks.
+TABLE_SIZES = """
+SELECT t, pg_table_size(t::regclass), pg_indexes_size(t::regclass)
+FROM unnest(ARRAY['journal_event', 'journal_execution']) t
+"""
+
+# -- due -- (status: how many settled headers finished before the cutoff; per policy group)
+DUE = """
+SELECT count(*) FROM journal_execution x
+WHERE x.status IN ('completed', 'failed', 'cancelled') AND x.finished_at < %s {flows}
+"""
+
+# -- kept_by_kin -- of the locked candidates, those a live kin keeps: a child it started (STEP_COMPLETED of
+# `$start_child`, whose result is the child's id) or the parent that started it (`$parent` in its
+# EXECUTION_STARTED) is live: the parent's wait re-reads the child's outcome, and the child's settle wakes
+# its parent. A statement of its own over the batch's ids (index probes of journal_event_stream_seq per id):
+# inside the candidates' statement the planner hoisted it into one scan of the whole event table per batch.
+KEPT_BY_KIN = """
+SELECT c.stream_id FROM journal_event c JOIN journal_execution k ON k.id = {cj}
+WHERE c.stream_id IN ({marks}) AND c.type = 'STEP_COMPLETED' AND {cs} = '$start_child'
+AND k.status NOT IN ('completed', 'failed', 'cancelled')
+UNION
+SELECT s.stream_id FROM journal_event s JOIN journal_execution p ON p.id = {pj}
+WHERE s.stream_id IN ({marks}) AND s.seq = 0 AND p.status NOT IN ('completed', 'failed', 'cancelled')
+"""
+
+# -- delete_rows -- an execution's rows, the header last (while it is there, a retry/resume/send that locked
+# nothing yet finds it and waits on our lock). Each statement names the ids: row locks on the removed
+# executions' rows only, no table lock.
+DELETE_ROWS = (
+    ("events", "DELETE FROM journal_event WHERE stream_id IN ({marks})"),
+    ("snapshots", "DELETE FROM journal_snapshot WHERE stream_id IN ({marks})"),
+    ("fences", "DELETE FROM journal_fence WHERE stream_id IN ({marks})"),
+    ("waits", "DELETE FROM journal_wait WHERE execution_id IN ({marks})"),
+    ("messages", "DELETE FROM journal_message WHERE execution_id IN ({marks})"),
+    ("flow_events", "DELETE FROM journal_flowevent WHERE execution_id IN ({marks})"),
+    ("executions", "DELETE FROM journal_execution WHERE id IN ({marks}) AND status IN ('completed', 'failed', "
+                   "'cancelled')"),
+)
+
+# -- record_removal -- the durable record of a batch, in the batch's own transaction (never claims more than
+# the transaction removed: it commits with the deletes or not at all).
+RECORD_REMOVAL = """
+INSERT INTO journal_removal (removed_at, executions, events, messages, flow_events, ids, archive)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+"""
+
+# -- archive reads -- the rows as stored: payloads as their JSON text (sealed fields stay sealed).
+ARCHIVE_HEADERS = """
+SELECT id, flow, flow_version, status, {input}, {result}, error, recoveries, created_at, updated_at, finished_at
+FROM journal_execution WHERE id IN ({marks})
+"""
+ARCHIVE_EVENTS = """
+SELECT stream_id, seq, type, {payload}, recorded_at FROM journal_event WHERE stream_id IN ({marks})
+ORDER BY stream_id, seq
+"""
+ARCHIVE_FENCES = "SELECT stream_id, token FROM journal_fence WHERE stream_id IN ({marks})"
+ARCHIVE_MESSAGES = """
+SELECT execution_id, topic, message_id, {payload}, sent_at, consumed_at, consumed_seq FROM journal_message
+WHERE execution_id IN ({marks}) ORDER BY id
+"""
+ARCHIVE_FLOW_EVENTS = """
+SELECT execution_id, key, {value}, updated_at FROM journal_flowevent WHERE execution_id IN ({marks})
+"""
+
+# -- restore -- an archived execution back, as it was; refused (nothing written) if its id exists again.
+RESTORE_EXISTS = """
+SELECT 1 FROM journal_execution WHERE id = %s UNION ALL SELECT 1 FROM journal_fence WHERE stream_id = %s
+"""
+RESTORE_HEADER = """
+INSERT INTO journal_execution (id, flow, flow_version, status, input, result, error, recoveries, created_at,
+                               updated_at, finished_at)
+VALUES (%s, %s, %s, %s, {j}, {j}, %s, %s, %s, %s, %s)
+"""
+RESTORE_EVENT = "INSERT INTO journal_event (stream_id, seq, type, payload, recorded_at) VALUES (%s, %s, %s, {j}, %s)"
+RESTORE_FENCE = "INSERT INTO journal_fence (stream_id, token, created_at) VALUES (%s, %s, %s)"
+RESTORE_MESSAGE = """
+INSERT INTO journal_message (execution_id, topic, message_id, payload, sent_at, consumed_at, consumed_seq)
+VALUES (%s, %s, %s, {j}, %s, %s, %s)
+"""
+RESTORE_FLOW_EVENT = "INSERT INTO journal_flowevent (execution_id, key, value, updated_at) VALUES (%s, %s, {j}, %s)"
+
+
+class RetentionStore(DatabaseBound):
+    """Removal of settled executions in batches, their archive rows, and restore (one alias)."""
+
+    # Backend spellings, set by each subclass.
+    CANDIDATES = ""
+    TRY_BATCH_LOCK = ""
+    JSON_TEXT = "{col}"
+    JSON_IN = "%s"
+    CHILD_ID = CHILD_STEP = PARENT_ID = ""
+
+    def try_batch_lock(self) -> bool:
+        """Whether this transaction is the shard's one remover now (no wait either way)."""
+        if not self.TRY_BATCH_LOCK:
+            return True
+        return bool(self._rows(self.TRY_BATCH_LOCK, [])[0][0])
+
+    def due(self, cutoff: datetime, flows: Sequence[str] = (), exclude: Sequence[str] = ()) -> int:
+        """Settled headers finished before `cutoff`, of `flows` (or of every flow but `exclude`)."""
+        clause, params = self._flows(flows, exclude)
+        return self._rows(DUE.format(flows=clause), [cutoff, *params])[0][0]
+
+    def lock_candidates(self, cutoff: datetime, limit: int, flows: Sequence[str] = (),
+                        exclude: Sequence[str] = ()) -> list[tuple[str, str, object]]:
+        """Lock (PostgreSQL: FOR UPDATE SKIP LOCKED) up to `limit` removable headers, oldest finished first:
+        (id, flow, result)."""
+        clause, params = self._flows(flows, exclude)
+        sql = self.CANDIDATES.format(flows=clause, result=self.JSON_TEXT.format(col="x.result"))
+        rows = self._rows(sql, [cutoff, *params, limit])
+        return [(eid, flow, json.loads(result) if isinstance(result, str) else result) for eid, flow, result in rows]
+
+    def kept_by_kin(self, ids: Sequence[str]) -> set[str]:
+        """Of these (locked) candidates, those a live child or a live parent keeps."""
+        if not ids:
+            return set()
+        marks = ", ".join(["%s"] * len(ids))
+        sql = KEPT_BY_KIN.format(marks=marks, cj=self.CHILD_ID, cs=self.CHILD_STEP, pj=self.PARENT_ID)
+        return {row[0] for row in self._rows(sql, [*ids, *ids])}
+
+    def delete_rows(self, ids: Sequence[str]) -> dict[str, int]:
+        """Delete every journal row of these executions (locked by lock_candidates); the counts per kind."""
+        marks = ", ".join(["%s"] * len(ids))
+        return {kind: self._count(sql.format(marks=marks), list(ids)) for kind, sql in DELETE_ROWS}
+
+    def record_removal(self, at: datetime, counts: dict[str, int], ids: Sequence[str], archive: str) -> None:
+        self._count(RECORD_REMOVAL, [at, counts.get("executions", 0), counts.get("events", 0),
+                                     counts.get("messages", 0), counts.get("flow_events", 0),
+                                     json.dumps(list(ids)), archive])
+
+    def archive_rows(self, ids: Sequence[str]) -> dict[str, list[list]]:
+        """The rows of these executions as stored (JSON columns as their text): what an archive holds."""
+        marks = ", ".join(["%s"] * len(ids))
+        text = self.JSON_TEXT.format
+        found = {
+            "header": self._rows(ARCHIVE_HEADERS.format(marks=marks, input=text(col="input"),
+                                                        result=text(col="result")), list(ids)),
+            "event": self._rows(ARCHIVE_EVENTS.format(marks=marks, payload=text(col="payload")), list(ids)),
+            "fence": self._rows(ARCHIVE_FENCES.format(marks=marks), list(ids)),
+            "message": self._rows(ARCHIVE_MESSAGES.format(marks=marks, payload=text(col="payload")), list(ids)),
+            "flow_event": self._rows(ARCHIVE_FLOW_EVENTS.format(marks=marks, value=text(col="value")), list(ids)),
+        }
+        return {kind: [list(row) for row in rows] for kind, rows in found.items()}
+
+    def exists(self, execution_id: str) -> bool:
+        return bool(self._rows(RESTORE_EXISTS, [execution_id, execution_id]))
+
+    def restore_rows(self, rows: dict[str, list[list]], now: datetime) -> None:
+        """Insert an archived execution's rows back (the caller's transaction; ids checked free before)."""
+        j = self.JSON_IN
+        for row in rows.get("header", []):
+            self._count(RESTORE_HEADER.format(j=j), row)
+        for row in rows.get("event", []):
+            self._count(RESTORE_EVENT.format(j=j), row)
+        for stream_id, token in rows.get("fence", []):
+            self._count(RESTORE_FENCE, [stream_id, token, now])
+        for row in rows.get("message", []):
+            self._count(RESTORE_MESSAGE.format(j=j), row)
+        for row in rows.get("flow_event", []):
+            self._count(RESTORE_FLOW_EVENT.format(j=j), row)
+
+    # -- benchmarks only (the growth section's removal cells) ------------------------------------------
+    def fill_settled(self, prefix: str, first: int, count: int, per_stream: int, payload: str, days: float,
+                     flow: str) -> None:
+        """Streams `prefix{n}` of `per_stream` events each, with fence and a completed header of `flow`, their
+        recorded_at and finished_at spread evenly over the last `days` days (bulk_load)."""
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        now = timezone.now()
+        adapt = self.connection.ops.adapt_datetimefield_value
+        when = {n: adapt(now - timedelta(days=days * (n - first) / max(1, count))) for n in range(first, first + count)}
+        ids = range(first, first + count)
+        self.bulk_load(*FILL_EVENTS, ((f"{prefix}{n}", seq, "BenchFilled", payload, when[n]) for n in ids
+                                      for seq in range(per_stream)))
+        self.bulk_load(*FILL_FENCES, ((f"{prefix}{n}", 1, when[n]) for n in ids))
+        self.bulk_load(*FILL_SETTLED, ((f"{prefix}{n}", flow, "completed", "{}", "null", "", 0, when[n], when[n],
+                                        when[n]) for n in ids))
+        self.analyze(FILL_EVENTS[0], FILL_FENCES[0], FILL_SETTLED[0])
+
+    def table_sizes(self) -> dict[str, int] | None:
+        """Bytes of journal_event and journal_execution, heap and indexes (PostgreSQL; None on SQLite)."""
+        if self.connection.vendor != "postgresql":
+            return None
+        rows = self._rows(TABLE_SIZES, [])
+        return {f"{table}_{part}": int(size) for table, heap, index in rows
+                for part, size in (("heap_bytes", heap), ("index_bytes", index))}
+
+    def vacuum(self) -> None:
+        """VACUUM (not FULL: no exclusive lock) the removed tables so that their space is reused."""
+        if self.connection.vendor == "postgresql":
+            with self.connection.cursor() as cursor:
+                for table in ("journal_event", "journal_execution", "journal_fence"):
+                    cursor.execute(f"VACUUM (ANALYZE) {table}")
+
+    @staticmethod
+    def _flows(flows: Sequence[str], exclude: Sequence[str]) -> tuple[str, list]:
+        if flows:
+            return f"AND x.flow IN ({', '.join(['%s'] * len(flows))})", list(flows)
+        if exclude:
+            return f"AND x.flow NOT IN ({', '.join(['%s'] * len(exclude))})", list(exclude)
+        return "", []
+
+
+class PostgresRetention(RetentionStore):
+    # -- try_batch_lock -- a transaction-scoped advisory lock on one fixed key per shard: released by the
+    # batch's commit or rollback (a remover that dies holds nothing), and never taken by an append.
+    TRY_BATCH_LOCK = "SELECT pg_try_advisory_xact_lock(1282371437, 1)"  # "Loom", 1: retention
+    # -- lock_candidates -- FOR UPDATE OF x SKIP LOCKED: the header rows only, and a header another
+    # transaction holds (a retry's, resume's or send's LOCK_HEADER) is skipped, never waited on. Rows not
+    # held are locked and their WHERE re-checked after any concurrent update (READ COMMITTED), so a header
+    # a retry put back to running since the scan is left out.
+    CANDIDATES = """
+    SELECT x.id, x.flow, {result} FROM journal_execution x
+    WHERE x.status IN ('completed', 'failed', 'cancelled') AND x.finished_at < %s {flows}
+    ORDER BY x.finished_at LIMIT %s
+    FOR UPDATE OF x SKIP LOCKED
+    """
+    JSON_TEXT = "{col}::text"
+    JSON_IN = "%s::jsonb"
+    CHILD_ID = "c.payload->>'result'"
+    CHILD_STEP = "c.payload->>'step'"
+    PARENT_ID = "s.payload->>'$parent'"
+
+
+class SqliteRetention(RetentionStore):
+    # -- lock_candidates -- no row locks on SQLite: the batch runs under the database's write lock (the
+    # caller's BEGIN IMMEDIATE), which every writer, appends included, takes in turn; a batch is kept small
+    # so that the wait is one short transaction (docs/retention.md).
+    CANDIDATES = """
+    SELECT x.id, x.flow, {result} FROM journal_execution x
+    WHERE x.status IN ('completed', 'failed', 'cancelled') AND x.finished_at < %s {flows}
+    ORDER BY x.finished_at LIMIT %s
+    """
+    CHILD_ID = "json_extract(c.payload, '$.result')"
+    CHILD_STEP = "json_extract(c.payload, '$.step')"
+    PARENT_ID = "json_extract(s.payload, '$.\"$parent\"')"
