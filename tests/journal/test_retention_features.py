@@ -16,8 +16,8 @@ from tests import (
     flows_fixtures,  # noqa: F401  (test.add)
     queue_flows,
 )
-from tests.test_api import AUTH, TOKEN
-from tests.test_tasks_backend import stop_the_process_lease_keeper, work  # noqa: F401
+from tests.api.test_api import AUTH, TOKEN
+from tests.queues.test_tasks_backend import stop_the_process_lease_keeper, work  # noqa: F401
 
 try:  # Django 6.x has Tasks; 5.2 the django-tasks backport
     from django.tasks.exceptions import TaskResultDoesNotExist

@@ -24,7 +24,7 @@ from journal.models import Event, Execution, Fence, FlowEvent, Message, Removal
 from journal.privacy import FORGOTTEN, forget, keys
 from tests import privacy_fixtures as fx
 from tests import waits_flows as wf  # noqa: F401  (registers the waits.* flows)
-from tests.test_admin_executions import failed
+from tests.admin.test_admin_executions import failed
 
 pytestmark = pytest.mark.django_db
 
