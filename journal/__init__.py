@@ -15,4 +15,7 @@ FACE_MODULES = (
     "journal.flows.retry", "journal.flows.ownership", "journal.flows.interrupt", "journal.flows.plugins",
     "journal.flows.queued",
     "journal.aggregates", "journal.aggregates.declarations", "journal.privacy", "journal.privacy.codec",
+    # wave 14: the async faces (astart...), telemetry's hooks and gauge seam, the "server unreachable" test
+    # and DatabaseUnavailable's sign list, retention's remove-hook seam, the CLI's replies for the apps' verbs
+    "journal.flows.aio", "journal.telemetry", "journal.reach", "journal.retention", "journal.cli",
 )

@@ -20,7 +20,7 @@ from journal.atomic import atomic
 from journal.flows.ownership import Companion
 from journal.store import postgres as journal_sql
 from journal.store import store_for as journal_store
-from journal.store.base import flow_keys
+from journal.store.base import EXECUTION_STATUS_OF, flow_keys
 from leases.store import base
 from leases.store.base import DueSchedule, Item, LeaseStore, Takeover, split_stuck
 
@@ -260,11 +260,13 @@ WHERE w.seen_at < now() - %(older)s::float8 * interval '1 second'
 # -- count_leases_expired_for -- (the fault suite's failover scenario; the database clock, as every expiry)
 # Lease rows of running executions under a prefix that expired more than `older` seconds ago: nobody renewed
 # them and no recovery sweep took the execution over in that time. No lock: a count the suite samples.
-COUNT_LEASES_EXPIRED_FOR = """
-SELECT count(*) FROM leases_lease l JOIN journal_execution e ON e.id = l.execution_id
-WHERE l.execution_id LIKE %(prefix)s AND e.status = 'running'
-  AND l.expires_at < now() - %(older)s::float8 * interval '1 second'
-"""
+# The header's status through the journal's fragment (journal/store/base.py EXECUTION_STATUS_OF): the journal's
+# table is named only in the journal's store.
+COUNT_LEASES_EXPIRED_FOR = (
+    "SELECT count(*) FROM leases_lease l WHERE l.execution_id LIKE %(prefix)s AND "
+    + EXECUTION_STATUS_OF.format(eid="l.execution_id")
+    + " = 'running' AND l.expires_at < now() - %(older)s::float8 * interval '1 second'"
+)
 
 # -- prune_settled_leases -- (leases/store/base.py: the database clock)
 PRUNE_SETTLED_LEASES = base.PRUNE_SETTLED_LEASES.format(now="now()")
