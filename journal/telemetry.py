@@ -249,12 +249,15 @@ def on_event(runner, type_: str, payload: dict) -> None:
 
 
 def traced_dispatch(run_claimed: Callable) -> Callable:
-    """Wraps queues.service.run_claimed(claimed, using): the claimed entry's run inside `dispatch_span`."""
+    """Wraps queues.service.run_claimed(claimed, using): the claimed entry's run inside `dispatch_span`, and
+    its dispatch lag (the claim's `lag`: due to claimed, on the database's clock) in the queue's histogram."""
 
     @functools.wraps(run_claimed)
     def wrapper(claimed, using=None):
         if not TRACING and not METRICS:
             return run_claimed(claimed, using)
+        if METRICS and claimed.lag is not None:
+            _metrics["dispatch_lag"].labels(claimed.queue).observe(max(0.0, claimed.lag))
         with dispatch_span(claimed.execution_id, claimed.flow, claimed.meta):
             return run_claimed(claimed, using)
 
@@ -375,6 +378,9 @@ def _worker() -> str:
 # -- metrics ---------------------------------------------------------------------------------------
 
 _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+# A dispatch lag: milliseconds when the dispatchers keep up (a NOTIFY wakes them), up to the claim
+# timeout's re-offer or a backlog's hours when they do not.
+_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 
 def _make_metrics() -> None:
@@ -387,6 +393,9 @@ def _make_metrics() -> None:
         step_seconds=Histogram("loom_step_duration_seconds", "Duration of step attempts, by flow and outcome "
                                "(completed, retry, failed)", ["flow", "outcome"], buckets=_BUCKETS),
         dispatched=Counter("loom_queue_dispatched", "Queue entries this process claimed and ran", ["flow"]),
+        dispatch_lag=Histogram("loom_queue_dispatch_lag_seconds", "Seconds from a queue entry's due time (run_after; "
+                               "its enqueue when undelayed) to its claim, on the database's clock, per queue",
+                               ["queue"], buckets=_LAG_BUCKETS),
         api=Counter("loom_api_requests", "HTTP API requests answered, by route and status", ["route", "status"]),
         takeovers=Counter("loom_lease_takeovers", "Executions the recovery sweep took over (handed_back: a lease a "
                           "stopping worker handed back, no recovery attempt)", ["handed_back"]),

@@ -89,6 +89,8 @@ class Claimed:
     worker: str = ""  # who claimed it: the runner's begin is conditional on its own claim
     resume_fence: int | None = None  # a resume entry: resume from this fence (else: begin a start)
     resume_force: bool = False
+    queue: str = ""  # the queue it was claimed from (the dispatch-lag histogram's label)
+    lag: float | None = None  # seconds from when it was due (run_after) to its claim, on the database's clock
 
 
 @dataclass(frozen=True, slots=True)

@@ -240,11 +240,15 @@ FOR UPDATE SKIP LOCKED
 """
 
 # -- dequeue: claim --
+# No lock of its own: the rows are the candidates this transaction holds (FOR UPDATE SKIP LOCKED above).
+# It returns the dispatch lag, the claim's `started_at` (now(): the transaction's start, on the database's
+# clock) less the entry's due time `run_after` (its enqueue's now() when it had no delay): one clock.
 CLAIM = """
 UPDATE queues_entry SET state = 'started', started_at = now(), worker = %(owner)s, attempts = attempts + 1,
     begun_at = NULL
 WHERE id = ANY(%(ids)s::bigint[])
-RETURNING id, execution_id, flow, input, meta, attempts, resume_fence, resume_force
+RETURNING id, execution_id, flow, input, meta, attempts, resume_fence, resume_force,
+    extract(epoch FROM started_at - run_after)::float8
 """
 
 # -- queue_stats --
@@ -412,7 +416,7 @@ class PostgresQueueStore(QueueStore):
                 return []
             rows = self._rows(CLAIM, {"ids": ids, "owner": owner})
         by_id = {r[0]: r for r in rows}
-        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner, r[6], bool(r[7]))
+        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner, r[6], bool(r[7]), queue, r[8])
                 for r in (by_id[i] for i in ids)]
 
     def queue_stats(self):

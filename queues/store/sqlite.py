@@ -150,12 +150,13 @@ ORDER BY q.priority DESC, q.id
 LIMIT %(page)s
 """
 
-# -- dequeue: claim --
+# -- dequeue: claim -- (see postgres.py; the lag from the two stamps the store wrote, both from `_now()`)
 CLAIM = """
 UPDATE queues_entry SET state = 'started', started_at = %(now)s, worker = %(owner)s, attempts = attempts + 1,
     begun_at = NULL
 WHERE id IN (SELECT value FROM json_each(%(ids)s))
-RETURNING id, execution_id, flow, input, meta, attempts, resume_fence, resume_force
+RETURNING id, execution_id, flow, input, meta, attempts, resume_fence, resume_force,
+    (julianday(started_at) - julianday(run_after)) * 86400.0
 """
 
 # -- queue_stats -- (see postgres.py: one grouped pass over the pending set)
@@ -294,7 +295,7 @@ class SqliteQueueStore(QueueStore):
                 return []
             rows = self._rows(CLAIM, {"ids": json.dumps(ids), "owner": owner, "now": stamp(now)})
         by_id = {r[0]: r for r in rows}
-        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner, r[6], bool(r[7]))
+        return [Claimed(r[1], r[2], decode(r[3]), decode(r[4]), r[5], owner, r[6], bool(r[7]), queue, r[8])
                 for r in (by_id[i] for i in ids)]
 
     def queue_stats(self):

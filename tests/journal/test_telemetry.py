@@ -131,6 +131,47 @@ def test_metrics_page_reads_queue_depth_from_the_database_and_only_a_full_token_
     assert client.get("/api/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 404
 
 
+def lag_samples(queue: str = "default") -> dict[str, float]:
+    """The dispatch-lag histogram's count, sum and two buckets for one queue, from prometheus-client's registry
+    (0 for a series not observed yet)."""
+    from prometheus_client import REGISTRY
+
+    name, labels = "loom_queue_dispatch_lag_seconds", {"queue": queue}
+    return {"count": REGISTRY.get_sample_value(f"{name}_count", labels) or 0.0,
+            "sum": REGISTRY.get_sample_value(f"{name}_sum", labels) or 0.0,
+            **{le: REGISTRY.get_sample_value(f"{name}_bucket", {**labels, "le": le}) or 0.0
+               for le in ("300.0", "+Inf")}}
+
+
+def test_dispatch_lag_is_observed_per_queue_from_the_due_time_to_the_claim(settings):
+    """An entry due 10 minutes ago and one enqueued without a delay, run by the dispatcher: two observations,
+    the late one's at least its 10 minutes (above the 300 s bucket), computed by the claim from the row's
+    run_after and started_at (one clock)."""
+    settings.LOOM_METRICS = True
+    before = lag_samples()
+    late = timezone.now() - timedelta(minutes=10)
+    start("telemetry.double", {"n": 1}, "tel-lag-late", queue="default", start_at=late)
+    start("telemetry.double", {"n": 2}, "tel-lag-now", queue="default")
+    assert sorted(run_due()) == ["completed", "completed"]
+    after = lag_samples()
+    assert after["count"] - before["count"] == 2 == after["+Inf"] - before["+Inf"]
+    assert after["sum"] - before["sum"] >= 599  # the late entry's 10 minutes (less a second of clock rounding)
+    assert after["300.0"] - before["300.0"] <= 1  # the late one is not in the <= 300 s bucket
+    entry = QueueEntry.objects.get(execution_id="tel-lag-late")
+    assert (entry.started_at - entry.run_after).total_seconds() >= 599  # what the claim measured
+
+
+def test_dispatch_lag_is_not_observed_with_metrics_off(settings):
+    settings.LOOM_METRICS = True  # the histogram exists in this process ...
+    settings.LOOM_METRICS = False  # ... and the hook is off
+    assert telemetry.METRICS is False and "dispatch_lag" in telemetry._metrics
+    before = lag_samples()
+    start("telemetry.double", {"n": 3}, "tel-lag-off", queue="default",
+          start_at=timezone.now() - timedelta(minutes=10))
+    assert run_due() == ["completed"]
+    assert lag_samples() == before
+
+
 def test_no_sealed_personal_data_in_spans_metrics_or_json_logs(client, spans, settings, caplog):
     """A flow whose input and step hold a sealed email, and one whose failures quote it: the email is in no
     span attribute, metric label or JSON log line (spans carry ids, names, counts and statuses only)."""
