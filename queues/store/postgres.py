@@ -240,7 +240,7 @@ FOR UPDATE SKIP LOCKED
 """
 
 # -- dequeue: claim --
-# No lock of its own: the rows are the candidates this transaction holds (FOR UPDATE SKIP LOCKED above).
+# Its row locks are those the candidates already hold (FOR UPDATE SKIP LOCKED above): no new wait.
 # It returns the dispatch lag, the claim's `started_at` (now(): the transaction's start, on the database's
 # clock) less the entry's due time `run_after` (its enqueue's now() when it had no delay): one clock.
 CLAIM = """
