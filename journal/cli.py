@@ -2,15 +2,18 @@
 
     manage.py loom executions list --status failed --since 2h --json
     manage.py loom executions show ID | steps ID | cancel ID | resume ID | retry ID | fork ID --from-step N
-    manage.py loom queues
-    manage.py loom schedules
+    manage.py loom flows | replay | retention status | archive list
+
+The journal names no app above it: each app contributes its nouns from its ready() with `add_cli_noun`
+(queues: `queues`, `workers`, queues/cli.py; leases: `schedules`, leases/cli.py) and what it knows of one
+execution with `add_cli_part` (its lease, its queue entry, its schedule tick, its errors that are refusals).
 
 Every verb returns a `Reply`: the data (what `--json` prints) and the lines a person reads. Refusals
 are our errors, turned into a `Refused` with the exit code scripts rely on (docs/cli.md):
 
     0 done; 1 refused or not found (NotResumable, ExecutionBusy, UnknownExecution...);
     2 usage (bad option, bad --since); 3 not available in this installation (fork without the
-    flows-that-wait work, queues without the queues app).
+    flows-that-wait work, --queue without the queues app, --schedule without leases).
 
 Everything goes through journal.flows (cancel, hand_over, retry_execution) and the models' reads, on
 the database alias given (--database), never a default assumed. With LOOM_SHARDS and no --database, a
@@ -23,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -58,7 +62,68 @@ class Refused(Exception):
         super().__init__(message)
 
 
-def _iso(value: datetime | None) -> str | None:
+@dataclass(frozen=True, slots=True)
+class Noun:
+    """One noun of `manage.py loom`: its parser's arguments and the function that acts on the parsed options."""
+
+    name: str
+    add_arguments: Callable[[Any], None]  # (the noun's subparser) -> None; `options(sub)` adds --json, --database
+    dispatch: Callable[[dict, str | None], Reply]  # (parsed options, checked alias or None) -> Reply
+    help: str
+    place: int  # its place in the noun list of `loom --help`
+
+
+NOUNS: dict[str, Noun] = {}
+"""The nouns of `manage.py loom`, by name: the journal's, and those the apps above add from their ready()."""
+
+
+def add_cli_noun(name: str, add_arguments: Callable[[Any], None], dispatch: Callable[[dict, str | None], Reply],
+                 help: str, place: int = 100) -> None:
+    """Offer `manage.py loom NAME` (an app's ready() calls this; registering a name again replaces it)."""
+    NOUNS[name] = Noun(name, add_arguments, dispatch, help, place)
+
+
+def nouns() -> list[Noun]:
+    """The registered nouns in their places."""
+    return sorted(NOUNS.values(), key=lambda noun: noun.place)
+
+
+def options(sub):
+    """Add the options every verb takes (--json, --database) to a verb's parser; returns it."""
+    sub.add_argument("--json", action="store_true", help="Print one JSON document.")
+    sub.add_argument("--database", default=None, help="The database alias (default: the default database; with "
+                     "LOOM_SHARDS an execution's shard, every shard for lists).")
+    return sub
+
+
+@dataclass(slots=True)
+class Parts:
+    """What the apps above tell the execution verbs, each filled from its app's ready() by `add_cli_part`
+    (None: that app is not installed, and the verbs say so or leave the part out)."""
+
+    lease: Callable[[str, str], dict | None] | None = None  # (alias, id): owner, fence_token, expires_at, expired
+    queue_entry: Callable[[str, str], dict | None] | None = None  # (alias, id): queue, state, priority...
+    queued_ids: Callable[[str, str], Any] | None = None  # (alias, queue): a query of its entries' execution ids
+    cancel_pending: Callable[[str, str], bool] | None = None  # (alias, id): a pending entry cancelled before it ran
+    schedule_prefix: str | None = None  # the id prefix of executions a schedule started ("<prefix><name>:<tick>")
+    refusals: tuple[type[Exception], ...] = ()  # errors that are refusals (exit 1), not tracebacks
+
+
+PARTS = Parts()
+
+
+def add_cli_part(**parts: Any) -> None:
+    """Fill parts of `PARTS` (an app's ready() calls this); `refusals=` adds to the errors already named."""
+    for name, value in parts.items():
+        if name == "refusals":
+            value = (*PARTS.refusals, *(one for one in value if one not in PARTS.refusals))
+        elif not hasattr(PARTS, name):
+            raise TypeError(f"add_cli_part: no part {name!r} (one of {', '.join(Parts.__dataclass_fields__)})")
+        setattr(PARTS, name, value)
+
+
+def iso(value: datetime | None) -> str | None:
+    """A time as --json prints it: ISO 8601 in UTC (None stays None)."""
     return None if value is None else value.astimezone(UTC).isoformat()
 
 
@@ -98,14 +163,11 @@ def acting(fn):
 
 
 def _refusals() -> tuple[type[Exception], ...]:
-    """Our errors (the journal's; the queues app's when installed): a refusal, never a traceback."""
+    """Our errors (the journal's; those the apps added, e.g. the queues app's QueueError): a refusal, never a
+    traceback."""
     from journal.exceptions import JournalError
 
-    if apps.is_installed("queues"):
-        from queues.exceptions import QueueError
-
-        return (JournalError, QueueError)
-    return (JournalError,)
+    return (JournalError, *PARTS.refusals)
 
 
 def _flows_alias(using: str) -> None:
@@ -201,11 +263,11 @@ def list_executions(using: str | None, *, status: str | None = None, flow: str |
     found.sort(key=lambda row: row["id"])
     found.sort(key=lambda row: row["created_at"], reverse=True)  # stable: newest first, then by id
     found = found[:limit]
-    data = [{**row, "error": row["error"] or None, "created_at": _iso(row["created_at"]),
-             "finished_at": _iso(row["finished_at"])} for row in found]
-    lines = _table(["id", "flow", "status", "created", "finished", "error"],
-                   [[r["id"], r["task"] or r["flow"], r["status"], stamp(r["created_at"]),
-                     stamp(r["finished_at"]) or "-", _error_cell(r, error_line)] for r in found])
+    data = [{**row, "error": row["error"] or None, "created_at": iso(row["created_at"]),
+             "finished_at": iso(row["finished_at"])} for row in found]
+    lines = table(["id", "flow", "status", "created", "finished", "error"],
+                  [[r["id"], r["task"] or r["flow"], r["status"], stamp(r["created_at"]),
+                    stamp(r["finished_at"]) or "-", _error_cell(r, error_line)] for r in found])
     if len(found) == limit:
         lines.append(f"(the newest {limit}; --limit to see more)")
     return Reply(data, lines or ["no executions"])
@@ -253,11 +315,13 @@ def _matching(using: str, status: str | None, flow: str | None, queue: str | Non
     if since:
         rows = rows.filter(created_at__gte=since)
     if schedule:
-        from leases.schedules import ID_PREFIX
-
-        rows = rows.filter(id__startswith=f"{ID_PREFIX}{schedule}:")
+        if PARTS.schedule_prefix is None:
+            raise Refused("--schedule needs the leases app (add \"leases\" to INSTALLED_APPS)", UNAVAILABLE)
+        rows = rows.filter(id__startswith=f"{PARTS.schedule_prefix}{schedule}:")
     if queue:
-        rows = rows.filter(pk__in=_queue_entries(using).filter(queue_id=queue).values("execution_id"))
+        if PARTS.queued_ids is None:
+            raise Refused("--queue needs the queues app (add \"queues\" to INSTALLED_APPS)", UNAVAILABLE)
+        rows = rows.filter(pk__in=PARTS.queued_ids(using, queue))
     if stuck:
         lapsed = Q(status="running")
         if apps.is_installed("leases"):
@@ -266,15 +330,8 @@ def _matching(using: str, status: str | None, flow: str | None, queue: str | Non
     return rows
 
 
-def _queue_entries(using: str):
-    if not apps.is_installed("queues"):
-        raise Refused("--queue needs the queues app (add \"queues\" to INSTALLED_APPS)", UNAVAILABLE)
-    from queues.models import QueueEntry
-
-    return QueueEntry.objects.using(using)
-
-
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """Left-aligned columns under `head` for a person (no rows: no lines, the verb says "no ...")."""
     if not rows:
         return []
     widths = [max(len(str(v)) for v in col) for col in zip(head, *rows, strict=True)]
@@ -294,7 +351,7 @@ def show(using: str | None, execution_id: str, reveal: bool = False) -> Reply:
     data = {
         "execution_id": execution_id, "flow": view["flow"], "status": view["status"],
         "header_status": view["header_status"], "input": view["input"], "result": view["result"],
-        "error": view["error"], "created_at": _iso(view["created_at"]), "finished_at": _iso(view["finished_at"]),
+        "error": view["error"], "created_at": iso(view["created_at"]), "finished_at": iso(view["finished_at"]),
         "fence": view["fence"], "snapshot_seq": view["snapshot_seq"], "lease": lease, "queue": entry,
         "schedule": _schedule_of(execution_id), "steps": _steps(view["steps"]),
     }
@@ -342,48 +399,33 @@ def _describe(using: str, execution_id: str, reveal: bool = False) -> dict:
 
 def _steps(rows: list[dict]) -> list[dict]:
     return [{"pos": r["pos"], "step": r["step"], "attempt": r["attempt"], "status": r["status"], "ms": r["ms"],
-             "started_at": _iso(r.get("started_at")), "result": r["result"], "error": r["error"], "note": r["note"],
+             "started_at": iso(r.get("started_at")), "result": r["result"], "error": r["error"], "note": r["note"],
              **({"traceback": r["traceback"]} if r.get("traceback") else {})}
             for r in rows]
 
 
 def _step_lines(rows: list[dict]) -> list[str]:
-    table = _table(["pos", "step", "attempt", "status", "ms", "note"],
-                   [[r["pos"], r["step"], r["attempt"], r["status"], "" if r["ms"] is None else r["ms"],
-                     r["error"] or r["note"]] for r in rows])
-    return table or ["(no steps)"]
+    found = table(["pos", "step", "attempt", "status", "ms", "note"],
+                  [[r["pos"], r["step"], r["attempt"], r["status"], "" if r["ms"] is None else r["ms"],
+                    r["error"] or r["note"]] for r in rows])
+    return found or ["(no steps)"]
 
 
 def _lease(using: str, execution_id: str) -> dict | None:
-    if not apps.is_installed("leases"):
-        return None
-    from leases.models import Lease
-
-    lease = Lease.objects.using(using).filter(execution_id=execution_id).first()
-    if lease is None:
-        return None
-    return {"owner": lease.owner_id, "fence_token": lease.fence_token, "expires_at": _iso(lease.expires_at),
-            "expired": lease.expires_at < timezone.now()}
+    """Its lease row as the leases app reads it (leases/cli.py); None without leases or without a row."""
+    return None if PARTS.lease is None else PARTS.lease(using, execution_id)
 
 
 def _entry(using: str, execution_id: str) -> dict | None:
-    if not apps.is_installed("queues"):
-        return None
-    from queues.models import QueueEntry
-
-    entry = QueueEntry.objects.using(using).filter(execution_id=execution_id).first()
-    if entry is None:
-        return None
-    return {"queue": entry.queue_id, "state": entry.state, "priority": entry.priority,
-            "partition_key": entry.partition_key or None, "enqueued_at": _iso(entry.enqueued_at)}
+    """Its queue entry as the queues app reads it (queues/cli.py); None without queues or without an entry."""
+    return None if PARTS.queue_entry is None else PARTS.queue_entry(using, execution_id)
 
 
 def _schedule_of(execution_id: str) -> dict | None:
-    from leases.schedules import ID_PREFIX
-
-    if not execution_id.startswith(ID_PREFIX) or execution_id.count(":") < 2:
+    prefix = PARTS.schedule_prefix
+    if prefix is None or not execution_id.startswith(prefix) or execution_id.count(":") < 2:
         return None
-    name, _, tick = execution_id[len(ID_PREFIX):].partition(":")
+    name, _, tick = execution_id[len(prefix):].partition(":")
     return {"name": name, "tick": tick}
 
 
@@ -398,10 +440,8 @@ def cancel(using: str | None, execution_id: str, reason: str = "") -> Reply:
     if _unstorable(reason):
         raise Refused("--reason: text the database can hold (no NUL, no lone surrogate)", USAGE)
     header = header_status(execution_id)
-    if header is None and apps.is_installed("queues"):  # an entry written before queued executions
-        from queues.store import store_for
-
-        if store_for(using).cancel_pending(execution_id):
+    if header is None and PARTS.cancel_pending is not None:  # an entry written before queued executions
+        if PARTS.cancel_pending(using, execution_id):
             return Reply({"execution_id": execution_id, "status": "cancelled", "queued": True},
                          [f"cancelled {execution_id} (it was queued, not started)"])
         entry = _entry(using, execution_id)
@@ -460,46 +500,6 @@ def fork(using: str | None, execution_id: str, from_step: int, new_id: str | Non
                  [f"{execution_id}: forked as {forked} from step {from_step}"])
 
 
-# -- queues / schedules ---------------------------------------------------------------------------------------
-def queues(using: str | None) -> Reply:
-    """Every queue: caps, depth and running count (the queues app's stats; with LOOM_SHARDS and no alias,
-    every shard's counts added up, the caps each shard's)."""
-    if not apps.is_installed("queues"):
-        raise Refused("no queues: the queues app is not installed (add \"queues\" to INSTALLED_APPS)", UNAVAILABLE)
-    import queues as queue_app
-    from queues.pause import paused as paused_queues
-
-    held = paused_queues(using)  # queue -> (since, by): `loom queues pause` (docs/queues.md "Pausing a queue")
-    data = [{"name": q.name, "concurrency": q.concurrency, "partition_concurrency": q.partition_concurrency,
-             "rate_limit": q.rate_limit, "rate_period": q.rate_period, "pending": q.pending, "ready": q.ready,
-             "running": q.running, "paused_since": _iso(held[q.name][0]) if q.name in held else None,
-             "paused_by": held[q.name][1] if q.name in held else None} for q in queue_app.stats(using)]
-    lines = _table(["queue", "running", "cap", "pending", "ready", "per partition", "rate", "dispatch"],
-                   [[q["name"], q["running"], q["concurrency"], q["pending"], q["ready"],
-                     q["partition_concurrency"] or "-",
-                     f"{q['rate_limit']}/{q['rate_period']:g}s" if q["rate_limit"] else "-",
-                     f"paused by {q['paused_by'] or '?'}" if q["paused_since"] else "running"] for q in data])
-    return Reply(data, lines or ["no queues"])
-
-
-def schedules(using: str | None) -> Reply:
-    """Every schedule: cron, its time zone, flow, catch-up policy, next and last tick (UTC instants; on one
-    database with LOOM_SHARDS: the router's alias of leases.Schedule)."""
-    from django.db import router
-
-    from leases.models import Schedule
-
-    rows = list(Schedule.objects.using(using or router.db_for_read(Schedule)).order_by("name"))
-    data = [{"name": s.name, "cron": s.cron, "timezone": s.timezone, "flow": s.flow, "input": s.input,
-             "catch_up": s.catch_up, "queue": s.queue or None, "enabled": s.enabled, "source": s.source,
-             "next_tick_at": _iso(s.next_tick_at), "last_tick_at": _iso(s.last_tick_at),
-             "last_execution_id": s.last_execution_id or None} for s in rows]
-    lines = _table(["schedule", "cron", "time zone", "flow", "catch-up", "next tick", "last tick", "enabled"],
-                   [[s.name, s.cron, s.timezone, s.flow, s.catch_up, stamp(s.next_tick_at),
-                     stamp(s.last_tick_at) or "-", "yes" if s.enabled else "no"] for s in rows])
-    return Reply(data, lines or ["no schedules"])
-
-
 # -- flows / replay / export (docs/flows.md "Versions", "The replay check") ---------------------------------
 def flows(using: str | None, flow: str | None = None) -> Reply:
     """Per flow and version: registered in this process or not, and its live (unsettled) executions by
@@ -509,10 +509,10 @@ def flows(using: str | None, flow: str | None = None) -> Reply:
     if flow is not None:
         _check_text("--flow", flow)
     found = live_versions(_aliases(using), flow)
-    lines = _table(["flow", "version", "here", "live", "by status", "retire"],
-                   [[v.flow, v.version, "yes" if v.registered else "no", v.live_total,
-                     ", ".join(f"{s}: {n}" for s, n in v.live.items()) or "-",
-                     "safe" if v.retirable else "not yet"] for v in found])
+    lines = table(["flow", "version", "here", "live", "by status", "retire"],
+                  [[v.flow, v.version, "yes" if v.registered else "no", v.live_total,
+                    ", ".join(f"{s}: {n}" for s, n in v.live.items()) or "-",
+                    "safe" if v.retirable else "not yet"] for v in found])
     return Reply([v.as_json() for v in found], lines or ["no flows registered and no live executions"])
 
 

@@ -35,6 +35,9 @@ class LeasesConfig(AppConfig):
         from leases.drain import DrainService
 
         register_service(DrainService)  # carries out an operator's drain request naming this worker
+        from leases import cli
+
+        cli.register()  # `manage.py loom schedules`, an execution's lease and schedule (journal/cli.py's seams)
         try:
             from django_q.signals import post_spawn
         except ImportError:  # django-q2 not installed: no queued starts, no cluster to watch

@@ -24,6 +24,9 @@ class QueuesConfig(AppConfig):
         from queues.telemetry import gauges
 
         add_gauge_source(gauges)  # queue depth on the metrics page (docs/observability.md)
+        from queues import cli
+
+        cli.register()  # `manage.py loom queues|workers`, an execution's queue entry (journal/cli.py's seams)
         try:
             from leases.worker import register_service
         except ImportError:  # pragma: no cover - leases is a dependency of this app

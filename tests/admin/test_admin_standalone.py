@@ -14,12 +14,16 @@ ROOT = Path(__file__).resolve().parents[2]
 ALL = ("leases", "projections", "benchmarks", "loomapi")
 
 SCRIPT = """
+import json
 import sys
+from io import StringIO
+
 import django
 django.setup()
 from django.apps import apps
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import Client
 
 from journal import conf
@@ -46,6 +50,29 @@ for app in ["journal", *installed]:
         assert response.status_code == 200, (url, response.status_code)
 page = client.get("/admin/journal/execution/standalone-1/change/").content.decode()
 assert ("no lease (settled" in page) == ("leases" in installed), "lease panel iff the leases app is installed"
+
+
+def loom(*args):
+    out = StringIO()
+    try:
+        call_command("loom", *args, "--json", stdout=out)
+    except CommandError as exc:
+        return exc.returncode, json.loads(out.getvalue())
+    return 0, json.loads(out.getvalue())
+
+
+# The CLI too: each app adds its nouns and its parts of an execution (journal/cli.py's seams), none is assumed.
+import tests.schedule_flows  # noqa: F401,E402  (sched.echo)
+from journal.flows import start
+
+start("sched.echo", {{}}, execution_id="standalone-cli")
+code, shown = loom("executions", "show", "standalone-cli")
+assert code == 0 and shown["status"] == "completed" and shown["lease"] is None and shown["queue"] is None, shown
+code, refused = loom("executions", "list", "--queue", "q")
+assert code == 3 and "queues app" in refused["error"], refused
+assert loom("executions", "list", "--schedule", "s")[0] == (0 if "leases" in installed else 3)
+from journal.cli import NOUNS
+assert ("schedules" in NOUNS) == ("leases" in installed) and "queues" not in NOUNS, sorted(NOUNS)
 for app in {all!r}:
     loaded = sorted(name for name in sys.modules if name == app or name.startswith(app + "."))
     if app not in installed:

@@ -13,7 +13,9 @@
 
 `--json` on every verb prints one JSON document on stdout (an error too: {"ok": false, ...}). Exit
 codes: 0 done, 1 refused or not found, 2 usage, 3 not available here (docs/cli.md). The verbs live
-in journal/cli.py; this module only parses.
+in journal/cli.py; this module only parses. Its nouns are those registered with journal.cli.add_cli_noun: the
+journal's below, and those the apps above add from their ready() (queues/cli.py: queues, workers; leases/cli.py:
+schedules), so the journal names none of them.
 """
 
 from __future__ import annotations
@@ -23,8 +25,114 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from journal import cli
+from journal.cli import options
 
-ACTIONS = ("show", "steps", "cancel", "resume", "retry", "fork", "export")
+
+def _execution_arguments(executions) -> None:
+    verbs = executions.add_subparsers(dest="verb", required=True,
+                                      metavar="{list,show,steps,cancel,resume,retry,fork,export}")
+    listing = options(verbs.add_parser("list", help="The newest executions matching the filters."))
+    listing.add_argument("--status", help="running, completed, failed, cancelled, stuck, suspended")
+    listing.add_argument("--flow", help="Only this flow.")
+    listing.add_argument("--queue", help="Only executions enqueued on this queue.")
+    listing.add_argument("--schedule", help="Only executions started by this schedule.")
+    listing.add_argument("--since", help="Created since: an age (30s, 15m, 2h, 7d) or an ISO time.")
+    listing.add_argument("--until", help="Created before: an age (30s, 15m, 2h, 7d) or an ISO time.")
+    listing.add_argument("--search", help="Id, flow, a value of the input or a part of the error text.")
+    listing.add_argument("--stuck", action="store_true",
+                         help="Stuck (recovery gave up) or running with an expired lease.")
+    listing.add_argument("--limit", type=int, default=50, help="At most this many (default 50).")
+    for verb, text in (("show", "Header, lease, fence, queue and timeline."), ("steps", "The timeline."),
+                       ("cancel", "Cancel (recorded as EXECUTION_CANCELLED)."),
+                       ("resume", "Hand the execution to a worker, which continues it from its log."),
+                       ("retry", "A new attempt of a failed execution, handed to a worker."),
+                       ("fork", "A new execution replaying the first N steps (needs flows that wait)."),
+                       ("export", "Its recorded history as JSON (what `loom replay --file` reads).")):
+        sub = options(verbs.add_parser(verb, help=text))
+        sub.add_argument("execution_id", metavar="ID")
+        if verb in ("show", "steps"):
+            sub.add_argument("--reveal", action="store_true",
+                             help="Print sensitive fields (docs/privacy.md) in clear; redacted without it.")
+        if verb == "cancel":
+            sub.add_argument("--reason", default="", help="Recorded with the cancel.")
+        if verb == "resume":
+            sub.add_argument("--force", action="store_true",
+                             help="Take it over even from a live owner (its in-flight step may run twice).")
+        if verb == "fork":
+            sub.add_argument("--from-step", type=int, required=True, dest="from_step")
+            sub.add_argument("--new-id", dest="new_id", help="The new execution's id (default: minted).")
+
+
+def _executions(parsed: dict, using: str | None) -> cli.Reply:
+    verb, eid = parsed["verb"], parsed.get("execution_id")
+    if verb == "list":
+        return cli.list_executions(using, status=parsed["status"], flow=parsed["flow"], queue=parsed["queue"],
+                                   schedule=parsed["schedule"], since=parsed["since"], stuck=parsed["stuck"],
+                                   limit=parsed["limit"], search=parsed["search"], until=parsed["until"])
+    if verb == "cancel":
+        return cli.cancel(using, eid, parsed["reason"])
+    if verb == "resume":
+        return cli.resume(using, eid, parsed["force"])
+    if verb == "fork":
+        return cli.fork(using, eid, parsed["from_step"], parsed["new_id"])
+    if verb in ("show", "steps"):
+        return getattr(cli, verb)(using, eid, parsed["reveal"])
+    return getattr(cli, verb)(using, eid)
+
+
+def _retention_arguments(keeping) -> None:
+    kept = keeping.add_subparsers(dest="verb", required=True, metavar="{status,run}")
+    options(kept.add_parser("status", help="Due per policy and the newest removal batches."))
+    running = options(kept.add_parser("run", help="Remove what is due now (batches until none is due)."))
+    running.add_argument("--max-batches", type=int, default=None, dest="max_batches")
+
+
+def _archive_arguments(archiving) -> None:
+    arch = archiving.add_subparsers(dest="verb", required=True, metavar="{list,show,restore}")
+    options(arch.add_parser("list", help="Every archive object."))
+    for verb, text in (("show", "The manifest and the executions of one archive."),
+                       ("restore", "Put its executions back as they were (refused whole if one exists).")):
+        sub = options(arch.add_parser(verb, help=text))
+        sub.add_argument("name", metavar="NAME")
+        if verb == "restore":
+            sub.add_argument("--id", action="append", dest="ids", help="Only this execution (repeatable).")
+
+
+def _flows_arguments(versions) -> None:
+    options(versions)
+    versions.add_argument("--flow", help="Only this flow.")
+
+
+def _replay_arguments(replaying) -> None:
+    options(replaying)
+    replaying.add_argument("execution_ids", nargs="*", metavar="ID", help="These executions (default: the "
+                           "newest --last of each flow).")
+    replaying.add_argument("--flow", action="append", dest="flows", help="Only this flow (repeatable).")
+    replaying.add_argument("--last", type=int, default=20, help="The newest N of each flow (default 20).")
+    replaying.add_argument("--settled", action="store_true", help="Completed and cancelled executions too "
+                           "(nothing replays them again; then the code must reproduce their whole log).")
+    replaying.add_argument("--file", action="append", dest="files", metavar="PATH",
+                           help="A history `loom executions export` wrote (repeatable).")
+
+
+# The journal's nouns; the apps' take the places between (queues 20, workers 30, schedules 40).
+cli.add_cli_noun("executions", _execution_arguments, _executions, place=10,
+                 help="List, show and operate executions.")
+cli.add_cli_noun("retention", _retention_arguments, place=50,
+                 dispatch=lambda parsed, using: cli.retention(using, parsed["verb"], parsed.get("max_batches")),
+                 help="Retention: what is due, what was removed; run a round.")
+cli.add_cli_noun("archive", _archive_arguments, place=60,
+                 dispatch=lambda parsed, using: cli.archive(using, parsed["verb"], parsed.get("name"),
+                                                            parsed.get("ids")),
+                 help="Archives written before removal: list, show, restore.")
+cli.add_cli_noun("flows", _flows_arguments, lambda parsed, using: cli.flows(using, parsed["flow"]), place=70,
+                 help="Flow versions: registered here, live executions of each.")
+cli.add_cli_noun("replay", _replay_arguments, place=80,
+                 dispatch=lambda parsed, using: cli.replay(using, parsed["execution_ids"], files=parsed["files"],
+                                                           flows=parsed["flows"], last=parsed["last"],
+                                                           settled=parsed["settled"]),
+                 help="Replay recorded histories against this code, writing nothing; exit 1 names the first "
+                      "that would not resume.")
 
 
 class Command(BaseCommand):
@@ -32,95 +140,16 @@ class Command(BaseCommand):
            "or not found, 2 usage, 3 not available."
 
     def add_arguments(self, parser) -> None:
-        common = {"json": ("--json", {"action": "store_true", "help": "Print one JSON document."}),
-                  "database": ("--database", {"default": None, "help": "The database alias (default: the default "
-                                          "database; with LOOM_SHARDS an execution's shard, every shard "
-                                          "for lists)."})}
-
-        def options(sub):
-            for flag, kwargs in common.values():
-                sub.add_argument(flag, **kwargs)
-            return sub
-
+        registered = cli.nouns()
         nouns = parser.add_subparsers(dest="noun", required=True,
-                                      metavar="{executions,queues,workers,schedules,flows,replay,retention,archive}")
-        executions = nouns.add_parser("executions", help="List, show and operate executions.")
-        verbs = executions.add_subparsers(dest="verb", required=True,
-                                          metavar="{list,show,steps,cancel,resume,retry,fork,export}")
-        listing = options(verbs.add_parser("list", help="The newest executions matching the filters."))
-        listing.add_argument("--status", help="running, completed, failed, cancelled, stuck, suspended")
-        listing.add_argument("--flow", help="Only this flow.")
-        listing.add_argument("--queue", help="Only executions enqueued on this queue.")
-        listing.add_argument("--schedule", help="Only executions started by this schedule.")
-        listing.add_argument("--since", help="Created since: an age (30s, 15m, 2h, 7d) or an ISO time.")
-        listing.add_argument("--until", help="Created before: an age (30s, 15m, 2h, 7d) or an ISO time.")
-        listing.add_argument("--search", help="Id, flow, a value of the input or a part of the error text.")
-        listing.add_argument("--stuck", action="store_true",
-                             help="Stuck (recovery gave up) or running with an expired lease.")
-        listing.add_argument("--limit", type=int, default=50, help="At most this many (default 50).")
-        for verb, text in (("show", "Header, lease, fence, queue and timeline."), ("steps", "The timeline."),
-                           ("cancel", "Cancel (recorded as EXECUTION_CANCELLED)."),
-                           ("resume", "Hand the execution to a worker, which continues it from its log."),
-                           ("retry", "A new attempt of a failed execution, handed to a worker."),
-                           ("fork", "A new execution replaying the first N steps (needs flows that wait)."),
-                           ("export", "Its recorded history as JSON (what `loom replay --file` reads).")):
-            sub = options(verbs.add_parser(verb, help=text))
-            sub.add_argument("execution_id", metavar="ID")
-            if verb in ("show", "steps"):
-                sub.add_argument("--reveal", action="store_true",
-                                 help="Print sensitive fields (docs/privacy.md) in clear; redacted without it.")
-            if verb == "cancel":
-                sub.add_argument("--reason", default="", help="Recorded with the cancel.")
-            if verb == "resume":
-                sub.add_argument("--force", action="store_true",
-                                 help="Take it over even from a live owner (its in-flight step may run twice).")
-            if verb == "fork":
-                sub.add_argument("--from-step", type=int, required=True, dest="from_step")
-                sub.add_argument("--new-id", dest="new_id", help="The new execution's id (default: minted).")
-        queue_cmd = options(nouns.add_parser("queues", help="Queues: running, cap, depth; pause or resume one."))
-        queue_cmd.add_argument("action", nargs="?", default="list", choices=["list", "pause", "resume"])
-        queue_cmd.add_argument("name", nargs="?", metavar="QUEUE")
-        worker_cmd = options(nouns.add_parser("workers", help="Running workers and their load; drain one."))
-        worker_cmd.add_argument("action", nargs="?", default="list", choices=["list", "drain"])
-        worker_cmd.add_argument("name", nargs="?", metavar="WORKER_ID")
-        schedule_cmd = options(nouns.add_parser("schedules", help="Schedules: cron, flow, next and last tick; run "
-                                                "one now, pause, resume or backfill it."))
-        schedule_cmd.add_argument("action", nargs="?", default="list",
-                                  choices=["list", "run-now", "pause", "resume", "backfill"])
-        schedule_cmd.add_argument("name", nargs="?", metavar="SCHEDULE")
-        schedule_cmd.add_argument("--from", dest="start", help="backfill: the range's start (ISO time or age: 2h).")
-        schedule_cmd.add_argument("--to", dest="end", help="backfill: the range's end (ISO time or age: 0s).")
-        keeping = nouns.add_parser("retention", help="Retention: what is due, what was removed; run a round.")
-        kept = keeping.add_subparsers(dest="verb", required=True, metavar="{status,run}")
-        options(kept.add_parser("status", help="Due per policy and the newest removal batches."))
-        running = options(kept.add_parser("run", help="Remove what is due now (batches until none is due)."))
-        running.add_argument("--max-batches", type=int, default=None, dest="max_batches")
-        archiving = nouns.add_parser("archive", help="Archives written before removal: list, show, restore.")
-        arch = archiving.add_subparsers(dest="verb", required=True, metavar="{list,show,restore}")
-        options(arch.add_parser("list", help="Every archive object."))
-        for verb, text in (("show", "The manifest and the executions of one archive."),
-                           ("restore", "Put its executions back as they were (refused whole if one exists).")):
-            sub = options(arch.add_parser(verb, help=text))
-            sub.add_argument("name", metavar="NAME")
-            if verb == "restore":
-                sub.add_argument("--id", action="append", dest="ids", help="Only this execution (repeatable).")
-        versions = options(nouns.add_parser("flows", help="Flow versions: registered here, live executions of each."))
-        versions.add_argument("--flow", help="Only this flow.")
-        replaying = options(nouns.add_parser("replay", help="Replay recorded histories against this code, writing "
-                                             "nothing; exit 1 names the first that would not resume."))
-        replaying.add_argument("execution_ids", nargs="*", metavar="ID", help="These executions (default: the "
-                               "newest --last of each flow).")
-        replaying.add_argument("--flow", action="append", dest="flows", help="Only this flow (repeatable).")
-        replaying.add_argument("--last", type=int, default=20, help="The newest N of each flow (default 20).")
-        replaying.add_argument("--settled", action="store_true", help="Completed and cancelled executions too "
-                               "(nothing replays them again; then the code must reproduce their whole log).")
-        replaying.add_argument("--file", action="append", dest="files", metavar="PATH",
-                               help="A history `loom executions export` wrote (repeatable).")
+                                      metavar="{" + ",".join(noun.name for noun in registered) + "}")
+        for noun in registered:
+            noun.add_arguments(nouns.add_parser(noun.name, help=noun.help))
 
     def handle(self, *args, **options) -> None:
         as_json, using = options["json"], options["database"]
         try:
-            reply = self.dispatch(options, cli.check_alias(using))
+            reply = cli.NOUNS[options["noun"]].dispatch(options, cli.check_alias(using))
         except cli.Refused as refused:
             if as_json:
                 found = {} if refused.data is None else {"results": refused.data}
@@ -133,46 +162,3 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(reply.data, indent=2, ensure_ascii=False, default=str))
         else:
             self.stdout.write("\n".join(reply.lines))
-
-    def dispatch(self, options: dict, using: str | None) -> cli.Reply:
-        noun = options["noun"]
-        if noun == "retention":
-            return cli.retention(using, options["verb"], options.get("max_batches"))
-        if noun == "archive":
-            return cli.archive(using, options["verb"], options.get("name"), options.get("ids"))
-        if noun in ("queues", "workers", "schedules") and options["action"] != "list":
-            from queues import operations_cli as ops  # pause/resume, drain, run-now/pause/resume/backfill
-
-            if noun == "queues":
-                return ops.queue_action(using, options["action"], options["name"])
-            if noun == "workers":
-                return ops.drain(using, options["name"])
-            return ops.schedule_action(using, options["action"], options["name"], options["start"], options["end"])
-        if noun == "queues":
-            return cli.queues(using)
-        if noun == "workers":
-            from queues import operations_cli as ops
-
-            return ops.workers(using)
-        if noun == "schedules":
-            return cli.schedules(using)
-        if noun == "flows":
-            return cli.flows(using, options["flow"])
-        if noun == "replay":
-            return cli.replay(using, options["execution_ids"], files=options["files"], flows=options["flows"],
-                              last=options["last"], settled=options["settled"])
-        verb, eid = options["verb"], options.get("execution_id")
-        if verb == "list":
-            return cli.list_executions(using, status=options["status"], flow=options["flow"], queue=options["queue"],
-                                       schedule=options["schedule"], since=options["since"], stuck=options["stuck"],
-                                       limit=options["limit"], search=options["search"], until=options["until"])
-        if verb == "cancel":
-            return cli.cancel(using, eid, options["reason"])
-        if verb == "resume":
-            return cli.resume(using, eid, options["force"])
-        if verb == "fork":
-            return cli.fork(using, eid, options["from_step"], options["new_id"])
-        if verb in ("show", "steps"):
-            return getattr(cli, verb)(using, eid, options["reveal"])
-        return getattr(cli, verb)(using, eid)
-
