@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from django.db.models import Exists, OuterRef, Q
 
 from journal import shards
+from journal.exceptions import InvalidStream
+from journal.ids import check_stored_id
 from loomapi.auth import Principal
 from loomapi.errors import InvalidParameter
 
@@ -106,7 +108,9 @@ def _cursor(text: str | None) -> tuple[datetime, str] | None:
         moment = datetime.fromisoformat(when)
         if not sep or not execution_id or moment.tzinfo is None:
             raise ValueError(raw)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        moment = moment.astimezone(UTC)  # OverflowError at the ends of the range: the database adapts it so
+        check_stored_id(execution_id, "cursor id")  # a NUL (PostgreSQL's DataError), a surrogate, too long
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError, InvalidStream):
         raise InvalidParameter("cursor: not a next_cursor this endpoint gave") from None
     return moment, execution_id
 

@@ -5,8 +5,9 @@ scoped, and refused (409) for a settled one. Starts stay queued here: no worker 
 
 from __future__ import annotations
 
+import base64
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -141,31 +142,51 @@ VALUES = st.one_of(st.text(st.characters(exclude_categories=("Cs",)), max_size=3
                                     "2026-12-01T10:00:00Z", "running", "completed"]))
 
 
-@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def _encoded(raw: str | bytes) -> str:
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+# Crafted cursors: base64url of `<time>|<id>` with any time (an offset that overflows at the ends of the range
+# included) and any id (a NUL, a control character, a lone surrogate, too long), or of any bytes at all.
+CURSORS = st.one_of(
+    st.builds(lambda when, sep, ident: _encoded(f"{when}{sep}{ident}"),
+              st.one_of(st.datetimes(timezones=st.timezones()).map(datetime.isoformat),
+                        st.sampled_from(["0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00",
+                                         "2026-12-01T10:00:00", "2026-12-01T10:00:00+00:00"])),
+              st.sampled_from(["|", "", "||"]),
+              st.one_of(st.text(max_size=30), st.sampled_from(["a\x00b", "\x00", "x" * 201, "\ud800", "ok-id"]))),
+    st.binary(max_size=40).map(_encoded))
+
+
+@hsettings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(["flow", "status", "created_after", "created_before", "limit", "cursor", "sort",
-                             "page", "q"]), value=VALUES)
-def test_every_refused_query_parameter_is_a_named_400_and_changes_nothing(client, name, value):
+                             "page", "q"]), value=VALUES, crafted=CURSORS)
+def test_every_refused_query_parameter_is_a_named_400_and_changes_nothing(client, name, value, crafted):
     from loomapi.listing import list_query
 
     class Params(dict):
         def getlist(self, key):
             return [self[key]]
 
+    if not Execution.objects.filter(pk="al-hyp").exists():  # a row to read: a refusal must not reach the database
+        api_start(client, "tests.apilist.sleeper", "al-hyp")
     writes = (Event.objects.count(), Execution.objects.count())
-    response = client.get("/api/executions", {name: value}, headers={"Authorization": f"Bearer {FULL}"})
-    try:
-        list_query(Params({name: value}))
-        refused = False
-    except Exception as exc:  # the named refusal the view answers with
-        assert type(exc).__name__ == "InvalidParameter"
-        refused = True
-    if refused:
-        assert response.status_code == 400, (name, value, response.content)
-        # (a NUL is refused by the site's hostile-query middleware first: its own named 400)
-        assert response.json()["error"]["code"] in ("invalid_parameter", "bad_request")
-    else:
-        assert response.status_code == 200, (name, value, response.content)
-        assert "executions" in response.json()
+    for param, text in ((name, value), ("cursor", crafted)):  # the second: an arbitrary cursor, decoded by us
+        response = client.get("/api/executions", {param: text}, headers={"Authorization": f"Bearer {FULL}"})
+        try:
+            list_query(Params({param: text}))
+            refused = False
+        except Exception as exc:  # the named refusal the view answers with
+            assert type(exc).__name__ == "InvalidParameter"
+            refused = True
+        if refused:
+            assert response.status_code == 400, (param, text, response.content)
+            # (a NUL is refused by the site's hostile-query middleware first: its own named 400)
+            assert response.json()["error"]["code"] in ("invalid_parameter", "bad_request")
+        else:
+            assert response.status_code == 200, (param, text, response.content)
+            assert "executions" in response.json()
     assert (Event.objects.count(), Execution.objects.count()) == writes
     twice = client.get("/api/executions?limit=1&limit=2", headers={"Authorization": f"Bearer {FULL}"})
     assert twice.status_code == 400 and twice.json()["error"]["code"] == "invalid_parameter"
