@@ -11,7 +11,8 @@ Scopes (loomapi/auth.py): a token sees only executions of the flows it may use (
 use included), and with `"read": "own"` only those it started: the others are not counted, not hinted at,
 exactly as if they did not exist. The page is ordered by (created_at, id) descending and the cursor is that
 pair of the page's last row, so rows written while a caller pages never repeat a row or skip an older one.
-With LOOM_SHARDS every shard is read and merged (each shard's first `limit` rows past the cursor).
+With LOOM_SHARDS every shard is read and merged (each shard's first `limit` rows past the cursor); unsharded, the
+one database the project's routers give the journal (journal/shards.py `shards()`, as describe() and the admin).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def _cursor(text: str | None) -> tuple[datetime, str] | None:
 def page(principal: Principal, query: ListQuery) -> dict:
     """One page of the executions `principal` may read that match `query`, every shard merged."""
     rows = []
-    for alias in shards.shards() if shards.sharded() else ["default"]:
+    for alias in shards.shards():  # the journal's databases: LOOM_SHARDS, or the one the project routes it to
         rows += _page_on(alias, principal, query)
     rows.sort(key=lambda r: (r["created_at"], r["execution_id"]), reverse=True)
     more = len(rows) > query.limit

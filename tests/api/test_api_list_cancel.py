@@ -190,3 +190,28 @@ def test_every_refused_query_parameter_is_a_named_400_and_changes_nothing(client
     assert (Event.objects.count(), Execution.objects.count()) == writes
     twice = client.get("/api/executions?limit=1&limit=2", headers={"Authorization": f"Bearer {FULL}"})
     assert twice.status_code == 400 and twice.json()["error"]["code"] == "invalid_parameter"
+
+
+class JournalElsewhere:
+    """A project's router sending the journal to a database of its own (an alias this test has not got: the
+    list must ask that alias, and so fails naming it, instead of reading "default")."""
+
+    def db_for_write(self, model, **hints):
+        return "r1-journal-db" if model._meta.app_label == "journal" else None
+
+    db_for_read = db_for_write
+
+
+def test_the_list_reads_the_database_the_project_routes_the_journal_to(client, settings):
+    from django.utils.connection import ConnectionDoesNotExist
+
+    from journal import shards
+    from loomapi.auth import Principal
+    from loomapi.listing import ListQuery, page
+
+    api_start(client, "tests.apilist.sleeper", "al-routed")
+    assert [r["execution_id"] for r in page(Principal("full"), ListQuery())["executions"]] == ["al-routed"]
+    settings.DATABASE_ROUTERS = [f"{__name__}.JournalElsewhere"]
+    assert shards.shards() == ["r1-journal-db"] and not shards.sharded()
+    with pytest.raises(ConnectionDoesNotExist, match="r1-journal-db"):
+        page(Principal("full"), ListQuery())
