@@ -215,3 +215,38 @@ def test_the_list_reads_the_database_the_project_routes_the_journal_to(client, s
     assert shards.shards() == ["r1-journal-db"] and not shards.sharded()
     with pytest.raises(ConnectionDoesNotExist, match="r1-journal-db"):
         page(Principal("full"), ListQuery())
+
+
+@flow("calc.apilist_tree")
+def calc_tree(ctx: Context, value):
+    """A flow the calc token reads, whose child (tests.apilist.sleeper) it may not read."""
+    ctx.start_child("tests.apilist.sleeper", {}, execution_id="at-hidden-child")
+    return "started"
+
+
+@flow("tests.apilist.tree")
+def tree(ctx: Context, value):
+    """A flow the calc token may not read, whose child (calc.apilist_echo) it reads."""
+    ctx.start_child("calc.apilist_echo", {"n": 2}, execution_id="at-seen-child")
+    return "started"
+
+
+def test_the_parent_and_children_of_an_execution_are_shown_only_when_the_token_may_read_them(client):
+    """GET of an execution names its parent and children (and their ids in its steps and events) only when
+    this token may read them (docs/http-api.md): a calc.* token sees neither the tests.* child of its flow nor
+    the tests.* parent of its child."""
+    start("calc.apilist_tree", {}, execution_id="at-calc-parent")
+    start("tests.apilist.tree", {}, execution_id="at-hidden-parent")
+    assert Execution.objects.filter(pk__in=["at-hidden-child", "at-seen-child"]).count() == 2
+    full = get(client, "/api/executions/at-calc-parent").json()
+    assert full["children"] == ["at-hidden-child"]
+    assert get(client, "/api/executions/at-seen-child").json()["parent"] == "at-hidden-parent"
+    calc = get(client, "/api/executions/at-calc-parent", token=CALC)
+    assert calc.status_code == 200 and calc.json()["children"] == []
+    child = get(client, "/api/executions/at-seen-child", token=CALC)
+    assert child.status_code == 200 and child.json()["parent"] is None
+    # nor anywhere else in the answer (the $start_child step's result, EXECUTION_STARTED's $parent)
+    assert "at-hidden-child" not in calc.content.decode() and "<hidden>" in calc.content.decode()
+    assert "at-hidden-parent" not in child.content.decode()
+    assert "at-hidden-child" in json.dumps(full)  # what the full token reads is unchanged
+    assert get(client, "/api/executions/at-hidden-parent", token=CALC).status_code == 404
