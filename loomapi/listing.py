@@ -11,7 +11,8 @@ Scopes (loomapi/auth.py): a token sees only executions of the flows it may use (
 use included), and with `"read": "own"` only those it started: the others are not counted, not hinted at,
 exactly as if they did not exist. The page is ordered by (created_at, id) descending and the cursor is that
 pair of the page's last row, so rows written while a caller pages never repeat a row or skip an older one.
-With LOOM_SHARDS every shard is read and merged (each shard's first `limit` rows past the cursor).
+With LOOM_SHARDS every shard is read and merged (each shard's first `limit` rows past the cursor); unsharded, the
+one database the project's routers give the journal (journal/shards.py `shards()`, as describe() and the admin).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from datetime import UTC, datetime
 from django.db.models import Exists, OuterRef, Q
 
 from journal import shards
+from journal.exceptions import InvalidStream
+from journal.ids import check_stored_id
 from loomapi.auth import Principal
 from loomapi.errors import InvalidParameter
 
@@ -106,7 +109,9 @@ def _cursor(text: str | None) -> tuple[datetime, str] | None:
         moment = datetime.fromisoformat(when)
         if not sep or not execution_id or moment.tzinfo is None:
             raise ValueError(raw)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        moment = moment.astimezone(UTC)  # OverflowError at the ends of the range: the database adapts it so
+        check_stored_id(execution_id, "cursor id")  # a NUL (PostgreSQL's DataError), a surrogate, too long
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError, InvalidStream):
         raise InvalidParameter("cursor: not a next_cursor this endpoint gave") from None
     return moment, execution_id
 
@@ -114,7 +119,7 @@ def _cursor(text: str | None) -> tuple[datetime, str] | None:
 def page(principal: Principal, query: ListQuery) -> dict:
     """One page of the executions `principal` may read that match `query`, every shard merged."""
     rows = []
-    for alias in shards.shards() if shards.sharded() else ["default"]:
+    for alias in shards.shards():  # the journal's databases: LOOM_SHARDS, or the one the project routes it to
         rows += _page_on(alias, principal, query)
     rows.sort(key=lambda r: (r["created_at"], r["execution_id"]), reverse=True)
     more = len(rows) > query.limit

@@ -361,7 +361,47 @@ def _describe(request, execution_id: str) -> HttpResponse:
     if queued is not None:
         return queued
     _readable_header(request.loom_principal, execution_id)
-    return json_response(describe(execution_id, request.loom_principal.reader()))
+    return json_response(_tree_scoped(request.loom_principal, describe(execution_id, request.loom_principal.reader())))
+
+
+def _tree_scoped(principal: Principal, described: dict) -> dict:
+    """`described` with its `parent` and `children` limited to the executions this token may read: another
+    execution's id is shown only under the scope a read of it would pass (a flow outside the token's `flows`,
+    an internal `loom.*` one, another token's under "read": "own": omitted, as if it did not exist)."""
+    parent = described.get("parent")
+    children = described.get("children") or []
+    hidden = {each for each in [parent, *children] if isinstance(each, str) and not _may_read_id(principal, each)}
+    if not hidden:
+        return described
+    described["parent"] = None if parent in hidden else parent
+    described["children"] = [child for child in children if child not in hidden]
+    # The same ids in the steps and events (the $start_child step's result, a `$child:<id>` step, the `$parent`
+    # of EXECUTION_STARTED, a wait on the child): shown as HIDDEN.
+    return {key: value if key in ("parent", "children") else _hide(value, hidden) for key, value in described.items()}
+
+
+HIDDEN = "<hidden>"
+"""What stands for the id of a parent or child execution this token may not read (docs/http-api.md)."""
+
+
+def _hide(value, hidden: set[str]):
+    if isinstance(value, str):
+        if value in hidden:
+            return HIDDEN
+        return f"$child:{HIDDEN}" if value.startswith("$child:") and value[7:] in hidden else value
+    if isinstance(value, dict):
+        return {key: _hide(item, hidden) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_hide(item, hidden) for item in value]
+    return value
+
+
+def _may_read_id(principal: Principal, execution_id: str) -> bool:
+    """Whether GET of `execution_id` would answer this token (the check of _readable_header, without the 404)."""
+    if stored_id_problem(execution_id) is not None:
+        return False
+    header = header_status(execution_id)
+    return header is not None and principal.may_read(_started_by(_started_payload(execution_id)), header[1])
 
 
 def _queued(principal: Principal, execution_id: str) -> HttpResponse | None:

@@ -188,3 +188,18 @@ async def asignup(ctx, value: Signup):
 
     greeting = await ctx.step("privacy.greet", greet)
     return {"greeted": bool(greeting["text"])}
+
+
+@flow("test.privacy.fails_long", input_model=Signup)
+def fails_long(ctx, value: Signup):
+    """Fails twice over with a pydantic ValidationError on a long value holding the marked email: pydantic cuts
+    such an input value in the middle, so the clear email is not whole in its text (a step's STEP_FAILED, then
+    the flow's EXECUTION_FAILED)."""
+    long = f"O'Brien, {value.email}, " + "y" * 80
+    with contextlib.suppress(Exception):
+        ctx.step("privacy.validate", _validate, long, value.customer_id)
+    _validate(long, value.customer_id)
+
+
+def _validate(text: str, customer_id: str):
+    Strict.model_validate({"email": "x@test.invalid", "customer_id": customer_id, "age": text})

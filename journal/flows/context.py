@@ -21,6 +21,7 @@ deadline records the timeout instead of running it again.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,8 +102,52 @@ def exit_trace(exc: BaseException, secrets: list[str] | None = None) -> dict:
         return {}
     import traceback
 
-    text = "".join(traceback.format_exception(exc))[-MAX_TRACE:]
-    return {"traceback": text if secrets is None else _withhold(text, secrets)[-MAX_TRACE:]}
+    text = "".join(traceback.format_exception(exc))
+    if secrets is None:
+        return {"traceback": text[-MAX_TRACE:]}
+    # The same redaction as the error text (_error_text): a pydantic ValidationError of the chain (a cause, a
+    # context, a group's member) is shown by its description, without its input values (pydantic cuts a long
+    # input value in the middle, so withholding the marked values would miss what is left of one), then every
+    # marked value the run knows is withheld.
+    for each in _chain(exc):
+        if _is_validation_error(each):
+            message = str(each)
+            if message:
+                text = text.replace(message, _described(each))
+    text = _INPUT_VALUE.sub(r"input_value=<withheld>, input_type=", text)  # one quoted in another's message
+    return {"traceback": _withhold(text, secrets)[-MAX_TRACE:]}
+
+
+# pydantic's `input_value=<repr>, input_type=<type>` of one error line (a repr holds no newline): greedy, so that
+# a value holding ", input_type=" itself is cut whole.
+_INPUT_VALUE = re.compile(r"input_value=.*, input_type=")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and every exception a traceback of it shows: causes, contexts, an exception group's members."""
+    seen: dict[int, BaseException] = {}
+    todo = [exc]
+    while todo:
+        each = todo.pop()
+        if id(each) in seen:
+            continue
+        seen[id(each)] = each
+        todo += [e for e in (each.__cause__, each.__context__) if e is not None]
+        todo += [e for e in getattr(each, "exceptions", ()) if isinstance(e, BaseException)]
+    return list(seen.values())
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    from pydantic import ValidationError
+
+    return isinstance(exc, ValidationError)
+
+
+def _described(exc) -> str:
+    """A pydantic ValidationError's message without its input values: where and what failed, per error."""
+    described = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']} [type={e['type']}]"
+                          for e in exc.errors(include_url=False, include_input=False, include_context=False))
+    return f"{exc.error_count()} validation error(s) for {exc.title}: {described}"
 
 
 def now() -> datetime:
@@ -204,15 +249,8 @@ def _error_text(exc: BaseException, secrets: list[str] | None = None) -> str:
         return explicit[:2000] if secrets is None else _scrub(explicit, secrets)
     if secrets is None:
         return f"{type(exc).__name__}: {exc}"[:2000]
-    from pydantic import ValidationError
-
-    if isinstance(exc, ValidationError):
-        described = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']} [type={e['type']}]"
-                              for e in exc.errors(include_url=False, include_input=False, include_context=False))
-        text = f"{type(exc).__name__}: {exc.error_count()} validation error(s) for {exc.title}: {described}"
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    return _scrub(text, secrets)
+    message = _described(exc) if _is_validation_error(exc) else exc
+    return _scrub(f"{type(exc).__name__}: {message}", secrets)
 
 
 def _scrub(text: str, secrets: list[str]) -> str:

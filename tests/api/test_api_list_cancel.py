@@ -5,8 +5,9 @@ scoped, and refused (409) for a settled one. Starts stay queued here: no worker 
 
 from __future__ import annotations
 
+import base64
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -141,31 +142,136 @@ VALUES = st.one_of(st.text(st.characters(exclude_categories=("Cs",)), max_size=3
                                     "2026-12-01T10:00:00Z", "running", "completed"]))
 
 
-@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def _encoded(raw: str | bytes) -> str:
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+# Crafted cursors: base64url of `<time>|<id>` with any time (an offset that overflows at the ends of the range
+# included) and any id (a NUL, a control character, a lone surrogate, too long), or of any bytes at all.
+CURSORS = st.one_of(
+    st.builds(lambda when, sep, ident: _encoded(f"{when}{sep}{ident}"),
+              st.one_of(st.datetimes(timezones=st.timezones()).map(datetime.isoformat),
+                        st.sampled_from(["0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00",
+                                         "2026-12-01T10:00:00", "2026-12-01T10:00:00+00:00"])),
+              st.sampled_from(["|", "", "||"]),
+              st.one_of(st.text(max_size=30), st.sampled_from(["a\x00b", "\x00", "x" * 201, "\ud800", "ok-id"]))),
+    st.binary(max_size=40).map(_encoded))
+
+
+@hsettings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(["flow", "status", "created_after", "created_before", "limit", "cursor", "sort",
-                             "page", "q"]), value=VALUES)
-def test_every_refused_query_parameter_is_a_named_400_and_changes_nothing(client, name, value):
+                             "page", "q"]), value=VALUES, crafted=CURSORS)
+def test_every_refused_query_parameter_is_a_named_400_and_changes_nothing(client, name, value, crafted):
     from loomapi.listing import list_query
 
     class Params(dict):
         def getlist(self, key):
             return [self[key]]
 
+    if not Execution.objects.filter(pk="al-hyp").exists():  # a row to read: a refusal must not reach the database
+        api_start(client, "tests.apilist.sleeper", "al-hyp")
     writes = (Event.objects.count(), Execution.objects.count())
-    response = client.get("/api/executions", {name: value}, headers={"Authorization": f"Bearer {FULL}"})
-    try:
-        list_query(Params({name: value}))
-        refused = False
-    except Exception as exc:  # the named refusal the view answers with
-        assert type(exc).__name__ == "InvalidParameter"
-        refused = True
-    if refused:
-        assert response.status_code == 400, (name, value, response.content)
-        # (a NUL is refused by the site's hostile-query middleware first: its own named 400)
-        assert response.json()["error"]["code"] in ("invalid_parameter", "bad_request")
-    else:
-        assert response.status_code == 200, (name, value, response.content)
-        assert "executions" in response.json()
+    for param, text in ((name, value), ("cursor", crafted)):  # the second: an arbitrary cursor, decoded by us
+        response = client.get("/api/executions", {param: text}, headers={"Authorization": f"Bearer {FULL}"})
+        try:
+            list_query(Params({param: text}))
+            refused = False
+        except Exception as exc:  # the named refusal the view answers with
+            assert type(exc).__name__ == "InvalidParameter"
+            refused = True
+        if refused:
+            assert response.status_code == 400, (param, text, response.content)
+            # (a NUL is refused by the site's hostile-query middleware first: its own named 400)
+            assert response.json()["error"]["code"] in ("invalid_parameter", "bad_request")
+        else:
+            assert response.status_code == 200, (param, text, response.content)
+            assert "executions" in response.json()
     assert (Event.objects.count(), Execution.objects.count()) == writes
     twice = client.get("/api/executions?limit=1&limit=2", headers={"Authorization": f"Bearer {FULL}"})
     assert twice.status_code == 400 and twice.json()["error"]["code"] == "invalid_parameter"
+
+
+class JournalElsewhere:
+    """A project's router sending the journal to a database of its own (an alias this test has not got: the
+    list must ask that alias, and so fails naming it, instead of reading "default")."""
+
+    def db_for_write(self, model, **hints):
+        return "r1-journal-db" if model._meta.app_label == "journal" else None
+
+    db_for_read = db_for_write
+
+
+def test_the_list_reads_the_database_the_project_routes_the_journal_to(client, settings):
+    from django.utils.connection import ConnectionDoesNotExist
+
+    from journal import shards
+    from loomapi.auth import Principal
+    from loomapi.listing import ListQuery, page
+
+    api_start(client, "tests.apilist.sleeper", "al-routed")
+    assert [r["execution_id"] for r in page(Principal("full"), ListQuery())["executions"]] == ["al-routed"]
+    settings.DATABASE_ROUTERS = [f"{__name__}.JournalElsewhere"]
+    assert shards.shards() == ["r1-journal-db"] and not shards.sharded()
+    with pytest.raises(ConnectionDoesNotExist, match="r1-journal-db"):
+        page(Principal("full"), ListQuery())
+
+
+@flow("calc.apilist_tree")
+def calc_tree(ctx: Context, value):
+    """A flow the calc token reads, whose child (tests.apilist.sleeper) it may not read."""
+    ctx.start_child("tests.apilist.sleeper", {}, execution_id="at-hidden-child")
+    return "started"
+
+
+@flow("tests.apilist.tree")
+def tree(ctx: Context, value):
+    """A flow the calc token may not read, whose child (calc.apilist_echo) it reads."""
+    ctx.start_child("calc.apilist_echo", {"n": 2}, execution_id="at-seen-child")
+    return "started"
+
+
+def test_the_parent_and_children_of_an_execution_are_shown_only_when_the_token_may_read_them(client):
+    """GET of an execution names its parent and children (and their ids in its steps and events) only when
+    this token may read them (docs/http-api.md): a calc.* token sees neither the tests.* child of its flow nor
+    the tests.* parent of its child."""
+    from journal.flows.ownership import get_ownership, set_ownership
+
+    installed = get_ownership()
+    set_ownership(None)  # the runs are short: no lease keeper thread that would outlive the test
+    try:
+        start("calc.apilist_tree", {}, execution_id="at-calc-parent")
+        start("tests.apilist.tree", {}, execution_id="at-hidden-parent")
+    finally:
+        set_ownership(installed)
+    assert Execution.objects.filter(pk__in=["at-hidden-child", "at-seen-child"]).count() == 2
+    full = get(client, "/api/executions/at-calc-parent").json()
+    assert full["children"] == ["at-hidden-child"]
+    assert get(client, "/api/executions/at-seen-child").json()["parent"] == "at-hidden-parent"
+    calc = get(client, "/api/executions/at-calc-parent", token=CALC)
+    assert calc.status_code == 200 and calc.json()["children"] == []
+    child = get(client, "/api/executions/at-seen-child", token=CALC)
+    assert child.status_code == 200 and child.json()["parent"] is None
+    # nor anywhere else in the answer (the $start_child step's result, EXECUTION_STARTED's $parent)
+    assert "at-hidden-child" not in calc.content.decode() and "<hidden>" in calc.content.decode()
+    assert "at-hidden-parent" not in child.content.decode()
+    assert "at-hidden-child" in json.dumps(full)  # what the full token reads is unchanged
+    assert get(client, "/api/executions/at-hidden-parent", token=CALC).status_code == 404
+
+
+def test_an_own_tokens_start_stored_as_a_content_reference_is_not_in_its_list_but_is_read(client, settings,
+                                                                                           tmp_path):
+    """The documented limitation (docs/http-api.md): over LOOM_CONTENT_THRESHOLD_BYTES the EXECUTION_STARTED
+    row is `{"$content", "$size"}`, so the list's SQL cannot see its `$meta.started_by`; a read resolves it."""
+    settings.LOOM_CONTENT_THRESHOLD_BYTES = 300
+    settings.LOOM_CONTENT_DIR = str(tmp_path / "content")
+    for execution_id, n in (("ao-small", 1), ("ao-large", "x" * 400)):
+        response = post(client, "/api/flows/tests.apilist.sleeper/executions",
+                        {"input": {"n": n}, "execution_id": execution_id}, OWN)
+        assert response.status_code == 202, response.content
+    stored = Event.objects.filter(stream_id="ao-large", seq=0).values_list("payload", flat=True).get()
+    assert set(stored) == {"$content", "$size"}
+    assert ids(get(client, "/api/executions", OWN)) == ["ao-small"]
+    assert set(ids(get(client, "/api/executions"))) >= {"ao-small", "ao-large"}
+    read = get(client, "/api/executions/ao-large", OWN)
+    assert read.status_code == 200 and read.json()["input"] == {"n": "x" * 400}

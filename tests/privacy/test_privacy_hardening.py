@@ -227,6 +227,40 @@ def test_the_failure_text_of_a_flow_with_marked_input_holds_no_marked_value(seal
     assert "failing@example.org" not in shown and "could not mail <redacted>" in shown
 
 
+def test_the_traceback_of_a_validation_error_cut_by_pydantic_holds_no_fragment_of_a_marked_value(
+        sealed, client, django_user_model):
+    """pydantic shows a long input value cut in the middle (`'O\'Brien, alice.longsurna...yyyy'`), which the
+    withholding of whole marked values misses: the step's and the flow's tracebacks describe the error without its
+    input values. No 10-character fragment of the email is in the events, describe() or the admin page (of a
+    staff user without disclose_personal_data)."""
+    from django.contrib.auth.models import Permission
+
+    from journal.flows import start
+
+    email = "alice.longsurname-privacy@example.org"
+    outcome = start("test.privacy.fails_long", {"customer_id": "c-l", "email": email}, execution_id="pf-long")
+    assert outcome.status == "failed" and outcome.error.startswith("ValidationError")
+    info = describe("pf-long")
+    failures = [e for e in info["events"] if e["type"] in ("STEP_FAILED", "EXECUTION_FAILED")]
+    traces = [e["payload"].get("traceback", "") for e in failures]
+    assert {e["type"] for e in failures} == {"STEP_FAILED", "EXECUTION_FAILED"}
+    staff = django_user_model.objects.create_user("viewer", password="pw-long-enough-1", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_execution"))
+    client.force_login(staff)
+    page = client.get("/admin/journal/execution/pf-long/change/").content.decode()
+    stored = "\n".join(repr(row) for row in Event.objects.filter(stream_id="pf-long").values_list("payload"))
+    # describe() reads the sealed input back (the system may): everything but it and its EXECUTION_STARTED
+    shown = json.dumps([{k: v for k, v in info.items() if k not in ("input", "events")},
+                        [e for e in info["events"] if e["type"] != "EXECUTION_STARTED"]], default=str)
+    fragments = [email[i:i + 10] for i in range(len(email) - 9)]
+    for where, text in (("events", stored), ("describe", shown), ("admin", page)):
+        assert not [f for f in fragments if f in text], where
+    # the error described as its error text is: where and what, no input value
+    assert all("ValidationError" in t and "age: Input should be a valid integer" in t for t in traces), traces
+    assert "age: Input should be a valid integer" in page
+    assert info["input"]["email"] == email  # the system still reads the sealed input
+
+
 # -- P6: roles and owners of admin users ---------------------------------------------------------------------------
 
 
