@@ -642,6 +642,7 @@ class RemovalAdmin(SafeChangeList, ReadOnlyAdmin):
 
     list_display = ("id", "removed_at", "executions", "events", "messages", "flow_events", "archive")
     readonly_fields = ("removed_at", "executions", "events", "messages", "flow_events", "ids", "archive")
+    withheld_lookups = ("ids",)  # no ?ids__contains=<id> oracle of which executions were removed (SafeChangeList)
 
     def changelist_view(self, request, extra_context=None):
         from journal import retention

@@ -22,6 +22,8 @@ module may define flows before Django's app registry is ready.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING
 
 from journal.flows.context import Context
@@ -85,6 +87,22 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+class _Face(types.ModuleType):
+    """`describe` is both a submodule of this package and the face's function. Importing the submodule
+    (`from journal.flows.describe import ...`) makes importlib bind it on the package; before any caller had
+    asked for the function, that bound the module in its place and `from journal.flows import describe` then
+    gave a module ("'module' object is not callable", an order-dependent failure). The binding keeps the
+    function."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType) and hasattr(value, name):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Face
 
 
 __all__ = [

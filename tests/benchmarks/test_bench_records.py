@@ -146,8 +146,8 @@ def test_bad_arguments_on_the_command_line_exit_2_without_a_traceback(child_env)
 def test_the_statement_counter_sees_every_statement_of_connections_opened_in_any_thread():
     """Appends in a worker thread are counted at the driver, including the PostgreSQL store's server-side
     prepared statements (which bypass Django's execute wrappers): one statement per append there; on
-    SQLite each append is several (BEGIN, guard reads, insert, COMMIT). The calling thread's own
-    connection, opened before, is not counted."""
+    SQLite the open is several (BEGIN, guard reads, insert, COMMIT) and each append in autocommit one. The calling
+    thread's own connection, opened before, is not counted."""
     import threading
 
     from django.db import connection, connections
@@ -176,7 +176,9 @@ def test_the_statement_counter_sees_every_statement_of_connections_opened_in_any
     if connection.vendor == "postgresql":
         assert statements == appends + 1 and control == 0
     else:
-        assert statements >= 3 * (appends + 1) and control >= 2 * (appends + 1)
+        # the open is a transaction of several (BEGIN, guard reads, insert, COMMIT); each append in autocommit
+        # is the lean path's one statement (journal/store/sqlite_lean.py, issue 33): every one of them counted
+        assert statements >= (appends + 1) + 2 and control >= 2
 
 
 def test_a_lease_overhead_inside_the_spread_of_its_repeats_is_not_a_result():

@@ -350,3 +350,16 @@ def test_a_lost_claim_stops_the_run_at_the_next_step_boundary_without_writing():
         start("test.chain", {"n": 3}, execution_id="lost-1")
     assert types("lost-1") == ["EXECUTION_STARTED", "STEP_STARTED"]
     assert rec.calls[-1] == ("end", "lost-1")
+
+
+def test_the_face_describe_stays_the_function_when_its_submodule_is_imported_first():
+    """Before: in a process whose first use was `from journal.flows.describe import ...` (the async faces do),
+    `from journal.flows import describe` gave the submodule ("'module' object is not callable" in the admin)."""
+    import subprocess
+    import sys
+
+    code = ("import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'loomsite.settings'); django.setup(); "
+            "from journal.flows.describe import describe as direct; from journal.flows import describe; "
+            "assert describe is direct and callable(describe), describe")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
