@@ -56,6 +56,8 @@ class RetentionService:
         except (DatabaseError, OSError, retention.ArchiveError) as exc:
             log.warning("retention batch on %s failed (nothing removed by it); retrying next round: %s", alias, exc)
             connections[alias].close()
+        except Exception:  # a storage backend's own error (boto's ClientError, say): the thread must live on
+            log.exception("retention batch on %s failed (nothing removed by it); retrying next round", alias)
 
     def quiesce(self) -> None:
         self.stopping.set()
