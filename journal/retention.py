@@ -94,6 +94,16 @@ def groups(now: datetime | None = None) -> list[Group]:
     return found
 
 
+def cutoff_for(flow: str, now: datetime | None = None) -> datetime | None:
+    """The instant before which a settled execution of `flow` is removed (its policy: the flow's own, else the
+    default), or None if the flow is kept forever. What a schedule's backfill reads (leases/schedule_ops.py):
+    a tick older than this may have run and been removed, its id free again."""
+    now = now or timezone.now()
+    per_flow = parse_flow_policies(conf.get("LOOM_RETENTION_FLOWS"))
+    days = per_flow[flow] if flow in per_flow else conf.get("LOOM_RETENTION_DAYS")
+    return None if days is FOREVER else now - timedelta(days=days)
+
+
 def _archived(flow: str) -> bool:
     chosen = conf.get("LOOM_ARCHIVE_FLOWS")
     return "*" in chosen or flow in chosen
