@@ -143,6 +143,7 @@ def remove_batch(alias: str, now: datetime | None = None, limit: int | None = No
                 break
             found = store.lock_candidates(group.cutoff, limit - len(chosen), group.flows, group.exclude)
             kept = store.kept_by_kin([eid for eid, _, _ in found])
+            kept |= _kept_by_kin_elsewhere(alias, store, [eid for eid, _, _ in found if eid not in kept])
             chosen += [(eid, flow) for eid, flow, result in found
                        if eid not in kept and _chain_settled(alias, result)]
         if not chosen:
@@ -158,6 +159,35 @@ def remove_batch(alias: str, now: datetime | None = None, limit: int | None = No
     log.info("retention removed %d execution(s), %d event(s) on %s%s", len(batch.ids),
              batch.counts.get("events", 0), alias, f" (archive {batch.archive})" if batch.archive else "")
     return batch
+
+
+def _kept_by_kin_elsewhere(alias: str, store, ids: list[str]) -> set[str]:
+    """Of these candidates, those a live kin on ANOTHER shard keeps (KEPT_BY_KIN joins on the batch's shard
+    only; a child started with its own execution_id may live on any shard, docs/flows.md). The kin's header is
+    read on its shard; a shard that cannot be read keeps the candidate (removing it could strand a live kin)."""
+    from django.db import DatabaseError
+
+    from journal import shards
+    from journal.store import store_for
+
+    if not ids or not shards.sharded():
+        return set()
+    kept: set[str] = set()
+    for eid, kin in store.kin(ids):
+        if eid in kept:
+            continue
+        try:
+            where = shards.shard_for(kin)
+            if where == alias:
+                continue  # KEPT_BY_KIN read it
+            header = store_for(where).execution_status(kin)
+        except (DatabaseError, OSError) as exc:
+            log.warning("retention keeps %s: its kin %s could not be read on its shard (%s)", eid, kin, exc)
+            kept.add(eid)
+            continue
+        if header is not None and header[0] not in ("completed", "failed", "cancelled"):
+            kept.add(eid)
+    return kept
 
 
 def _chain_settled(alias: str, result: Any) -> bool:

@@ -19,9 +19,17 @@ log = logging.getLogger("loom.retention")
 
 def drop_removed(execution_ids: list[str], alias: str) -> None:
     """journal.retention.REMOVE_HOOKS: the lease rows and start reservations of removed executions."""
+    from django.db import router
+
+    from leases.models import StartReservation
     from leases.store import store_for
 
-    store_for(alias).drop_removed(execution_ids)
+    home = router.db_for_write(StartReservation)  # under LOOM_SHARDS: `default`, whatever the batch's shard
+    if home == alias:
+        store_for(alias).drop_removed(execution_ids)
+        return
+    store_for(alias).drop_removed(execution_ids, reservations=False)
+    store_for(home).drop_removed(execution_ids, leases=False)  # its own commit: a reservation of a removed id
 
 
 class RetentionService:

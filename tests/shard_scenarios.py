@@ -1176,6 +1176,42 @@ def telemetry_per_shard(arg) -> dict:
     return {"seen": seen, "db": db}
 
 
+def retention_kin(arg) -> dict:
+    """Retention x shards: a settled parent whose child (started with its own id) lives on the other shard is
+    kept while the child is live, and the child while the parent is; both go once both are settled."""
+    from datetime import timedelta
+
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from journal import retention, shards
+    from journal.flows import start
+    from journal.models import Execution
+
+    first, second = shards.shards()[:2]
+    parent = next(e for e in ids_on_each_shard(f"{arg['run']}-p", 1) if shards.shard_for(e) == first)
+    child = next(e for e in ids_on_each_shard(f"{arg['run']}-c", 1) if shards.shard_for(e) == second)
+    start("shards.parent", {"n": 1, "child": child}, execution_id=parent)
+    old = timezone.now() - timedelta(days=40)
+
+    def mark(alias: str, eid: str, status: str) -> None:
+        Execution.objects.using(alias).filter(pk=eid).update(
+            status=status, finished_at=old if status in ("completed", "failed", "cancelled") else None)
+
+    out = {"child_shard": shards.shard_for(child), "parent_shard": shards.shard_for(parent)}
+    with override_settings(LOOM_RETENTION_DAYS=30):
+        mark(first, parent, "completed")
+        mark(second, child, "running")
+        out["parent_while_child_live"] = retention.run(first)["executions"]
+        mark(first, parent, "waiting")
+        mark(second, child, "completed")
+        out["child_while_parent_live"] = retention.run(second)["executions"]
+        mark(first, parent, "completed")
+        out["both_settled"] = [retention.run(first)["executions"], retention.run(second)["executions"]]
+    out["left"] = [Execution.objects.using(a).filter(pk=e).exists() for a, e in ((first, parent), (second, child))]
+    return out
+
+
 def main() -> None:
     django.setup()
     name = sys.argv[1]
