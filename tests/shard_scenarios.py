@@ -1212,6 +1212,39 @@ def retention_kin(arg) -> dict:
     return out
 
 
+def operations_figures(arg) -> dict:
+    """The operations page's figures read every shard: depth, oldest pending, throughput, troubled executions."""
+    from journal import shards
+    from journal.flows import start
+    from journal.models import Execution
+    from queues import declare_queue, enqueue, operations
+
+    run = arg["run"]
+    queue = f"{run}-q"
+    declare_queue(queue, concurrency=5)
+    pending = ids_on_each_shard(f"{run}-e", 1)
+    for eid in pending:
+        enqueue("shards.one", 1, queue=queue, execution_id=eid)
+    done = ids_on_each_shard(f"{run}-d", 1)
+    for eid in done:
+        start("shards.one", 1, execution_id=eid)
+    stuck = ids_on_each_shard(f"{run}-s", 1)
+    for eid in stuck:
+        start("shards.one", 1, execution_id=eid)
+        Execution.objects.using(shards.shard_for(eid)).filter(pk=eid).update(status="stuck")
+    edges = operations.bucket_edges("hour")
+    depth = {s.name: s.points[-1][1] for s in operations.depth_series("hour", edges=edges)}
+    completed = operations.throughput_series("hour", edges=edges)[0][0]
+    width = operations.WINDOWS["hour"][0] / operations.WINDOWS["hour"][1]
+    in_db = sum(Execution.objects.using(alias).filter(status="completed", finished_at__gt=edges[0] - width,
+                                                      finished_at__lte=edges[-1]).count() for alias in shards.shards())
+    oldest = {q.name: q.oldest_pending for q in operations.queues()}
+    return {"pending_shards": sorted(shards.shard_for(e) for e in pending), "depth": depth.get(queue),
+            "completed_now": sum(v for _, v in completed.points), "completed_in_db": in_db,
+            "completed_shards": sorted(shards.shard_for(e) for e in done), "oldest_seen": oldest.get(queue) is not None,
+            "troubled": sorted(eid for eid, *_ in operations.troubled() if eid in stuck), "stuck": sorted(stuck)}
+
+
 def main() -> None:
     django.setup()
     name = sys.argv[1]

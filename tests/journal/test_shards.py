@@ -540,3 +540,11 @@ def test_retention_keeps_a_parent_or_child_while_its_kin_on_the_other_shard_is_l
     assert (facts["parent_shard"], facts["child_shard"]) == ("default", "shard1")
     assert facts["parent_while_child_live"] == 0 and facts["child_while_parent_live"] == 0
     assert facts["both_settled"] == [1, 1] and facts["left"] == [False, False]
+
+
+def test_the_operations_pages_figures_add_up_every_shard(shard_env):
+    facts = scenario(shard_env, "operations_figures", {"run": "opf"})
+    assert facts["pending_shards"] == ["default", "shard1"] and facts["depth"] == 2 and facts["oldest_seen"]
+    assert facts["completed_shards"] == ["default", "shard1"]
+    assert facts["completed_now"] == facts["completed_in_db"] >= 2  # every shard's headers of the hour
+    assert facts["troubled"] == facts["stuck"] and len(facts["stuck"]) == 2
