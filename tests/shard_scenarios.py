@@ -7,6 +7,7 @@ shards (the environment names them), and prints one JSON line of facts for the t
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -1181,7 +1182,8 @@ def retention_kin(arg) -> dict:
     kept while the child is live, and the child while the parent is; both go once both are settled."""
     from datetime import timedelta
 
-    from django.test import override_settings
+    from django.contrib.auth import get_user_model
+    from django.test import Client, override_settings
     from django.utils import timezone
 
     from journal import retention, shards
@@ -1206,6 +1208,14 @@ def retention_kin(arg) -> dict:
         mark(first, parent, "waiting")
         mark(second, child, "completed")
         out["child_while_parent_live"] = retention.run(second)["executions"]
+        mark(first, parent, "completed")
+        user, _ = get_user_model().objects.get_or_create(username=f"{arg['run']}-admin", is_staff=True,
+                                                         is_superuser=True)
+        client = Client()
+        client.force_login(user)
+        page = client.get("/admin/journal/removal/").content.decode()
+        found = re.search(r"default: 30 day\(s\), (\d+) execution\(s\) due", page, re.I)
+        out["admin_due"] = found.group(1) if found else page
         mark(first, parent, "completed")
         out["both_settled"] = [retention.run(first)["executions"], retention.run(second)["executions"]]
     out["left"] = [Execution.objects.using(a).filter(pk=e).exists() for a, e in ((first, parent), (second, child))]

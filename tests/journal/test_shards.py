@@ -540,6 +540,7 @@ def test_retention_keeps_a_parent_or_child_while_its_kin_on_the_other_shard_is_l
     assert (facts["parent_shard"], facts["child_shard"]) == ("default", "shard1")
     assert facts["parent_while_child_live"] == 0 and facts["child_while_parent_live"] == 0
     assert facts["both_settled"] == [1, 1] and facts["left"] == [False, False]
+    assert facts["admin_due"] == "2"  # the removals page adds up what is due on both shards (one each)
 
 
 def test_the_operations_pages_figures_add_up_every_shard(shard_env):
