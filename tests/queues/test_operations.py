@@ -126,6 +126,29 @@ def test_a_backfill_does_not_run_again_the_ticks_retention_removed(capped, setti
     assert again.cutoff is None and again.expired == [] and again.started == ran
 
 
+def test_a_drain_whose_start_note_cannot_be_written_is_still_carried_out():
+    """The drain service's first write (the request's started_at) failing must not abandon the drain: the
+    worker still drains, marks the request finished and stops."""
+    from types import SimpleNamespace
+
+    from django.db import DatabaseError
+
+    Worker.objects.create(id="op-dw", host="h", pid=1)
+    assert drain.request("op-dw", "test").new
+
+    class SeenFails(drain.DrainStore):
+        def seen(self, worker_id: str) -> None:
+            raise DatabaseError("the note's write failed")
+
+    stopped: list[bool] = []
+    service = drain.DrainService()
+    service.worker = SimpleNamespace(worker_id="op-dw", services=[service], request_stop=lambda: stopped.append(True))
+    service.store = SeenFails(DrainRequest.objects.db)
+    service._drain("test")
+    row = DrainRequest.objects.get(worker_id="op-dw")
+    assert stopped == [True] and row.finished_at is not None and row.started_at is None
+
+
 def test_a_paused_schedule_does_not_tick_and_stays_paused_when_its_code_is_written_again():
     sc.define("op-every", "* * * * * *", "sched.echo", {"n": 1})
     Schedule.objects.filter(pk="op-every").update(next_tick_at=datetime.now(UTC) - timedelta(seconds=1))
