@@ -644,7 +644,7 @@ class RemovalAdmin(SafeChangeList, ReadOnlyAdmin):
     readonly_fields = ("removed_at", "executions", "events", "messages", "flow_events", "ids", "archive")
 
     def changelist_view(self, request, extra_context=None):
-        from journal import retention, shards
+        from journal import retention
 
         aliases = shards.shards() if shards.sharded() else [self.model.objects.db]
         policies = retention.status(aliases[0], recent=0)["due"]

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from journal import conf
+from journal import conf, shards
 from journal.atomic import atomic
 
 log = logging.getLogger("loom.retention")
@@ -109,6 +109,12 @@ def _archived(flow: str) -> bool:
     return "*" in chosen or flow in chosen
 
 
+def _journal_store(alias: str):
+    from journal.store import store_for
+
+    return store_for(alias)
+
+
 def _store(alias: str):
     from journal.store import retention_store_for
 
@@ -165,11 +171,6 @@ def _kept_by_kin_elsewhere(alias: str, store, ids: list[str]) -> set[str]:
     """Of these candidates, those a live kin on ANOTHER shard keeps (KEPT_BY_KIN joins on the batch's shard
     only; a child started with its own execution_id may live on any shard, docs/flows.md). The kin's header is
     read on its shard; a shard that cannot be read keeps the candidate (removing it could strand a live kin)."""
-    from django.db import DatabaseError
-
-    from journal import shards
-    from journal.store import store_for
-
     if not ids or not shards.sharded():
         return set()
     kept: set[str] = set()
@@ -180,7 +181,7 @@ def _kept_by_kin_elsewhere(alias: str, store, ids: list[str]) -> set[str]:
             where = shards.shard_for(kin)
             if where == alias:
                 continue  # KEPT_BY_KIN read it
-            header = store_for(where).execution_status(kin)
+            header = _journal_store(where).execution_status(kin)
         except (DatabaseError, OSError) as exc:
             log.warning("retention keeps %s: its kin %s could not be read on its shard (%s)", eid, kin, exc)
             kept.add(eid)
@@ -193,11 +194,9 @@ def _kept_by_kin_elsewhere(alias: str, store, ids: list[str]) -> set[str]:
 def _chain_settled(alias: str, result: Any) -> bool:
     """A run that continued as new is removable only once every later run of its chain is settled (or gone):
     the id a caller knows stands for the whole chain (journal/flows/waits.py chain_current)."""
-    from journal.store import store_for
-
     seen = 0
     while isinstance(result, dict) and list(result) == ["continued_as"] and seen < 10_000:
-        header = store_for(alias).execution_status(result["continued_as"])
+        header = _journal_store(alias).execution_status(result["continued_as"])
         if header is None:
             return True
         status, _, result, _ = header

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from django.db import DatabaseError, connections
+from django.apps import apps
+from django.db import DatabaseError, connections, router
 
 from journal import conf, retention, shards
 
@@ -19,12 +20,10 @@ log = logging.getLogger("loom.retention")
 
 def drop_removed(execution_ids: list[str], alias: str) -> None:
     """journal.retention.REMOVE_HOOKS: the lease rows and start reservations of removed executions."""
-    from django.db import router
-
-    from leases.models import StartReservation
     from leases.store import store_for
 
-    home = router.db_for_write(StartReservation)  # under LOOM_SHARDS: `default`, whatever the batch's shard
+    # under LOOM_SHARDS the reservations live on `default`, whatever the batch's shard
+    home = router.db_for_write(apps.get_model("leases", "StartReservation"))
     if home == alias:
         store_for(alias).drop_removed(execution_ids)
         return

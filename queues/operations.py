@@ -26,6 +26,8 @@ from django.db import router
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
+from journal import shards
+
 WINDOWS = {"hour": (timedelta(hours=1), 12), "day": (timedelta(days=1), 24)}  # span, buckets
 
 
@@ -65,8 +67,6 @@ def _alias(model, using: str | None) -> str:
 def _aliases(model, using: str | None) -> list[str]:
     """Where the figures of `model` are read: `using`, else every shard under LOOM_SHARDS (each shard holds its
     executions' entries, headers and leases; the figures are merged), else the model's one database."""
-    from journal import shards
-
     if using is None and shards.sharded():
         return shards.shards()
     return [_alias(model, using)]
