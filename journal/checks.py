@@ -194,11 +194,12 @@ def check_failover_durability(app_configs=None, databases=None, **kwargs) -> lis
     per PostgreSQL alias; an unreachable database is skipped (the worker reports it); SQLite: nothing to say.
     A database check (it connects): Django runs it in `migrate` and `check --database`, loom_worker and
     loom_serve_api at start-up (run_failover_check); not in makemigrations, collectstatic and the like, which
-    would each wait for a connect timeout during a failover. Called without `databases`: every alias."""
+    would each wait for a connect timeout during a failover. Without `databases` (Django 5.2 passes None when no
+    --database was asked; Django 6 does not call it then): nothing, as Django's own database checks."""
     from django.db import DatabaseError
 
     messages = []
-    for alias in settings.DATABASES if databases is None else databases:
+    for alias in databases or ():
         conn = connections[alias]
         if conn.vendor != "postgresql":
             continue

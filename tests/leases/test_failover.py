@@ -11,6 +11,7 @@ import socket
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import OperationalError, connection
@@ -39,7 +40,7 @@ def node(port: int) -> psycopg.Connection:
 @pytest.mark.django_db
 def test_the_check_says_nothing_of_a_server_without_standby_or_of_sqlite():
     """SQLite has no failover (N/A: no message); the suite's PostgreSQL has no standby: nothing to lose."""
-    assert check_failover_durability() == []
+    assert check_failover_durability(databases=list(settings.DATABASES)) == []
 
 
 @pytest.mark.postgres
