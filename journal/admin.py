@@ -647,8 +647,11 @@ class RemovalAdmin(SafeChangeList, ReadOnlyAdmin):
     def changelist_view(self, request, extra_context=None):
         from journal import retention
 
-        alias = self.model.objects.db
-        policies = retention.status(alias, recent=0)["due"]
+        aliases = shards.shards() if shards.sharded() else [self.model.objects.db]
+        policies = retention.status(aliases[0], recent=0)["due"]
+        for alias in aliases[1:]:  # what is due on every shard, added up per policy
+            for mine, theirs in zip(policies, retention.status(alias, recent=0)["due"], strict=True):
+                mine["due"] += theirs["due"]
         if not policies:
             self.message_user(request, "No retention configured (LOOM_RETENTION_DAYS, LOOM_RETENTION_FLOWS): "
                                        "nothing is removed.", messages.INFO)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from base64 import b64decode
 
 from django.conf import settings
-from django.core.checks import Error, Warning, register
+from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
 from journal import conf
@@ -184,15 +184,22 @@ def failover_loss(cursor, several_hosts: bool = False) -> str | None:
     return None
 
 
-@register()
-def check_failover_durability(app_configs=None, **kwargs) -> list:
+FAILOVER_TAG = "loom_failover"  # loom_worker and loom_serve_api run W050 alone at start-up by this tag
+
+
+@register(Tags.database, FAILOVER_TAG)
+def check_failover_durability(app_configs=None, databases=None, **kwargs) -> list:
     """loom.W050: a PostgreSQL database with a standby replicates asynchronously (or this session commits with
     synchronous_commit local/off): an acknowledged append could be lost when the standby is promoted. One query
-    per PostgreSQL alias; an unreachable database is skipped (the worker reports it); SQLite: nothing to say."""
+    per PostgreSQL alias; an unreachable database is skipped (the worker reports it); SQLite: nothing to say.
+    A database check (it connects): Django runs it in `migrate` and `check --database`, loom_worker and
+    loom_serve_api at start-up (run_failover_check); not in makemigrations, collectstatic and the like, which
+    would each wait for a connect timeout during a failover. Without `databases` (Django 5.2 passes None when no
+    --database was asked; Django 6 does not call it then): nothing, as Django's own database checks."""
     from django.db import DatabaseError
 
     messages = []
-    for alias in settings.DATABASES:
+    for alias in databases or ():
         conn = connections[alias]
         if conn.vendor != "postgresql":
             continue
@@ -209,3 +216,10 @@ def check_failover_durability(app_configs=None, **kwargs) -> list:
                      "replication quorum) and keep synchronous_commit on; docs/scaling.md \"High availability\".",
                 id="loom.W050"))
     return messages
+
+
+def run_failover_check(command, options: dict) -> None:
+    """loom.W050 at a long-running command's start (loom_worker, loom_serve_api), printed as Django prints
+    checks; skipped with --skip-checks like the command's other checks."""
+    if not options.get("skip_checks"):
+        command.check(tags=[FAILOVER_TAG], databases=list(settings.DATABASES))

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from journal import conf
+from journal import conf, shards
 from journal.atomic import atomic
 
 log = logging.getLogger("loom.retention")
@@ -94,9 +94,25 @@ def groups(now: datetime | None = None) -> list[Group]:
     return found
 
 
+def cutoff_for(flow: str, now: datetime | None = None) -> datetime | None:
+    """The instant before which a settled execution of `flow` is removed (its policy: the flow's own, else the
+    default), or None if the flow is kept forever. What a schedule's backfill reads (leases/schedule_ops.py):
+    a tick older than this may have run and been removed, its id free again."""
+    now = now or timezone.now()
+    per_flow = parse_flow_policies(conf.get("LOOM_RETENTION_FLOWS"))
+    days = per_flow[flow] if flow in per_flow else conf.get("LOOM_RETENTION_DAYS")
+    return None if days is FOREVER else now - timedelta(days=days)
+
+
 def _archived(flow: str) -> bool:
     chosen = conf.get("LOOM_ARCHIVE_FLOWS")
     return "*" in chosen or flow in chosen
+
+
+def _journal_store(alias: str):
+    from journal.store import store_for
+
+    return store_for(alias)
 
 
 def _store(alias: str):
@@ -133,6 +149,7 @@ def remove_batch(alias: str, now: datetime | None = None, limit: int | None = No
                 break
             found = store.lock_candidates(group.cutoff, limit - len(chosen), group.flows, group.exclude)
             kept = store.kept_by_kin([eid for eid, _, _ in found])
+            kept |= _kept_by_kin_elsewhere(alias, store, [eid for eid, _, _ in found if eid not in kept])
             chosen += [(eid, flow) for eid, flow, result in found
                        if eid not in kept and _chain_settled(alias, result)]
         if not chosen:
@@ -150,14 +167,36 @@ def remove_batch(alias: str, now: datetime | None = None, limit: int | None = No
     return batch
 
 
+def _kept_by_kin_elsewhere(alias: str, store, ids: list[str]) -> set[str]:
+    """Of these candidates, those a live kin on ANOTHER shard keeps (KEPT_BY_KIN joins on the batch's shard
+    only; a child started with its own execution_id may live on any shard, docs/flows.md). The kin's header is
+    read on its shard; a shard that cannot be read keeps the candidate (removing it could strand a live kin)."""
+    if not ids or not shards.sharded():
+        return set()
+    kept: set[str] = set()
+    for eid, kin in store.kin(ids):
+        if eid in kept:
+            continue
+        try:
+            where = shards.shard_for(kin)
+            if where == alias:
+                continue  # KEPT_BY_KIN read it
+            header = _journal_store(where).execution_status(kin)
+        except (DatabaseError, OSError) as exc:
+            log.warning("retention keeps %s: its kin %s could not be read on its shard (%s)", eid, kin, exc)
+            kept.add(eid)
+            continue
+        if header is not None and header[0] not in ("completed", "failed", "cancelled"):
+            kept.add(eid)
+    return kept
+
+
 def _chain_settled(alias: str, result: Any) -> bool:
     """A run that continued as new is removable only once every later run of its chain is settled (or gone):
     the id a caller knows stands for the whole chain (journal/flows/waits.py chain_current)."""
-    from journal.store import store_for
-
     seen = 0
     while isinstance(result, dict) and list(result) == ["continued_as"] and seen < 10_000:
-        header = store_for(alias).execution_status(result["continued_as"])
+        header = _journal_store(alias).execution_status(result["continued_as"])
         if header is None:
             return True
         status, _, result, _ = header

@@ -153,7 +153,11 @@ class DrainService:
 
         wid = self.worker.worker_id
         self.draining = True
-        self.store.seen(wid)
+        try:  # only the note that the drain started: the drain is carried out whether or not it is written
+            self.store.seen(wid)
+        except DatabaseError:
+            log.exception("worker %s: marking its drain started failed (it drains regardless)", wid)
+            connections[self.store.alias].close()
         log.info("worker %s: draining (asked by %s): taking no new work, letting the running executions finish",
                  wid, by or "an operator")
         for service in self.worker.services:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from django.db import DatabaseError, connections
+from django.apps import apps
+from django.db import DatabaseError, connections, router
 
 from journal import conf, retention, shards
 
@@ -21,7 +22,13 @@ def drop_removed(execution_ids: list[str], alias: str) -> None:
     """journal.retention.REMOVE_HOOKS: the lease rows and start reservations of removed executions."""
     from leases.store import store_for
 
-    store_for(alias).drop_removed(execution_ids)
+    # under LOOM_SHARDS the reservations live on `default`, whatever the batch's shard
+    home = router.db_for_write(apps.get_model("leases", "StartReservation"))
+    if home == alias:
+        store_for(alias).drop_removed(execution_ids)
+        return
+    store_for(alias).drop_removed(execution_ids, reservations=False)
+    store_for(home).drop_removed(execution_ids, leases=False)  # its own commit: a reservation of a removed id
 
 
 class RetentionService:
@@ -56,6 +63,8 @@ class RetentionService:
         except (DatabaseError, OSError, retention.ArchiveError) as exc:
             log.warning("retention batch on %s failed (nothing removed by it); retrying next round: %s", alias, exc)
             connections[alias].close()
+        except Exception:  # a storage backend's own error (boto's ClientError, say): the thread must live on
+            log.exception("retention batch on %s failed (nothing removed by it); retrying next round", alias)
 
     def quiesce(self) -> None:
         self.stopping.set()

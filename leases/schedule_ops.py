@@ -9,7 +9,10 @@ resume, backfill a range.
   ticks missed meanwhile start, as after any downtime.
 - backfill: every cron tick in [start, end] (at most BACKFILL_MAX) queued with the tick's own id
   (`sched:<name>:<tick>`, schedules.execution_id): a tick already started, by the schedule or by an earlier
-  backfill, is not started again (the id is taken), so a second backfill of the range adds nothing.
+  backfill, is not started again (the id is taken), so a second backfill of the range adds nothing. A tick
+  older than the flow's retention cutoff (journal.retention.cutoff_for) is not queued and is counted apart: its
+  execution may have run and been removed by retention, which frees the id, so "the id is free" no longer means
+  "never ran".
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import router
 
+from journal.retention import cutoff_for
 from journal.store.base import DatabaseBound
 from leases.schedules import ID_PREFIX, InvalidSchedule, execution_id, next_tick
 
@@ -38,6 +42,17 @@ class Backfill:
     schedule: str
     started: list[str] = field(default_factory=list)  # the execution ids queued now
     already: list[str] = field(default_factory=list)  # ticks whose execution existed: not queued again
+    expired: list[str] = field(default_factory=list)  # ticks older than the retention cutoff: not queued
+    cutoff: datetime | None = None  # the flow's retention cutoff when the backfill ran (None: kept forever)
+
+    def summary(self) -> str:
+        """What the operator is told (the admin's message, the CLI's line)."""
+        said = f"schedule {self.schedule}: backfill queued {len(self.started)} tick(s), {len(self.already)} " \
+               "already started"
+        if self.expired:
+            said += (f", {len(self.expired)} tick(s) older than the retention cutoff ({self.cutoff.isoformat()}) "
+                     "not queued (they may have run and been removed)")
+        return said
 
 
 def _alias(using: str | None) -> str:
@@ -126,9 +141,12 @@ def backfill(name: str, start: datetime, end: datetime, by: str = "", using: str
     """Queue each tick of [start, end] once, with the tick's own id (see the module's docstring)."""
     row = _row(name, using)
     ticks = ticks_between(row.cron, start, end, row.timezone)  # refused before anything is queued
-    done = Backfill(row.name)
+    done = Backfill(row.name, cutoff=cutoff_for(row.flow))
     for moment in ticks:
         eid = execution_id(row.name, moment)
+        if done.cutoff is not None and moment < done.cutoff:
+            done.expired.append(eid)  # its id may be free because retention removed the run: never re-run it
+            continue
         meta = {"started_by": f"schedule:{row.name} (backfill by {by or 'an operator'})", "schedule": row.name,
                 "tick": moment.isoformat(), "backfill": True}
         (done.started if _enqueue(row, eid, meta, _alias(using)) else done.already).append(eid)

@@ -11,6 +11,10 @@ every worker on every host is seen as the rows say, never from one process's mem
   queue runs (entries they claimed whose execution has not settled), their drain request if any;
 - executions stuck (recovery gave up) or under recovery now (running with an expired lease: a sweep is or will
   be taking them over).
+
+Under LOOM_SHARDS (no `using`) every figure reads every shard and adds them up (entries, headers and leases
+live on their execution's shard); a shard that cannot be reached fails the page (not left out, as
+queues.stats(unreachable=...) allows).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from datetime import datetime, timedelta
 from django.db import router
 from django.db.models import Count, Min, Q
 from django.utils import timezone
+
+from journal import shards
 
 WINDOWS = {"hour": (timedelta(hours=1), 12), "day": (timedelta(days=1), 24)}  # span, buckets
 
@@ -58,6 +64,14 @@ def _alias(model, using: str | None) -> str:
     return using or router.db_for_read(model)
 
 
+def _aliases(model, using: str | None) -> list[str]:
+    """Where the figures of `model` are read: `using`, else every shard under LOOM_SHARDS (each shard holds its
+    executions' entries, headers and leases; the figures are merged), else the model's one database."""
+    if using is None and shards.sharded():
+        return shards.shards()
+    return [_alias(model, using)]
+
+
 def bucket_edges(window: str, now: datetime | None = None) -> list[datetime]:
     """The bucket ends of a window ("hour": 12 of 5 min; "day": 24 of 1 h), oldest first, the last being now."""
     span, count = WINDOWS[window]
@@ -70,10 +84,16 @@ def queues(using: str | None = None) -> list[QueueRow]:
     from queues.models import PENDING, Queue, QueueEntry
 
     stats = {row.name: row for row in queue_app.stats(using)}
-    oldest = dict(QueueEntry.objects.using(_alias(QueueEntry, using)).filter(state=PENDING)
-                  .values("queue_id").annotate(at=Min("enqueued_at")).values_list("queue_id", "at"))
+    oldest: dict[str, datetime] = {}
+    declared: dict[str, Queue] = {}
+    for alias in _aliases(QueueEntry, using):
+        for name, at in (QueueEntry.objects.using(alias).filter(state=PENDING).values("queue_id")
+                         .annotate(at=Min("enqueued_at")).values_list("queue_id", "at")):
+            oldest[name] = min(at, oldest.get(name, at))
+        for q in Queue.objects.using(alias).order_by("name"):
+            declared.setdefault(q.name, q)  # the first shard's row: a declaration and a pause go to every shard
     out = []
-    for q in Queue.objects.using(_alias(Queue, using)).order_by("name"):
+    for q in sorted(declared.values(), key=lambda q: q.name):
         row = stats.get(q.name)
         paused = "" if q.paused_at is None else f"since {q.paused_at:%Y-%m-%d %H:%M:%S} by {q.paused_by or '?'}"
         out.append(QueueRow(q.name, paused, row.running if row else 0, q.concurrency, row.pending if row else 0,
@@ -89,10 +109,16 @@ def depth_series(window: str, using: str | None = None, edges: list[datetime] | 
     counts = {f"d{i}": Count("id", filter=Q(enqueued_at__lte=t) & (Q(started_at__isnull=True) | Q(started_at__gt=t))
                              & (Q(finished_at__isnull=True) | Q(finished_at__gt=t)))
               for i, t in enumerate(edges)}
-    rows = (QueueEntry.objects.using(_alias(QueueEntry, using))
-            .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=edges[0]))  # pending at some t >= edges[0]
-            .values("queue_id").annotate(**counts).order_by("queue_id"))
-    return [Series(r["queue_id"], [(t, r[f"d{i}"]) for i, t in enumerate(edges)]) for r in rows]
+    summed: dict[str, list[int]] = {}
+    for alias in _aliases(QueueEntry, using):
+        rows = (QueueEntry.objects.using(alias)
+                .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=edges[0]))  # pending at some t >= edges[0]
+                .values("queue_id").annotate(**counts).order_by("queue_id"))
+        for r in rows:
+            into = summed.setdefault(r["queue_id"], [0] * len(edges))
+            for i in range(len(edges)):
+                into[i] += r[f"d{i}"]
+    return [Series(name, list(zip(edges, summed[name], strict=True))) for name in sorted(summed)]
 
 
 def throughput_series(window: str, using: str | None = None, edges: list[datetime] | None = None
@@ -107,8 +133,10 @@ def throughput_series(window: str, using: str | None = None, edges: list[datetim
         inside = Q(finished_at__gt=t - width, finished_at__lte=t)
         counts[f"c{i}"] = Count("id", filter=inside & Q(status="completed"))
         counts[f"f{i}"] = Count("id", filter=inside & Q(status="failed"))
-    row = Execution.objects.using(_alias(Execution, using)).filter(
-        finished_at__gt=edges[0] - width).aggregate(**counts)
+    row = dict.fromkeys(counts, 0)
+    for alias in _aliases(Execution, using):
+        found = Execution.objects.using(alias).filter(finished_at__gt=edges[0] - width).aggregate(**counts)
+        row = {key: row[key] + (found[key] or 0) for key in counts}
     done = [Series("completed", [(t, row[f"c{i}"]) for i, t in enumerate(edges)]),
             Series("failed", [(t, row[f"f{i}"]) for i, t in enumerate(edges)])]
     rate = [Series("failure rate %", [(t, 100.0 * row[f"f{i}"] / (row[f"c{i}"] + row[f"f{i}"]))
@@ -123,11 +151,16 @@ def workers(using: str | None = None) -> list[WorkerRow]:
 
     rows = list(Worker.objects.using(_alias(Worker, using)).filter(stopped_at__isnull=True).order_by("id"))
     ids = [w.id for w in rows]
-    leases = dict(Lease.objects.using(_alias(Lease, using)).filter(owner_id__in=ids).values("owner_id")
-                  .annotate(n=Count("execution_id")).values_list("owner_id", "n"))
-    runs = dict(QueueEntry.objects.using(_alias(QueueEntry, using)).filter(state=STARTED, worker__in=ids)
-                .exclude(execution_id__in=_settled_ids(using)).values("worker").annotate(n=Count("id"))
-                .values_list("worker", "n"))
+    leases: dict[str, int] = {}
+    runs: dict[str, int] = {}
+    for alias in _aliases(Lease, using):  # a worker holds leases and runs entries on every shard
+        for owner, n in (Lease.objects.using(alias).filter(owner_id__in=ids).values("owner_id")
+                         .annotate(n=Count("execution_id")).values_list("owner_id", "n")):
+            leases[owner] = leases.get(owner, 0) + n
+        for worker, n in (QueueEntry.objects.using(alias).filter(state=STARTED, worker__in=ids)
+                          .exclude(execution_id__in=_settled_ids(alias)).values("worker").annotate(n=Count("id"))
+                          .values_list("worker", "n")):
+            runs[worker] = runs.get(worker, 0) + n
     drains = drain.state(ids, using)
     out = []
     for w in rows:
@@ -152,10 +185,12 @@ def troubled(using: str | None = None, limit: int = 50) -> list[tuple[str, str, 
     from journal.models import Execution
     from leases.models import Lease
 
-    alias = _alias(Execution, using)
     now = timezone.now()
-    expired = Lease.objects.using(_alias(Lease, using)).filter(expires_at__lt=now).values("execution_id")
-    rows = (Execution.objects.using(alias).filter(Q(status="stuck") | Q(status="running", id__in=expired))
-            .order_by("-updated_at").values_list("id", "flow", "status")[:limit])
+    rows = []
+    for alias in _aliases(Execution, using):  # an execution's lease row is on its own shard
+        expired = Lease.objects.using(alias).filter(expires_at__lt=now).values("execution_id")
+        rows += (Execution.objects.using(alias).filter(Q(status="stuck") | Q(status="running", id__in=expired))
+                 .order_by("-updated_at").values_list("updated_at", "id", "flow", "status")[:limit])
+    rows.sort(key=lambda row: row[0], reverse=True)
     return [(eid, flow, status, "recovery gave up" if status == "stuck" else "lease expired: being recovered")
-            for eid, flow, status in rows]
+            for _, eid, flow, status in rows[:limit]]

@@ -136,8 +136,7 @@ def _act(request) -> None:
             else:
                 start, end = (_when(request.POST.get(k, ""), k) for k in ("start", "end"))
                 done = ops.backfill(name, start, end, who)
-                messages.success(request, f"schedule {name}: backfill queued {len(done.started)} tick(s), "
-                                          f"{len(done.already)} already started")
+                messages.success(request, done.summary())
         else:
             messages.error(request, f"unknown action {action!r}: nothing done")
     except (QueueError, drain.UnknownWorker, InvalidSchedule) as exc:

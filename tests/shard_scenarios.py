@@ -7,6 +7,7 @@ shards (the environment names them), and prints one JSON line of facts for the t
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -1174,6 +1175,84 @@ def telemetry_per_shard(arg) -> dict:
     db = {alias: Execution.objects.using(alias).filter(flow="shards.one", status="completed").count()
           for alias in shards.shards()}
     return {"seen": seen, "db": db}
+
+
+def retention_kin(arg) -> dict:
+    """Retention x shards: a settled parent whose child (started with its own id) lives on the other shard is
+    kept while the child is live, and the child while the parent is; both go once both are settled."""
+    from datetime import timedelta
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client, override_settings
+    from django.utils import timezone
+
+    from journal import retention, shards
+    from journal.flows import start
+    from journal.models import Execution
+
+    first, second = shards.shards()[:2]
+    parent = next(e for e in ids_on_each_shard(f"{arg['run']}-p", 1) if shards.shard_for(e) == first)
+    child = next(e for e in ids_on_each_shard(f"{arg['run']}-c", 1) if shards.shard_for(e) == second)
+    start("shards.parent", {"n": 1, "child": child}, execution_id=parent)
+    old = timezone.now() - timedelta(days=40)
+
+    def mark(alias: str, eid: str, status: str) -> None:
+        Execution.objects.using(alias).filter(pk=eid).update(
+            status=status, finished_at=old if status in ("completed", "failed", "cancelled") else None)
+
+    out = {"child_shard": shards.shard_for(child), "parent_shard": shards.shard_for(parent)}
+    with override_settings(LOOM_RETENTION_DAYS=30):
+        mark(first, parent, "completed")
+        mark(second, child, "running")
+        out["parent_while_child_live"] = retention.run(first)["executions"]
+        mark(first, parent, "waiting")
+        mark(second, child, "completed")
+        out["child_while_parent_live"] = retention.run(second)["executions"]
+        mark(first, parent, "completed")
+        user, _ = get_user_model().objects.get_or_create(username=f"{arg['run']}-admin", is_staff=True,
+                                                         is_superuser=True)
+        client = Client()
+        client.force_login(user)
+        page = client.get("/admin/journal/removal/").content.decode()
+        found = re.search(r"default: 30 day\(s\), (\d+) execution\(s\) due", page, re.I)
+        out["admin_due"] = found.group(1) if found else page
+        mark(first, parent, "completed")
+        out["both_settled"] = [retention.run(first)["executions"], retention.run(second)["executions"]]
+    out["left"] = [Execution.objects.using(a).filter(pk=e).exists() for a, e in ((first, parent), (second, child))]
+    return out
+
+
+def operations_figures(arg) -> dict:
+    """The operations page's figures read every shard: depth, oldest pending, throughput, troubled executions."""
+    from journal import shards
+    from journal.flows import start
+    from journal.models import Execution
+    from queues import declare_queue, enqueue, operations
+
+    run = arg["run"]
+    queue = f"{run}-q"
+    declare_queue(queue, concurrency=5)
+    pending = ids_on_each_shard(f"{run}-e", 1)
+    for eid in pending:
+        enqueue("shards.one", 1, queue=queue, execution_id=eid)
+    done = ids_on_each_shard(f"{run}-d", 1)
+    for eid in done:
+        start("shards.one", 1, execution_id=eid)
+    stuck = ids_on_each_shard(f"{run}-s", 1)
+    for eid in stuck:
+        start("shards.one", 1, execution_id=eid)
+        Execution.objects.using(shards.shard_for(eid)).filter(pk=eid).update(status="stuck")
+    edges = operations.bucket_edges("hour")
+    depth = {s.name: s.points[-1][1] for s in operations.depth_series("hour", edges=edges)}
+    completed = operations.throughput_series("hour", edges=edges)[0][0]
+    width = operations.WINDOWS["hour"][0] / operations.WINDOWS["hour"][1]
+    in_db = sum(Execution.objects.using(alias).filter(status="completed", finished_at__gt=edges[0] - width,
+                                                      finished_at__lte=edges[-1]).count() for alias in shards.shards())
+    oldest = {q.name: q.oldest_pending for q in operations.queues()}
+    return {"pending_shards": sorted(shards.shard_for(e) for e in pending), "depth": depth.get(queue),
+            "completed_now": sum(v for _, v in completed.points), "completed_in_db": in_db,
+            "completed_shards": sorted(shards.shard_for(e) for e in done), "oldest_seen": oldest.get(queue) is not None,
+            "troubled": sorted(eid for eid, *_ in operations.troubled() if eid in stuck), "stuck": sorted(stuck)}
 
 
 def main() -> None:

@@ -51,9 +51,12 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from django.db import close_old_connections, connections
+
 from journal import conf
 from journal.flows.context import DurableContext
 from journal.flows.errors import InvalidInput
+from journal.reach import cannot_reach
 
 # == the process's event loop ===========================================================================
 _loop: asyncio.AbstractEventLoop | None = None
@@ -274,11 +277,29 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
         return _pool
 
 
+def _pooled(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`fn` as a request would run it: a pool thread keeps its Django connections between calls, so the stale
+    ones are closed before and after (close_old_connections: CONN_MAX_AGE, CONN_HEALTH_CHECKS, a connection
+    that errored), and after a failure that says the server could not be reached (a restart, a failover) every
+    connection of the thread is closed: the next call on the thread connects afresh instead of failing on the
+    dead session until the process restarts."""
+    close_old_connections()
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        if cannot_reach(exc):
+            for conn in connections.all(initialized_only=True):
+                conn.close()
+        raise
+    finally:
+        close_old_connections()
+
+
 async def in_pool(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)` in a thread of the bounded pool (in a copy of the caller's context), awaited."""
     context = contextvars.copy_context()
     return await asyncio.get_running_loop().run_in_executor(
-        _executor(), functools.partial(context.run, fn, *args, **kwargs))
+        _executor(), functools.partial(context.run, _pooled, fn, *args, **kwargs))
 
 
 async def astart(flow, input: Any, execution_id: str | None = None, meta: dict | None = None, **options: Any):

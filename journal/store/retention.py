@@ -60,6 +60,16 @@ SELECT s.stream_id FROM journal_event s JOIN journal_execution p ON p.id = {pj}
 WHERE s.stream_id IN ({marks}) AND s.seq = 0 AND p.status NOT IN ('completed', 'failed', 'cancelled')
 """
 
+# -- kin -- the ids of the candidates' kin (the children they started, the parent that started them) whatever
+# shard those live on: a kin on another shard is read there (journal/retention.py), not by KEPT_BY_KIN's join.
+# The same index probes per id as KEPT_BY_KIN; no lock.
+KIN = """
+SELECT c.stream_id, {cj} FROM journal_event c
+WHERE c.stream_id IN ({marks}) AND c.type = 'STEP_COMPLETED' AND {cs} = '$start_child'
+UNION ALL
+SELECT s.stream_id, {pj} FROM journal_event s WHERE s.stream_id IN ({marks}) AND s.seq = 0 AND {pj} IS NOT NULL
+"""
+
 # -- delete_rows -- an execution's rows, the header last (while it is there, a retry/resume/send that locked
 # nothing yet finds it and waits on our lock). Each statement names the ids: row locks on the removed
 # executions' rows only, no table lock.
@@ -154,6 +164,14 @@ class RetentionStore(DatabaseBound):
         marks = ", ".join(["%s"] * len(ids))
         sql = KEPT_BY_KIN.format(marks=marks, cj=self.CHILD_ID, cs=self.CHILD_STEP, pj=self.PARENT_ID)
         return {row[0] for row in self._rows(sql, [*ids, *ids])}
+
+    def kin(self, ids: Sequence[str]) -> list[tuple[str, str]]:
+        """(candidate, kin id) for every child a candidate started and the parent that started it."""
+        if not ids:
+            return []
+        marks = ", ".join(["%s"] * len(ids))
+        sql = KIN.format(marks=marks, cj=self.CHILD_ID, cs=self.CHILD_STEP, pj=self.PARENT_ID)
+        return [(eid, kin) for eid, kin in self._rows(sql, [*ids, *ids]) if isinstance(kin, str) and kin]
 
     def delete_rows(self, ids: Sequence[str]) -> dict[str, int]:
         """Delete every journal row of these executions (locked by lock_candidates); the counts per kind."""

@@ -250,11 +250,13 @@ class LeaseStore(ScheduleStatements, DatabaseBound, ABC):
         """Delete the lease rows of the executions under `prefix` (maintenance of bench/test rows)."""
         return self._count(DELETE_LEASES, [prefix + "%"])
 
-    def drop_removed(self, execution_ids: list[str]) -> int:
+    def drop_removed(self, execution_ids: list[str], leases: bool = True, reservations: bool = True) -> int:
         """Retention (journal.retention.REMOVE_HOOKS, in the removal batch's transaction): the lease rows and
-        start reservations of removed executions; the number of rows deleted."""
+        start reservations of removed executions (under LOOM_SHARDS the reservations live on `default` only:
+        journal.shards.UNSHARDED_MODELS); the number of rows deleted."""
         marks = ", ".join(["%s"] * len(execution_ids))
-        return sum(self._count(sql.format(marks=marks), list(execution_ids)) for sql in DROP_REMOVED)
+        chosen = [sql for sql, wanted in zip(DROP_REMOVED, (leases, reservations), strict=True) if wanted]
+        return sum(self._count(sql.format(marks=marks), list(execution_ids)) for sql in chosen)
 
 
 # -- drop_lease -- (a cancel, in its transaction)

@@ -99,3 +99,57 @@ def test_a_queued_start_of_an_async_flow_is_run_by_the_queue_runner():
     assert Execution.objects.get(pk="aq1").status == "completed"
     assert [step for eid, step in effect_rows() if eid == "aq1"] == ["one", "two", "four"]
     assert get_event("aq1", "none", default=0) == 0
+
+
+def _backend_pid() -> int:
+    from django.db import connection as own
+
+    with own.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.postgres
+def test_a_pool_thread_whose_session_the_server_ended_connects_afresh():
+    """A pool thread keeps its connection (CONN_MAX_AGE None, as a long-lived ASGI process may): after the
+    server ends that session (a restart, a failover: pg_terminate_backend here), the next call on the thread
+    succeeds with CONN_HEALTH_CHECKS, and without them the one call that met the dead session fails as
+    unreachable and the one after succeeds: the thread is never stuck on the dead session."""
+    from django.db import DatabaseError, connection
+
+    from journal.flows import aio
+    from journal.reach import cannot_reach
+
+    saved = {k: connection.settings_dict[k] for k in ("CONN_MAX_AGE", "CONN_HEALTH_CHECKS")}
+
+    def new_pool() -> None:  # a new thread: its connection opens under the settings now
+        if aio._pool is not None:
+            aio._pool.shutdown()
+        aio._pool = None
+
+    async def describe_missing() -> None:
+        with pytest.raises(UnknownExecution):
+            await adescribe("pool-missing")
+
+    def end_pool_session() -> int:
+        pid = async_to_sync(in_pool)(_backend_pid)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])  # returns once the backend is gone
+            assert cursor.fetchone()[0] is True
+        return pid
+
+    try:
+        for checks in (True, False):
+            connection.settings_dict.update(CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=checks)
+            new_pool()
+            async_to_sync(describe_missing)()
+            pid = end_pool_session()
+            if not checks:
+                with pytest.raises(DatabaseError) as met:
+                    async_to_sync(describe_missing)()
+                assert cannot_reach(met.value)
+            async_to_sync(describe_missing)()  # the same thread, a new session
+            assert async_to_sync(in_pool)(_backend_pid) != pid
+    finally:
+        connection.settings_dict.update(saved)
+        new_pool()

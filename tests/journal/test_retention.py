@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.files.base import ContentFile
+from django.core.files.storage import FileSystemStorage
 from django.core.management import call_command
 from django.db import connection, connections
 from django.utils import timezone
@@ -22,6 +23,7 @@ from journal.flows import ownership as own
 from journal.flows.runtime import retry
 from journal.models import Event, Execution, Fence, FlowEvent, Message, Removal
 from journal.privacy import FORGOTTEN, forget, keys
+from leases.retention import RetentionService
 from tests import privacy_fixtures as fx
 from tests import waits_flows as wf  # noqa: F401  (registers the waits.* flows)
 from tests.admin.test_admin_executions import failed
@@ -269,3 +271,41 @@ def test_the_admin_lists_the_removal_batches_and_what_is_due(admin_client):
     (record,) = Removal.objects.all()
     detail = admin_client.get(f"/admin/journal/removal/{record.pk}/change/").content.decode()
     assert record.ids[0] in detail
+
+
+class StorageDown(Exception):
+    """A storage backend's own error (as boto's ClientError is): neither a DatabaseError nor an OSError."""
+
+
+class FlakyStorage(FileSystemStorage):
+    """Its first save raises StorageDown; later saves write."""
+
+    failures = 1
+
+    def _save(self, name, content):
+        if FlakyStorage.failures:
+            FlakyStorage.failures -= 1
+            raise StorageDown("the bucket did not answer")
+        return super()._save(name, content)
+
+
+def test_the_retention_service_outlives_a_storage_backends_own_error(settings, tmp_path, caplog):
+    settings.STORAGES = {**settings.STORAGES, "flaky": {"BACKEND": f"{__name__}.FlakyStorage",
+                                                       "OPTIONS": {"location": str(tmp_path / "archives")}}}
+    settings.LOOM_ARCHIVE_STORAGE = "flaky"
+    settings.LOOM_ARCHIVE_FLOWS = ["*"]
+    FlakyStorage.failures = 1
+    start("waits.steps", {"n": 1}, execution_id="rf-1")
+    age("rf-1")
+    service = RetentionService()
+
+    with caplog.at_level("ERROR", logger="loom.retention"):
+        service._round("default")  # the storage raises: logged with its traceback, nothing removed, no raise
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "retention batch on default failed" in record.getMessage() and record.exc_info[0] is StorageDown
+    assert Execution.objects.filter(pk="rf-1").exists() and not Removal.objects.exists()
+
+    service._round("default")  # the next round archives and removes
+    assert not Execution.objects.filter(pk="rf-1").exists()
+    (removal,) = Removal.objects.all()
+    assert removal.ids == ["rf-1"] and removal.archive

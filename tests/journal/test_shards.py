@@ -533,3 +533,19 @@ def test_the_metrics_pages_executions_gauge_is_per_shard_alias_and_matches_each_
     facts = scenario(shard_env, "telemetry_per_shard", LOOM_METRICS="true")
     assert set(facts["db"]) == {"default", "shard1"} and min(facts["db"].values()) >= 2  # runs on both shards
     assert facts["seen"] == {alias: float(n) for alias, n in facts["db"].items()}
+
+
+def test_retention_keeps_a_parent_or_child_while_its_kin_on_the_other_shard_is_live(shard_env):
+    facts = scenario(shard_env, "retention_kin", {"run": "rk"})
+    assert (facts["parent_shard"], facts["child_shard"]) == ("default", "shard1")
+    assert facts["parent_while_child_live"] == 0 and facts["child_while_parent_live"] == 0
+    assert facts["both_settled"] == [1, 1] and facts["left"] == [False, False]
+    assert facts["admin_due"] == "2"  # the removals page adds up what is due on both shards (one each)
+
+
+def test_the_operations_pages_figures_add_up_every_shard(shard_env):
+    facts = scenario(shard_env, "operations_figures", {"run": "opf"})
+    assert facts["pending_shards"] == ["default", "shard1"] and facts["depth"] == 2 and facts["oldest_seen"]
+    assert facts["completed_shards"] == ["default", "shard1"]
+    assert facts["completed_now"] == facts["completed_in_db"] >= 2  # every shard's headers of the hour
+    assert facts["troubled"] == facts["stuck"] and len(facts["stuck"]) == 2

@@ -5,15 +5,19 @@ once. The real failover under load: tests/leases/test_failover_processes.py."""
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 
 import psycopg
 import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
 from django.db import OperationalError, connection
 
 from benchmarks.faults import ha
-from journal.checks import check_failover_durability, failover_loss
+from journal.checks import REPLICATION_SQL, check_failover_durability, failover_loss, run_failover_check
 from journal.envelopes import Envelope
 from journal.exceptions import DatabaseUnavailable
 from journal.models import Event, Execution
@@ -36,7 +40,31 @@ def node(port: int) -> psycopg.Connection:
 @pytest.mark.django_db
 def test_the_check_says_nothing_of_a_server_without_standby_or_of_sqlite():
     """SQLite has no failover (N/A: no message); the suite's PostgreSQL has no standby: nothing to lose."""
-    assert check_failover_durability() == []
+    assert check_failover_durability(databases=list(settings.DATABASES)) == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_check_connects_only_where_django_runs_database_checks_and_at_a_workers_start():
+    """W050 is a database check: `check` (as makemigrations, collectstatic) does not query the server, `check
+    --database` (as migrate) and loom_worker/loom_serve_api's start-up (run_failover_check) do."""
+    seen: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    def queried(run) -> int:
+        seen.clear()
+        with connection.execute_wrapper(record):
+            run()
+        return seen.count(REPLICATION_SQL)
+
+    quiet = {"stdout": io.StringIO(), "stderr": io.StringIO(), "fail_level": "CRITICAL"}  # other modules' flows
+    assert queried(lambda: call_command("check", **quiet)) == 0
+    assert queried(lambda: call_command("check", databases=["default"], **quiet)) == 1
+    assert queried(lambda: run_failover_check(BaseCommand(stdout=io.StringIO()), {})) == 1
+    assert queried(lambda: run_failover_check(BaseCommand(), {"skip_checks": True})) == 0
 
 
 @pytest.mark.postgres

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from journal import retention
 from journal.flows import cancel, registry
 from journal.flows.ownership import get_ownership, set_ownership
 from journal.models import Execution
@@ -98,6 +99,54 @@ def test_run_now_on_a_paused_queue_waits_there_and_backfill_queues_each_tick_onc
     # The cap (1) holds for the backfilled ticks: one claim at a time, each settled before the next.
     assert run_due() == ["completed"] * 4
     assert Execution.objects.filter(pk__startswith="sched:op-hourly:", status="completed").count() == 5
+
+
+def test_a_backfill_does_not_run_again_the_ticks_retention_removed(capped, settings):
+    """Retention frees a removed execution's id: a backfill of a range older than the flow's retention cutoff
+    would find the ids free and run every removed tick again. It queues only the ticks after the cutoff and says
+    how many older ones it left."""
+    sc.define("op-kept", "0 * * * *", "sched.echo", {"n": 1}, queue=capped)
+    old = (datetime.now(UTC) - timedelta(days=40)).replace(minute=0, second=0, microsecond=0)
+    ran = schedule_ops.backfill("op-kept", old, old + timedelta(hours=2), "test").started  # no retention yet
+    assert len(ran) == 3 and run_due() == ["completed"] * 3
+    for h, eid in enumerate(ran):  # each finished when its tick ran, 40 days ago
+        Execution.objects.filter(pk=eid).update(finished_at=old + timedelta(hours=h, minutes=1))
+    settings.LOOM_RETENTION_DAYS = 30
+    assert retention.run(Execution.objects.db)["executions"] == 3  # removed: their ids are free again
+
+    recent = (datetime.now(UTC) - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+    done = schedule_ops.backfill("op-kept", old, old + timedelta(hours=2), "test")
+    assert done.started == [] and done.expired == ran and done.already == []
+    assert "3 tick(s) older than the retention cutoff" in done.summary()
+    assert not Execution.objects.filter(pk__in=ran).exists() and not QueueEntry.objects.filter(execution_id__in=ran)
+    newer = schedule_ops.backfill("op-kept", recent, recent + timedelta(hours=1), "test")  # inside the period
+    assert len(newer.started) == 2 and newer.expired == [] and "retention" not in newer.summary()
+    settings.LOOM_RETENTION_FLOWS = ["sched.echo=forever"]  # a flow kept forever: every tick is a real check
+    again = schedule_ops.backfill("op-kept", old, old + timedelta(hours=2), "test")
+    assert again.cutoff is None and again.expired == [] and again.started == ran
+
+
+def test_a_drain_whose_start_note_cannot_be_written_is_still_carried_out():
+    """The drain service's first write (the request's started_at) failing must not abandon the drain: the
+    worker still drains, marks the request finished and stops."""
+    from types import SimpleNamespace
+
+    from django.db import DatabaseError
+
+    Worker.objects.create(id="op-dw", host="h", pid=1)
+    assert drain.request("op-dw", "test").new
+
+    class SeenFails(drain.DrainStore):
+        def seen(self, worker_id: str) -> None:
+            raise DatabaseError("the note's write failed")
+
+    stopped: list[bool] = []
+    service = drain.DrainService()
+    service.worker = SimpleNamespace(worker_id="op-dw", services=[service], request_stop=lambda: stopped.append(True))
+    service.store = SeenFails(DrainRequest.objects.db)
+    service._drain("test")
+    row = DrainRequest.objects.get(worker_id="op-dw")
+    assert stopped == [True] and row.finished_at is not None and row.started_at is None
 
 
 def test_a_paused_schedule_does_not_tick_and_stays_paused_when_its_code_is_written_again():

@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from journal import conf
+from journal.checks import run_failover_check
 from leases.checks import SNIPPET, broker_problem
 from leases.keeper import set_main
 from leases.lifeline import die_with_parents
@@ -60,6 +61,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, worker_id=None, no_cluster=False, stop_timeout=10.0, log_level=None,
                shutdown_grace=None, metrics_port=None, metrics_host="127.0.0.1", **options) -> None:
+        run_failover_check(self, options)  # loom.W050, a database check Django's own start-up skips
         # A worker you can watch: its starts, completions, failures, takeovers and recoveries are
         # logged at INFO under "loom.*" (docs/workers.md "Logs"), unless LOGGING set that logger.
         loom_log = logging.getLogger("loom")

@@ -8,6 +8,7 @@ import os
 from django.core.management.base import BaseCommand, CommandError
 
 from journal import conf
+from journal.checks import run_failover_check
 from loomapi import worker
 from loomapi.auth import TokenConfigError, token_entries
 from loomapi.server import ApiServer
@@ -41,6 +42,7 @@ class Command(BaseCommand):
         parser.add_argument("--access-log", action="store_true", help="Log every request to stderr.")
 
     def handle(self, *args, **options) -> None:
+        run_failover_check(self, options)  # loom.W050, a database check Django's own start-up skips
         if options["workers"] < 1 or options["threads"] < 1:
             raise CommandError("--workers and --threads must be at least 1")
         if options["read_timeout"] <= 0:
