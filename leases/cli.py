@@ -67,9 +67,8 @@ def schedule_action(using: str | None, action: str, name: str | None, start: str
     if not start or not end:
         raise Refused("backfill needs --from and --to (ISO times, UTC unless they say otherwise, or ages: 2h)", USAGE)
     done = ops.backfill(name, parse_since(start), parse_since(end), "loom CLI", using)
-    return Reply({"schedule": name, "started": done.started, "already": done.already},
-                 [f"schedule {name}: backfill queued {len(done.started)} tick(s), {len(done.already)} already "
-                  "started"] + [f"  {eid}" for eid in done.started])
+    return Reply({"schedule": name, "started": done.started, "already": done.already, "expired": done.expired},
+                 [done.summary()] + [f"  {eid}" for eid in done.started])
 
 
 def lease(using: str, execution_id: str) -> dict | None:
