@@ -306,16 +306,8 @@ def http_rate(results: Sequence, at_least: float = 650.0) -> Verdict:
 
 # -- peers (issue 15) ----------------------------------------------------------------------------------------
 def peer_ratio(peer: str) -> Callable[[Sequence], Verdict]:
-    key = f"vs_{peer.lower()}"
-
-    def evaluate(results: Sequence) -> Verdict:
-        ratios = {c.params.get("concurrency"): c.metrics.get(key) for c in cells_of(results, "peers")
-                  if c.params.get("peer", "").lower() == peer.lower() and c.metrics.get(key) is not None}
-        if not ratios:
-            return Verdict(f"no {peer} cells (PostgreSQL with the `peers` extra only)", NOT_MEASURED)
-        text = ", ".join(f"{_x(v)} at {k}" for k, v in sorted(ratios.items()))
-        return Verdict(f"ours / {peer}: {text} callers", MET if min(ratios.values()) >= 1.0 else NOT_MET)
-    return evaluate
+    """Ours at least as fast as the peer at every concurrency."""
+    return peer_ratio_at_least(peer, 1.0)
 
 
 # -- the ratio gate (issue 15) --------------------------------------------------------------------------------
