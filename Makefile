@@ -4,7 +4,7 @@ VENV ?= .venv
 DJANGO ?=
 PY := $(VENV)/bin/python
 # Without SECRET_KEY in the environment, the processes started here (tests, bench, worker, server) use the
-# key generated into var/secret_key; this opt-in lets loom_worker and serve_api accept it with DEBUG off
+# key generated into var/secret_key; this opt-in lets loom_worker and loom_serve_api accept it with DEBUG off
 # (loomsite.E003). Anywhere else, set SECRET_KEY, the same in every process (docs/security.md).
 export ALLOW_DEV_SECRET_KEY ?= true
 
@@ -44,4 +44,4 @@ worker: migrate
 ## bearer token it accepts (LOOM_API_TOKENS), required: no API runs open.
 api: migrate
 	@test -n "$(API_TOKEN)" || { echo "make api: give API_TOKEN=<a long secret> (the bearer token the API accepts)" >&2; exit 2; }
-	LOOM_API_TOKENS="$(API_TOKEN)" $(PY) manage.py serve_api --workers 2
+	LOOM_API_TOKENS="$(API_TOKEN)" $(PY) manage.py loom_serve_api --workers 2
