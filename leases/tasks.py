@@ -275,8 +275,14 @@ def ensure_schedule() -> None:
     """Create (once) the every-minute django-q2 schedule of `recovery_sweep`, saving no successes."""
     from django_q.models import Schedule
 
-    Schedule.objects.update_or_create(
-        name=SCHEDULE_NAME,
-        defaults={"func": "leases.tasks.recovery_sweep", "schedule_type": Schedule.MINUTES, "minutes": 1,
-                  "repeats": -1, "kwargs": f"q_options={BACKSTOP_OPTIONS!r}"},
-    )
+    defaults = {"func": "leases.tasks.recovery_sweep", "schedule_type": Schedule.MINUTES, "minutes": 1,
+                "repeats": -1, "kwargs": f"q_options={BACKSTOP_OPTIONS!r}"}
+    try:
+        Schedule.objects.update_or_create(name=SCHEDULE_NAME, defaults=defaults)
+    except Schedule.MultipleObjectsReturned:
+        # Workers started at once (a deploy of several hosts) each found none and created one: django-q2's
+        # Schedule.name is not unique. Keep the oldest row, drop the others; a worker never fails its start here.
+        rows = Schedule.objects.filter(name=SCHEDULE_NAME).order_by("pk")
+        keep = rows.first()
+        rows.exclude(pk=keep.pk).delete()
+        Schedule.objects.filter(pk=keep.pk).update(**defaults)

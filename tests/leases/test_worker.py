@@ -127,6 +127,16 @@ def test_the_recovery_backstop_saves_no_successes_in_django_q2():
     assert not Task.objects.exists()
 
 
+
+def test_workers_that_started_at_once_and_both_made_the_backstop_schedule_do_not_fail_the_next_start():
+    """Before: four loom_worker processes started together on a fresh database; two each created the schedule
+    (django-q2's Schedule.name is not unique) and the next worker's start failed with MultipleObjectsReturned."""
+    Schedule.objects.create(name=SCHEDULE_NAME, func="leases.tasks.recovery_sweep", schedule_type=Schedule.MINUTES)
+    Schedule.objects.create(name=SCHEDULE_NAME, func="leases.tasks.recovery_sweep", schedule_type=Schedule.MINUTES)
+    ensure_schedule()
+    (row,) = Schedule.objects.filter(name=SCHEDULE_NAME)
+    assert row.minutes == 1 and row.repeats == -1 and "save" in row.kwargs
+
 # -- broker checks ---------------------------------------------------------------------------------
 
 def loom_checks() -> dict[str, str]:
