@@ -202,17 +202,53 @@ class HeartbeatService:
                      released)
 
 
+class _SharedFlag:
+    """A flag in shared memory that forked processes read by polling (DRAIN_POLL s).
+
+    Not multiprocessing.Event: its set() waits until every process sleeping in wait() has woken, and a child
+    killed while it waited never does. SIGTERM to the whole process group (systemd's default
+    KillMode=control-group, `kill -- -PGID`) kills django-q2's children at once, and loom_worker's main process
+    then hung in set() for ever. A RawValue has no lock: set() cannot wait for anyone."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        self._value = multiprocessing.get_context("fork").RawValue("b", 0)
+
+    def set(self) -> None:
+        self._value.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+    def wait(self) -> None:
+        while not self._value.value:
+            time.sleep(DRAIN_POLL)
+
+
+DRAIN_POLL = 0.2  # s: how late a child may learn of a graceful shutdown (its grace is seconds)
+
 # Shared with django-q2's processes (created before the cluster forks): set when loom_worker begins a graceful
 # shutdown, so that each child drains by the same rule as the main process (_watch_drain).
-_children_drain = None
+_children_drain: _SharedFlag | None = None
 
 
 def share_drain_with_children() -> None:
-    """In loom_worker, before its cluster forks: the event by which its children learn of a graceful shutdown."""
+    """In loom_worker, before its cluster forks: the flag by which its children learn of a graceful shutdown."""
     global _children_drain
-    import multiprocessing
+    _children_drain = _SharedFlag()
 
-    _children_drain = multiprocessing.get_context("fork").Event()
+
+def set_cluster_event(event, timeout: float = 5.0) -> bool:
+    """A django-q2 multiprocessing.Event set from a thread of its own, waited for at most `timeout` s.
+
+    set() waits until every process sleeping in the event's wait() has woken (see _SharedFlag); django-q2's
+    sentinel sleeps in its stop_event, and one killed by a SIGTERM to the whole process group never wakes. False:
+    set() did not return (the event's lock stays taken; the caller must not touch the cluster again)."""
+    setter = threading.Thread(target=event.set, name="loom-cluster-stop", daemon=True)
+    setter.start()
+    setter.join(timeout)
+    return not setter.is_alive()
 
 
 def drain_children() -> None:

@@ -122,6 +122,36 @@ def test_a_sigkilled_loom_worker_takes_its_django_q2_processes_with_it(env, logs
             cleanup(proc)
 
 
+def test_sigterm_to_the_whole_process_group_stops_the_worker(env, logs):
+    """systemd's default KillMode=control-group (and `kill -- -PGID`) sends SIGTERM to loom_worker and to every
+    django-q2 process at once, at a random moment once the cluster runs: the main process still stops, exit 0,
+    and leaves nothing behind. Before, it hung for ever in a multiprocessing Event's set(), which waits for every
+    process sleeping in that event's wait() to wake, and the killed sentinel never did."""
+    rng = random.Random()
+    for round_ in range(2):
+        proc = spawn_worker(env, f"group-term-{round_}")
+        try:
+            wait_until(lambda p=proc: "SIGTERM stops it" in output(p) and len(group(p.pid)) >= 1 + CLUSTER,
+                       "the worker and its cluster run", proc=proc)
+            time.sleep(rng.uniform(0, 1.0))
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                code = proc.wait(60)  # a hang bound, not a timing: the stop takes a few seconds
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: every thread's stack in the log
+                proc.wait()
+                raise AssertionError(f"round {round_}: the worker hung after SIGTERM to its group:\n"
+                                     f"{output(proc)}") from None
+            assert code == 0, output(proc)
+            assert f"loom worker group-term-{round_} stopped" in output(proc), output(proc)
+            deadline = time.monotonic() + 15
+            while group(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not group(proc.pid), f"round {round_}: left {group(proc.pid)}"
+        finally:
+            cleanup(proc)
+
+
 @pytest.mark.postgres  # several processes writing the ORM broker's queue and the journal at once
 def test_queued_starts_of_a_killed_worker_finish_on_a_fresh_worker_within_about_a_ttl(env, logs):
     """Starts queued through django-q2's ORM broker under the old scheme (before issue #24), delivered to a

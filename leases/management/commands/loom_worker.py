@@ -23,7 +23,7 @@ from journal.checks import run_failover_check
 from leases.checks import SNIPPET, broker_problem
 from leases.keeper import set_main
 from leases.lifeline import die_with_parents
-from leases.worker import Worker, drain_children, share_drain_with_children
+from leases.worker import Worker, drain_children, set_cluster_event, share_drain_with_children
 
 
 def console_unless_configured(loom_log: logging.Logger, root: logging.Logger) -> bool:
@@ -110,11 +110,15 @@ class Command(BaseCommand):
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             grace = conf.get("LOOM_SHUTDOWN_GRACE") if shutdown_grace is None else max(0.0, shutdown_grace)
-            if cluster is not None and cluster.sentinel is not None and grace > 0:
+            # A SIGTERM to the whole process group (systemd's KillMode=control-group) has killed the cluster
+            # with us: a dead sentinel is not stopped, and one that dies as we stop it is given up on.
+            cluster_up = cluster is not None and cluster.sentinel is not None and cluster.sentinel.is_alive()
+            if cluster_up and grace > 0:
                 drain_children()  # they drain alongside this process
-                cluster.stop_event.set()  # the sentinel stops its pusher: nothing new reaches the children
+                # the sentinel stops its pusher: nothing new reaches the children
+                cluster_up = set_cluster_event(cluster.stop_event)
             worker.stop(stop_timeout, grace)
-            if cluster is not None and cluster.sentinel is not None:
+            if cluster_up and cluster.sentinel.is_alive() and set_cluster_event(cluster.stop_event):
                 cluster.stop()
         if worker.retiring is not None:
             # A step ignored being told to stop (leases/watchdog.py): its thread cannot be stopped, so the process
