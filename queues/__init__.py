@@ -5,8 +5,10 @@ deduplication ids and not-before times, enforced across every loom_worker (docs/
     declare_queue("emails", concurrency=8, partition_concurrency=1)      # or LOOM_QUEUES in settings
     enqueue("mail.send", {"to": "ann"}, queue="emails", partition_key="customer-7", dedup_id="welcome-7")
 
-Modules: declarations (queues and their caps), enqueuing, service (the worker's dispatcher), store (all
-SQL, per backend), models, exceptions. Names that need the database load on first use.
+Async views: `await queues.aenqueue(...)`, `acancel_pending`, `aentry_of` (queues/aio.py).
+
+Modules: declarations (queues and their caps), enqueuing, aio (its awaitable faces), service (the worker's
+dispatcher), store (all SQL, per backend), models, exceptions. Names that need the database load on first use.
 """
 
 from __future__ import annotations
@@ -18,15 +20,18 @@ from queues.declarations import QueueSpec, declare_queue
 from queues.exceptions import InvalidEnqueue, InvalidQueue, QueueError, QueueFull, UnknownQueue
 
 if TYPE_CHECKING:
+    from queues.aio import acancel_pending, aenqueue, aentry_of
     from queues.enqueuing import Enqueued, enqueue
     from queues.service import run_due
     from queues.store.base import QueueStats
 
 # The face of queues (tests/test_layout.py): what users and the apps above may import.
-FACE_MODULES = ("queues.models", "queues.declarations", "queues.exceptions", "queues.store", "queues.tasks")
+FACE_MODULES = ("queues.models", "queues.declarations", "queues.exceptions", "queues.store", "queues.tasks",
+                "queues.aio")
 
 _LAZY = {"enqueue": "queues.enqueuing", "Enqueued": "queues.enqueuing", "QueueStats": "queues.store.base",
-         "run_due": "queues.service"}
+         "run_due": "queues.service", "aenqueue": "queues.aio", "acancel_pending": "queues.aio",
+         "aentry_of": "queues.aio"}
 
 
 def __getattr__(name: str) -> Any:
@@ -118,4 +123,5 @@ def cancel_pending(execution_id: str, using: str | None = None) -> bool:
 
 
 __all__ = ["Enqueued", "InvalidEnqueue", "InvalidQueue", "QueueError", "QueueFull", "QueueSpec", "QueueStats",
-           "UnknownQueue",            "cancel_pending", "declare_queue", "enqueue", "entry_of", "run_due", "stats"]
+           "UnknownQueue", "acancel_pending", "aenqueue", "aentry_of", "cancel_pending", "declare_queue", "enqueue",
+           "entry_of", "run_due", "stats"]

@@ -17,6 +17,14 @@ GeneratorExit, is a STEP_FAILED with the class path, message, traceback and work
 from it); a long backoff parks the execution on a timer. After the last the execution fails and the result is
 FAILED with every error. A completed attempt never runs again.
 
+Async (`await task.aenqueue(...)`, `await task.aget_result(id)`, `await result.arefresh()`): Django's own
+BaseTaskBackend.aenqueue/aget_result, `sync_to_async(thread_sensitive=True)` of enqueue/get_result, kept on
+purpose: neither waits (one short transaction or read), so it costs the request's own thread-sensitive thread,
+the one its async ORM calls use under ASGI, and never touches the database on the loop; and in a TestCase's
+async test it runs in the test's thread and transaction, as Django's own Tasks tests require
+(tests/queues/test_tasks_conformance.py). The journal's bounded pool (journal.flows.aio) would commit outside
+that transaction. Tested from async views: tests/queues/test_queues_async.py.
+
 Only a task path LoomBackend.enqueue signed for the execution is imported (journal/task_names.py): a start of
 loom.task made any other way fails with UnverifiedTask, before any import.
 """

@@ -1,7 +1,7 @@
 """Async flows across features: sealed fields and forget (journal/privacy) write and read the same as a sync flow's;
 flow versions (an async execution resumes on the version it started on, wherever it is woken).
 SQLite and PostgreSQL.
-(The Tasks backend's `aenqueue` is Django's own async face: tests/queues/test_tasks_backend.py.)"""
+(Queued starts and tasks from async views, forget included: tests/queues/test_queues_async.py.)"""
 
 from __future__ import annotations
 
