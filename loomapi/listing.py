@@ -13,6 +13,7 @@ exactly as if they did not exist. The page is ordered by (created_at, id) descen
 pair of the page's last row, so rows written while a caller pages never repeat a row or skip an older one.
 With LOOM_SHARDS every shard is read and merged (each shard's first `limit` rows past the cursor); unsharded, the
 one database the project's routers give the journal (journal/shards.py `shards()`, as describe() and the admin).
+A shard that cannot be reached answers 503 `database_unavailable` naming it (retryable), not a page without it.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import binascii
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from django.db import InterfaceError, OperationalError
 from django.db.models import Exists, OuterRef, Q
 
 from journal import shards
 from journal.exceptions import InvalidStream
 from journal.ids import check_stored_id
+from journal.reach import cannot_reach
 from loomapi.auth import Principal
-from loomapi.errors import InvalidParameter
+from loomapi.errors import DatabaseUnavailable, InvalidParameter
 
 MAX_LIMIT = 200
 PARAMETERS = ("flow", "status", "created_after", "created_before", "limit", "cursor")
@@ -120,7 +123,15 @@ def page(principal: Principal, query: ListQuery) -> dict:
     """One page of the executions `principal` may read that match `query`, every shard merged."""
     rows = []
     for alias in shards.shards():  # the journal's databases: LOOM_SHARDS, or the one the project routes it to
-        rows += _page_on(alias, principal, query)
+        try:
+            rows += _page_on(alias, principal, query)
+        except (OperationalError, InterfaceError) as exc:
+            if not cannot_reach(exc) or not shards.sharded():
+                raise  # one database: the API's own 503 (loomapi/views.py) says it
+            # Not a partial page: its cursor would step past the down shard's rows for good.
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise DatabaseUnavailable(f"shard {alias!r} could not be read ({first}); no page without it: retry"
+                                      ) from exc
     rows.sort(key=lambda r: (r["created_at"], r["execution_id"]), reverse=True)
     more = len(rows) > query.limit
     rows = rows[: query.limit]

@@ -1255,6 +1255,48 @@ def operations_figures(arg) -> dict:
             "troubled": sorted(eid for eid, *_ in operations.troubled() if eid in stuck), "stuck": sorted(stuck)}
 
 
+def operations_shard_down(arg) -> dict:
+    """A third shard whose server does not answer: the operations page, the executions list searched by an
+    input value, and the API's `GET /api/executions` (every token kind) answer without a traceback: the pages
+    show the reachable shards and name the down one; the API answers 503 naming it (a partial page would
+    move its cursor past the down shard's rows for good)."""
+    import re
+
+    from django.test import override_settings
+
+    from journal import shards
+    from journal.flows import start
+    from queues import declare_queue, enqueue
+
+    run = arg["run"]
+    up, down = shards.shards()[:2], shards.shards()[2]
+    declare_queue(f"{run}-q", concurrency=2)
+    marked = [e for e in ids_on_each_shard(f"{run}-m", 1) if shards.shard_for(e) in up]
+    for eid in marked:
+        start("shards.one", {"mark": f"{run}-needle"}, execution_id=eid)
+    queued = next(f"{run}-p{i}" for i in range(1000) if shards.shard_for(f"{run}-p{i}") == up[1])
+    enqueue("shards.one", 1, queue=f"{run}-q", execution_id=queued)
+    client = _admin_client(run)
+    pages = {}
+    for url, params in (("/admin/queues/queue/operations/", {}), ("/admin/queues/queue/operations/", {"window": "day"}),
+                        ("/admin/journal/execution/", {"q": f"{run}-needle"}),
+                        ("/admin/journal/execution/", {"q": queued})):
+        response = client.get(url, params)
+        html = response.content.decode()
+        pages[f"{url}?{params}"] = [response.status_code, f"“{down}” could not be read" in html,
+                                    sorted(set(re.findall(rf">({re.escape(run)}-(?:m-\d+|p\d+|q))<", html)))]
+    tokens = [{"token": "t-full-" + "x" * 30, "name": "full"}, {"token": "t-own-" + "y" * 30, "name": "own",
+                                                                 "read": "own"}]
+    api = {}
+    with override_settings(LOOM_API_AUTH=True, LOOM_API_TOKENS=tokens):
+        for token in tokens:
+            response = client.get("/api/executions", headers={"Authorization": f"Bearer {token['token']}"})
+            body = response.json()
+            api[token["name"]] = [response.status_code, body.get("error", {}).get("code"),
+                                  down in body.get("error", {}).get("message", "")]
+    return {"down": down, "pages": pages, "api": api, "marked": sorted(marked), "queued": queued}
+
+
 def main() -> None:
     django.setup()
     name = sys.argv[1]
