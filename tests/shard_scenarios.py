@@ -1294,7 +1294,16 @@ def operations_shard_down(arg) -> dict:
             body = response.json()
             api[token["name"]] = [response.status_code, body.get("error", {}).get("code"),
                                   down in body.get("error", {}).get("message", "")]
-    return {"down": down, "pages": pages, "api": api, "marked": sorted(marked), "queued": queued}
+    # The metrics page with the down shard in the middle of LOOM_SHARDS: the shard after it still reported.
+    with override_settings(LOOM_API_AUTH=True, LOOM_API_TOKENS=tokens, LOOM_METRICS=True,
+                           LOOM_SHARDS=[up[0], down, up[1]]):
+        response = client.get("/api/metrics", headers={"Authorization": f"Bearer {tokens[0]['token']}"})
+    text = response.content.decode()
+    metrics = {"status": response.status_code,
+               "ok": sorted(re.findall(r'loom_scrape_database_ok\{alias="(\w+)"\} (\S+)', text)),
+               "depth": re.findall(rf'loom_queue_depth\{{alias="(\w+)",queue="{re.escape(run)}-q"\}} (\S+)', text),
+               "executions": sorted(set(re.findall(r'loom_executions\{alias="(\w+)"', text)))}
+    return {"down": down, "pages": pages, "api": api, "marked": sorted(marked), "queued": queued, "metrics": metrics}
 
 
 def main() -> None:

@@ -234,7 +234,8 @@ def test_an_unreachable_shard_leaves_every_list_listing_the_others_and_its_rows_
 def test_an_unreachable_shard_leaves_the_operations_page_the_search_and_the_api_list_answering(shard_env):
     """Issue 28's console with a shard down (its alias at a port where nothing listens; no server stopped): the
     operations page (both windows) and the executions search show the reachable shards' rows and name the down
-    one, never a 500; the API's list answers 503 naming it, for a full-read token and a "read: own" one."""
+    one, never a 500; the API's list answers 503 naming it, for a full-read token and a "read: own" one; the
+metrics page reads every other shard and says which one it could not read."""
     urls = f"{shard_env['SHARD_DATABASE_URLS']};shard2=postgres://postgres@127.0.0.1:5439/nothing"
     facts = scenario(shard_env, "operations_shard_down", {"run": "opd"}, SHARD_DATABASE_URLS=urls,
                      LOOM_SHARDS="default,shard1,shard2")
@@ -244,6 +245,9 @@ def test_an_unreachable_shard_leaves_the_operations_page_the_search_and_the_api_
     assert "opd-q" in pages[0][2] and "opd-q" in pages[1][2]  # the queue of the pending entry on shard1
     assert pages[2][2] == facts["marked"] and pages[3][2] == [facts["queued"]], facts["pages"]
     assert facts["api"] == {"full": [503, "database_unavailable", True], "own": [503, "database_unavailable", True]}
+    # the metrics page, the down shard listed between the two others: it is said to be down, the one after it read
+    assert facts["metrics"] == {"status": 200, "ok": [["default", "1.0"], ["shard1", "1.0"], ["shard2", "0.0"]],
+                                "depth": [["shard1", "1.0"]], "executions": ["default", "shard1"]}, facts["metrics"]
 
 
 def test_queues_schedules_the_cli_and_tasks_act_on_each_executions_shard(shard_env):
