@@ -1260,12 +1260,15 @@ def operations_shard_down(arg) -> dict:
     input value, and the API's `GET /api/executions` (every token kind) answer without a traceback: the pages
     show the reachable shards and name the down one; the API answers 503 naming it (a partial page would
     move its cursor past the down shard's rows for good)."""
+    import io
     import re
 
+    from django.core.management import CommandError, call_command
     from django.test import override_settings
 
     from journal import shards
     from journal.flows import start
+    from leases.models import Worker
     from queues import declare_queue, enqueue
 
     run = arg["run"]
@@ -1276,6 +1279,8 @@ def operations_shard_down(arg) -> dict:
         start("shards.one", {"mark": f"{run}-needle"}, execution_id=eid)
     queued = next(f"{run}-p{i}" for i in range(1000) if shards.shard_for(f"{run}-p{i}") == up[1])
     enqueue("shards.one", 1, queue=f"{run}-q", execution_id=queued)
+    Worker.objects.using(up[0]).update_or_create(id=f"{run}-w", defaults={"host": "h", "pid": 1, "role": "main",
+                                                                          "stopped_at": None})
     client = _admin_client(run)
     pages = {}
     for url, params in (("/admin/queues/queue/operations/", {}), ("/admin/queues/queue/operations/", {"window": "day"}),
@@ -1303,7 +1308,18 @@ def operations_shard_down(arg) -> dict:
                "ok": sorted(re.findall(r'loom_scrape_database_ok\{alias="(\w+)"\} (\S+)', text)),
                "depth": re.findall(rf'loom_queue_depth\{{alias="(\w+)",queue="{re.escape(run)}-q"\}} (\S+)', text),
                "executions": sorted(set(re.findall(r'loom_executions\{alias="(\w+)"', text)))}
-    return {"down": down, "pages": pages, "api": api, "marked": sorted(marked), "queued": queued, "metrics": metrics}
+    cli = {}
+    for args in (["executions", "list", "--search", f"{run}-needle"], ["workers"], ["queues"]):
+        out = io.StringIO()
+        try:
+            call_command("loom", *args, "--json", stdout=out, stderr=io.StringIO())
+            cli[args[0]] = [0, out.getvalue()[:300]]
+        except CommandError as exc:
+            cli[args[0]] = [exc.returncode, json.loads(out.getvalue() or "{}")]
+        except Exception as exc:  # a traceback for the operator
+            cli[args[0]] = [type(exc).__name__, str(exc)[:200]]
+    return {"down": down, "pages": pages, "api": api, "marked": sorted(marked), "queued": queued, "metrics": metrics,
+            "cli": cli}
 
 
 def main() -> None:

@@ -248,6 +248,12 @@ metrics page reads every other shard and says which one it could not read."""
     # the metrics page, the down shard listed between the two others: it is said to be down, the one after it read
     assert facts["metrics"] == {"status": 200, "ok": [["default", "1.0"], ["shard1", "1.0"], ["shard2", "0.0"]],
                                 "depth": [["shard1", "1.0"]], "executions": ["default", "shard1"]}, facts["metrics"]
+    refused = {"ok": False, "type": "DatabaseUnavailable", "exit": 4, "results": {"unreachable": ["shard2"]}}
+    verbs = ("executions", "workers", "queues")
+    assert {verb: code for verb, (code, _) in facts["cli"].items()} == dict.fromkeys(verbs, 4), facts["cli"]
+    cli = {verb: [code, {k: v for k, v in said.items() if k != "error"}] for verb, (code, said) in facts["cli"].items()}
+    assert cli == {verb: [4, refused] for verb in verbs}, facts["cli"]  # no traceback
+    assert all("shard2: connection failed" in said["error"] for _, said in facts["cli"].values()), facts["cli"]
 
 
 def test_queues_schedules_the_cli_and_tasks_act_on_each_executions_shard(shard_env):
