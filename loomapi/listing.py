@@ -27,7 +27,7 @@ from django.db import InterfaceError, OperationalError
 from django.db.models import Exists, OuterRef, Q
 
 from journal import shards
-from journal.exceptions import InvalidStream
+from journal.exceptions import ContentMissing, InvalidStream
 from journal.ids import check_stored_id
 from journal.reach import cannot_reach
 from loomapi.auth import Principal
@@ -187,8 +187,7 @@ def _after(cursor: tuple[datetime, str]) -> Q:
 def _own(principal: Principal, rows: list[dict]) -> list[dict]:
     """`rows` less the candidates whose start is stored apart and was not made by this token: each is read
     through the journal (its content resolved, as `GET /api/executions/<id>` reads it)."""
-    from journal.exceptions import ContentMissing
-    from journal.models import Event
+    from journal.models import Event  # app registry
 
     kept = []
     for row in rows:
