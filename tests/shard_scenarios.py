@@ -1290,6 +1290,24 @@ def operations_shard_down(arg) -> dict:
         html = response.content.decode()
         pages[f"{url}?{params}"] = [response.status_code, f"“{down}” could not be read" in html,
                                     sorted(set(re.findall(rf">({re.escape(run)}-(?:m-\d+|p\d+|q))<", html)))]
+    from django.contrib import admin
+    from django.urls import NoReverseMatch, reverse
+
+    every = {}  # every list page of the admin, and its own pages: never a 500
+    for model in admin.site._registry:
+        try:
+            url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        except NoReverseMatch:
+            continue
+        every[url] = client.get(url).status_code
+    for name in ("admin:journal_execution_flow_versions", "admin:queues_operations"):
+        try:
+            every[reverse(name)] = client.get(reverse(name)).status_code
+        except NoReverseMatch:
+            every[name] = "no such page"
+    versions = client.get(reverse("admin:journal_execution_flow_versions")).content.decode()
+    retire = {"named": f"“{down}” could not be read" in versions, "safe": "safe: none live" in versions,
+              "unknown": f"unknown: {down} not read" in versions, "flow": ">shards.one<" in versions}
     tokens = [{"token": "t-full-" + "x" * 30, "name": "full"}, {"token": "t-own-" + "y" * 30, "name": "own",
                                                                  "read": "own"}]
     api = {}
@@ -1319,7 +1337,7 @@ def operations_shard_down(arg) -> dict:
         except Exception as exc:  # a traceback for the operator
             cli[args[0]] = [type(exc).__name__, str(exc)[:200]]
     return {"down": down, "pages": pages, "api": api, "marked": sorted(marked), "queued": queued, "metrics": metrics,
-            "cli": cli}
+            "cli": cli, "every": every, "retire": retire}
 
 
 def main() -> None:

@@ -240,6 +240,9 @@ metrics page reads every other shard and says which one it could not read."""
     facts = scenario(shard_env, "operations_shard_down", {"run": "opd"}, SHARD_DATABASE_URLS=urls,
                      LOOM_SHARDS="default,shard1,shard2")
     assert facts["down"] == "shard2"
+    assert len(facts["every"]) > 15 and set(facts["every"].values()) == {200}, facts["every"]  # every admin list
+    # flow versions: the down shard's live executions are unknown, so no version is called safe to retire
+    assert facts["retire"] == {"named": True, "safe": False, "unknown": True, "flow": True}, facts["retire"]
     pages = list(facts["pages"].values())
     assert all(status == 200 and named for status, named, _ in pages), facts["pages"]
     assert "opd-q" in pages[0][2] and "opd-q" in pages[1][2]  # the queue of the pending entry on shard1
