@@ -1327,7 +1327,7 @@ def operations_shard_down(arg) -> dict:
                "depth": re.findall(rf'loom_queue_depth\{{alias="(\w+)",queue="{re.escape(run)}-q"\}} (\S+)', text),
                "executions": sorted(set(re.findall(r'loom_executions\{alias="(\w+)"', text)))}
     cli = {}
-    for args in (["executions", "list", "--search", f"{run}-needle"], ["workers"], ["queues"]):
+    for args in (["executions", "list", "--search", f"{run}-needle"], ["workers"], ["queues"], ["flows"]):
         out = io.StringIO()
         try:
             call_command("loom", *args, "--json", stdout=out, stderr=io.StringIO())

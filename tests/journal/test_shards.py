@@ -252,7 +252,7 @@ metrics page reads every other shard and says which one it could not read."""
     assert facts["metrics"] == {"status": 200, "ok": [["default", "1.0"], ["shard1", "1.0"], ["shard2", "0.0"]],
                                 "depth": [["shard1", "1.0"]], "executions": ["default", "shard1"]}, facts["metrics"]
     refused = {"ok": False, "type": "DatabaseUnavailable", "exit": 4, "results": {"unreachable": ["shard2"]}}
-    verbs = ("executions", "workers", "queues")
+    verbs = ("executions", "workers", "queues", "flows")
     assert {verb: code for verb, (code, _) in facts["cli"].items()} == dict.fromkeys(verbs, 4), facts["cli"]
     cli = {verb: [code, {k: v for k, v in said.items() if k != "error"}] for verb, (code, said) in facts["cli"].items()}
     assert cli == {verb: [4, refused] for verb in verbs}, facts["cli"]  # no traceback
