@@ -30,6 +30,7 @@ is done. Ids are unquoted the way the admin quotes them (order_42, ids with / or
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import django
@@ -49,7 +50,7 @@ from django.utils.html import format_html
 from journal import shards
 from journal.admin_base import ReadOnlyAdmin, SafeChangeList, execution_filters, panel_fields
 from journal.admin_filters import FlowFilter
-from journal.admin_shards import ShardedRows, pick_value
+from journal.admin_shards import UNREACHABLE, ShardedRows, ShardUnreachable, pick_value
 from journal.aggregates.admin import AggregateAdmin
 from journal.exceptions import ForgetIncomplete
 from journal.ids import stored_id_problem
@@ -426,8 +427,26 @@ class ExecutionAdmin(SafeChangeList, ReadOnlyAdmin):
 
         if not self.has_view_permission(request):
             raise PermissionDenied
+        unread: dict[str, str] = {}
+        versions = []
+        for alias in shards.shards():  # one shard at a time: a shard that does not answer is named, not a 500
+            try:
+                versions.append(live_versions([alias]))
+            except UNREACHABLE as error:
+                unread[alias] = ShardUnreachable(alias, error).reason
+        merged: dict[tuple[str, int], Any] = {}
+        for found in versions:
+            for v in found:
+                seen = merged.get((v.flow, v.version))
+                live = v.live if seen is None else {k: seen.live.get(k, 0) + v.live.get(k, 0)
+                                                    for k in sorted({*seen.live, *v.live})}
+                merged[(v.flow, v.version)] = replace(v, live=live)
+        for alias, reason in unread.items():  # its live executions are unknown: no version is called safe to retire
+            messages.error(request, f"Shard “{alias}” could not be read ({reason}): its live executions are not "
+                                    "counted, so no version is said to be safe to retire.")
         context = {**self.admin_site.each_context(request), "opts": self.model._meta, "title": "Flow versions",
-                   "versions": live_versions(), **_crumbs(None, "Flow versions")}
+                   "versions": [merged[key] for key in sorted(merged)], "unread": sorted(unread),
+                   **_crumbs(None, "Flow versions")}
         return TemplateResponse(request, "journal/flow_versions.html", context)
 
 

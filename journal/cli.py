@@ -38,7 +38,7 @@ from django.utils import timezone
 from journal import shards
 from journal.timestamps import stamp
 
-OK, REFUSED, USAGE, UNAVAILABLE = 0, 1, 2, 3
+OK, REFUSED, USAGE, UNAVAILABLE, UNREACHABLE = 0, 1, 2, 3, 4
 MAX_LIMIT = 10_000
 SINCE = re.compile(r"(\d+)([smhd])\Z")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -53,13 +53,34 @@ class Reply:
 
 
 class Refused(Exception):
-    """A verb that did nothing: the message and the exit code (1 refused/not found, 2 usage, 3 unavailable)."""
+    """A verb that did nothing: the message and the exit code (1 refused/not found, 2 usage, 3 unavailable, 4 the
+    database could not be reached)."""
 
     def __init__(self, message: str, code: int = REFUSED, kind: str = "", data: Any = None,
                  lines: list[str] | None = None):
         self.code, self.kind = code, kind
         self.data, self.lines = data, lines or []  # what was found before refusing (replay: every result)
         super().__init__(message)
+
+
+def unreachable(error: BaseException) -> Refused:
+    """The refusal of a verb whose database (a shard) could not be reached (journal/reach.py): exit 4, naming
+    each journal database that does not answer now (each probed once), never a traceback."""
+    from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
+
+    def first(exc: BaseException) -> str:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+    down = {}
+    for alias in dict.fromkeys([*shards.shards(), DEFAULT_DB_ALIAS]):
+        try:
+            connections[alias].ensure_connection()
+        except (OperationalError, InterfaceError) as exc:
+            down[alias] = first(exc)
+    said = "; ".join(f"{alias}: {reason}" for alias, reason in down.items()) or first(error)
+    return Refused(f"the database could not be reached ({said}); retry once it answers (a cancel, resume or retry "
+                   f"whose write was in flight is answered as done or refused when repeated)", UNREACHABLE,
+                   "DatabaseUnavailable", data={"unreachable": sorted(down)})
 
 
 @dataclass(frozen=True, slots=True)

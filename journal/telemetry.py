@@ -462,6 +462,10 @@ class DatabaseCollector:
         return []
 
 
+DATABASE_OK = ("loom_scrape_database_ok", "1 when this scrape read the database alias, 0 when it could not (its "
+               "gauges are then absent from the scrape)")
+
+
 def executions_by_status() -> Iterator[tuple[str, str, dict[str, str], float]]:
     from journal.shards import shards
     from journal.store import store_for
@@ -471,7 +475,9 @@ def executions_by_status() -> Iterator[tuple[str, str, dict[str, str], float]]:
             rows = store_for(alias).count_executions_by_status()
         except Exception:
             log.warning("executions by status on %s failed", alias, exc_info=True)
+            yield (*DATABASE_OK, {"alias": alias}, 0)  # said, not only missing: its gauges are absent
             continue
+        yield (*DATABASE_OK, {"alias": alias}, 1)
         for flow, status, n in rows:
             yield ("loom_executions", "Executions in the database by shard, flow and status (running, waiting, "
                    "queued, completed, failed, stuck, ...)", {"alias": alias, "flow": flow, "status": status}, n)

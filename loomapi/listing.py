@@ -13,6 +13,7 @@ exactly as if they did not exist. The page is ordered by (created_at, id) descen
 pair of the page's last row, so rows written while a caller pages never repeat a row or skip an older one.
 With LOOM_SHARDS every shard is read and merged (each shard's first `limit` rows past the cursor); unsharded, the
 one database the project's routers give the journal (journal/shards.py `shards()`, as describe() and the admin).
+A shard that cannot be reached answers 503 `database_unavailable` naming it (retryable), not a page without it.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import binascii
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from django.db import InterfaceError, OperationalError
 from django.db.models import Exists, OuterRef, Q
 
 from journal import shards
-from journal.exceptions import InvalidStream
+from journal.exceptions import ContentMissing, InvalidStream
 from journal.ids import check_stored_id
+from journal.reach import cannot_reach
 from loomapi.auth import Principal
-from loomapi.errors import InvalidParameter
+from loomapi.errors import DatabaseUnavailable, InvalidParameter
 
 MAX_LIMIT = 200
 PARAMETERS = ("flow", "status", "created_after", "created_before", "limit", "cursor")
@@ -120,7 +123,15 @@ def page(principal: Principal, query: ListQuery) -> dict:
     """One page of the executions `principal` may read that match `query`, every shard merged."""
     rows = []
     for alias in shards.shards():  # the journal's databases: LOOM_SHARDS, or the one the project routes it to
-        rows += _page_on(alias, principal, query)
+        try:
+            rows += _page_on(alias, principal, query)
+        except (OperationalError, InterfaceError) as exc:
+            if not cannot_reach(exc) or not shards.sharded():
+                raise  # one database: the API's own 503 (loomapi/views.py) says it
+            # Not a partial page: its cursor would step past the down shard's rows for good.
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise DatabaseUnavailable(f"shard {alias!r} could not be read ({first}); no page without it: retry"
+                                      ) from exc
     rows.sort(key=lambda r: (r["created_at"], r["execution_id"]), reverse=True)
     more = len(rows) > query.limit
     rows = rows[: query.limit]
@@ -142,20 +153,52 @@ def _page_on(alias: str, principal: Principal, query: ListQuery) -> list[dict]:
         return []
     rows = Execution.objects.using(alias).filter(flow__in=allowed)
     if not principal.read_all:  # "read": "own": started by this token ($meta of its EXECUTION_STARTED)
-        started = Event.objects.using(alias).filter(stream_id=OuterRef("pk"), seq=0,
-                                                    **{"payload__$meta__started_by": principal.name})
-        rows = rows.filter(Exists(started))
+        first = Event.objects.using(alias).filter(stream_id=OuterRef("pk"), seq=0)
+        # A start stored in the content store (LOOM_CONTENT_THRESHOLD_BYTES: `{"$content", "$size"}` in the
+        # row) hides its $meta from SQL: such rows are candidates, decided after reading them (_own).
+        rows = rows.annotate(loom_apart=Exists(first.filter(payload__has_key="$content"))).filter(
+            Exists(first.filter(**{"payload__$meta__started_by": principal.name})) | Q(loom_apart=True))
     if query.status is not None:
         rows = rows.filter(status=query.status)
     if query.created_after is not None:
         rows = rows.filter(created_at__gte=query.created_after)
     if query.created_before is not None:
         rows = rows.filter(created_at__lt=query.created_before)
-    if query.cursor is not None:
-        when, execution_id = query.cursor
-        rows = rows.filter(Q(created_at__lt=when) | Q(created_at=when, id__lt=execution_id))
-    rows = rows.order_by("-created_at", "-id").values("id", "flow", "status", "created_at", "updated_at",
-                                                      "finished_at", "error")[: query.limit + 1]
+    fields = ("id", "flow", "status", "created_at", "updated_at", "finished_at", "error")
+    rows = rows.order_by("-created_at", "-id").values(*fields, *(() if principal.read_all else ("loom_apart",)))
+    found: list[dict] = []
+    cursor = query.cursor
+    while True:  # one chunk unless candidates stored apart turn out to be another token's
+        chunk = list(rows.filter(_after(cursor))[: query.limit + 1] if cursor else rows[: query.limit + 1])
+        found += _own(principal, chunk) if not principal.read_all else chunk
+        if len(found) > query.limit or len(chunk) <= query.limit:
+            break
+        cursor = chunk[-1]["created_at"], chunk[-1]["id"]
     return [{"execution_id": r["id"], "flow": r["flow"], "status": r["status"], "created_at": r["created_at"],
              "updated_at": r["updated_at"], "finished_at": r["finished_at"], "error": r["error"] or None,
-             **({"shard": alias} if shards.sharded() else {})} for r in rows]
+             **({"shard": alias} if shards.sharded() else {})} for r in found[: query.limit + 1]]
+
+
+def _after(cursor: tuple[datetime, str]) -> Q:
+    when, execution_id = cursor
+    return Q(created_at__lt=when) | Q(created_at=when, id__lt=execution_id)
+
+
+def _own(principal: Principal, rows: list[dict]) -> list[dict]:
+    """`rows` less the candidates whose start is stored apart and was not made by this token: each is read
+    through the journal (its content resolved, as `GET /api/executions/<id>` reads it)."""
+    from journal.models import Event  # app registry
+
+    kept = []
+    for row in rows:
+        if row["loom_apart"]:
+            try:
+                events = Event.objects.read(row["id"], limit=1)
+            except ContentMissing:  # its content erased: nothing says who started it, so it is not shown
+                continue
+            payload = events[0].payload if events and events[0].seq == 0 else None
+            meta = payload.get("$meta") if isinstance(payload, dict) else None
+            if not isinstance(meta, dict) or meta.get("started_by") != principal.name:
+                continue
+        kept.append(row)
+    return kept

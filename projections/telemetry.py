@@ -4,7 +4,12 @@ subscriptions, read from the database at each scrape."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+
+from django.db import DatabaseError
+
+log = logging.getLogger("loom.telemetry")
 
 
 def gauges() -> Iterator[tuple[str, str, dict[str, str], float]]:
@@ -12,7 +17,12 @@ def gauges() -> Iterator[tuple[str, str, dict[str, str], float]]:
     from projections.store import store_for
 
     for alias in shards.shards():
-        for consumer, behind, blocked in store_for(alias).lag_by_consumer():
+        try:
+            lags = list(store_for(alias).lag_by_consumer())
+        except DatabaseError:  # that database's gauges are left out, not the next ones' (loom_scrape_database_ok)
+            log.warning("projection gauges on %s failed", alias, exc_info=True)
+            continue
+        for consumer, behind, blocked in lags:
             labels = {"alias": alias, "consumer": consumer}
             yield ("loom_projection_lag_events", "Events the consumer's subscriptions know of and have not handled "
                    "(tip - at)", labels, behind)

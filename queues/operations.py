@@ -13,20 +13,23 @@ every worker on every host is seen as the rows say, never from one process's mem
   be taking them over).
 
 Under LOOM_SHARDS (no `using`) every figure reads every shard and adds them up (entries, headers and leases
-live on their execution's shard); a shard that cannot be reached fails the page (not left out, as
-queues.stats(unreachable=...) allows).
+live on their execution's shard). Given `unreachable` (the page), a shard that cannot be reached is left out
+of every figure and named there (alias -> the error's first line), as queues.stats(unreachable=...); without
+it (`loom workers`, tests) its error is raised.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import router
+from django.db import InterfaceError, OperationalError, router
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from journal import shards
+from journal.reach import cannot_reach
 
 WINDOWS = {"hour": (timedelta(hours=1), 12), "day": (timedelta(days=1), 24)}  # span, buckets
 
@@ -72,6 +75,21 @@ def _aliases(model, using: str | None) -> list[str]:
     return [_alias(model, using)]
 
 
+def _on_each(model, using: str | None, unreachable: dict[str, str] | None, read: Callable[[str], object]) -> list:
+    """`read(alias)` on each alias of `model` (_aliases), its answers in order. Given `unreachable`, an alias
+    whose server cannot be reached (journal/reach.py) is left out and named there; a refused statement is
+    always raised."""
+    found = []
+    for alias in _aliases(model, using):
+        try:
+            found.append(read(alias))
+        except (OperationalError, InterfaceError) as error:
+            if unreachable is None or not cannot_reach(error):
+                raise
+            unreachable[alias] = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return found
+
+
 def bucket_edges(window: str, now: datetime | None = None) -> list[datetime]:
     """The bucket ends of a window ("hour": 12 of 5 min; "day": 24 of 1 h), oldest first, the last being now."""
     span, count = WINDOWS[window]
@@ -79,18 +97,23 @@ def bucket_edges(window: str, now: datetime | None = None) -> list[datetime]:
     return [now - span + span * (i + 1) / count for i in range(count)]
 
 
-def queues(using: str | None = None) -> list[QueueRow]:
+def queues(using: str | None = None, unreachable: dict[str, str] | None = None) -> list[QueueRow]:
     import queues as queue_app
     from queues.models import PENDING, Queue, QueueEntry
 
-    stats = {row.name: row for row in queue_app.stats(using)}
+    stats = {row.name: row for row in queue_app.stats(using, unreachable)}
     oldest: dict[str, datetime] = {}
     declared: dict[str, Queue] = {}
-    for alias in _aliases(QueueEntry, using):
-        for name, at in (QueueEntry.objects.using(alias).filter(state=PENDING).values("queue_id")
-                         .annotate(at=Min("enqueued_at")).values_list("queue_id", "at")):
+
+    def read(alias: str) -> tuple[list, list]:
+        return (list(QueueEntry.objects.using(alias).filter(state=PENDING).values("queue_id")
+                     .annotate(at=Min("enqueued_at")).values_list("queue_id", "at")),
+                list(Queue.objects.using(alias).order_by("name")))
+
+    for pending, rows in _on_each(QueueEntry, using, unreachable, read):
+        for name, at in pending:
             oldest[name] = min(at, oldest.get(name, at))
-        for q in Queue.objects.using(alias).order_by("name"):
+        for q in rows:
             declared.setdefault(q.name, q)  # the first shard's row: a declaration and a pause go to every shard
     out = []
     for q in sorted(declared.values(), key=lambda q: q.name):
@@ -101,7 +124,8 @@ def queues(using: str | None = None) -> list[QueueRow]:
     return out
 
 
-def depth_series(window: str, using: str | None = None, edges: list[datetime] | None = None) -> list[Series]:
+def depth_series(window: str, using: str | None = None, edges: list[datetime] | None = None,
+                 unreachable: dict[str, str] | None = None) -> list[Series]:
     """Pending entries per queue at each bucket end (one grouped statement of filtered counts)."""
     from queues.models import QueueEntry
 
@@ -110,19 +134,21 @@ def depth_series(window: str, using: str | None = None, edges: list[datetime] | 
                              & (Q(finished_at__isnull=True) | Q(finished_at__gt=t)))
               for i, t in enumerate(edges)}
     summed: dict[str, list[int]] = {}
-    for alias in _aliases(QueueEntry, using):
-        rows = (QueueEntry.objects.using(alias)
-                .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=edges[0]))  # pending at some t >= edges[0]
-                .values("queue_id").annotate(**counts).order_by("queue_id"))
-        for r in rows:
-            into = summed.setdefault(r["queue_id"], [0] * len(edges))
-            for i in range(len(edges)):
-                into[i] += r[f"d{i}"]
+
+    def read(alias: str) -> list[dict]:
+        return list(QueueEntry.objects.using(alias)
+                    .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=edges[0]))  # pending at some t >= edges[0]
+                    .values("queue_id").annotate(**counts).order_by("queue_id"))
+
+    for r in (r for rows in _on_each(QueueEntry, using, unreachable, read) for r in rows):
+        into = summed.setdefault(r["queue_id"], [0] * len(edges))
+        for i in range(len(edges)):
+            into[i] += r[f"d{i}"]
     return [Series(name, list(zip(edges, summed[name], strict=True))) for name in sorted(summed)]
 
 
-def throughput_series(window: str, using: str | None = None, edges: list[datetime] | None = None
-                      ) -> tuple[list[Series], list[Series]]:
+def throughput_series(window: str, using: str | None = None, edges: list[datetime] | None = None,
+                      unreachable: dict[str, str] | None = None) -> tuple[list[Series], list[Series]]:
     """(executions finished per bucket: completed, failed; failure rate in % per bucket with any finished)."""
     from journal.models import Execution
 
@@ -134,8 +160,8 @@ def throughput_series(window: str, using: str | None = None, edges: list[datetim
         counts[f"c{i}"] = Count("id", filter=inside & Q(status="completed"))
         counts[f"f{i}"] = Count("id", filter=inside & Q(status="failed"))
     row = dict.fromkeys(counts, 0)
-    for alias in _aliases(Execution, using):
-        found = Execution.objects.using(alias).filter(finished_at__gt=edges[0] - width).aggregate(**counts)
+    for found in _on_each(Execution, using, unreachable, lambda alias: Execution.objects.using(alias).filter(
+            finished_at__gt=edges[0] - width).aggregate(**counts)):
         row = {key: row[key] + (found[key] or 0) for key in counts}
     done = [Series("completed", [(t, row[f"c{i}"]) for i, t in enumerate(edges)]),
             Series("failed", [(t, row[f"f{i}"]) for i, t in enumerate(edges)])]
@@ -144,7 +170,7 @@ def throughput_series(window: str, using: str | None = None, edges: list[datetim
     return done, rate
 
 
-def workers(using: str | None = None) -> list[WorkerRow]:
+def workers(using: str | None = None, unreachable: dict[str, str] | None = None) -> list[WorkerRow]:
     from leases import drain
     from leases.models import Lease, Worker
     from queues.models import STARTED, QueueEntry
@@ -153,13 +179,18 @@ def workers(using: str | None = None) -> list[WorkerRow]:
     ids = [w.id for w in rows]
     leases: dict[str, int] = {}
     runs: dict[str, int] = {}
-    for alias in _aliases(Lease, using):  # a worker holds leases and runs entries on every shard
-        for owner, n in (Lease.objects.using(alias).filter(owner_id__in=ids).values("owner_id")
-                         .annotate(n=Count("execution_id")).values_list("owner_id", "n")):
+
+    def read(alias: str) -> tuple[list, list]:  # a worker holds leases and runs entries on every shard
+        return (list(Lease.objects.using(alias).filter(owner_id__in=ids).values("owner_id")
+                     .annotate(n=Count("execution_id")).values_list("owner_id", "n")),
+                list(QueueEntry.objects.using(alias).filter(state=STARTED, worker__in=ids)
+                     .exclude(execution_id__in=_settled_ids(alias)).values("worker").annotate(n=Count("id"))
+                     .values_list("worker", "n")))
+
+    for held, running in _on_each(Lease, using, unreachable, read):
+        for owner, n in held:
             leases[owner] = leases.get(owner, 0) + n
-        for worker, n in (QueueEntry.objects.using(alias).filter(state=STARTED, worker__in=ids)
-                          .exclude(execution_id__in=_settled_ids(alias)).values("worker").annotate(n=Count("id"))
-                          .values_list("worker", "n")):
+        for worker, n in running:
             runs[worker] = runs.get(worker, 0) + n
     drains = drain.state(ids, using)
     out = []
@@ -180,17 +211,20 @@ def _settled_ids(using: str | None):
         status__in=("completed", "failed", "cancelled")).values("id")
 
 
-def troubled(using: str | None = None, limit: int = 50) -> list[tuple[str, str, str, str]]:
+def troubled(using: str | None = None, limit: int = 50, unreachable: dict[str, str] | None = None
+             ) -> list[tuple[str, str, str, str]]:
     """Executions stuck, or running with an expired lease (under recovery now): (id, flow, status, why)."""
     from journal.models import Execution
     from leases.models import Lease
 
     now = timezone.now()
-    rows = []
-    for alias in _aliases(Execution, using):  # an execution's lease row is on its own shard
+
+    def read(alias: str) -> list:  # an execution's lease row is on its own shard
         expired = Lease.objects.using(alias).filter(expires_at__lt=now).values("execution_id")
-        rows += (Execution.objects.using(alias).filter(Q(status="stuck") | Q(status="running", id__in=expired))
-                 .order_by("-updated_at").values_list("updated_at", "id", "flow", "status")[:limit])
+        return list(Execution.objects.using(alias).filter(Q(status="stuck") | Q(status="running", id__in=expired))
+                    .order_by("-updated_at").values_list("updated_at", "id", "flow", "status")[:limit])
+
+    rows = [row for found in _on_each(Execution, using, unreachable, read) for row in found]
     rows.sort(key=lambda row: row[0], reverse=True)
     return [(eid, flow, status, "recovery gave up" if status == "stuck" else "lease expired: being recovered")
             for _, eid, flow, status in rows[:limit]]

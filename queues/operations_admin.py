@@ -7,6 +7,7 @@ each a POST button guarded by its own permission (view-only staff see the figure
 - a schedule's run now, pause, resume, backfill a range (leases.operate_schedule; leases/schedule_ops.py).
 
 A refused action (unknown name, bad range) says why and changes nothing; every outcome is said as it happened.
+A shard that cannot be read is left out of the figures and named at the top (queues/operations.py).
 """
 
 from __future__ import annotations
@@ -166,21 +167,26 @@ def operations_view(admin_site, request):
     window = request.GET.get("window", "hour")
     window = window if window in operations.WINDOWS else "hour"
     edges = operations.bucket_edges(window)
-    done, rate = operations.throughput_series(window, edges=edges)
+    unreachable: dict[str, str] = {}  # a shard that cannot be read: left out of every figure, and named
+    done, rate = operations.throughput_series(window, edges=edges, unreachable=unreachable)
     width = "5 min" if window == "hour" else "1 h"
-    charts = [("Queue depth (pending entries)", svg_chart(f"Queue depth, last {window}",
-                                                          operations.depth_series(window, edges=edges), "pending",
-                                                          edges)),
+    depth = operations.depth_series(window, edges=edges, unreachable=unreachable)
+    charts = [("Queue depth (pending entries)", svg_chart(f"Queue depth, last {window}", depth, "pending", edges)),
               (f"Throughput (executions finished per {width})",
                svg_chart(f"Executions finished, last {window}", done, f"per {width}", edges)),
               ("Failure rate (failed / finished)", svg_chart(f"Failure rate, last {window}", rate, "% failed", edges,
                                                              100.0))]
     perms = request.user
     context = {**admin_site.each_context(request), "title": "Operations", "window": window,
-               "windows": list(operations.WINDOWS), "charts": charts, "queues": operations.queues(),
-               "workers": operations.workers(), "troubled": operations.troubled(),
+               "windows": list(operations.WINDOWS), "charts": charts,
+               "queues": operations.queues(unreachable=unreachable),
+               "workers": operations.workers(unreachable=unreachable),
+               "troubled": operations.troubled(unreachable=unreachable),
                "schedules": list(Schedule.objects.order_by("name")[:200]), "stamp": stamp,
                "can_pause": perms.has_perm("queues.pause_queue"), "can_drain": perms.has_perm("leases.drain_worker"),
                "can_schedule": perms.has_perm("leases.operate_schedule"),
                "execution_url": reverse("admin:journal_execution_changelist")}
+    for alias, reason in unreachable.items():  # as the sharded lists say it (journal/admin_shards.py)
+        messages.error(request, f"Shard “{alias}” could not be read ({reason}): its queue entries, executions and "
+                                "leases are not in these figures; the other shards' are.")
     return TemplateResponse(request, "queues/operations.html", context)

@@ -4,8 +4,13 @@ worker host reports the same figures, not its own memory)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime
+
+from django.db import DatabaseError
+
+log = logging.getLogger("loom.telemetry")
 
 
 def _aliases() -> list[str]:
@@ -27,8 +32,13 @@ def gauges() -> Iterator[tuple[str, str, dict[str, str], float]]:
         store = store_for(alias)
         now = datetime.now(UTC)
         sqlite = connections[alias].vendor == "sqlite"
-        oldest = store.oldest_due(stamp(now) if sqlite else now)
-        for one in store.queue_stats():
+        try:  # both read before anything is yielded: a database that fails gives none of its gauges
+            oldest = store.oldest_due(stamp(now) if sqlite else now)
+            stats = store.queue_stats()
+        except DatabaseError:  # that database's gauges are left out, not the next ones' (loom_scrape_database_ok)
+            log.warning("queue gauges on %s failed", alias, exc_info=True)
+            continue
+        for one in stats:
             labels = {"alias": alias, "queue": one.name}
             yield "loom_queue_depth", "Pending entries of the queue (due or not)", labels, one.pending
             yield "loom_queue_ready", "Pending entries of the queue already due", labels, one.ready

@@ -1255,6 +1255,91 @@ def operations_figures(arg) -> dict:
             "troubled": sorted(eid for eid, *_ in operations.troubled() if eid in stuck), "stuck": sorted(stuck)}
 
 
+def operations_shard_down(arg) -> dict:
+    """A third shard whose server does not answer: the operations page, the executions list searched by an
+    input value, and the API's `GET /api/executions` (every token kind) answer without a traceback: the pages
+    show the reachable shards and name the down one; the API answers 503 naming it (a partial page would
+    move its cursor past the down shard's rows for good)."""
+    import io
+    import re
+
+    from django.core.management import CommandError, call_command
+    from django.test import override_settings
+
+    from journal import shards
+    from journal.flows import start
+    from leases.models import Worker
+    from queues import declare_queue, enqueue
+
+    run = arg["run"]
+    up, down = shards.shards()[:2], shards.shards()[2]
+    declare_queue(f"{run}-q", concurrency=2)
+    marked = [e for e in ids_on_each_shard(f"{run}-m", 1) if shards.shard_for(e) in up]
+    for eid in marked:
+        start("shards.one", {"mark": f"{run}-needle"}, execution_id=eid)
+    queued = next(f"{run}-p{i}" for i in range(1000) if shards.shard_for(f"{run}-p{i}") == up[1])
+    enqueue("shards.one", 1, queue=f"{run}-q", execution_id=queued)
+    Worker.objects.using(up[0]).update_or_create(id=f"{run}-w", defaults={"host": "h", "pid": 1, "role": "main",
+                                                                          "stopped_at": None})
+    client = _admin_client(run)
+    pages = {}
+    for url, params in (("/admin/queues/queue/operations/", {}), ("/admin/queues/queue/operations/", {"window": "day"}),
+                        ("/admin/journal/execution/", {"q": f"{run}-needle"}),
+                        ("/admin/journal/execution/", {"q": queued})):
+        response = client.get(url, params)
+        html = response.content.decode()
+        pages[f"{url}?{params}"] = [response.status_code, f"“{down}” could not be read" in html,
+                                    sorted(set(re.findall(rf">({re.escape(run)}-(?:m-\d+|p\d+|q))<", html)))]
+    from django.contrib import admin
+    from django.urls import NoReverseMatch, reverse
+
+    every = {}  # every list page of the admin, and its own pages: never a 500
+    for model in admin.site._registry:
+        try:
+            url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        except NoReverseMatch:
+            continue
+        every[url] = client.get(url).status_code
+    for name in ("admin:journal_execution_flow_versions", "admin:queues_operations"):
+        try:
+            every[reverse(name)] = client.get(reverse(name)).status_code
+        except NoReverseMatch:
+            every[name] = "no such page"
+    versions = client.get(reverse("admin:journal_execution_flow_versions")).content.decode()
+    retire = {"named": f"“{down}” could not be read" in versions, "safe": "safe: none live" in versions,
+              "unknown": f"unknown: {down} not read" in versions, "flow": ">shards.one<" in versions}
+    tokens = [{"token": "t-full-" + "x" * 30, "name": "full"}, {"token": "t-own-" + "y" * 30, "name": "own",
+                                                                 "read": "own"}]
+    api = {}
+    with override_settings(LOOM_API_AUTH=True, LOOM_API_TOKENS=tokens):
+        for token in tokens:
+            response = client.get("/api/executions", headers={"Authorization": f"Bearer {token['token']}"})
+            body = response.json()
+            api[token["name"]] = [response.status_code, body.get("error", {}).get("code"),
+                                  down in body.get("error", {}).get("message", "")]
+    # The metrics page with the down shard in the middle of LOOM_SHARDS: the shard after it still reported.
+    with override_settings(LOOM_API_AUTH=True, LOOM_API_TOKENS=tokens, LOOM_METRICS=True,
+                           LOOM_SHARDS=[up[0], down, up[1]]):
+        response = client.get("/api/metrics", headers={"Authorization": f"Bearer {tokens[0]['token']}"})
+    text = response.content.decode()
+    metrics = {"status": response.status_code,
+               "ok": sorted(re.findall(r'loom_scrape_database_ok\{alias="(\w+)"\} (\S+)', text)),
+               "depth": re.findall(rf'loom_queue_depth\{{alias="(\w+)",queue="{re.escape(run)}-q"\}} (\S+)', text),
+               "executions": sorted(set(re.findall(r'loom_executions\{alias="(\w+)"', text)))}
+    cli = {}
+    for args in (["executions", "list", "--search", f"{run}-needle"], ["workers"], ["queues"], ["flows"]):
+        out = io.StringIO()
+        try:
+            call_command("loom", *args, "--json", stdout=out, stderr=io.StringIO())
+            cli[args[0]] = [0, out.getvalue()[:300]]
+        except CommandError as exc:
+            cli[args[0]] = [exc.returncode, json.loads(out.getvalue() or "{}")]
+        except Exception as exc:  # a traceback for the operator
+            cli[args[0]] = [type(exc).__name__, str(exc)[:200]]
+    return {"down": down, "pages": pages, "api": api, "marked": sorted(marked), "queued": queued, "metrics": metrics,
+            "cli": cli, "every": every, "retire": retire}
+
+
 def main() -> None:
     django.setup()
     name = sys.argv[1]

@@ -259,19 +259,36 @@ def test_the_parent_and_children_of_an_execution_are_shown_only_when_the_token_m
     assert get(client, "/api/executions/at-hidden-parent", token=CALC).status_code == 404
 
 
-def test_an_own_tokens_start_stored_as_a_content_reference_is_not_in_its_list_but_is_read(client, settings,
-                                                                                           tmp_path):
-    """The documented limitation (docs/http-api.md): over LOOM_CONTENT_THRESHOLD_BYTES the EXECUTION_STARTED
-    row is `{"$content", "$size"}`, so the list's SQL cannot see its `$meta.started_by`; a read resolves it."""
+def test_an_own_tokens_start_stored_as_a_content_reference_is_in_its_list_and_no_other_own_tokens(
+        client, settings, tmp_path):
+    """Over LOOM_CONTENT_THRESHOLD_BYTES the EXECUTION_STARTED row is `{"$content", "$size"}`, so SQL cannot see
+    its `$meta.started_by`: the list reads such a candidate to decide. An own token lists its large starts (its
+    pages of one row step through them in order), another own token none of them, whichever its page size."""
+    other = "own2-token-0123456789abcdef"
+    settings.LOOM_API_TOKENS = [*settings.LOOM_API_TOKENS, {"token": other, "name": "own2", "read": "own"}]
     settings.LOOM_CONTENT_THRESHOLD_BYTES = 300
     settings.LOOM_CONTENT_DIR = str(tmp_path / "content")
-    for execution_id, n in (("ao-small", 1), ("ao-large", "x" * 400)):
+    started = [("ao-small", 1, OWN), ("ao-large", "x" * 400, OWN), ("ao-other-1", "y" * 400, other),
+               ("ao-large-2", "z" * 400, OWN), ("ao-other-2", "w" * 400, other), ("ao-other-3", "v" * 400, other)]
+    for execution_id, n, token in started:
         response = post(client, "/api/flows/tests.apilist.sleeper/executions",
-                        {"input": {"n": n}, "execution_id": execution_id}, OWN)
+                        {"input": {"n": n}, "execution_id": execution_id}, token)
         assert response.status_code == 202, response.content
     stored = Event.objects.filter(stream_id="ao-large", seq=0).values_list("payload", flat=True).get()
     assert set(stored) == {"$content", "$size"}
-    assert ids(get(client, "/api/executions", OWN)) == ["ao-small"]
-    assert set(ids(get(client, "/api/executions"))) >= {"ao-small", "ao-large"}
+    newest_first = ["ao-large-2", "ao-large", "ao-small"]
+    assert ids(get(client, "/api/executions", OWN)) == newest_first
+    assert ids(get(client, "/api/executions", other)) == ["ao-other-3", "ao-other-2", "ao-other-1"]
+    paged, cursor = [], None
+    for _ in range(5):  # a page of one: the other token's candidates between are skipped, none repeated
+        body = get(client, "/api/executions", OWN, limit=1, **({"cursor": cursor} if cursor else {})).json()
+        paged += [row["execution_id"] for row in body["executions"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert paged == newest_first and cursor is None
+    assert ids(get(client, "/api/executions", other, limit=1)) == ["ao-other-3"]
+    assert set(ids(get(client, "/api/executions"))) >= {e for e, _, _ in started}
     read = get(client, "/api/executions/ao-large", OWN)
     assert read.status_code == 200 and read.json()["input"] == {"n": "x" * 400}
+    assert get(client, "/api/executions/ao-large", other).status_code == 404

@@ -231,6 +231,34 @@ def test_an_unreachable_shard_leaves_every_list_listing_the_others_and_its_rows_
     assert all(found == [503, True] for found in facts["pages"].values()), facts["pages"]
 
 
+def test_an_unreachable_shard_leaves_the_operations_page_the_search_and_the_api_list_answering(shard_env):
+    """Issue 28's console with a shard down (its alias at a port where nothing listens; no server stopped): the
+    operations page (both windows) and the executions search show the reachable shards' rows and name the down
+    one, never a 500; the API's list answers 503 naming it, for a full-read token and a "read: own" one; the
+metrics page reads every other shard and says which one it could not read."""
+    urls = f"{shard_env['SHARD_DATABASE_URLS']};shard2=postgres://postgres@127.0.0.1:5439/nothing"
+    facts = scenario(shard_env, "operations_shard_down", {"run": "opd"}, SHARD_DATABASE_URLS=urls,
+                     LOOM_SHARDS="default,shard1,shard2")
+    assert facts["down"] == "shard2"
+    assert len(facts["every"]) > 15 and set(facts["every"].values()) == {200}, facts["every"]  # every admin list
+    # flow versions: the down shard's live executions are unknown, so no version is called safe to retire
+    assert facts["retire"] == {"named": True, "safe": False, "unknown": True, "flow": True}, facts["retire"]
+    pages = list(facts["pages"].values())
+    assert all(status == 200 and named for status, named, _ in pages), facts["pages"]
+    assert "opd-q" in pages[0][2] and "opd-q" in pages[1][2]  # the queue of the pending entry on shard1
+    assert pages[2][2] == facts["marked"] and pages[3][2] == [facts["queued"]], facts["pages"]
+    assert facts["api"] == {"full": [503, "database_unavailable", True], "own": [503, "database_unavailable", True]}
+    # the metrics page, the down shard listed between the two others: it is said to be down, the one after it read
+    assert facts["metrics"] == {"status": 200, "ok": [["default", "1.0"], ["shard1", "1.0"], ["shard2", "0.0"]],
+                                "depth": [["shard1", "1.0"]], "executions": ["default", "shard1"]}, facts["metrics"]
+    refused = {"ok": False, "type": "DatabaseUnavailable", "exit": 4, "results": {"unreachable": ["shard2"]}}
+    verbs = ("executions", "workers", "queues", "flows")
+    assert {verb: code for verb, (code, _) in facts["cli"].items()} == dict.fromkeys(verbs, 4), facts["cli"]
+    cli = {verb: [code, {k: v for k, v in said.items() if k != "error"}] for verb, (code, said) in facts["cli"].items()}
+    assert cli == {verb: [4, refused] for verb in verbs}, facts["cli"]  # no traceback
+    assert all("shard2: connection failed" in said["error"] for _, said in facts["cli"].values()), facts["cli"]
+
+
 def test_queues_schedules_the_cli_and_tasks_act_on_each_executions_shard(shard_env):
     facts = scenario(shard_env, "queues_over_shards", {"run": "qs"})
     assert all(facts["placed"].values()) and len(facts["placed"]) == 6  # each entry on its execution's shard

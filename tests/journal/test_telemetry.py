@@ -221,7 +221,7 @@ def test_every_metric_is_documented_and_the_dashboard_asks_only_for_those():
     names = {m._name + suffix[type(m).__name__] for m in telemetry._metrics.values()}
     names |= {"loom_executions", "loom_queue_depth", "loom_queue_ready", "loom_queue_running",
               "loom_queue_oldest_pending_age_seconds", "loom_scrape_time", "loom_projection_lag_events",
-              "loom_projection_blocked"}
+              "loom_projection_blocked", "loom_scrape_database_ok"}
     table = set(re.findall(r"^\| `(loom_[a-z_]+)` \|", (docs / "observability.md").read_text(), re.M))
     assert table == names
     dashboard = json.loads((docs / "grafana" / "loom-dashboard.json").read_text())

@@ -12,7 +12,8 @@
     manage.py loom replay [ID ...] [--flow F] [--last N] [--settled] [--file PATH]  # exit 1: would not resume
 
 `--json` on every verb prints one JSON document on stdout (an error too: {"ok": false, ...}). Exit
-codes: 0 done, 1 refused or not found, 2 usage, 3 not available here (docs/cli.md). The verbs live
+codes: 0 done, 1 refused or not found, 2 usage, 3 not available here, 4 the database (a shard) could not be
+reached (docs/cli.md). The verbs live
 in journal/cli.py; this module only parses. Its nouns are those registered with journal.cli.add_cli_noun: the
 journal's below, and those the apps above add from their ready() (queues/cli.py: queues, workers; leases/cli.py:
 schedules), so the journal names none of them.
@@ -23,9 +24,11 @@ from __future__ import annotations
 import json
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import InterfaceError, OperationalError
 
 from journal import cli
 from journal.cli import options
+from journal.reach import cannot_reach
 
 
 def _execution_arguments(executions) -> None:
@@ -137,7 +140,7 @@ cli.add_cli_noun("replay", _replay_arguments, place=80,
 
 class Command(BaseCommand):
     help = "Inspect and operate executions, queues and schedules (docs/cli.md). Exit codes: 0 ok, 1 refused " \
-           "or not found, 2 usage, 3 not available."
+           "or not found, 2 usage, 3 not available, 4 database unreachable."
 
     def add_arguments(self, parser) -> None:
         registered = cli.nouns()
@@ -149,7 +152,12 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         as_json, using = options["json"], options["database"]
         try:
-            reply = cli.NOUNS[options["noun"]].dispatch(options, cli.check_alias(using))
+            try:
+                reply = cli.NOUNS[options["noun"]].dispatch(options, cli.check_alias(using))
+            except (OperationalError, InterfaceError) as exc:  # a server down: exit 4 naming it, not a traceback
+                if not cannot_reach(exc):
+                    raise
+                raise cli.unreachable(exc) from None
         except cli.Refused as refused:
             if as_json:
                 found = {} if refused.data is None else {"results": refused.data}
