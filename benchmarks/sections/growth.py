@@ -271,12 +271,54 @@ def _removal(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
     store.vacuum()
     vacuum_s = time.perf_counter() - began
     sizes_vacuumed = store.table_sizes()
+    second = _second_round(ctx, store, pfx, count, days)
     rate = done["events"] / done["s"] if done["s"] else None
     ctx.record("removal", params, throughput=round(rate, 1) if rate else None, unit="events/s",
                count=done["events"], executions_per_s=round(done["executions"] / done["s"], 1) if done["s"] else None,
                batches=done["batches"], fill_s=round(fill_s, 2), vacuum_s=round(vacuum_s, 2),
-               sizes_filled=sizes_filled, sizes_removed=sizes_removed, sizes_vacuumed=sizes_vacuumed)
+               sizes_filled=sizes_filled, sizes_removed=sizes_removed, sizes_vacuumed=sizes_vacuumed,
+               round2=second, round2_vs_round1=_ratios(second["sizes_vacuumed"], sizes_vacuumed))
     ctx.record("append, no removal", params, throughput=quiet.throughput, unit="ops/s",
                latencies_ms=quiet.latencies_ms, count=quiet.units)
     ctx.record("append, removal running", params, throughput=None, unit="ops/s", latencies_ms=during,
                count=len(during), rounds=rounds)
+
+
+def _second_round(ctx, store, pfx: str, count: int, days: float) -> dict:
+    """Sizes flat once retention is reached: the same intake again (`{pfx}r<n>`, the same spread over `days`)
+    into the vacuumed tables, removal again (its own clock), VACUUM again. If removal keeps the journal at
+    its retention, the second round's sizes after VACUUM are the first's (the freed space is reused)."""
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from journal import retention
+
+    began = time.perf_counter()
+    for start in range(0, count, 100_000):
+        store.fill_settled(f"{pfx}r", start, min(100_000, count - start), PER_STREAM, '{"data":"filled"}', days,
+                           SETTLED_FLOW)
+    fill_s = time.perf_counter() - began
+    sizes_filled = store.table_sizes()
+    with override_settings(LOOM_RETENTION_DAYS=None, LOOM_RETENTION_FLOWS=[f"{SETTLED_FLOW}={RETENTION_DAYS}"],
+                           LOOM_RETENTION_BATCH=ctx.options["growth_removal_batch"], LOOM_ARCHIVE_FLOWS=[]):
+        at = timezone.now()
+        (group,) = retention.groups(at)
+        due = store.due(group.cutoff, group.flows)  # round 2's old ones and round 1's that crossed the line since
+        t0 = time.perf_counter()
+        done = retention.run(store.alias, now=at)
+        removal_s = time.perf_counter() - t0
+    ctx.verify(f"growth removal round 2: executions removed (due past {RETENTION_DAYS} days)", due,
+               done["executions"])
+    sizes_removed = store.table_sizes()
+    store.vacuum()
+    return {"events": done["events"], "executions": done["executions"], "batches": done["batches"],
+            "events_per_s": round(done["events"] / removal_s, 1) if removal_s else None,
+            "fill_s": round(fill_s, 2), "sizes_filled": sizes_filled, "sizes_removed": sizes_removed,
+            "sizes_vacuumed": store.table_sizes()}
+
+
+def _ratios(after: dict | None, before: dict | None) -> dict | None:
+    """Each size of round 2 over round 1 (after VACUUM): 1.0 is flat."""
+    if not after or not before:
+        return None
+    return {key: round(after[key] / before[key], 3) if before[key] else None for key in after}
