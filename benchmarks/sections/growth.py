@@ -271,7 +271,7 @@ def _removal(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
     store.vacuum()
     vacuum_s = time.perf_counter() - began
     sizes_vacuumed = store.table_sizes()
-    second = _second_round(ctx, store, pfx, count, days)
+    second = _second_round(ctx, retention, store, pfx, count, days)
     rate = done["events"] / done["s"] if done["s"] else None
     ctx.record("removal", params, throughput=round(rate, 1) if rate else None, unit="events/s",
                count=done["events"], executions_per_s=round(done["executions"] / done["s"], 1) if done["s"] else None,
@@ -284,14 +284,12 @@ def _removal(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
                count=len(during), rounds=rounds)
 
 
-def _second_round(ctx, store, pfx: str, count: int, days: float) -> dict:
+def _second_round(ctx, retention, store, pfx: str, count: int, days: float) -> dict:
     """Sizes flat once retention is reached: the same intake again (`{pfx}r<n>`, the same spread over `days`)
     into the vacuumed tables, removal again (its own clock), VACUUM again. If removal keeps the journal at
     its retention, the second round's sizes after VACUUM are the first's (the freed space is reused)."""
     from django.test import override_settings
     from django.utils import timezone
-
-    from journal import retention
 
     began = time.perf_counter()
     for start in range(0, count, 100_000):
