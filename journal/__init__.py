@@ -18,6 +18,8 @@ FACE_MODULES = (
     # wave 14: the async faces (astart...), telemetry's hooks and gauge seam, the "server unreachable" test
     # and DatabaseUnavailable's sign list, retention's remove-hook seam, the CLI's replies for the apps' verbs
     "journal.flows.aio", "journal.telemetry", "journal.reach", "journal.retention", "journal.cli",
+    # wave 15: aggregate compaction (the worker's retention service runs it)
+    "journal.compaction",
     # loom.W050 as a database check: the long-running commands (loom_worker, loom_serve_api) run it at start-up
     "journal.checks",
 )

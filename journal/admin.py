@@ -54,7 +54,7 @@ from journal.admin_shards import UNREACHABLE, ShardedRows, ShardUnreachable, pic
 from journal.aggregates.admin import AggregateAdmin
 from journal.exceptions import ForgetIncomplete
 from journal.ids import stored_id_problem
-from journal.models import AggregateStream, DataKey, Event, Execution, Fence, Removal, Snapshot
+from journal.models import AggregateStream, Compaction, DataKey, Event, Execution, Fence, Removal, Snapshot
 from journal.privacy import Reader, reader_for_user
 from journal.timestamps import stamp
 
@@ -677,6 +677,32 @@ class RemovalAdmin(SafeChangeList, ReadOnlyAdmin):
         for due in policies:
             self.message_user(request, f"{due['policy']}: {due['days']:g} day(s), {due['due']} execution(s) due "
                                        f"(finished before {due['cutoff']}).", messages.INFO)
+        return super().changelist_view(request, extra_context)
+
+
+@admin.register(Compaction)
+class CompactionAdmin(SafeChangeList, ReadOnlyAdmin):
+    """Aggregate streams' compaction batches (journal/compaction.py), newest first; the list names the compacted
+    states."""
+
+    list_display = ("id", "compacted_at", "state", "stream_id", "before_seq", "events", "snapshots")
+    readonly_fields = ("compacted_at", "state", "stream_id", "before_seq", "events", "snapshots")
+    list_filter = ("state",)
+
+    def changelist_view(self, request, extra_context=None):
+        from journal import compaction, conf  # app registry: compaction reads the declared states at use
+
+        try:
+            chosen = [st.name for st in compaction.compacted_states()]
+        except conf.ConfigError as exc:
+            self.message_user(request, f"Compaction is misconfigured: {exc}", messages.ERROR)
+            chosen = None
+        if chosen == []:
+            self.message_user(request, "No aggregate state is compacted (State(compact=True), "
+                                       "LOOM_COMPACT_AGGREGATES).", messages.INFO)
+        elif chosen:
+            self.message_user(request, f"Compacted states: {', '.join(chosen)} (the events before each stream's "
+                                       "newest snapshot are deleted).", messages.INFO)
         return super().changelist_view(request, extra_context)
 
 

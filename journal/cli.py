@@ -583,10 +583,22 @@ def replay(using: str | None, execution_ids: list[str], *, files: list[str] | No
 
 
 def retention(using: str | None, verb: str, max_batches: int | None = None) -> Reply:
-    """`loom retention status`: due per policy and the newest batches, per shard; `run`: remove what is due."""
+    """`loom retention status`: due per policy and the newest batches, per shard; `run`: remove what is due;
+    `compact`: compact the compacted states' aggregate streams (journal/compaction.py)."""
+    from journal import compaction, conf  # app registry: read at use, as retention is
     from journal import retention as kept
 
     aliases = _aliases(using)
+    if max_batches is not None and max_batches < 1:
+        raise Refused(f"--max-batches must be at least 1, got {max_batches}", USAGE)
+    if verb == "compact":
+        try:
+            done = {alias: compaction.run(alias, max_batches=max_batches) for alias in aliases}
+        except conf.ConfigError as exc:
+            raise Refused(str(exc), kind="ConfigError") from None
+        lines = [f"{alias}: compacted {t['streams']} stream(s), {t['events']} event(s), {t['snapshots']} older "
+                 f"snapshot(s) in {t['batches']} batch(es)" for alias, t in done.items()]
+        return Reply(done, lines)
     if verb == "run":
         done = {alias: kept.run(alias, max_batches=max_batches) for alias in aliases}
         lines = [f"{alias}: removed {t['executions']} execution(s), {t['events']} event(s), {t['messages']} "
@@ -604,6 +616,14 @@ def retention(using: str | None, verb: str, max_batches: int | None = None) -> R
             lines.append(f"  kept forever: {', '.join(one['forever'])}")
         lines += [f"  removed #{r['id']} {r['removed_at']}: {r['executions']} execution(s), {r['events']} event(s)"
                   + (f", archive {r['archive']}" if r["archive"] else "") for r in one["removed"]]
+        try:
+            compacted = compaction.status(one["alias"])
+        except conf.ConfigError as exc:
+            raise Refused(str(exc), kind="ConfigError") from None
+        one["compaction"] = compacted
+        lines.append(f"  compacted states: {', '.join(compacted['states']) or 'none'}")
+        lines += [f"  compacted #{c['id']} {c['compacted_at']}: {c['stream']} before seq {c['before_seq']}, "
+                  f"{c['events']} event(s)" for c in compacted["compacted"]]
     return Reply(found, lines)
 
 

@@ -214,6 +214,17 @@ def _retention_flows_problem(value: list) -> str | None:
     return None
 
 
+def _compact_problem(value: list) -> str | None:
+    """Entries are aggregate state names (or `*`), each once."""
+    from journal.compaction import parse_compacted  # app registry: compaction imports conf (a cycle)
+
+    try:
+        parse_compacted(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 # Retention, archival (journal/retention.py, docs/retention.md).
 register(
     "journal",
@@ -229,6 +240,10 @@ register(
     Setting("LOOM_ARCHIVE_STORAGE", str, "", "Name of the Django storage (settings.STORAGES) archives go to; empty: "
             "the content store's storage."),
     Setting("LOOM_ARCHIVE_PREFIX", str, "loom-archive", "Folder of the archive objects in that storage."),
+    Setting("LOOM_COMPACT_AGGREGATES", list, [], "Aggregate states (declared names; `*`: every state) whose streams "
+            "are compacted: the events before the newest snapshot deleted (journal/compaction.py). "
+            "State(..., compact=True) does the same for one state.", check=_compact_problem),
+    Setting("LOOM_COMPACT_BATCH", int, 1000, "Events one compaction batch (one transaction) deletes at most.", 1),
 )
 
 

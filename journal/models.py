@@ -248,3 +248,25 @@ class Removal(models.Model):
 
     def __str__(self) -> str:
         return f"removal {self.id}: {self.executions} execution(s), {self.events} event(s)"
+
+
+class Compaction(models.Model):
+    """One batch of an aggregate stream's compaction (journal/compaction.py): the events before its newest
+    snapshot deleted, written in the batch's own transaction (admin, `manage.py loom retention compact`)."""
+
+    id = models.BigAutoField(primary_key=True)
+    compacted_at = models.DateTimeField()
+    state = models.CharField(max_length=200, help_text="The aggregate state (its declared name).")
+    stream_id = models.CharField(max_length=200)
+    before_seq = models.BigIntegerField(help_text="The kept snapshot's seq: the events before it were deleted.")
+    events = models.BigIntegerField(default=0)
+    snapshots = models.IntegerField(default=0, help_text="Older snapshots deleted with them.")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["stream_id", "before_seq"], name="journal_compaction_stream")]
+        verbose_name = "compaction batch"
+        verbose_name_plural = "compaction batches"
+
+    def __str__(self) -> str:
+        return f"compaction {self.id}: {self.stream_id} before seq {self.before_seq}, {self.events} event(s)"

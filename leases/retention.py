@@ -3,6 +3,7 @@
 Every worker runs it; on each shard one remover at a time does a batch (the batch's advisory lock on
 PostgreSQL, the write lock on SQLite), the others' rounds return at once. A round runs batches until nothing
 is due, then sleeps LOOM_RETENTION_EVERY. Nothing to do (no retention configured): a sleep per round.
+It also compacts the aggregate streams of the compacted states (journal/compaction.py), after the removal.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 from django.apps import apps
 from django.db import DatabaseError, connections, router
 
-from journal import conf, retention, shards
+from journal import compaction, conf, retention, shards
 
 log = logging.getLogger("loom.retention")
 
@@ -45,12 +46,14 @@ class RetentionService:
     def _loop(self) -> None:
         try:
             while not self.stopping.wait(conf.get("LOOM_RETENTION_EVERY")):
-                if not retention.groups():
-                    continue
-                for alias in shards.shards():
+                removing, compacting = bool(retention.groups()), self._compacting()
+                for alias in shards.shards() if removing or compacting else ():
                     if self.stopping.is_set():
                         break
-                    self._round(alias)
+                    if removing:
+                        self._round(alias)
+                    if compacting:
+                        self._compact(alias)
         finally:
             connections.close_all()
 
@@ -65,6 +68,26 @@ class RetentionService:
             connections[alias].close()
         except Exception:  # a storage backend's own error (boto's ClientError, say): the thread must live on
             log.exception("retention batch on %s failed (nothing removed by it); retrying next round", alias)
+
+    @staticmethod
+    def _compacting() -> bool:
+        try:
+            return bool(compaction.compacted_states())
+        except conf.ConfigError as exc:  # loom.E001-style: the start-up check names it; the thread lives on
+            log.warning("compaction is misconfigured, nothing compacted: %s", exc)
+            return False
+
+    def _compact(self, alias: str) -> None:
+        """Compact the compacted states' streams on `alias` (journal/compaction.py: batches that take no lock an
+        append waits on); a failure leaves the batches already committed, the next round goes on."""
+        try:
+            compaction.run(alias)
+        except (DatabaseError, OSError) as exc:
+            log.warning("compaction on %s failed (its batches so far are committed); retrying next round: %s",
+                        alias, exc)
+            connections[alias].close()
+        except Exception:
+            log.exception("compaction on %s failed; retrying next round", alias)
 
     def quiesce(self) -> None:
         self.stopping.set()

@@ -92,6 +92,13 @@ class DrainController:
             for claim in claims:
                 consumer = consumers[claim.consumer]
                 read = events.get(claim.id, [])
+                if read and read[0].seq != claim.at + 1:
+                    # A compacted aggregate stream (journal/compaction.py) starts at its kept snapshot: a consumer
+                    # replayed from the start sees it from there. Said, not refused: the kept events are all the
+                    # log has; a projection that needs the whole stream must not follow a compacted state.
+                    log.warning("projection %s reads %s from seq %d, not %d: the stream was compacted before it "
+                                "(docs/retention.md, Compaction)", claim.consumer, claim.stream, read[0].seq,
+                                claim.at + 1)
                 # The new watermark is the last event read, nothing beyond: an empty read acks nothing.
                 last = read[-1].seq if read else claim.at
                 if len(read) < batch:

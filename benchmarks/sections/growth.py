@@ -49,8 +49,13 @@ def add_arguments(parser) -> None:
                              "(the issue's size: 10000000).")
     parser.add_argument("--growth-removal-days", type=positive_int, default=400,
                         help="Days the settled fill is spread over (default 400).")
-    parser.add_argument("--growth-removal-batch", type=positive_int, default=500,
-                        help="LOOM_RETENTION_BATCH of the removal cells (default 500 executions).")
+    parser.add_argument("--growth-removal-rounds", type=positive_int, default=2,
+                        help="Intake rounds of the removal cells (default 2): after the first, the same amount in "
+                             "again, removal and VACUUM again, each round's sizes over the first's (flatness).")
+    parser.add_argument("--growth-removal-batch", type=positive_int_list, default=[500],
+                        help="LOOM_RETENTION_BATCH of the removal cells (default 500 executions); a list "
+                             "(500,2000): round n uses the list's entry n mod its length, to compare batch sizes "
+                             "within one run.")
 
 
 def run(ctx) -> None:
@@ -240,7 +245,7 @@ def _removal(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
     sizes_filled = store.table_sizes()
     params = {"events": count * PER_STREAM, "days": days, "retention_days": RETENTION_DAYS, "running": filled}
     with override_settings(LOOM_RETENTION_DAYS=None, LOOM_RETENTION_FLOWS=[f"{SETTLED_FLOW}={RETENTION_DAYS}"],
-                           LOOM_RETENTION_BATCH=ctx.options["growth_removal_batch"], LOOM_ARCHIVE_FLOWS=[]):
+                           LOOM_RETENTION_BATCH=_batch(ctx, 1), LOOM_ARCHIVE_FLOWS=[]):
         # One clock for the whole removal: what was due at its start is what it removes (with the clock moving
         # on, executions that cross the 30-day line during a long run would be removed too).
         at = timezone.now()
@@ -271,12 +276,60 @@ def _removal(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
     store.vacuum()
     vacuum_s = time.perf_counter() - began
     sizes_vacuumed = store.table_sizes()
+    later = [_next_round(ctx, retention, store, f"{pfx}r{n}_", count, days, _batch(ctx, n))
+             for n in range(2, ctx.options.get("growth_removal_rounds", 2) + 1)]
     rate = done["events"] / done["s"] if done["s"] else None
     ctx.record("removal", params, throughput=round(rate, 1) if rate else None, unit="events/s",
                count=done["events"], executions_per_s=round(done["executions"] / done["s"], 1) if done["s"] else None,
-               batches=done["batches"], fill_s=round(fill_s, 2), vacuum_s=round(vacuum_s, 2),
-               sizes_filled=sizes_filled, sizes_removed=sizes_removed, sizes_vacuumed=sizes_vacuumed)
+               batches=done["batches"], batch=_batch(ctx, 1), fill_s=round(fill_s, 2), vacuum_s=round(vacuum_s, 2),
+               sizes_filled=sizes_filled, sizes_removed=sizes_removed, sizes_vacuumed=sizes_vacuumed,
+               later_rounds=later, vs_round1=[_ratios(r["sizes_vacuumed"], sizes_vacuumed) for r in later])
     ctx.record("append, no removal", params, throughput=quiet.throughput, unit="ops/s",
                latencies_ms=quiet.latencies_ms, count=quiet.units)
     ctx.record("append, removal running", params, throughput=None, unit="ops/s", latencies_ms=during,
                count=len(during), rounds=rounds)
+
+
+def _batch(ctx, round_: int) -> int:
+    """The removal batch of round `round_` (1-based): --growth-removal-batch's entries in turn."""
+    chosen = ctx.options["growth_removal_batch"]
+    chosen = chosen if isinstance(chosen, list) else [chosen]
+    return chosen[(round_ - 1) % len(chosen)]
+
+
+def _next_round(ctx, retention, store, pfx: str, count: int, days: float, batch: int) -> dict:
+    """Sizes flat once retention is reached: the same intake again (`{pfx}<n>`, the same spread over `days`)
+    into the vacuumed tables, removal again (its own clock), VACUUM again. If removal keeps the journal at
+    its retention, the second round's sizes after VACUUM are the first's (the freed space is reused)."""
+    from django.test import override_settings
+    from django.utils import timezone
+
+    began = time.perf_counter()
+    for start in range(0, count, 100_000):
+        store.fill_settled(pfx, start, min(100_000, count - start), PER_STREAM, '{"data":"filled"}', days,
+                           SETTLED_FLOW)
+    fill_s = time.perf_counter() - began
+    sizes_filled = store.table_sizes()
+    with override_settings(LOOM_RETENTION_DAYS=None, LOOM_RETENTION_FLOWS=[f"{SETTLED_FLOW}={RETENTION_DAYS}"],
+                           LOOM_RETENTION_BATCH=batch, LOOM_ARCHIVE_FLOWS=[]):
+        at = timezone.now()
+        (group,) = retention.groups(at)
+        due = store.due(group.cutoff, group.flows)  # round 2's old ones and round 1's that crossed the line since
+        t0 = time.perf_counter()
+        done = retention.run(store.alias, now=at)
+        removal_s = time.perf_counter() - t0
+    ctx.verify(f"growth removal round {pfx}: executions removed (due past {RETENTION_DAYS} days)", due,
+               done["executions"])
+    sizes_removed = store.table_sizes()
+    store.vacuum()
+    return {"batch": batch, "events": done["events"], "executions": done["executions"], "batches": done["batches"],
+            "events_per_s": round(done["events"] / removal_s, 1) if removal_s else None,
+            "fill_s": round(fill_s, 2), "sizes_filled": sizes_filled, "sizes_removed": sizes_removed,
+            "sizes_vacuumed": store.table_sizes()}
+
+
+def _ratios(after: dict | None, before: dict | None) -> dict | None:
+    """Each size of a later round over round 1 (after VACUUM): 1.0 is flat."""
+    if not after or not before:
+        return None
+    return {key: round(after[key] / before[key], 3) if before[key] else None for key in after}

@@ -12,6 +12,7 @@ from journal.aggregates.cache import StateCache, cache
 from journal.aggregates.declarations import Action, Actor, EventType, Invariant, State, invariant, states
 from journal.aggregates.errors import (
     AggregateError,
+    CompactedStream,
     ConcurrencyError,
     DeclarationError,
     InvalidActionPayload,
@@ -29,6 +30,7 @@ __all__ = [
     "Aggregate",
     "AggregateError",
     "Committed",
+    "CompactedStream",
     "ConcurrencyError",
     "DeclarationError",
     "EventType",

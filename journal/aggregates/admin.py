@@ -24,7 +24,7 @@ from django.urls import path, reverse
 
 from journal.admin_base import ReadOnlyAdmin
 from journal.aggregates.declarations import State, states
-from journal.aggregates.errors import AggregateError
+from journal.aggregates.errors import AggregateError, CompactedStream
 from journal.aggregates.runtime import META, fold_events, replay
 from journal.exceptions import PrivacyError
 from journal.models import AggregateStream, Event
@@ -102,11 +102,17 @@ def stream_detail(request: HttpRequest, state: str, id: str) -> HttpResponse:
     total = Event.objects.filter(stream_id=stream).count()
     if not total:
         raise Http404(f"stream {stream} has no events")
+    # A compacted stream starts at its kept snapshot's seq (journal/compaction.py): the latest events are the
+    # ones after tip - EVENTS_SHOWN, and the page says where its history begins.
+    first = Event.objects.filter(stream_id=stream).order_by("seq").values_list("seq", flat=True).first()
+    tip = first + total - 1
     reader = reader_for_user(request.user)  # sensitive fields as this user may see them (docs/privacy.md)
-    events = Event.objects.read(stream, after_seq=max(-1, total - 1 - EVENTS_SHOWN), reader=reader)
+    events = Event.objects.read(stream, after_seq=max(-1, tip - EVENTS_SHOWN), reader=reader)
     try:
         agg = replay(st, id)
         state = agg.state
+        if st.sensitive and first:  # its snapshot is never read: the kept events alone would fold wrongly
+            raise CompactedStream(stream, first, f"{st.name} is sensitive now (its snapshots are never read)")
         if st.sensitive:  # folded from the events as this user sees them: a value it may not see is not in it
             state = _fold_as(st, stream, reader)
         shown = disclose_model(st.schema, state.model_dump(mode="json"), reader) if state is not None else None
@@ -127,6 +133,7 @@ def stream_detail(request: HttpRequest, state: str, id: str) -> HttpResponse:
     return _render(request, "detail.html", {
         "title": f"{st.name} {id}", "state": st, "id": id, "stream": stream, "agg": agg, "current": current,
         "error": error, "events": rows, "total": total, "truncated": total > len(rows), "crumbs": _crumbs(st, id),
+        "compacted_before": first,
     })
 
 

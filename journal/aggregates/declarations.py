@@ -110,19 +110,27 @@ class State(Generic[S]):
     state `Ticket` is the journal stream `Ticket-42`. Pass `prefix=` to choose another.
     snapshot_every: after a commit that brings the events since the last snapshot to this many,
     the runtime checkpoints the state (journal_snapshot), so a cold load replays at most that many.
+    compact: the retention service deletes the events before each stream's newest snapshot
+    (journal/compaction.py; LOOM_COMPACT_AGGREGATES does the same from settings). Needs snapshot_every.
     """
 
     def __init__(self, name: str, schema: type[S], *, initial: S | None = None, prefix: str | None = None,
-                 snapshot_every: int | None = None):
+                 snapshot_every: int | None = None, compact: bool = False):
         if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
             raise DeclarationError(f"state {name}: schema must be a pydantic BaseModel subclass, got {schema!r}")
         if snapshot_every is not None and snapshot_every < 1:
             raise DeclarationError(f"state {name}: snapshot_every must be a positive integer or None")
+        if not isinstance(compact, bool):
+            raise DeclarationError(f"state {name}: compact must be True or False, got {compact!r}")
+        if compact and snapshot_every is None:
+            raise DeclarationError(f"state {name}: compact=True needs snapshot_every (compaction keeps the events "
+                                   "after the newest snapshot)")
         self.name = name
         self.schema = schema
         self.initial: S = initial if initial is not None else schema()
         self.prefix = f"{name}-" if prefix is None else prefix
         self.snapshot_every = snapshot_every
+        self.compact = compact
         self.events: dict[str, EventType] = {}
         self.actions: dict[str, Action[S, Any]] = {}
         self._names_by_class: dict[type, str] = {}

@@ -15,6 +15,17 @@ class AggregateError(JournalError):
     """Base class of the errors raised by event-sourced aggregates."""
 
 
+class CompactedStream(AggregateError):
+    """The stream was compacted (its events before seq `first_seq` were deleted, journal/compaction.py) and it
+    cannot be loaded from its snapshot (the snapshot no longer fits the state's schema, the state became
+    sensitive, or a replay from seq 0 was asked for): replaying only the kept events would give a wrong state."""
+
+    def __init__(self, stream: str, first_seq: int, reason: str):
+        self.stream, self.first_seq, self.reason = stream, first_seq, reason
+        super().__init__(f"{stream} was compacted before seq {first_seq} and {reason}: a replay of the kept "
+                         f"events alone would give a wrong state; nothing was read as its state")
+
+
 class DeclarationError(AggregateError, TypeError):
     """A state, event or action is declared wrongly (raised at declaration or first use, never mid-commit)."""
 

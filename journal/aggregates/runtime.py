@@ -30,6 +30,7 @@ from journal.aggregates import versioning
 from journal.aggregates.cache import cache
 from journal.aggregates.declarations import Action, Actor, EventType, State
 from journal.aggregates.errors import (
+    CompactedStream,
     ConcurrencyError,
     DeclarationError,
     InvalidActionPayload,
@@ -117,10 +118,19 @@ def _apply_stored(st: State, current: BaseModel, stream: str, seq: int, type_: s
     return _merge(current, event.patch(current, model))
 
 
-def _fold(st: State, current: BaseModel, stream: str, events: Iterable[StoredEvent]) -> tuple[BaseModel, int, int]:
-    """(state, last seq, count) after applying `events` in order."""
+class _Gap(Exception):
+    """A read after seq `after` began later than after + 1: the stream was compacted past `after` meanwhile."""
+
+
+def _fold(st: State, current: BaseModel, stream: str, events: Iterable[StoredEvent],
+          after: int | None = None) -> tuple[BaseModel, int, int]:
+    """(state, last seq, count) after applying `events` in order. With `after`, the events must follow it
+    without a gap (`_Gap` otherwise): a compaction may have deleted events between a snapshot read and the
+    events read after it (two statements), and folding what is left would give a wrong state."""
     count, last = 0, None
     for ev in events:
+        if after is not None and count == 0 and ev.seq != after + 1:
+            raise _Gap(ev.seq)
         current = _apply_stored(st, current, stream, ev.seq, ev.type, ev.payload)
         count, last = count + 1, ev.seq
     return current, (-1 if last is None else last), count
@@ -162,16 +172,30 @@ def _remember(st: State, agg: Aggregate) -> None:
 
 
 def _from_snapshot(st: State, stream: str) -> tuple[BaseModel, int]:
-    """The newest snapshot's state and seq, or the initial state at -1 (also if the schema moved on)."""
+    """The newest snapshot's state and seq, or the initial state at -1 (also if the schema moved on, or the state
+    is sensitive) unless the stream was compacted: then replaying from the start would fold a partial stream, and
+    CompactedStream is raised instead."""
     snap = None if st.sensitive else Snapshot.objects.latest(stream)
     if snap is None:
+        if st.sensitive:
+            _refuse_if_compacted(stream, f"{st.name} is sensitive now (its snapshots are never read)")
         return st.initial, -1
     try:
         return st.schema.model_validate(snap.state), snap.seq
     except ValidationError:
+        _refuse_if_compacted(stream, f"its snapshot at seq {snap.seq} no longer fits {st.name}'s schema")
         logger.warning("snapshot of %s at seq %s no longer fits %s; replaying from the start", stream, snap.seq,
                        st.name)
         return st.initial, -1
+
+
+def _refuse_if_compacted(stream: str, reason: str) -> None:
+    """Raise CompactedStream if the stream no longer starts at seq 0 (journal/compaction.py)."""
+    from journal.compaction import first_seq  # app registry: compaction imports the aggregates (a cycle)
+
+    first = first_seq(stream, Event.objects.db)
+    if first is not None and first > 0:
+        raise CompactedStream(stream, first, reason)
 
 
 def _on_shard(fn: Callable) -> Callable:
@@ -195,9 +219,20 @@ def replay(st: State[S], id: str, *, use_snapshot: bool = True) -> Aggregate[S]:
     """Compute an aggregate from the journal, bypassing the cache (the admin shows this)."""
     st.check()
     id, stream = _stream_of(st, id)
-    state, seq = _from_snapshot(st, stream) if use_snapshot else (st.initial, -1)
-    state, last, count = _fold(st, state, stream, Event.objects.read(stream, after_seq=seq))
-    return Aggregate(st.name, id, stream, state, last if count else seq, count)
+    for _ in range(3):  # a gap means a compaction ran between our two reads: its newer snapshot is there now
+        if use_snapshot:
+            state, seq = _from_snapshot(st, stream)
+        else:
+            _refuse_if_compacted(stream, "a replay from seq 0 was asked for (use_snapshot=False)")
+            state, seq = st.initial, -1
+        try:
+            state, last, count = _fold(st, state, stream, Event.objects.read(stream, after_seq=seq), after=seq)
+        except _Gap as gap:
+            if not use_snapshot:
+                raise CompactedStream(stream, gap.args[0], "a replay from seq 0 was asked for") from None
+            continue
+        return Aggregate(st.name, id, stream, state, last if count else seq, count)
+    raise CompactedStream(stream, -1, "its events and snapshots kept changing under three loads in a row")
 
 
 @_on_shard
@@ -216,8 +251,12 @@ def load(st: State[S], id: str, *, fresh: bool = False) -> Aggregate[S]:
         cached, stale = got
         if not (stale or fresh):
             return cached
-        state, last, count = _fold(st, cached.state, stream, Event.objects.read(stream, after_seq=cached.version))
-        agg = cached if not count else Aggregate(st.name, id, stream, state, last, cached.since_snapshot + count)
+        try:
+            state, last, count = _fold(st, cached.state, stream, Event.objects.read(stream, after_seq=cached.version),
+                                       after=cached.version)
+            agg = cached if not count else Aggregate(st.name, id, stream, state, last, cached.since_snapshot + count)
+        except _Gap:  # compacted past our cached version: load from its newest snapshot
+            agg = replay(st, id)
     else:
         agg = replay(st, id)
     _remember(st, agg)

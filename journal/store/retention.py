@@ -91,6 +91,39 @@ INSERT INTO journal_removal (removed_at, executions, events, messages, flow_even
 VALUES (%s, %s, %s, %s, %s, %s, %s)
 """
 
+# == compaction (journal/compaction.py): an aggregate stream's events before its newest snapshot ==========
+# -- compact_candidates -- streams of one state (their prefix) that have a snapshot, with the newest snapshot's
+# seq, paged by stream id. A stream with an execution header is never one (flows' logs are not aggregates). No
+# lock: a plain read.
+COMPACT_CANDIDATES = """
+SELECT s.stream_id, max(s.seq) FROM journal_snapshot s
+WHERE substr(s.stream_id, 1, %s) = %s AND s.stream_id > %s
+AND NOT EXISTS (SELECT 1 FROM journal_execution x WHERE x.id = s.stream_id)
+GROUP BY s.stream_id ORDER BY s.stream_id LIMIT %s
+"""
+# -- first_seq -- the stream's oldest kept event (one forward probe of journal_event_stream_seq): > 0 once the
+# stream was compacted. No lock.
+FIRST_SEQ = "SELECT seq FROM journal_event WHERE stream_id = %s ORDER BY seq LIMIT 1"
+# -- newest_snapshot -- the state a compaction keeps (read again in each batch's transaction). No lock.
+NEWEST_SNAPSHOT = "SELECT seq, {state} FROM journal_snapshot WHERE stream_id = %s ORDER BY seq DESC LIMIT 1"
+# -- compact_events -- up to `limit` of the stream's oldest events before the snapshot's seq, by primary key.
+# Row locks on those old rows only, no table lock: an append never locks an existing event row (its tip is a
+# plain MVCC read of the stream's newest index entry and it inserts at seq > tip, above every row deleted
+# here), and readers never wait on row locks. The snapshot's own event (seq = before) is kept: the stream's tip
+# is read from its events, so the newest event must stay (else the next append would take seq 0 again).
+COMPACT_EVENTS = """
+DELETE FROM journal_event WHERE id IN (
+    SELECT id FROM journal_event WHERE stream_id = %s AND seq < %s ORDER BY seq LIMIT %s)
+"""
+# -- compact_snapshots -- the stream's snapshots older than the kept one (they stand for deleted events).
+COMPACT_SNAPSHOTS = "DELETE FROM journal_snapshot WHERE stream_id = %s AND seq < %s"
+# -- record_compaction -- the durable record of one batch, in the batch's transaction (never claims more than
+# the transaction deleted).
+RECORD_COMPACTION = """
+INSERT INTO journal_compaction (compacted_at, state, stream_id, before_seq, events, snapshots)
+VALUES (%s, %s, %s, %s, %s, %s)
+"""
+
 # -- archive reads -- the rows as stored: payloads as their JSON text (sealed fields stay sealed).
 ARCHIVE_HEADERS = """
 SELECT id, flow, flow_version, status, {input}, {result}, error, recoveries, created_at, updated_at, finished_at
@@ -133,6 +166,7 @@ class RetentionStore(DatabaseBound):
     # Backend spellings, set by each subclass.
     CANDIDATES = ""
     TRY_BATCH_LOCK = ""
+    TRY_COMPACT_LOCK = ""
     JSON_TEXT = "{col}"
     JSON_IN = "%s"
     CHILD_ID = CHILD_STEP = PARENT_ID = ""
@@ -214,6 +248,39 @@ class RetentionStore(DatabaseBound):
         for row in rows.get("flow_event", []):
             self._count(RESTORE_FLOW_EVENT.format(j=j), row)
 
+    # -- compaction ----------------------------------------------------------------------------------
+    def try_compact_lock(self) -> bool:
+        """Whether this transaction is the shard's one compactor now (no wait either way)."""
+        if not self.TRY_COMPACT_LOCK:
+            return True
+        return bool(self._rows(self.TRY_COMPACT_LOCK, [])[0][0])
+
+    def compact_candidates(self, prefix: str, after: str, limit: int) -> list[tuple[str, int]]:
+        """(stream, newest snapshot seq) of the streams of `prefix` that have a snapshot, after `after`."""
+        return [(sid, int(seq)) for sid, seq in self._rows(COMPACT_CANDIDATES, [len(prefix), prefix, after, limit])]
+
+    def first_seq(self, stream_id: str) -> int | None:
+        """The seq of the stream's oldest kept event (None: no events)."""
+        rows = self._rows(FIRST_SEQ, [stream_id])
+        return int(rows[0][0]) if rows else None
+
+    def newest_snapshot(self, stream_id: str) -> tuple[int, object] | None:
+        rows = self._rows(NEWEST_SNAPSHOT.format(state=self.JSON_TEXT.format(col="state")), [stream_id])
+        if not rows:
+            return None
+        seq, state = rows[0]
+        return int(seq), json.loads(state) if isinstance(state, str) else state
+
+    def compact_events(self, stream_id: str, before: int, limit: int) -> int:
+        return self._count(COMPACT_EVENTS, [stream_id, before, limit])
+
+    def compact_snapshots(self, stream_id: str, before: int) -> int:
+        return self._count(COMPACT_SNAPSHOTS, [stream_id, before])
+
+    def record_compaction(self, at: datetime, state: str, stream_id: str, before: int, events: int,
+                          snapshots: int) -> None:
+        self._count(RECORD_COMPACTION, [at, state, stream_id, before, events, snapshots])
+
     # -- benchmarks only (the growth section's removal cells) ------------------------------------------
     def fill_settled(self, prefix: str, first: int, count: int, per_stream: int, payload: str, days: float,
                      flow: str) -> None:
@@ -262,6 +329,9 @@ class PostgresRetention(RetentionStore):
     # -- try_batch_lock -- a transaction-scoped advisory lock on one fixed key per shard: released by the
     # batch's commit or rollback (a remover that dies holds nothing), and never taken by an append.
     TRY_BATCH_LOCK = "SELECT pg_try_advisory_xact_lock(1282371437, 1)"  # "Loom", 1: retention
+    # -- try_compact_lock -- the same kind of lock, key 2: one compactor per shard at a time (a second one's batch
+    # returns at once). Appends never take it.
+    TRY_COMPACT_LOCK = "SELECT pg_try_advisory_xact_lock(1282371437, 2)"  # "Loom", 2: compaction
     # -- lock_candidates -- FOR UPDATE OF x SKIP LOCKED: the header rows only, and a header another
     # transaction holds (a retry's, resume's or send's LOCK_HEADER) is skipped, never waited on. Rows not
     # held are locked and their WHERE re-checked after any concurrent update (READ COMMITTED), so a header

@@ -239,6 +239,22 @@ def test_reset_replays_a_projection_from_the_start():
     assert applied() == [("a", 0), ("a", 1)]
 
 
+def test_a_replay_over_a_compacted_stream_is_warned_and_sees_the_kept_events(caplog):
+    """A stream whose first events were compacted away (journal/compaction.py deletes them the same way: the
+    rows before seq 3) replays from seq 3: the drain says so, naming the projection and the stream."""
+    declare_counter()
+    ticks("a", 5)
+    drain()
+    reset_consumers({"counter"})
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM proj_applied")
+        cursor.execute("DELETE FROM journal_event WHERE stream_id = 'a' AND seq < 3")
+    with caplog.at_level("WARNING", logger="loom.projections"):
+        drain()
+    assert applied() == [("a", 3), ("a", 4)]
+    assert any("projection counter reads a from seq 3, not 0" in r.getMessage() for r in caplog.records)
+
+
 def test_declarations_refuse_what_cannot_work():
     declare_counter()
     with pytest.raises(DeclarationError, match="already declared"):

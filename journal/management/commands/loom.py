@@ -84,10 +84,13 @@ def _executions(parsed: dict, using: str | None) -> cli.Reply:
 
 
 def _retention_arguments(keeping) -> None:
-    kept = keeping.add_subparsers(dest="verb", required=True, metavar="{status,run}")
-    options(kept.add_parser("status", help="Due per policy and the newest removal batches."))
+    kept = keeping.add_subparsers(dest="verb", required=True, metavar="{status,run,compact}")
+    options(kept.add_parser("status", help="Due per policy and the newest removal and compaction batches."))
     running = options(kept.add_parser("run", help="Remove what is due now (batches until none is due)."))
     running.add_argument("--max-batches", type=int, default=None, dest="max_batches")
+    compacting = options(kept.add_parser("compact", help="Compact the compacted states' aggregate streams now (the "
+                                                         "events before each newest snapshot)."))
+    compacting.add_argument("--max-batches", type=int, default=None, dest="max_batches")
 
 
 def _archive_arguments(archiving) -> None:
@@ -123,7 +126,7 @@ cli.add_cli_noun("executions", _execution_arguments, _executions, place=10,
                  help="List, show and operate executions.")
 cli.add_cli_noun("retention", _retention_arguments, place=50,
                  dispatch=lambda parsed, using: cli.retention(using, parsed["verb"], parsed.get("max_batches")),
-                 help="Retention: what is due, what was removed; run a round.")
+                 help="Retention: what is due, what was removed; run a round; compact aggregate streams.")
 cli.add_cli_noun("archive", _archive_arguments, place=60,
                  dispatch=lambda parsed, using: cli.archive(using, parsed["verb"], parsed.get("name"),
                                                             parsed.get("ids")),
