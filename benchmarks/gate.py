@@ -70,6 +70,8 @@ RULES: tuple[RatioRule, ...] = (
         "guarded statement on the same number of flush threads; what our Python costs per coalesced event",
         # Issue 33 asks the gate to hold 0.9; on this 2-core machine the paired ratio was 0.52-0.78 (medians
         # 0.62-0.70, docs/coalescing.md "Issue 33"): the gate holds what is reliably met, the goal beside it.
+        # Wave 15 (binary array parameters, leaner request path): 0.57-1.77 paired, medians 0.65-0.84 in four
+        # runs under load; still not reliably 0.9, so the limit stays.
         at_least=0.5, goal="coalesced-64 >= 0.9x the raw coalescer (issue 33; its table's goal is 1.0x): not met"),
     RatioRule(
         "eager lease cost", "lease", {"concurrency": 16, "shape": "noop", "ids": "caller"},

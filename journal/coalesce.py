@@ -198,6 +198,21 @@ def run_alone(kind: str, payload: Any, using: str | None = None) -> Any:
     return outcome
 
 
+_store_for: Callable[[str], Any] | None = None
+
+
+def _store(using: str) -> Any:
+    """journal.store.store_for, imported on first use as before but only once: an import statement of a
+    package's name in the request path runs importlib's Python-level `_handle_fromlist` per request
+    (issue 33)."""
+    global _store_for
+    if _store_for is None:
+        from journal.store import store_for
+
+        _store_for = store_for
+    return _store_for(using)
+
+
 def _executor(kind: str) -> Executor:
     try:
         return _kinds[kind]
@@ -225,10 +240,14 @@ class Coalescer:
         self._pending: deque[_Request] = deque()
         self._inflight: set[str] = set()  # streams being written now: their next request waits
         self._active = 0  # statements in flight (flush threads' and lone callers'): at most `flushers`
-        self._cond = threading.Condition()
+        # A plain lock under the condition, not the default RLock: nothing here takes it twice, and every
+        # request takes it once.
+        self._cond = threading.Condition(threading.Lock())
+        self._idle = 0  # flush threads waiting on `_cond` for work: a request wakes one only if there is one
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._pid = os.getpid()
+        self._forks = _forks  # the process's fork count when this one was made (set again after a fork)
         # Counters for benchmarks and tests: statements run, requests in them, retry rounds after a
         # refusal, the same per kind, the flush threads' time inside statements, and the requests a
         # lone caller wrote itself (no hand-off). All updated under `_cond`, which is held anyway.
@@ -264,7 +283,7 @@ class Coalescer:
         with self._cond:
             if self._closed:
                 raise CoalescerClosed("the coalescer is closed")
-            if self._pid != os.getpid():
+            if self._forks != _forks:  # a forked child: not a getpid() system call per request
                 self._forked_locked()
             alone = self._active == 0 and not self._pending
             if alone:
@@ -274,9 +293,11 @@ class Coalescer:
                 self.direct += 1
             else:
                 request = _Request(kind, key, payload)
-                self._start_locked()
+                if not self._threads:
+                    self._start_locked()
                 self._pending.append(request)
-                self._cond.notify()
+                if self._idle:  # a busy flush thread looks at the queue before it waits again
+                    self._cond.notify()
         if alone:
             return self._write_alone(executor, kind, key, payload)
         request.done.wait()
@@ -320,7 +341,7 @@ class Coalescer:
     def append(self, stream_id: str, envelopes: Iterable[Envelope] | Envelope, *, fence_token: int | None = None,
                expected_seq: int | None = None) -> Appended:
         """Like Event.objects.append: guarded by fence token and/or expected tip; this caller's outcome."""
-        return self.append_item(AppendItem.build(stream_id, envelopes, fence_token, expected_seq))
+        return self.append_item(AppendItem(stream_id, envelopes, fence_token, expected_seq))
 
     def append_item(self, item: AppendItem) -> Appended:
         """Append one stream's events through a shared statement (the `append` kind).
@@ -328,9 +349,7 @@ class Coalescer:
         Validation (types, payload size) happens here, in the caller's thread, before anything is
         queued: a bad payload is this caller's InvalidPayload and never reaches a batch.
         """
-        from journal.store import store_for
-
-        encoded = store_for(self.using).encode([item])[0]
+        encoded = _store(self.using).encode([item])[0]
         return self.submit(APPEND, item.stream_id, (item, encoded))
 
     def close(self, timeout: float | None = 10.0) -> None:
@@ -353,6 +372,7 @@ class Coalescer:
         """After a fork the parent's threads do not exist here: start afresh. The parent's queued
         requests belong to callers that exist only in the parent: the parent writes them."""
         self._pid, self._threads, self._inflight, self._active = os.getpid(), [], set(), 0
+        self._forks, self._idle = _forks, 0
         self._pending = deque()
 
     def _count_locked(self, kind: str, requests: int) -> None:
@@ -362,7 +382,7 @@ class Coalescer:
         self.kind_requests[kind] = self.kind_requests.get(kind, 0) + requests
 
     def _start_locked(self) -> None:
-        if self._pid != os.getpid():
+        if self._forks != _forks:
             self._forked_locked()
         if self._threads:
             return
@@ -428,7 +448,11 @@ class Coalescer:
                     while not batch:
                         if self._closed and not self._pending:
                             return
-                        self._cond.wait()
+                        self._idle += 1
+                        try:
+                            self._cond.wait()
+                        finally:
+                            self._idle -= 1
                         batch = self._take_locked() if self._active < self.flushers else []
                     self._active += 1
                     if self._pending:  # more than this batch waits: another flush thread may take it
@@ -439,8 +463,7 @@ class Coalescer:
 
     def _flush(self, batch: list[_Request]) -> None:
         """Write the batch (one kind); requests marked RETRY are written again without the others."""
-        from journal.store import store_for
-
+        store_for = _store
         kind = batch[0].kind
         executor = _executor(kind)
         remaining = batch
@@ -537,11 +560,9 @@ APPEND = "journal.append"
 
 def _append_executor(using: str, payloads: list[tuple[AppendItem, list[str]]]) -> list[Any]:
     """JournalStore.append_encoded for many streams: all or nothing, refused streams named."""
-    from journal.store import store_for
-
     items = [item for item, _ in payloads]
     try:
-        return store_for(using).append_encoded(items, [encoded for _, encoded in payloads])
+        return _store(using).append_encoded(items, [encoded for _, encoded in payloads])
     except BatchRefused as exc:
         return refusal_outcomes([item.stream_id for item in items], exc.errors)
     except AppendRefused as exc:  # a batch of one: its own refusal
@@ -554,6 +575,7 @@ register_kind(APPEND, _append_executor)
 # -- the process-wide coalescer (LOOM_COALESCE) ---------------------------------------------------
 _shared: dict[str, Coalescer] = {}
 _shared_lock = threading.Lock()
+_forks = 0  # forks this process is the child of (os.register_at_fork below): coalescers compare it
 
 
 def enabled() -> bool:
@@ -580,7 +602,8 @@ def _drop_shared_in_child() -> None:
     """After os.fork, in the child: forget the parent's coalescers (their flush threads do not exist
     here, their queues hold the parent's callers' requests, their locks may be held by a parent
     thread). The child's first request creates its own."""
-    global _shared_lock
+    global _shared_lock, _forks
+    _forks += 1
     _shared.clear()
     _shared_lock = threading.Lock()
 

@@ -19,6 +19,22 @@ TYPE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:\-]{0,99}\Z")
 """An event type: a letter, then up to 99 letters, digits, `_ . : -`. `\\Z`, not `$`, which would let a
 trailing newline through when used with match()."""
 
+_GOOD_TYPES: set[str] = set()
+"""Event types already found valid (a writer appends a few types many times: a set test instead of the regex)."""
+
+
+def _good_type(name: object) -> bool:
+    """Whether `name` is a valid event type (TYPE_NAME); a valid one is remembered (at most 4,096 of them)."""
+    if not isinstance(name, str) or not TYPE_NAME.fullmatch(name):
+        return False
+    if type(name) is not str:  # a str subclass: checked, not remembered (its equality is its own)
+        return True
+    if len(_GOOD_TYPES) >= 4096:
+        _GOOD_TYPES.clear()
+    _GOOD_TYPES.add(name)
+    return True
+
+
 MAX_BIGINT = 2**63 - 1
 """Fence tokens and seqs are bigint columns: a guard beyond this cannot match anything stored."""
 
@@ -49,7 +65,8 @@ class Envelope:
 
     def encode(self, max_bytes: int | None = None) -> str:
         """The payload as JSON text, after checking the type name, serialisability and size."""
-        if not isinstance(self.type, str) or not TYPE_NAME.fullmatch(self.type):
+        name = self.type
+        if not (type(name) is str and name in _GOOD_TYPES) and not _good_type(name):
             raise InvalidPayload(
                 f"invalid event type {self.type!r}: a letter, then up to 99 of letters, digits, _ . : -"
             )
@@ -96,7 +113,9 @@ class AppendItem:
         else:
             check_stream_id(self.stream_id)
         envelopes = self.envelopes
-        if type(envelopes) is not tuple or not all(type(e) is Envelope for e in envelopes):
+        if type(envelopes) is Envelope:  # the common spelling, one event: no generator, no as_envelope
+            object.__setattr__(self, "envelopes", (envelopes,))
+        elif type(envelopes) is not tuple or not all(type(e) is Envelope for e in envelopes):
             if isinstance(envelopes, (str, bytes)) or not hasattr(envelopes, "__iter__"):
                 envelopes = [envelopes]
             object.__setattr__(self, "envelopes", tuple(as_envelope(e) for e in envelopes))

@@ -212,10 +212,10 @@ def _ceiling(ctx, ids: list[str], body: dict, pool: int | None = None, minimal: 
     if ctx.vendor == "postgresql":
         import psycopg
 
-        from journal.store.postgres import PostgresStore
+        from journal.store.postgres import PostgresStore, binary_arrays
 
         store = PostgresStore("default")
-        sql = store.append_sql()
+        sql = binary_arrays(store.append_sql())  # as the journal sends it where it binds on the server
         channel = conf.get("LOOM_NOTIFY_CHANNEL")
         params = [
             {"sids": [sid], "tokens": [1], "expected": [None], "rsids": [sid], "ords": [0],

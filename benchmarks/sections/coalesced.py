@@ -374,13 +374,14 @@ class RawCoalescer:
         if self.vendor == "postgresql":
             import psycopg
 
-            from journal.store.postgres import PLAN_CACHE_MODE, PostgresStore
+            from journal.store.postgres import PLAN_CACHE_MODE, PostgresStore, binary_arrays
 
             conn = psycopg.connect(host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432,
                                    dbname=settings["NAME"], user=settings["USER"] or None,
                                    password=settings["PASSWORD"] or None, autocommit=True)
             conn.execute(PLAN_CACHE_MODE)  # as the journal's connections run their prepared statements
-            sql = PostgresStore("default").append_sql()
+            # The text the journal sends where it binds on the server: binary array parameters.
+            sql = binary_arrays(PostgresStore("default").append_sql())
             channel = conf.get("LOOM_NOTIFY_CHANNEL")
 
             def write(sids: list[str]) -> None:

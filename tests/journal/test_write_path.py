@@ -263,3 +263,44 @@ def test_a_commit_that_waits_for_the_notify_lock_is_sent_again_whole_not_split(m
     assert all([seq for seq, _ in _rows(sid)] == list(range(16)) for sid in sids)
     assert written_once(coalescer) == 12 * 15
     assert coalescer.fallbacks == 0  # no row was locked: nothing is handed back, whatever timed out
+
+
+class _Text(str):
+    """A str subclass: the encoders write it as the plain str."""
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(value=st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=-(10**30), max_value=10**30),
+              st.floats(), st.text(), st.text().map(_Text), st.sampled_from([1e16, -0.0, 1e-7, 5e-324])),
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.tuples(inner, inner),
+                            st.dictionaries(st.one_of(st.text(max_size=6), st.integers(-2, 2)), inner, max_size=5)),
+    max_leaves=25))
+def test_the_payload_encoder_made_once_writes_the_stdlib_encoders_text(value):
+    """jsonvalues.dumps encodes with one C encoder made at import (issue 33) instead of JSONEncoder.encode's
+    per-call one: for any value, the same text, or the same refusal."""
+    from journal import jsonvalues
+    from journal.exceptions import InvalidPayload
+
+    def stored(fast: bool):
+        saved = jsonvalues._FAST_ENCODER
+        jsonvalues._FAST_ENCODER = saved if fast else None  # None: every payload through _ENCODER.encode
+        try:
+            return jsonvalues.dumps(value)
+        except InvalidPayload as exc:
+            return ("refused", str(exc))
+        finally:
+            jsonvalues._FAST_ENCODER = saved
+
+    assert stored(True) == stored(False)
+
+
+def test_a_cycle_is_refused_as_a_cycle_by_the_encoder_without_markers():
+    """The encoder made once keeps no cycle markers: a cycle is refused all the same, with the stdlib's words."""
+    from journal import jsonvalues
+    from journal.exceptions import InvalidPayload
+
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(InvalidPayload, match="Circular reference detected"):
+        jsonvalues.dumps({"a": loop})
