@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import router
 
+from journal.ids import stored_id_problem
 from journal.retention import cutoff_for
 from journal.store.base import DatabaseBound
 from leases.schedules import ID_PREFIX, InvalidSchedule, execution_id, next_tick
@@ -64,7 +65,7 @@ def _alias(using: str | None) -> str:
 def _row(name: object, using: str | None):
     from leases.models import Schedule
 
-    if not isinstance(name, str) or not name:
+    if stored_id_problem(name) is not None:  # not a str, empty, a NUL (PostgreSQL's DataError), ...: no such row
         raise UnknownSchedule(f"no schedule named {name!r}")
     row = Schedule.objects.using(_alias(using)).filter(name=name).first()
     if row is None:
