@@ -169,12 +169,15 @@ def acting(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from journal.exceptions import DatabaseUnavailable
         from journal.flows.errors import UnknownExecution
 
         try:
             return fn(*args, **kwargs)
         except Refused:
             raise
+        except DatabaseUnavailable as exc:  # a JournalError, but not a refusal: in doubt, retry (exit 4)
+            raise unreachable(exc) from None
         except UnknownExecution as exc:
             raise Refused(str(exc), REFUSED, "UnknownExecution") from None
         except _refusals() as exc:
