@@ -2,7 +2,8 @@
 the server dropped DatabaseUnavailable (retryable, in doubt: journal/exceptions.py); the CLI's verbs took it for
 one of the journal's refusals, exit 1 "refused" (a script does not retry a refusal), instead of exit 4 "could not
 be reached" as the same drop anywhere else in a verb gives (docs/cli.md). PostgreSQL (SQLite has no server to
-lose)."""
+lose). A time given with an offset that puts it outside year 1..9999 in UTC (--since 0001-01-01T00:00+14:00) gave
+an OverflowError traceback instead of a usage error (exit 2). Both databases."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from journal.flows import flow, start
 from journal.store import postgres
 from tests.leases.test_failover import unreachable  # noqa: F401  (the fixture)
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @flow("tests.review_f.fails")
@@ -23,6 +24,7 @@ def fails(ctx, value: int) -> int:
     raise RuntimeError("always")
 
 
+@pytest.mark.postgres
 def test_a_retry_whose_append_the_server_drops_exits_4_not_refused(unreachable, monkeypatch, capsys):  # noqa: F811
     cut, restore = unreachable
     assert start("tests.review_f.fails", 1, execution_id="rev-f-cli-1").status == "failed"
@@ -40,3 +42,11 @@ def test_a_retry_whose_append_the_server_drops_exits_4_not_refused(unreachable, 
     said = json.loads(capsys.readouterr().out)
     assert said["ok"] is False and said["type"] == "DatabaseUnavailable", said
     assert exited.value.returncode == 4, said  # was 1: "refused or not found"
+
+
+@pytest.mark.parametrize("option", [("--since", "0001-01-01T00:00+14:00"), ("--until", "9999-12-31T23:59-14:00")])
+def test_a_time_outside_the_calendar_in_utc_is_a_usage_error(option, capsys):
+    with pytest.raises(CommandError) as exited:
+        call_command("loom", "executions", "list", *option, "--json")
+    said = json.loads(capsys.readouterr().out)
+    assert exited.value.returncode == 2 and option[0] in said["error"], said
