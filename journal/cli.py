@@ -36,6 +36,7 @@ from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
 
 from journal import shards
+from journal.exceptions import DatabaseUnavailable
 from journal.timestamps import stamp
 
 OK, REFUSED, USAGE, UNAVAILABLE, UNREACHABLE = 0, 1, 2, 3, 4
@@ -161,7 +162,12 @@ def parse_since(text: str, now: datetime | None = None, option: str = "--since")
     except ValueError:
         raise Refused(f"{option} {text!r}: an ISO time (2026-12-01T10:00) or an age (30s, 15m, 2h, 7d)",
                       USAGE) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    try:  # the database compares in UTC: 0001-01-01T00:00+14:00 is before year 1 there (an OverflowError)
+        moment.astimezone(UTC)
+    except OverflowError:
+        raise Refused(f"{option} {text!r}: outside the times a datetime holds in UTC", USAGE) from None
+    return moment
 
 
 def acting(fn):
@@ -175,6 +181,8 @@ def acting(fn):
             return fn(*args, **kwargs)
         except Refused:
             raise
+        except DatabaseUnavailable as exc:  # a JournalError, but not a refusal: in doubt, retry (exit 4)
+            raise unreachable(exc) from None
         except UnknownExecution as exc:
             raise Refused(str(exc), REFUSED, "UnknownExecution") from None
         except _refusals() as exc:

@@ -25,6 +25,7 @@ from datetime import datetime
 
 from django.db import DatabaseError, connections, router
 
+from journal.ids import stored_id_problem
 from journal.store.base import DatabaseBound
 
 log = logging.getLogger("loom.worker")
@@ -98,7 +99,7 @@ class Requested:
 def request(worker_id: str, by: str = "", using: str | None = None) -> Requested:
     """Ask the worker to drain; UnknownWorker (nothing written) if no running worker has that id. The worker
     carries it out within LOOM_DRAIN_POLL seconds."""
-    if not isinstance(worker_id, str) or not worker_id or len(worker_id) > 200:
+    if stored_id_problem(worker_id) is not None:  # not a str, empty, too long, NUL (PostgreSQL's DataError)
         raise UnknownWorker(f"no running worker {worker_id!r}")
     store = DrainStore(using or _alias())
     if not store.live(worker_id):

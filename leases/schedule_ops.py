@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import router
 
+from journal.ids import stored_id_problem
 from journal.retention import cutoff_for
 from journal.store.base import DatabaseBound
 from leases.schedules import ID_PREFIX, InvalidSchedule, execution_id, next_tick
@@ -64,7 +65,7 @@ def _alias(using: str | None) -> str:
 def _row(name: object, using: str | None):
     from leases.models import Schedule
 
-    if not isinstance(name, str) or not name:
+    if stored_id_problem(name) is not None:  # not a str, empty, a NUL (PostgreSQL's DataError), ...: no such row
         raise UnknownSchedule(f"no schedule named {name!r}")
     row = Schedule.objects.using(_alias(using)).filter(name=name).first()
     if row is None:
@@ -128,12 +129,18 @@ def ticks_between(cron: str, start: datetime, end: datetime, tz: str = "UTC") ->
     if end < start:
         raise InvalidSchedule(f"backfill: the range ends ({end.isoformat()}) before it starts ({start.isoformat()})")
     found: list[datetime] = []
-    moment = next_tick(cron, start.replace(microsecond=0) - timedelta(seconds=1), tz)
-    while moment <= end:
-        if len(found) == BACKFILL_MAX:
-            raise InvalidSchedule(f"backfill: more than {BACKFILL_MAX} ticks in the range; give a shorter one")
-        found.append(moment)
-        moment = next_tick(cron, moment, tz)
+    try:  # a range at the calendar's ends (year 1, 9999) steps out of datetime's range: refused by name
+        moment = next_tick(cron, start.replace(microsecond=0) - timedelta(seconds=1), tz)
+        while moment <= end:
+            if len(found) == BACKFILL_MAX:
+                raise InvalidSchedule(f"backfill: more than {BACKFILL_MAX} ticks in the range; give a shorter one")
+            found.append(moment)
+            moment = next_tick(cron, moment, tz)
+    except OverflowError:
+        raise InvalidSchedule(f"backfill: the range ({start.isoformat()} to {end.isoformat()}) reaches the end of "
+                              "the calendar (year 1 or 9999); give one inside it") from None
+    except StopIteration:  # no tick after the last one found within cronsim's horizon: the range has no more
+        pass
     return found
 
 

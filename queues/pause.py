@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from django.db import router
 
+from journal.ids import stored_id_problem
 from queues.exceptions import UnknownQueue
 
 
@@ -35,8 +36,9 @@ def _aliases(using: str | None) -> list[str]:
 
 
 def check_name(name: object) -> str:
-    """A queue name as the rows have it; UnknownQueue (nothing written) for anything else."""
-    if not isinstance(name, str) or not name or len(name) > 100:
+    """A queue name as the rows have it; UnknownQueue (nothing written) for anything else, a NUL or lone
+    surrogate too (PostgreSQL cannot take it as text: a DataError, the page's 500)."""
+    if not isinstance(name, str) or len(name) > 100 or stored_id_problem(name) is not None:
         raise UnknownQueue(f"no queue named {name!r}")
     return name
 
