@@ -21,6 +21,7 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from journal.reach import cannot_reach
 from journal.timestamps import stamp
 from queues import operations
 
@@ -142,6 +143,14 @@ def _act(request) -> None:
             messages.error(request, f"unknown action {action!r}: nothing done")
     except (QueueError, drain.UnknownWorker, InvalidSchedule) as exc:
         messages.error(request, f"{action} {name}: nothing done: {type(exc).__name__}: {exc}")
+    except Exception as exc:
+        if not cannot_reach(exc):
+            raise
+        # A shard down mid-action: the databases before it in LOOM_SHARDS may have taken it (a resume writes
+        # each shard in turn), so the page says so rather than "nothing done", and never answers 500.
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        messages.error(request, f"{action} {name}: a database could not be reached ({said}): done on none or only "
+                                "some of the databases; repeat it once that database answers")
 
 
 def _when(text: str, what: str) -> datetime:

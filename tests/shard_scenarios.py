@@ -1326,6 +1326,11 @@ def operations_shard_down(arg) -> dict:
                "ok": sorted(re.findall(r'loom_scrape_database_ok\{alias="(\w+)"\} (\S+)', text)),
                "depth": re.findall(rf'loom_queue_depth\{{alias="(\w+)",queue="{re.escape(run)}-q"\}} (\S+)', text),
                "executions": sorted(set(re.findall(r'loom_executions\{alias="(\w+)"', text)))}
+    acted = {}  # the page's actions with a shard down: a message naming the failure, never a 500 (after the
+    # metrics read: a pause first writes the declared queue's row on every shard it reaches)
+    for action in ("pause_queue", "resume_queue"):
+        response = client.post("/admin/queues/queue/operations/", {"action": action, "name": f"{run}-q"}, follow=True)
+        acted[action] = [response.status_code, "a database could not be reached" in response.content.decode()]
     cli = {}
     for args in (["executions", "list", "--search", f"{run}-needle"], ["workers"], ["queues"], ["flows"]):
         out = io.StringIO()
@@ -1336,8 +1341,8 @@ def operations_shard_down(arg) -> dict:
             cli[args[0]] = [exc.returncode, json.loads(out.getvalue() or "{}")]
         except Exception as exc:  # a traceback for the operator
             cli[args[0]] = [type(exc).__name__, str(exc)[:200]]
-    return {"down": down, "pages": pages, "api": api, "marked": sorted(marked), "queued": queued, "metrics": metrics,
-            "cli": cli, "every": every, "retire": retire}
+    return {"acted": acted, "down": down, "pages": pages, "api": api, "marked": sorted(marked), "queued": queued,
+            "metrics": metrics, "cli": cli, "every": every, "retire": retire}
 
 
 def main() -> None:

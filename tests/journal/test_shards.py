@@ -240,6 +240,8 @@ metrics page reads every other shard and says which one it could not read."""
     facts = scenario(shard_env, "operations_shard_down", {"run": "opd"}, SHARD_DATABASE_URLS=urls,
                      LOOM_SHARDS="default,shard1,shard2")
     assert facts["down"] == "shard2"
+    # pause and resume from the page: a message that a database could not be reached, not a 500
+    assert facts["acted"] == {"pause_queue": [200, True], "resume_queue": [200, True]}, facts["acted"]
     assert len(facts["every"]) > 15 and set(facts["every"].values()) == {200}, facts["every"]  # every admin list
     # flow versions: the down shard's live executions are unknown, so no version is called safe to retire
     assert facts["retire"] == {"named": True, "safe": False, "unknown": True, "flow": True}, facts["retire"]
