@@ -21,8 +21,7 @@ from typing import Any
 
 from ulid import ULID
 
-from journal import conf, jsonvalues
-from journal.envelopes import check_new_stream_id
+from journal import conf, envelopes, jsonvalues
 from journal.exceptions import InvalidPayload, InvalidStream
 from journal.flows.errors import InvalidInput, UnknownFlow
 from journal.flows.retry import NO_RETRY, RetryPolicy
@@ -127,7 +126,7 @@ def prepare_start(flow: str | Flow, input: Any, execution_id: str | None) -> tup
     if execution_id is None:
         return definition, value, stored, str(ULID())
     try:
-        check_new_stream_id(execution_id)
+        envelopes.check_new_stream_id(execution_id)  # looked up at the call: the id rule has one home
     except InvalidStream as exc:
         raise InvalidInput(str(exc)) from None
     return definition, value, stored, execution_id

@@ -32,9 +32,9 @@ from typing import Any
 from django.db import transaction
 from ulid import ULID
 
-from journal import conf, jsonvalues, shards
+from journal import conf, envelopes, jsonvalues, shards
 from journal.atomic import atomic
-from journal.envelopes import Envelope, check_new_stream_id
+from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, InvalidStream, StaleFence, StreamExists
 from journal.flows import event_listener, writer
 from journal.flows import events as ev
@@ -438,7 +438,7 @@ def fork(execution_id: str, from_step: int, execution_id_new: str | None = None)
         copied.append(list(record[:4]))
     new_id = execution_id_new or str(ULID())
     try:
-        check_new_stream_id(new_id)
+        envelopes.check_new_stream_id(new_id)  # looked up at the call, as registry.prepare_start does
     except InvalidStream as exc:
         raise InvalidInput(str(exc)) from None
     # The fork replays the original's records, so it runs on the original's version (docs/flows.md "Versions").
