@@ -35,8 +35,14 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, connections
 
 from journal import shards, telemetry
+from journal.exceptions import StaleFence
+from journal.flows import OwnershipLost, registry, resume
+from journal.flows.interrupt import abandoned_executions
+from journal.store import store_for as journal_store
 from leases import conf
 from leases.store import Takeover, store_for
+from leases.unreachable import patiently
+from leases.worker import wait_until
 
 log = logging.getLogger("loom.recovery")
 PRUNE_EVERY = 60.0  # seconds between two prunings of old worker rows by one worker
@@ -52,8 +58,6 @@ def sweep(owner: str, limit: int | None = None, alias: str | None = None,
     the flows registered in this process (a worker without a flow's code leaves its executions to workers
     that have it). Disabled (empty) when LOOM_LEASE_MODE is off. `reach`: the caller's memory of its
     previous sweeps, which bounds how far back orphans are read; None: a full orphan pass."""
-    from journal.flows import registry
-
     if conf.get("LOOM_LEASE_MODE") == "off":
         return Takeover()
     flows = registry.runnable()  # (flow, version): an execution of a version not here is left to a worker that has it
@@ -134,9 +138,6 @@ def resume_one(execution_id: str, flow: str = "?", token: int | None = None,
     `stopping()` says the worker stops (its lease then lapses for another worker). count=False: the takeover
     was of a lease handed back at a step boundary (Takeover.handed_back): a worker stopped, no run died, so
     nothing is counted (resume still checks the header and the fence token)."""
-    from journal.flows import resume
-    from leases.unreachable import patiently
-
     began = time.monotonic()
     telemetry.count("recoveries", flow=flow)
     log.info("recovering execution=%s flow=%s", execution_id, flow)
@@ -162,17 +163,12 @@ def resume_one(execution_id: str, flow: str = "?", token: int | None = None,
 
 def _count_attempt(execution_id: str, token: int) -> bool:
     """One recovery attempt on the execution's header, if the fence is still the takeover's `token`."""
-    from journal.store import store_for as journal_store
-
     with shards.on_stream(execution_id) as alias:
         return journal_store(alias).count_recovery(execution_id, token)
 
 
 def _halts() -> tuple[type[Exception], ...]:
     """Errors that end a run normally (another run took over): logged without a traceback."""
-    from journal.exceptions import StaleFence
-    from journal.flows import OwnershipLost
-
     return OwnershipLost, StaleFence
 
 
@@ -257,9 +253,6 @@ class RecoveryService:
         self.stopping.set()
 
     def wait_idle(self, deadline: float) -> bool:
-        from journal.flows.interrupt import abandoned_executions
-        from leases.worker import wait_until
-
         if self.thread is not None:
             self.thread.join(max(0.0, deadline - time.monotonic()))
         return wait_until(lambda: not (self.inflight - abandoned_executions()), deadline)

@@ -55,8 +55,7 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     A delivery that finds the execution already there (an earlier delivery queued it, or it was started by
     other means) does nothing and reports its status; one that is not the start its id was reserved for,
     or whose input's data subject was forgotten meanwhile, is refused."""
-    from journal.flows import ExecutionExists
-    from journal.flows.runtime import unseal_started
+    from journal.flows import ExecutionExists, unseal_started
     from journal.privacy.codec import Sealed
     from leases.keeper import draining
     from queues import enqueue
@@ -197,7 +196,7 @@ def prune_reservations() -> int:
     # Sharded: the reservations stay with django-q2's queue (one database), the executions on their shards;
     # no statement can join two databases, so each reservation's header is looked up on its execution's
     # shard (they are few: a reservation lives from the enqueue until its run began).
-    from journal.flows.writer import header_status
+    from journal.flows import header_status
 
     store = store_for(_alias())
     return sum(store.release_reservation(eid) for eid in store.reserved_ids(RESERVATIONS_PRUNED)
@@ -258,7 +257,7 @@ WAKE_BACKSTOP_LIMIT = 1000  # executions one backstop run wakes at most (the nex
 def wake_backstop() -> int:
     """Wake the parked executions that are due, here (the minute backstop of the waker service, for
     deployments that run only qcluster: timers fire within a minute there, not milliseconds)."""
-    from journal.flows.waits import wake_due
+    from journal.flows import wake_due
 
     woken = 0
     while woken < WAKE_BACKSTOP_LIMIT:

@@ -24,6 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import DatabaseError, connections
 
 from journal import conf, shards
+from journal.flows import registry, resume
+from journal.flows.interrupt import abandoned_executions
+from journal.listen import listen, polls_without_direct
+from journal.store import store_for
+from leases.unreachable import patiently
+from leases.worker import wait_until
 
 log = logging.getLogger("loom.waker")
 
@@ -31,9 +37,6 @@ log = logging.getLogger("loom.waker")
 def resume_woken(execution_id: str, token: int, stopping: Callable[[], bool] = lambda: False) -> None:
     """Run a claimed execution here under the claim's fence; failures are logged (a halted run's
     execution is recovered by the sweep, or parked again by whoever took it over)."""
-    from journal.flows import resume
-    from leases.unreachable import patiently
-
     try:
         # force: the claim took the execution over (the fence moved from the parked run's token), so
         # the lease row a parked run has not handed back yet (released in the background) proves nothing.
@@ -72,9 +75,6 @@ class WakeService:
         return self._woken + sum(part.woken for part in self.parts)
 
     def start(self, worker) -> None:
-        from journal.listen import polls_without_direct
-        from journal.store import store_for
-
         if self.parts:
             for part in self.parts:
                 part.start(worker)
@@ -90,9 +90,6 @@ class WakeService:
     def claim(self) -> int:
         """One claim of as many due waits as there are free threads; each resumed in the pool."""
         from django.utils import timezone
-
-        from journal.flows import registry
-        from journal.store import store_for
 
         free = conf.get("LOOM_WAIT_BATCH") - len(self.inflight)
         flows = registry.runnable()  # (flow, version): waits of versions not here are left to workers that have them
@@ -124,9 +121,6 @@ class WakeService:
         registered here count (another worker's are none of this one's business)."""
         from django.utils import timezone
 
-        from journal.flows import registry
-        from journal.store import store_for
-
         poll = conf.get("LOOM_WAIT_POLL")
         free = conf.get("LOOM_WAIT_BATCH") - len(self.inflight)
         if free <= 0:
@@ -157,8 +151,6 @@ class WakeService:
 
     def _listen(self) -> None:
         """LISTEN on LOOM_WAIT_CHANNEL: every notification nudges the claim loop (a poll remains)."""
-        from journal.listen import listen
-
         while not self.stopping.is_set():
             conn = listen(self.alias, conf.get("LOOM_WAIT_CHANNEL"))
             if conn is None:
@@ -183,9 +175,6 @@ class WakeService:
         self.nudge.set()
 
     def wait_idle(self, deadline: float) -> bool:
-        from journal.flows.interrupt import abandoned_executions
-        from leases.worker import wait_until
-
         idle = all([part.wait_idle(deadline) for part in self.parts])
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))

@@ -33,10 +33,8 @@ from ulid import ULID
 
 from journal import shards, telemetry
 from journal.exceptions import InvalidStream
+from journal.flows import TERMINAL, NotResumable, UnknownExecution, UnknownFlow, describe, get_flow, header_status
 from journal.flows import InvalidInput as FlowInvalidInput
-from journal.flows import NotResumable, UnknownExecution, UnknownFlow, describe, get_flow
-from journal.flows.state import TERMINAL
-from journal.flows.writer import header_status
 from journal.ids import stored_id_problem
 from journal.reach import cannot_reach
 from loomapi import errors, trace
@@ -426,7 +424,7 @@ def retry_execution(request, execution_id: str):
     GET: the execution whose id ends in "/retry" (ids may hold "/"), like any other."""
     if request.method in ("GET", "HEAD"):
         return _describe(request, f"{execution_id}/retry")
-    from journal.flows.runtime import retry  # (journal.flows.retry is also the retry-policy module)
+    from journal.flows import retry_execution as retry  # (journal.flows.retry is the retry-policy module)
 
     principal: Principal = request.loom_principal
     flow = _readable_header(principal, execution_id)[1]

@@ -103,8 +103,8 @@ def cancel_pending(execution_id: str, using: str | None = None) -> bool:
     it: that worker then does not start it), and its queued execution with it (journal.flows.cancel, in the
     same transaction); False if its run has begun, it finished, or it is unknown."""
     from journal.atomic import atomic
+    from journal.flows import header_status
     from journal.flows.queued import QUEUED
-    from journal.flows.writer import header_status
     from journal.ids import stored_id_problem
     from queues.store import store_for
 

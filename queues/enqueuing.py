@@ -89,8 +89,8 @@ def enqueue(flow: Any, input: Any, queue: str = DEFAULT_QUEUE, *, execution_id: 
     With LOOM_SHARDS the entry lives on its execution's shard (the dequeue reads the header in the same
     statement), so caps hold per shard; a minted id of an entry with a partition key (else a dedup id) is
     minted on that key's shard, so a partition's cap and a dedup id hold across shards (docs/queues.md)."""
-    from journal.flows.context import check_seconds, now
-    from journal.flows.runtime import prepare_start
+    from journal.flows.queued import check_seconds, now
+    from journal.flows.registry import prepare_start
     from queues.models import QueueEntry
 
     minted = execution_id is None
@@ -117,8 +117,7 @@ def _enqueue(definition, stored: Any, meta: dict | None, meta_text: str, deadlin
              run_after: datetime | None, alias: str) -> Enqueued:
     from journal.flows import ExecutionExists
     from journal.flows import events as ev
-    from journal.flows.context import iso
-    from journal.flows.queued import write_queued
+    from journal.flows.queued import iso, write_queued
     from journal.privacy.codec import withhold
     from queues.declarations import ensure_queue
     from queues.store import NewEntry, store_for

@@ -119,20 +119,8 @@ SEES_INSIDES = {"benchmarks": "a bench measures the parts it times (the coalesce
                               "as the tests do; no user imports through it"}
 
 # (importing module, imported module): an import of another app's inside, and why it stays for now.
-_FLOWS_LATER = ("journal/flows/ is reworked this session (wave 14 g): these names join journal.flows' face "
-                "after it (docs/architecture.md, \"What is left of the floor plan\")")
 INSIDE_ALLOWED: dict[tuple[str, str], str] = {
-    ("leases.tasks", "journal.flows.runtime"): _FLOWS_LATER,  # unseal_started
-    ("leases.tasks", "journal.flows.writer"): _FLOWS_LATER,  # header_status
-    ("leases.tasks", "journal.flows.waits"): _FLOWS_LATER,  # wake_due (also journal.flows.wake_due)
     ("leases.tasks", "journal.privacy.marking"): "the old-scheme start tasks' forgotten-input check; goes with them",
-    ("queues", "journal.flows.writer"): _FLOWS_LATER,  # header_status
-    ("queues.enqueuing", "journal.flows.context"): _FLOWS_LATER,  # check_seconds, now, iso
-    ("queues.enqueuing", "journal.flows.runtime"): _FLOWS_LATER,  # prepare_start
-    ("loomapi.views", "journal.flows.describe"): _FLOWS_LATER,
-    ("loomapi.views", "journal.flows.state"): _FLOWS_LATER,  # TERMINAL
-    ("loomapi.views", "journal.flows.writer"): _FLOWS_LATER,  # header_status
-    ("loomapi.views", "journal.flows.runtime"): _FLOWS_LATER,  # retry
     ("loomapi.views", "leases.tasks"): "the old-scheme start reservations (deprecated, docs/queues.md); go with them",
 }
 
@@ -149,18 +137,14 @@ LOCAL_LEFT: dict[str, int] = {
     "benchmarks/sections/schedules.py": 2, "benchmarks/sections/waits.py": 4, "benchmarks/sections/waits_idle.py": 2,
     "benchmarks/sections/waits_messages.py": 1, "journal/admin.py": 18, "journal/admin_filters.py": 3,
     "journal/backends.py": 1, "journal/checks.py": 7, "journal/cli.py": 23, "journal/coalesce.py": 4,
-    "journal/conf.py": 1, "journal/flows/context.py": 6, "journal/flows/describe.py": 1,
-    "journal/flows/event_listener.py": 2, "journal/flows/handover.py": 6, "journal/flows/queued.py": 14,
-    "journal/flows/registry.py": 2, "journal/flows/replay.py": 5, "journal/flows/retry.py": 1,
-    "journal/flows/runtime.py": 26, "journal/flows/state.py": 4, "journal/flows/versions.py": 2,
-    "journal/flows/waits.py": 29, "journal/ids.py": 1, "journal/managers.py": 5, "journal/privacy/__init__.py": 1,
+    "journal/conf.py": 1, "journal/ids.py": 1, "journal/managers.py": 5, "journal/privacy/__init__.py": 1,
     "journal/privacy/forget.py": 4, "journal/shards.py": 4, "journal/store/postgres.py": 2,
     "journal/store/sqlite.py": 2, "leases/checks.py": 1, "leases/management/commands/loom_worker.py": 1,
-    "leases/ownership.py": 2, "leases/recovery.py": 8, "leases/schedules.py": 12, "leases/tasks.py": 15,
-    "leases/waker.py": 11, "leases/worker.py": 5, "loomapi/auth.py": 1, "loomapi/checks.py": 1,
+    "leases/ownership.py": 2, "leases/schedules.py": 12, "leases/tasks.py": 14,
+    "leases/worker.py": 5, "loomapi/auth.py": 1, "loomapi/checks.py": 1,
     "loomapi/process.py": 1, "loomapi/server.py": 1, "loomapi/views.py": 10, "loomapi/worker.py": 3,
     "projections/correlate.py": 1, "queues/__init__.py": 13, "queues/admin.py": 3, "queues/conf.py": 3,
-    "queues/declarations.py": 2, "queues/enqueuing.py": 16, "queues/entries.py": 5, "queues/hooks.py": 2,
+    "queues/declarations.py": 2, "queues/enqueuing.py": 15, "queues/entries.py": 5, "queues/hooks.py": 2,
     "queues/service.py": 21, "queues/store/base.py": 1, "queues/store/postgres.py": 1, "queues/tasks.py": 11,
 }
 
@@ -170,7 +154,7 @@ LOCAL_LEFT: dict[str, int] = {
 LOCAL_LEFT.update({
     "benchmarks/async_waiters.py": 5, "benchmarks/command.py": 1, "benchmarks/faults/failover.py": 3,
     "benchmarks/sections/growth.py": 4, "journal/admin.py": 22, "journal/admin_base.py": 1, "journal/cli.py": 23,
-    "journal/conf.py": 2, "journal/flows/aio.py": 15, "journal/flows/replay.py": 6,
+    "journal/conf.py": 2, "journal/flows/aio.py": 15,
     "journal/retention.py": 4, "journal/telemetry.py": 8,
     "leases/budget.py": 1, "leases/drain.py": 5, "leases/management/commands/loom_worker.py": 2,
     "leases/retention.py": 1, "leases/schedule_ops.py": 6, "loomapi/listing.py": 1, "loomapi/views.py": 13,

@@ -48,33 +48,37 @@ from journal.flows.errors import (
 from journal.flows.outcome import Outcome
 from journal.flows.registry import Flow, flow, get_flow
 from journal.flows.retry import RetryPolicy
+from journal.flows.state import TERMINAL
 from journal.flows.transient import invoke_transient
 
 if TYPE_CHECKING:
     from journal.flows.describe import describe
     from journal.flows.handover import hand_over
-    from journal.flows.runtime import cancel, outcome_of, resume, retry_execution, start
-    from journal.flows.state import load_state
-    from journal.flows.waits import (
-        fork,
-        get_event,
-        pending_messages,
-        send,
+    from journal.flows.runtime import (
+        cancel,
+        outcome_of,
+        resume,
+        retry_execution,
+        start,
         suspend,
-        waiting_on,
+        unseal_started,
         wake_due,
-        wake_now,
     )
+    from journal.flows.state import load_state
+    from journal.flows.waits import fork, get_event, pending_messages, send, waiting_on, wake_now
+    from journal.flows.writer import header_status
 
 _LAZY = {
     "start": "journal.flows.runtime", "resume": "journal.flows.runtime", "cancel": "journal.flows.runtime",
     "outcome_of": "journal.flows.runtime", "describe": "journal.flows.describe",
-    "retry_execution": "journal.flows.runtime", "hand_over": "journal.flows.handover",
+    "retry_execution": "journal.flows.runtime", "suspend": "journal.flows.runtime", "wake_due": "journal.flows.runtime",
+    "hand_over": "journal.flows.handover", "unseal_started": "journal.flows.runtime",
+    "header_status": "journal.flows.writer",  # (status, flow, result, error) of a header, or None: the other apps' look
     "load_state": "journal.flows.state",
     **{name: "journal.flows.aio" for name in ("astart", "aresume", "acancel", "asend", "aget_event", "adescribe",
                                               "aoutcome_of")},
-    **{name: "journal.flows.waits" for name in ("send", "get_event", "suspend", "wake_now", "wake_due", "waiting_on",
-                                                "pending_messages", "fork")},
+    **{name: "journal.flows.waits" for name in ("send", "get_event", "wake_now", "waiting_on", "pending_messages",
+                                                "fork")},
 }
 
 
@@ -106,10 +110,11 @@ sys.modules[__name__].__class__ = _Face
 
 
 __all__ = [
-    "ChildFailed", "Context", "DeadlineExceeded", "ExecutionBusy", "ExecutionExists", "ExecutionFinished", "Flow",
-    "FlowError", "InvalidInput", "NeedsDurable", "NonDeterminism", "NonRetryableError", "NotResumable", "Outcome",
-    "OwnershipLost", "RetryPolicy", "ShuttingDown", "StepFailed", "UnknownExecution", "UnknownFlow", "acancel",
-    "adescribe", "aget_event", "aoutcome_of", "aresume", "asend", "astart", "cancel",
-    "describe", "flow", "fork", "get_event", "get_flow", "hand_over", "invoke_transient", "load_state", "outcome_of",
-    "pending_messages", "resume", "retry_execution", "send", "start", "suspend", "waiting_on", "wake_due", "wake_now",
+    "TERMINAL", "ChildFailed", "Context", "DeadlineExceeded", "ExecutionBusy", "ExecutionExists", "ExecutionFinished",
+    "Flow", "FlowError", "InvalidInput", "NeedsDurable", "NonDeterminism", "NonRetryableError", "NotResumable",
+    "Outcome", "OwnershipLost", "RetryPolicy", "ShuttingDown", "StepFailed", "UnknownExecution", "UnknownFlow",
+    "acancel", "adescribe", "aget_event", "aoutcome_of", "aresume", "asend", "astart", "cancel", "describe", "flow",
+    "fork", "get_event", "get_flow", "hand_over", "header_status", "invoke_transient", "load_state", "outcome_of",
+    "pending_messages", "resume", "retry_execution", "send", "start", "suspend", "unseal_started", "waiting_on",
+    "wake_due", "wake_now",
 ]

@@ -31,6 +31,7 @@ from typing import Any
 from django.utils import timezone
 
 from journal import conf, jsonvalues
+from journal.exceptions import InvalidStream
 from journal.flows import events as ev
 from journal.flows import interrupt
 from journal.flows.errors import (
@@ -42,8 +43,11 @@ from journal.flows.errors import (
     StepCancelled,
     StepFailed,
 )
+from journal.flows.registry import prepare_start
 from journal.flows.retry import RetryPolicy
 from journal.flows.state import COMPLETED, FAILED, RETRYING, STARTED, WAITING, ExecutionState
+from journal.ids import check_id, check_stored_id
+from journal.privacy.codec import WITHHELD
 
 
 class Halt(BaseException):
@@ -178,9 +182,6 @@ def check_moment(value: Any, what: str) -> datetime:
 def check_name(value: Any, what: str) -> str:
     """A topic, message id or event key: what the database can hold as an id (journal/ids.py:
     1 to 200 characters, no NUL, no lone surrogate), else InvalidInput."""
-    from journal.exceptions import InvalidStream
-    from journal.ids import check_stored_id
-
     try:
         return check_stored_id(value, what)
     except InvalidStream as exc:
@@ -191,9 +192,6 @@ def check_label(value: Any, what: str) -> str:
     """A new topic or message id: in the id alphabet (journal/ids.py: printable, no whitespace or control
     character, no dot segment), else InvalidInput. Both are pasted into log lines and the admin: a newline
     or an ANSI escape in one would forge a log line (#25)."""
-    from journal.exceptions import InvalidStream
-    from journal.ids import check_id
-
     try:
         return check_id(value, what)
     except InvalidStream as exc:
@@ -260,8 +258,6 @@ def _scrub(text: str, secrets: list[str]) -> str:
 
 def _withhold(text: str, secrets: list[str]) -> str:
     """`text` with every one of `secrets` (longest first: a value inside another is cut with it) withheld."""
-    from journal.privacy.codec import WITHHELD
-
     for secret in secrets:
         text = text.replace(secret, WITHHELD)
     return text
@@ -487,8 +483,6 @@ class DurableContext(Context):
     def start_child(self, flow: Any, input: Any, execution_id: str | None = None) -> ChildHandle:
         """Start a child execution (run by a worker); the child id is deterministic (this execution's
         id and the step position), so a replay never starts a second child."""
-        from journal.flows.runtime import prepare_start
-
         pos = self._pos
         child_id = execution_id or f"{self.execution_id}.child-{pos}"
         definition, _, stored, child_id = prepare_start(flow, input, child_id)  # bad input: nothing written

@@ -106,7 +106,12 @@ def _wait_note(p: dict) -> str:
 def describe(execution_id: str, reader=None) -> dict[str, Any]:
     """Everything known about an execution (reads the whole log: for people, not for the hot path).
     `reader` (journal.privacy.Reader): sensitive fields as that reader may see them; None: the system."""
-    from journal.models import Event, Execution, Fence, Snapshot
+    from journal.models import (  # app registry: journal.flows' lazy name, importable before it
+        Event,
+        Execution,
+        Fence,
+        Snapshot,
+    )
 
     events = Event.objects.read(execution_id, reader=reader)
     if not events:

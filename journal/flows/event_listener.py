@@ -26,6 +26,7 @@ import threading
 import time
 
 from journal import conf
+from journal.listen import listen, polls_without_direct
 
 log = logging.getLogger("loom.flows")
 
@@ -77,8 +78,6 @@ class EventListener:
         self._last_waiter = time.monotonic()
         self.connected = False  # tests and diagnostics: whether the session is LISTENing now
         # Behind a pooler without LOOM_DIRECT no session can listen: no thread, the waiters poll (said once).
-        from journal.listen import polls_without_direct
-
         self.polling = polls_without_direct(alias, "get_event listener", "LOOM_WAIT_POLL")
 
     def waiter(self, execution_id: str) -> Waiter:
@@ -133,8 +132,6 @@ class EventListener:
             return True
 
     def _run(self) -> None:
-        from journal.listen import listen
-
         while not self._retire():
             conn = listen(self.alias, conf.get("LOOM_WAIT_CHANNEL"))
             if conn is None:  # cannot LISTEN here (logged by listen(), or a pooler without LOOM_DIRECT)

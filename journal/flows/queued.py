@@ -30,9 +30,15 @@ from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, StaleFence, StreamExists
 from journal.flows import events as ev
 from journal.flows import writer
-from journal.flows.context import _error_text, iso
-from journal.flows.errors import ExecutionExists, InvalidInput
+from journal.flows.context import _error_text, check_seconds, iso, now
+from journal.flows.errors import ExecutionExists, InvalidInput, UnknownFlow
 from journal.flows.outcome import Outcome
+from journal.flows.ownership import get_ownership
+from journal.flows.registry import get_flow, versions
+from journal.flows.runtime import Runner
+from journal.flows.state import RUNNING, load_state
+from journal.models import Event, Execution, Fence
+from journal.store import store_for
 
 QUEUED = "queued"
 #: The fence token a queued execution is written under (the bootstrap's): its runner advances from it.
@@ -46,15 +52,17 @@ LEGACY = "legacy"  # no header: an entry written before queued executions (its i
 #: (LOOM_QUEUE_CLAIM_TIMEOUT) to a worker whose dequeue filters on the versions it has.
 ELSEWHERE = "elsewhere"
 
+# What the queues app's enqueue checks and writes with the journal's rules (a timeout, the deadline's clock and
+# text), named here, in the face of the queued start, rather than imported from the runtime's insides.
+__all__ = ["ELSEWHERE", "LEGACY", "NOT_HELD", "QUEUED", "QUEUED_FENCE", "check_seconds", "iso", "now", "pinned_version",
+           "run_queued", "runs_here", "started_by", "write_queued"]
+
 
 def write_queued(flow: str, stored: Any, execution_id: str, *, meta: dict | None = None,
                  deadline: datetime | None = None, options: dict | None = None) -> writer.RunHandle:
     """Write a queued execution in the caller's transaction (on the execution's shard, bound by the
     caller): EXECUTION_STARTED {flow, input, $meta, $deadline, $queue} and its header, status queued.
     ExecutionExists if the id is taken (nothing written); InvalidInput for a payload the journal refuses."""
-    from journal.models import Event
-    from journal.store import store_for
-
     payload: dict = {"flow": flow, "input": stored}
     if deadline is not None:
         payload["$deadline"] = iso(deadline)
@@ -70,9 +78,7 @@ def write_queued(flow: str, stored: Any, execution_id: str, *, meta: dict | None
             # Same transaction as the bootstrap: nobody sees the execution running before it is queued.
             store_for(Event.objects.db).set_execution_status(execution_id, run.token, QUEUED)
     except StreamExists:
-        from journal.flows.runtime import _exists
-
-        raise _exists(execution_id) from None
+        raise writer.exists_error(execution_id) from None
     except InvalidPayload as exc:
         raise InvalidInput(str(exc)) from None
     return run
@@ -84,8 +90,6 @@ def started_by(execution_id: str) -> tuple[str, str] | None:
     header = writer.header_status(execution_id)
     if header is None:
         return None
-    from journal.models import Event
-
     first = Event.objects.read(execution_id, limit=1)
     payload = first[0].payload if first and first[0].type == ev.EXECUTION_STARTED else {}
     meta = payload.get("$meta") if isinstance(payload, dict) else None
@@ -97,8 +101,6 @@ def pinned_version(execution_id: str) -> int | None:
     """The flow version the execution is pinned to (its header's flow_version, stamped at enqueue and never
     changed), or None when it has no header (an entry written before queued executions). Call it bound to
     the execution's shard (shards.on_stream), as the callers here are."""
-    from journal.models import Execution
-
     return Execution.objects.filter(pk=execution_id).values_list("flow_version", flat=True).first()
 
 
@@ -108,9 +110,6 @@ def runs_here(execution_id: str, flow: str) -> bool:
     has no header): the queues app asks it before it begins a handed-over resume, so that a worker without
     the version changes nothing, not even its claim's begin (the entry is offered again after its claim
     timeout, to a worker that has the version)."""
-    from journal.flows.errors import UnknownFlow
-    from journal.flows.registry import get_flow
-
     try:
         get_flow(flow, pinned_version(execution_id))
     except UnknownFlow:
@@ -129,14 +128,6 @@ def run_queued(execution_id: str, flow: str, claim_holds: Callable[[], bool]) ->
     One transaction: `claim_holds()` (the entry's begin, under its row lock), the header's lock, the fence
     advanced from QUEUED_FENCE (a second begin, through a claim offered again, is refused by it) and the
     status queued -> running. The flow must be registered here (UnknownFlow, before anything changes)."""
-    from journal.flows.errors import UnknownFlow
-    from journal.flows.ownership import get_ownership
-    from journal.flows.registry import get_flow, versions
-    from journal.flows.runtime import RUNNING, Runner
-    from journal.flows.state import load_state
-    from journal.models import Event, Fence
-    from journal.store import store_for
-
     # The version was stamped with the header at enqueue and never changes: read before the begin, so that
     # a process without it (a race with a deploy: the dequeue filters on the versions a worker has) leaves
     # the entry untouched. No header: an old entry, which runs the old way on the newest version here.

@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
-from journal import jsonvalues
-from journal.exceptions import InvalidPayload
+from ulid import ULID
+
+from journal import conf, envelopes, jsonvalues
+from journal.exceptions import InvalidPayload, InvalidStream
 from journal.flows.errors import InvalidInput, UnknownFlow
 from journal.flows.retry import NO_RETRY, RetryPolicy
+from journal.privacy import marking
 
 _REGISTRY: dict[str, dict[int, Flow]] = {}  # name -> version -> Flow
 _NEWEST: dict[str, Flow] = {}  # name -> its newest version (the transient path's one lookup)
@@ -83,8 +86,6 @@ def flow(name: str | Callable | None = None, *, input_model: type | None = None,
                              f"{existing.fn.__module__}.{existing.fn.__qualname__}")
         defined = Flow(flow_name, fn, input_model, retry or NO_RETRY, version)
         if input_model is not None:  # marked input fields (journal/privacy) are sealed in EXECUTION_STARTED
-            from journal.privacy import marking
-
             marking.declare_model("EXECUTION_STARTED", input_model, ("input",), (("flow",), flow_name))
         _REGISTRY.setdefault(flow_name, {})[version] = defined
         _NEWEST[flow_name] = _REGISTRY[flow_name][max(_REGISTRY[flow_name])]
@@ -115,6 +116,22 @@ INTERNAL_PREFIX = "loom."
 path): started by Loom's code, never by a caller from outside unless LOOM_EXPOSED_INTERNAL_FLOWS names them."""
 
 
+def prepare_start(flow: str | Flow, input: Any, execution_id: str | None) -> tuple[Flow, Any, Any, str]:
+    """What every start checks before anything is written or queued: the flow is known, its input is
+    valid and storable, the id is a new stream id in the alphabet (a ULID is minted when none is given).
+    Returns (flow, input as the flow sees it, input as it is stored, execution id). Here, beside the
+    flows, so that every start path (the runtime, a child, a continuation, a queued start) checks from below."""
+    definition = get_flow(flow)
+    value, stored = definition.prepare(input)
+    if execution_id is None:
+        return definition, value, stored, str(ULID())
+    try:
+        envelopes.check_new_stream_id(execution_id)  # looked up at the call: the id rule has one home
+    except InvalidStream as exc:
+        raise InvalidInput(str(exc)) from None
+    return definition, value, stored, execution_id
+
+
 def is_internal(name: str) -> bool:
     return name.startswith(INTERNAL_PREFIX)
 
@@ -122,8 +139,6 @@ def is_internal(name: str) -> bool:
 def exposed(name: str) -> bool:
     """May a caller from outside (an API token, the admin's schedule form) start or call flow `name`?
     Every flow but an internal one that LOOM_EXPOSED_INTERNAL_FLOWS does not name exactly."""
-    from journal import conf
-
     return not is_internal(name) or name in conf.get("LOOM_EXPOSED_INTERNAL_FLOWS")
 
 

@@ -22,11 +22,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from journal import shards
+from journal.flows import aio
 from journal.flows import events as ev
 from journal.flows.context import ContinueAsNew, DurableContext, Halt, Park
-from journal.flows.errors import FlowError, InvalidInput, NonDeterminism, StepFailed, UnknownFlow
+from journal.flows.errors import FlowError, InvalidInput, NonDeterminism, StepFailed, UnknownExecution, UnknownFlow
 from journal.flows.registry import get_flow
 from journal.flows.state import SETTLED_FAILED, ExecutionState
+from journal.models import Event, Execution
 
 FORMAT = "loom-history/1"
 
@@ -172,8 +175,6 @@ def replay_history(history: History) -> ReplayResult:
         value, _ = definition.prepare(state.input, check_json=False)
     except InvalidInput as exc:
         return failed("InvalidInput", f"its recorded input no longer validates: {exc}")
-    from journal.flows import aio
-
     asynchronous = aio.is_async(definition.fn)  # an async flow replays the same way, its code on the loop
     ctx = (aio.AsyncDurableContext if asynchronous else DurableContext)(_ReplayRunner(state), state, definition.retry)
     try:
@@ -200,10 +201,6 @@ def replay_history(history: History) -> ReplayResult:
 
 def history_of(execution_id: str) -> History:
     """The whole recorded log of one execution, from its shard (UnknownExecution if it has none)."""
-    from journal import shards
-    from journal.flows.errors import UnknownExecution
-    from journal.models import Event
-
     with shards.on_stream(execution_id):
         events = Event.objects.read(execution_id)
     if not events or events[0].type != ev.EXECUTION_STARTED:
@@ -238,9 +235,6 @@ def recent_ids(flows: list[str] | None = None, last: int = 20, settled: bool = F
     """The ids of the newest `last` executions of each flow (`flows`; default: every flow with executions)
     that the new code may have to replay (running, waiting, suspended, stuck, failed); `settled`: completed
     and cancelled ones too (then the code must reproduce their whole log); on every shard (or `aliases`)."""
-    from journal import shards
-    from journal.models import Execution
-
     ids: list[str] = []
     for alias in aliases if aliases is not None else shards.shards():
         rows = Execution.objects.using(alias)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from journal.flows.errors import NonRetryableError
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
@@ -30,8 +32,6 @@ class RetryPolicy:
         return min(self.max_backoff, self.backoff * self.factor ** (failed_attempt - 1))
 
     def retries(self, exc: BaseException, failed_attempt: int) -> bool:
-        from journal.flows.errors import NonRetryableError
-
         return (failed_attempt < self.attempts and not isinstance(exc, NonRetryableError)
                 and isinstance(exc, self.retry_on))
 

@@ -9,19 +9,20 @@ header. No read happens on that path. Every write goes through journal/flows/wri
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
+from django.db import DatabaseError, connections
 from django.db.models.functions import Now
-from ulid import ULID
 
-from journal import shards, telemetry
+from journal import conf, shards, telemetry
 from journal.atomic import atomic
-from journal.envelopes import Envelope, check_new_stream_id
-from journal.exceptions import InvalidStream, SequenceConflict, StaleFence, StreamExists, UnknownStream
-from journal.flows import aio, ownership, writer
+from journal.envelopes import Envelope
+from journal.exceptions import SequenceConflict, StaleFence, StreamExists, UnknownStream
+from journal.flows import aio, ownership, registry, waits, writer
 from journal.flows import events as ev
 from journal.flows.context import (
     ContinueAsNew,
@@ -43,6 +44,8 @@ from journal.flows.errors import (
     DeadlineExceeded,
     ExecutionBusy,
     ExecutionExists,
+    ExecutionFinished,
+    FlowError,
     InvalidInput,
     NotResumable,
     OwnershipLost,
@@ -52,7 +55,8 @@ from journal.flows.errors import (
 )
 from journal.flows.outcome import Outcome
 from journal.flows.ownership import Claim, get_ownership
-from journal.flows.registry import Flow, get_flow
+from journal.flows.plugins import CANCEL_HOOKS, QUEUE_STARTS, RERUN_HOOKS, check_queue, enqueue_resume
+from journal.flows.registry import Flow, get_flow, prepare_start
 from journal.flows.state import (
     CANCELLED,
     COMPLETED,
@@ -67,8 +71,12 @@ from journal.flows.state import (
 )
 from journal.flows.state import FAILED as FAILED_STEP
 from journal.identity import node_identity
+from journal.models import Event, Execution, Fence, Snapshot
+from journal.privacy import codec, marking
 from journal.privacy.codec import Sealed
 from journal.store import store_for
+
+log = logging.getLogger("loom.flows")
 
 
 class Runner:
@@ -118,8 +126,6 @@ class Runner:
         onward = self.continued_to if settle is not None else None
         try:
             if parent or onward:
-                from journal.flows import waits
-
                 with atomic(waits._alias()):
                     writer.write(run, envelopes, settle)  # the header settles (locked) first: a send
                     if onward:  # after it follows the chain; one before it is carried here
@@ -195,29 +201,19 @@ class Runner:
     def take_message(self, pos: int, name: str, topic: str) -> tuple[Any] | None:
         """Consume the oldest pending message of `topic` and record it as the wait's result, in ONE
         transaction (exactly once: a crash before the commit leaves both undone); (payload,) or None."""
-        from journal.flows import waits
-
         return waits.take_message(self, pos, name, topic)
 
     def put_event(self, key: str, value: Any) -> None:
-        from journal.flows import waits
-
         waits.put_event(self.run.execution_id, key, value)
 
     def spawn_child(self, flow: str, stored: Any, child_id: str) -> str:
-        from journal.flows import waits
-
         return waits.spawn_child(self.run.execution_id, flow, stored, child_id)
 
     def child_outcome(self, child_id: str) -> tuple[dict | None, str]:
-        from journal.flows import waits
-
         return waits.child_outcome(child_id)
 
     def park(self, spec: WaitSpec) -> Outcome:
         """Write what is pending, then the wait row and status waiting; the thread and lease go."""
-        from journal.flows import waits
-
         if self.pending:
             self.flush()
         waits.park(self.run, spec)
@@ -242,16 +238,12 @@ class Runner:
     def after_settle(self) -> None:
         """A run that waited drops its wait row (best effort: a stale row is deleted by the next claim).
         A child's settle woke its parent already, in its own transaction (flush)."""
-        from journal.flows import waits
-
         waits.after_settle(self.state)
 
     def atomic_step(self, name: str, pos: int, attempt: int, began: float, fn, args,
                     timeout: float | None = None) -> Any:
         """Run fn and write its STEP_COMPLETED in one transaction: its database effects and the record
         that it completed commit together, or neither does."""
-        from journal.models import Event
-
         # On the execution's shard (the bound alias): its effects commit with its record only on that database.
         with atomic(Event.objects.db):
             result = fn(*args)
@@ -281,8 +273,6 @@ class Runner:
             except Park as park:
                 return self.park(park.spec)
             except ContinueAsNew as cont:
-                from journal.flows import waits
-
                 ctx.check_consumed()
                 self.boundary()
                 try:
@@ -337,12 +327,7 @@ class Runner:
                     self.claim.end()
 
 
-def _exists(execution_id: str) -> ExecutionExists:
-    header = writer.header_status(execution_id)
-    if header is None:
-        return ExecutionExists(execution_id, "unknown (a stream of that id exists without an execution header)")
-    status, flow, result, error = header
-    return ExecutionExists(execution_id, status, flow, result, error)
+_exists = writer.exists_error  # the ExecutionExists of a refused bootstrap (journal/flows/writer.py)
 
 
 def _halted(execution_id: str, error: Exception) -> Outcome:
@@ -360,24 +345,9 @@ def _is_stale(error: Exception) -> bool:
     return isinstance(error, StaleFence)
 
 
-def prepare_start(flow: str | Flow, input: Any, execution_id: str | None) -> tuple[Flow, Any, Any, str]:
-    """What every start checks before anything is written or queued: the flow is known, its input is
-    valid and storable, the id is a new stream id in the alphabet (a ULID is minted when none is given).
-    Returns (flow, input as the flow sees it, input as it is stored, execution id)."""
-    definition = get_flow(flow)
-    value, stored = definition.prepare(input)
-    if execution_id is None:
-        return definition, value, stored, str(ULID())
-    try:
-        check_new_stream_id(execution_id)
-    except InvalidStream as exc:
-        raise InvalidInput(str(exc)) from None
-    return definition, value, stored, execution_id
-
-
-# The queues app's enqueue (queues/apps.py puts it here): start(..., queue=...) hands the start to it,
-# so that the journal names no app above it. Empty: the queues app is not installed.
-QUEUE_STARTS: list = []
+# QUEUE_STARTS (the queues app's enqueue: start(..., queue=...) hands the start to it), RERUN_HOOKS and
+# CANCEL_HOOKS are seams of journal/flows/plugins.py, filled from the other apps' ready(): the journal names
+# no app above it. prepare_start (journal/flows/registry.py) is named here for the callers that knew it here.
 
 
 def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: dict | None = None, *,
@@ -416,8 +386,6 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
     definition, value, stored, execution_id = prepare_start(flow, input, execution_id)
     with shards.on_stream(execution_id):
         if due is not None:
-            from journal.flows import waits
-
             if meta:
                 extra["$meta"] = meta
             return waits.schedule(definition.name, stored, execution_id, due, extra)
@@ -471,9 +439,6 @@ def _queued_start(flow, input, execution_id, meta, queue, start_at, delay, timeo
 def seal_started(flow: str, stored: Any) -> Any:
     """The input of a start to be queued, as the broker may keep it: a flow whose input has marked fields gets
     its EXECUTION_STARTED payload sealed now (a `Sealed`, which `start` writes as it is); others as given."""
-    from journal.models import Event
-    from journal.privacy import codec, marking
-
     if ev.EXECUTION_STARTED not in marking.MARKED or not marking.fields_for(ev.EXECUTION_STARTED, {"flow": flow}):
         return stored
     return codec.seal_payload(store_for(Event.objects.db), ev.EXECUTION_STARTED, {"flow": flow, "input": stored})
@@ -481,9 +446,6 @@ def seal_started(flow: str, stored: Any) -> Any:
 
 def unseal_started(sealed: Sealed) -> Any:
     """The input a `seal_started` payload holds, as the system reads it (FORGOTTEN for a forgotten subject)."""
-    from journal.models import Event
-    from journal.privacy import codec
-
     return codec.unseal(store_for(Event.objects.db), ev.EXECUTION_STARTED, sealed).get("input")
 
 
@@ -495,9 +457,6 @@ def _take_over(execution_id: str, expected_fence: int | None = None,
     execution over since it was handed over, nothing is done). A parked execution (waiting or
     suspended) is running again from the same transaction on (its header locked first, the order
     of park and send)."""
-    from journal.models import Fence
-    from journal.store import store_for
-
     store = store_for(Fence.objects.db)
     try:
         with atomic(Fence.objects.db):
@@ -521,8 +480,6 @@ PARKED = frozenset({"waiting", "suspended"})
 def _adopt(execution_id: str, token: int) -> ExecutionState:
     """The state under a fence token a takeover already obtained (the recovery sweep's): no second
     advance. NotResumable if the fence moved on since (someone took the execution over after it)."""
-    from journal.models import Fence
-
     current = Fence.objects.current(execution_id)
     if current is None:
         raise UnknownExecution(execution_id)
@@ -583,8 +540,6 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
             # Advance only from the fence the liveness check saw: a waker's claim (or any takeover)
             # between the check and the header lock makes the advance refuse (ExecutionBusy) instead of
             # fencing off the run it just woke.
-            from journal.models import Fence
-
             expected_fence, busy = Fence.objects.current(execution_id), True
         check_not_live(execution_id)
     if token is None:
@@ -606,8 +561,6 @@ def resume(execution_id: str, *, force: bool = False, expected_fence: int | None
 
 def header_version(execution_id: str) -> int:
     """The header's flow_version (the version the execution started on); 1 if it has no header."""
-    from journal.models import Execution
-
     found = Execution.objects.filter(pk=execution_id).values_list("flow_version", flat=True).first()
     return 1 if found is None else found
 
@@ -626,17 +579,8 @@ def process_identity() -> str:
 def _retry_view(execution_id: str) -> tuple[int | None, tuple[str, str, Any, str]]:
     """(fence token, header) as a retry sees them before deciding: the fence read first, so a header
     read as failed was failed at that fence or later (a retry that committed since moved the fence)."""
-    from journal.models import Fence
-
     fence = Fence.objects.current(execution_id)
     return fence, header_of(execution_id)
-
-
-# Callables (execution_id, alias) run in a retry's transaction once the header is back to running; one
-# that raises refuses the retry (nothing written). Another app registers one at its ready() (queues:
-# a queued execution is counted against its queue's cap again, or refused when the queue is full),
-# so that journal never imports it.
-RERUN_HOOKS: list = []
 
 
 @shards.by_stream
@@ -650,8 +594,6 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     for a worker (journal.flows.hand_over; returns Outcome(status "running") at once). `actor` (who
     asked; JSON, else its str) is recorded in the event. NotResumable unless the execution failed.
     """
-    from journal.models import Event, Execution, Snapshot
-
     fence, (status, flow_name, _, _) = _retry_view(execution_id)
     if status != SETTLED_FAILED:
         raise NotResumable(f"execution {execution_id!r} is {status}; only a failed execution can be retried")
@@ -659,8 +601,6 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     # anything is written: a retry that cannot run here is refused whole.
     definition = None if handoff else get_flow(flow_name, header_version(execution_id))
     if handoff:
-        from journal.flows.handover import check_queue
-
         check_queue()  # before anything is written: a retry nobody will run is worse than none
     try:
         # One transaction from the fence advance to the header update, the advance guarded by the fence
@@ -697,8 +637,6 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
                            f"nothing written") from None
     state.apply(appended.last_seq, ev.EXECUTION_RETRIED, payload)
     if handoff:
-        from journal.flows.handover import enqueue_resume
-
         enqueue_resume(execution_id, token)
         return Outcome(execution_id, RUNNING, None, None)
     value, _ = definition.prepare(state.input, check_json=False)
@@ -707,22 +645,12 @@ def retry(execution_id: str, *, actor: Any = None, handoff: bool = False) -> Out
     return Runner(run, state, claim).drive(definition, value)
 
 
-# Callables (execution_id, alias) run in a cancel's transaction, after its settle: the leases app deletes
-# the execution's lease row there (the cancel's fence advance fenced every holder off: the row is no one's,
-# and no sweep would ever look at it again, since recovery reads running executions only); the queues app
-# cancels its pending entry (a queued execution's entry never begins, its dedup id is free, the depth right).
-# Registered at another app's ready(), so that journal never imports them.
-CANCEL_HOOKS: list = []
-
-
 @shards.by_stream
 def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     """Cancel an execution: take its fence (a running owner is refused at its next step boundary and
     stops) and record EXECUTION_CANCELLED. Cancelling a cancelled execution returns its outcome;
     a completed or failed one raises NotResumable. An execution that continued as new is cancelled in
     the newest run of its chain (the id a caller knows stands for the whole chain, as for send())."""
-    from journal.flows import waits
-
     header = writer.header_status(execution_id)
     if header is not None and waits._continued(header):
         current = waits.chain_current(execution_id)
@@ -741,8 +669,6 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     # default id of a start not recorded as completed.
     children = [record[2] if record[1] == COMPLETED else f"{execution_id}.child-{pos}"
                 for pos, record in enumerate(state.steps) if record[0] == "$start_child"]
-    from journal.models import Event
-
     try:
         with atomic(Event.objects.db):  # the settle and the hooks' writes commit together, or neither
             runner.flush(writer.Settle(CANCELLED, None, reason))
@@ -751,8 +677,101 @@ def cancel(execution_id: str, reason: str = "cancelled") -> Outcome:
     except Halt as halt:
         raise halt.error from None
     runner.after_settle()
-    waits.cancel_children(execution_id, children, reason)
+    cancel_children(execution_id, children, reason)
     return Outcome(execution_id, CANCELLED, None, reason)
+
+
+def cancel_children(parent_id: str, children: list[str], reason: str) -> None:
+    """The policy: cancelling a parent cancels each child it started that has not settled (and theirs).
+    Only a child whose log names this execution as its `$parent` is cancelled (never another
+    execution's child), and a child that continued as new is cancelled in the newest run of its chain."""
+    for child in children:
+        if waits._started_payload(child).get("$parent") != parent_id:
+            continue  # not started by this execution (or never written)
+        link = waits.chain_current(child)
+        while True:
+            try:
+                cancel(link, f"parent {parent_id} cancelled: {reason}"[:2000])
+            except UnknownExecution:
+                break
+            except NotResumable:  # settled: if it continued meanwhile, the run it continued as is next
+                pass
+            current = waits.chain_current(link)
+            if current == link:
+                break
+            link = current
+
+
+
+
+@shards.by_stream
+def suspend(execution_id: str, *, force: bool = False, reason: str = "") -> Outcome:
+    """Suspend an execution: a new fence, EXECUTION_SUSPENDED in its log, status suspended, its wait
+    row dropped: no lease, no worker, nothing wakes it until resume() (or hand_over) on any worker.
+
+    A run that a live owner drives is refused (ExecutionBusy) unless `force` (the run is fenced off
+    and stops at its next step boundary). Settled: ExecutionFinished. Suspended already: its outcome."""
+    status = header_of(execution_id)[0]
+    if status in TERMINAL:
+        raise ExecutionFinished(execution_id, status, "suspend")
+    if status == waits.SUSPENDED_STATUS:
+        return Outcome(execution_id, waits.SUSPENDED_STATUS, None, None)
+    seen = None
+    if not force:
+        # The fence as the liveness check saw it: the advance below is only from it, so a run a waker
+        # claimed (or anyone took over) between the check and the header lock is refused, not fenced off.
+        seen = Fence.objects.current(execution_id)
+        check_not_live(execution_id)
+    store = waits._store()
+    try:
+        with atomic(waits._alias()):
+            status = store.lock_execution(execution_id)
+            if status in TERMINAL:
+                raise ExecutionFinished(execution_id, status, "suspend")
+            token = Fence.objects.advance(execution_id, seen)
+            state = load_state(execution_id)
+            Event.objects.append(execution_id, Envelope(ev.EXECUTION_SUSPENDED, {
+                "by": process_identity(), "reason": str(reason or "")[:2000]}), fence_token=token,
+                expected_seq=state.seq)
+            store.set_execution_status(execution_id, token, waits.SUSPENDED_STATUS)
+            store.drop_wait(execution_id)
+    except UnknownStream:
+        raise UnknownExecution(execution_id) from None
+    except StaleFence:
+        if not force:
+            raise ExecutionBusy(execution_id, "a run that took it over after the liveness check") from None
+        raise NotResumable(f"execution {execution_id!r} was taken over while being suspended; "
+                           f"nothing written") from None
+    return Outcome(execution_id, waits.SUSPENDED_STATUS, None, None)
+
+
+
+
+def wake_due(limit: int | None = None, alias: str | None = None) -> list[Outcome]:
+    """Claim the due waits of the flows registered here and run each in THIS thread (tests, an
+    embedding, a cron); the worker's waker does the same in a pool. Every shard (up to `limit` each),
+    or `alias` only; a shard that is down is skipped (logged) and the others go on."""
+    flows = registry.runnable()  # (flow, version): the waits of versions this process has
+    if not flows:
+        return []
+    claimed = []
+    for one in [alias] if alias is not None else shards.shards():
+        try:
+            claimed += store_for(one).claim_due_waits(now(), limit or conf.get("LOOM_WAIT_BATCH"), flows)
+        except DatabaseError:
+            if alias is not None or not shards.sharded():
+                raise
+            log.exception("wake_due: the due waits of shard %s could not be claimed; the others go on", one)
+            connections[one].close()
+    outcomes = []
+    for item in claimed:
+        try:
+            # force: the claim itself took the execution over (its fence moved from the parked run's
+            # token), so a lease row the parked run has not handed back yet proves nothing.
+            outcomes.append(resume(item.execution_id, token=item.token, force=True))
+        except FlowError as exc:
+            log.warning("woken execution %s not run: %s", item.execution_id, exc)
+    return outcomes
 
 
 @shards.by_stream

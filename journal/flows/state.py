@@ -16,6 +16,7 @@ from typing import Any
 from journal import conf, shards
 from journal.flows import events as ev
 from journal.flows.errors import UnknownExecution
+from journal.privacy import marking
 
 # Status of one step record (index 1 of a step record list).
 STARTED, COMPLETED, FAILED, RETRYING = "started", "completed", "failed", "retrying"
@@ -118,7 +119,7 @@ def snapshot_every() -> int | None:
 @shards.by_stream
 def load_state(execution_id: str) -> ExecutionState:
     """The newest snapshot, then only the events after it: two queries, a bounded number of rows."""
-    from journal.models import Event, Snapshot
+    from journal.models import Event, Snapshot  # app registry: state loads before it (journal.flows' face)
 
     snap = Snapshot.objects.latest(execution_id)
     if snap is None:
@@ -140,7 +141,7 @@ def checkpoint(state: ExecutionState) -> bool:
         return False
     if _holds_marked(state):
         return False  # personal data (journal/privacy) is never checkpointed in clear: replay the log instead
-    from journal.models import Snapshot
+    from journal.models import Snapshot  # app registry (as load_state)
 
     Snapshot.objects.save_state(state.execution_id, state.seq, state.to_json())
     state.snapshot_seq = state.seq
@@ -149,8 +150,6 @@ def checkpoint(state: ExecutionState) -> bool:
 
 def _holds_marked(state: ExecutionState) -> bool:
     """Whether the state holds marked fields (journal/privacy): its flow's input, or a recorded step's result."""
-    from journal.privacy import marking
-
     if not marking.MARKED:
         return False
     if marking.fields_for(ev.EXECUTION_STARTED, {"flow": state.flow}):
@@ -164,8 +163,6 @@ def marked_values(state: ExecutionState, step: str | None = None) -> list[str] |
     recorded marked steps' results; None when the run holds no marked data (nor is `step` a marked step).
     Failure text is cut by them (journal/flows/context.py). Values under 3 characters are not cut (they would
     cut words of the message, and say little alone)."""
-    from journal.privacy import marking
-
     if not marking.MARKED or not (_holds_marked(state) or (
             step is not None and marking.fields_for(ev.STEP_COMPLETED, {"step": step}))):
         return None

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from journal import shards
 from journal.flows import registry
 from journal.flows.state import TERMINAL
+from journal.models import Execution
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +45,6 @@ def live_counts(aliases: list[str]) -> dict[tuple[str, int], dict[str, int]]:
     read per database of the unsettled headers only (the status index)."""
     from django.db.models import Count
 
-    from journal.models import Execution
-
     counts: dict[tuple[str, int], dict[str, int]] = {}
     for alias in aliases:
         rows = (Execution.objects.using(alias).exclude(status__in=sorted(TERMINAL))
@@ -58,8 +58,6 @@ def live_counts(aliases: list[str]) -> dict[tuple[str, int], dict[str, int]]:
 def live_versions(aliases: list[str] | None = None, flow: str | None = None) -> list[FlowVersion]:
     """Every (flow, version) that is registered here or has live executions, sorted; `flow`: that one only.
     `aliases`: the databases to count on (default: every shard)."""
-    from journal import shards
-
     counts = live_counts(aliases if aliases is not None else shards.shards())
     keys = set(counts) | set(registry.runnable())
     here = set(registry.runnable())

@@ -32,25 +32,28 @@ from typing import Any
 from django.db import transaction
 from ulid import ULID
 
-from journal import conf, jsonvalues, shards
+from journal import conf, envelopes, jsonvalues, shards
 from journal.atomic import atomic
 from journal.envelopes import Envelope
-from journal.exceptions import InvalidPayload, StaleFence, StreamExists, UnknownStream
+from journal.exceptions import InvalidPayload, InvalidStream, StaleFence, StreamExists
 from journal.flows import event_listener, writer
 from journal.flows import events as ev
-from journal.flows.context import WaitSpec, check_label, check_name, check_seconds, iso, now, parse_time
+from journal.flows.context import Halt, WaitSpec, check_label, check_name, check_seconds, iso, now, parse_time
 from journal.flows.errors import (
     ExecutionExists,
     ExecutionFinished,
-    FlowError,
     InvalidInput,
-    NotResumable,
     OwnershipLost,
     UnknownExecution,
 )
 from journal.flows.outcome import Outcome
-from journal.flows.state import COMPLETED, TERMINAL, ExecutionState
+from journal.flows.registry import prepare_start
+from journal.flows.state import COMPLETED, TERMINAL, ExecutionState, load_state
 from journal.flows.state import SETTLED_COMPLETED as COMPLETED_STATUS
+from journal.identity import node_identity
+from journal.ids import check_stored_id
+from journal.models import Event, Fence
+from journal.store import store_for
 from journal.store.base import WaitRecord
 
 log = logging.getLogger("loom.flows")
@@ -61,15 +64,10 @@ SUSPENDED_STATUS = "suspended"
 
 def _store(execution_id: str | None = None):
     """The journal store of `execution_id`'s shard, or of the bound alias (the run's, the entry point's)."""
-    from journal.models import Event
-    from journal.store import store_for
-
     return store_for(shards.shard_for(execution_id) if execution_id is not None else Event.objects.db)
 
 
 def _alias() -> str:
-    from journal.models import Event
-
     return Event.objects.db
 
 
@@ -79,8 +77,6 @@ def park(run: writer.RunHandle, spec: WaitSpec) -> None:
     record = WaitRecord(run.execution_id, run.flow, spec.kind, spec.pos, run.token, spec.due_at, spec.topic,
                         spec.child)
     if _store().park(record, WAITING_STATUS) is False:
-        from journal.flows.context import Halt
-
         raise Halt(OwnershipLost(run.execution_id, "another run took it over before it could park"))
 
 
@@ -118,8 +114,6 @@ def spawn_child(parent_id: str, flow: str, stored: Any, child_id: str) -> str:
 
 
 def _started_payload(execution_id: str) -> dict:
-    from journal.models import Event
-
     first = Event.objects.read(execution_id, limit=1)
     return first[0].payload if first and first[0].type == ev.EXECUTION_STARTED else {}
 
@@ -202,8 +196,6 @@ def wake_parent(parent_id: str, child_id: str) -> None:
     parent on another shard (a child id of the caller's own) is woken once the settle committed: nothing
     is atomic across shards; if this process dies in between, the parent's re-check (LOOM_WAIT_RECHECK)
     sees the settled child."""
-    from journal.models import Event
-
     here, there = Event.objects.db, shards.shard_for(parent_id)
     if there == here:
         _store().wake_wait(parent_id, now(), child=child_id)
@@ -245,9 +237,7 @@ def _schedule(flow: str, stored: Any, execution_id: str, due, extra: dict | None
     try:
         writer.write(run, [Envelope(ev.EXECUTION_STARTED, payload)])
     except StreamExists:
-        from journal.flows.runtime import _exists
-
-        raise _exists(execution_id) from None
+        raise writer.exists_error(execution_id) from None
     except InvalidPayload as exc:
         raise InvalidInput(str(exc)) from None
     deadline = (extra or {}).get("$deadline")
@@ -259,8 +249,6 @@ def _schedule(flow: str, stored: Any, execution_id: str, due, extra: dict | None
 def continue_run(state: ExecutionState, flow, input: Any) -> str:
     """Start the next run of a continue_as_new chain (id `<root>~<n>`, deterministic: a replay finds
     it written); returns its id."""
-    from journal.flows.runtime import prepare_start
-
     root = state.meta.get("$root") or state.execution_id
     n = int(state.meta.get("$n") or 0) + 1
     next_id = f"{root}~{n}"
@@ -279,29 +267,6 @@ def continue_run(state: ExecutionState, flow, input: Any) -> str:
     return next_id
 
 
-def cancel_children(parent_id: str, children: list[str], reason: str) -> None:
-    """The policy: cancelling a parent cancels each child it started that has not settled (and theirs).
-    Only a child whose log names this execution as its `$parent` is cancelled (never another
-    execution's child), and a child that continued as new is cancelled in the newest run of its chain."""
-    from journal.flows.runtime import cancel
-
-    for child in children:
-        if _started_payload(child).get("$parent") != parent_id:
-            continue  # not started by this execution (or never written)
-        link = chain_current(child)
-        while True:
-            try:
-                cancel(link, f"parent {parent_id} cancelled: {reason}"[:2000])
-            except UnknownExecution:
-                break
-            except NotResumable:  # settled: if it continued meanwhile, the run it continued as is next
-                pass
-            current = chain_current(link)
-            if current == link:
-                break
-            link = current
-
-
 # == the public functions ==============================================================================
 @shards.by_stream
 def send(execution_id: str, topic: str, payload: Any, message_id: str | None = None) -> str:
@@ -310,8 +275,6 @@ def send(execution_id: str, topic: str, payload: Any, message_id: str | None = N
     topic consumes it; a recipient waiting on the topic is woken at once.
 
     UnknownExecution, ExecutionFinished (settled), InvalidInput (topic, id or payload): nothing written."""
-    from journal.ids import check_stored_id
-
     check_label(topic, "topic")
     if message_id is None:
         message_id = str(ULID())
@@ -352,8 +315,6 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
     """The value the execution published with ctx.set_event(key, ...), waiting up to `timeout`
     seconds for it (NOTIFY wake-up on PostgreSQL, polls of LOOM_WAIT_POLL on SQLite); `default` if
     still unset. UnknownExecution for an unknown id; InvalidInput for a bad key or timeout."""
-    from journal.ids import check_stored_id
-
     check_name(key, "event key")
     wait = 0.0 if timeout is None else check_seconds(timeout, "get_event timeout")
     try:
@@ -400,63 +361,10 @@ def get_event(execution_id: str, key: str, timeout: float | None = None, default
 
 
 @shards.by_stream
-def suspend(execution_id: str, *, force: bool = False, reason: str = "") -> Outcome:
-    """Suspend an execution: a new fence, EXECUTION_SUSPENDED in its log, status suspended, its wait
-    row dropped: no lease, no worker, nothing wakes it until resume() (or hand_over) on any worker.
-
-    A run that a live owner drives is refused (ExecutionBusy) unless `force` (the run is fenced off
-    and stops at its next step boundary). Settled: ExecutionFinished. Suspended already: its outcome."""
-    from journal.flows.runtime import check_not_live, header_of, process_identity
-    from journal.models import Event, Fence
-
-    status = header_of(execution_id)[0]
-    if status in TERMINAL:
-        raise ExecutionFinished(execution_id, status, "suspend")
-    if status == SUSPENDED_STATUS:
-        return Outcome(execution_id, SUSPENDED_STATUS, None, None)
-    seen = None
-    if not force:
-        # The fence as the liveness check saw it: the advance below is only from it, so a run a waker
-        # claimed (or anyone took over) between the check and the header lock is refused, not fenced off.
-        seen = Fence.objects.current(execution_id)
-        check_not_live(execution_id)
-    from journal.flows.state import load_state
-
-    store = _store()
-    try:
-        with atomic(_alias()):
-            status = store.lock_execution(execution_id)
-            if status in TERMINAL:
-                raise ExecutionFinished(execution_id, status, "suspend")
-            token = Fence.objects.advance(execution_id, seen)
-            state = load_state(execution_id)
-            Event.objects.append(execution_id, Envelope(ev.EXECUTION_SUSPENDED, {
-                "by": process_identity(), "reason": str(reason or "")[:2000]}), fence_token=token,
-                expected_seq=state.seq)
-            store.set_execution_status(execution_id, token, SUSPENDED_STATUS)
-            store.drop_wait(execution_id)
-    except UnknownStream:
-        raise UnknownExecution(execution_id) from None
-    except StaleFence:
-        if not force:
-            from journal.flows.errors import ExecutionBusy
-
-            raise ExecutionBusy(execution_id, "a run that took it over after the liveness check") from None
-        raise NotResumable(f"execution {execution_id!r} was taken over while being suspended; "
-                           f"nothing written") from None
-    return Outcome(execution_id, SUSPENDED_STATUS, None, None)
-
-
-@shards.by_stream
 def wake_now(execution_id: str) -> bool:
     """End the execution's current wait now (recorded as WAIT_WOKEN: a sleep or backoff ends, a recv
     returns None unless a message came, a child wait re-checks) and make it due for a waker. False
     if it is not waiting; UnknownExecution, ExecutionFinished."""
-    from journal.flows.runtime import process_identity
-    from journal.flows.state import load_state
-    from journal.ids import check_stored_id
-    from journal.models import Event, Fence
-
     check_stored_id(execution_id, "execution id")  # InvalidStream before any SQL
     store = _store()
     try:
@@ -471,7 +379,7 @@ def wake_now(execution_id: str) -> bool:
                 return False
             token = Fence.objects.advance(execution_id, wait["token"])
             state = load_state(execution_id)
-            Event.objects.append(execution_id, Envelope(ev.WAIT_WOKEN, {"pos": wait["pos"], "by": process_identity()}),
+            Event.objects.append(execution_id, Envelope(ev.WAIT_WOKEN, {"pos": wait["pos"], "by": node_identity()}),
                                  fence_token=token, expected_seq=state.seq)
             store.park(WaitRecord(execution_id, wait["flow"], wait["kind"], wait["pos"], token, now(),
                                   wait["topic"], wait["child"]), WAITING_STATUS)
@@ -480,45 +388,10 @@ def wake_now(execution_id: str) -> bool:
     return True
 
 
-def wake_due(limit: int | None = None, alias: str | None = None) -> list[Outcome]:
-    """Claim the due waits of the flows registered here and run each in THIS thread (tests, an
-    embedding, a cron); the worker's waker does the same in a pool. Every shard (up to `limit` each),
-    or `alias` only; a shard that is down is skipped (logged) and the others go on."""
-    from django.db import DatabaseError, connections
-
-    from journal.flows import registry
-    from journal.flows.runtime import resume
-    from journal.store import store_for
-
-    flows = registry.runnable()  # (flow, version): the waits of versions this process has
-    if not flows:
-        return []
-    claimed = []
-    for one in [alias] if alias is not None else shards.shards():
-        try:
-            claimed += store_for(one).claim_due_waits(now(), limit or conf.get("LOOM_WAIT_BATCH"), flows)
-        except DatabaseError:
-            if alias is not None or not shards.sharded():
-                raise
-            log.exception("wake_due: the due waits of shard %s could not be claimed; the others go on", one)
-            connections[one].close()
-    outcomes = []
-    for item in claimed:
-        try:
-            # force: the claim itself took the execution over (its fence moved from the parked run's
-            # token), so a lease row the parked run has not handed back yet proves nothing.
-            outcomes.append(resume(item.execution_id, token=item.token, force=True))
-        except FlowError as exc:
-            log.warning("woken execution %s not run: %s", item.execution_id, exc)
-    return outcomes
-
-
 @shards.by_stream
 def waiting_on(execution_id: str) -> dict | None:
     """What a waiting execution waits for (the admin, the API): kind, due_at, topic, child, pos,
     token; None if it has no wait row."""
-    from journal.ids import check_stored_id
-
     found = _store().wait_of(check_stored_id(execution_id, "execution id"))
     if found is None:
         return None
@@ -529,8 +402,6 @@ def waiting_on(execution_id: str) -> dict | None:
 @shards.by_stream
 def pending_messages(execution_id: str, limit: int = 50) -> list[dict]:
     """The newest messages of an execution (consumed or not), newest first (the admin)."""
-    from journal.ids import check_stored_id
-
     return _store().messages_of(check_stored_id(execution_id, "execution id"), limit)
 
 
@@ -542,11 +413,6 @@ def fork(execution_id: str, from_step: int, execution_id_new: str | None = None)
 
     UnknownExecution; InvalidInput if from_step is not a position whose earlier steps all completed;
     ExecutionExists if the new id is taken. Nothing is written then."""
-    from journal.envelopes import check_new_stream_id
-    from journal.exceptions import InvalidStream
-    from journal.ids import check_stored_id
-    from journal.models import Event
-
     check_stored_id(execution_id, "execution id")  # InvalidStream before any SQL
     events = Event.objects.read(execution_id)
     if not events:
@@ -572,7 +438,7 @@ def fork(execution_id: str, from_step: int, execution_id_new: str | None = None)
         copied.append(list(record[:4]))
     new_id = execution_id_new or str(ULID())
     try:
-        check_new_stream_id(new_id)
+        envelopes.check_new_stream_id(new_id)  # looked up at the call, as registry.prepare_start does
     except InvalidStream as exc:
         raise InvalidInput(str(exc)) from None
     # The fork replays the original's records, so it runs on the original's version (docs/flows.md "Versions").
@@ -585,8 +451,6 @@ def fork(execution_id: str, from_step: int, execution_id_new: str | None = None)
 def next_due_in(flows=None, alias: str | None = None) -> float | None:
     """Seconds until the earliest wait (of `flows`, if given) is due (0 if one is due now), None if
     nothing waits with a timer; over every shard, or `alias` only."""
-    from journal.store import store_for
-
     dues = [due for one in ([alias] if alias is not None else shards.shards())
             if (due := store_for(one).next_wait_due(flows)) is not None]
     return None if not dues else max(0.0, (min(dues) - now()).total_seconds())
@@ -598,8 +462,6 @@ __all__ = [
     "next_due_in",
     "pending_messages",
     "send",
-    "suspend",
     "waiting_on",
-    "wake_due",
     "wake_now",
 ]

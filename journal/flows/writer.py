@@ -31,6 +31,7 @@ from journal.envelopes import Appended, AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused
 from journal.flows import events as ev
 from journal.flows import registry
+from journal.flows.errors import ExecutionExists
 from journal.flows.ownership import Companion, InlineLease
 from journal.ids import check_stored_id
 from journal.models import Event
@@ -152,6 +153,15 @@ def header_status(execution_id: str) -> tuple[str, str, Any, str] | None:
     hold (journal/ids.py: reads accept ids stored before the alphabet), checked before the query."""
     check_stored_id(execution_id, "execution id")
     return store_for(shards.shard_for(execution_id)).execution_status(execution_id)
+
+
+def exists_error(execution_id: str) -> ExecutionExists:
+    """The ExecutionExists of a refused bootstrap (StreamExists), naming what holds the id: its header."""
+    header = header_status(execution_id)
+    if header is None:
+        return ExecutionExists(execution_id, "unknown (a stream of that id exists without an execution header)")
+    status, flow, result, error = header
+    return ExecutionExists(execution_id, status, flow, result, error)
 
 
 # -- coalesced kinds (LOOM_COALESCE): many executions' bootstraps or settles, one statement each ----
