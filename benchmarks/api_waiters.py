@@ -1,5 +1,6 @@
 """Waiting API callers under the two servers: `loom_serve_api` (gunicorn, loomapi's buffering gthread worker) and
-gunicorn's ASGI worker (`-k asgi`, loomsite/asgi.py: Django's ASGI handler in front of the same views).
+gunicorn's ASGI worker (`-k asgi` on `django.core.asgi:get_asgi_application()`: Django's ASGI handler in front of
+the same views, for this project's settings; a site's own asgi.py such as loomsite/asgi.py does the same).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/loom_w15c_bench python manage.py shell \
         -c "from benchmarks.api_waiters import main; main(40, repeats=2)"
@@ -45,13 +46,14 @@ def _free_port() -> int:
 
 def _server(kind: str, port: int, threads: int) -> subprocess.Popen:
     env = {**os.environ, "LOOM_API_AUTH": "false", "LOOM_FLOW_MODULES": "benchmarks.async_waiters",
-           "ALLOW_DEV_SECRET_KEY": "true", "DJANGO_SETTINGS_MODULE": "loomsite.settings"}
+           "ALLOW_DEV_SECRET_KEY": "true"}  # DJANGO_SETTINGS_MODULE: this project's, inherited
     if kind == "gthread":
         command = [sys.executable, "manage.py", "loom_serve_api", "--workers", "1", "--threads", str(threads),
                    "--bind", f"127.0.0.1:{port}", "--skip-checks"]
     else:
         command = [sys.executable, "-m", "gunicorn", "-k", "asgi", "-w", "1", "-b", f"127.0.0.1:{port}",
-                   "--worker-connections", "4000", "--timeout", "60", "loomsite.asgi:application"]
+                   "--worker-connections", "4000", "--timeout", "60",
+                   "django.core.asgi:get_asgi_application()"]  # Django's ASGI handler for the inherited settings
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
