@@ -66,7 +66,9 @@ class Refused(Exception):
 
 def unreachable(error: BaseException) -> Refused:
     """The refusal of a verb whose database (a shard) could not be reached (journal/reach.py): exit 4, naming
-    each journal database that does not answer now (each probed once), never a traceback."""
+    each journal database that does not answer now (each probed once), never a traceback. An open connection is
+    asked `SELECT 1` first (is_usable): one the server dropped is closed and reopened, so it is named while the
+    server is gone, and not left behind broken when it is back."""
     from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 
     def first(exc: BaseException) -> str:
@@ -74,8 +76,11 @@ def unreachable(error: BaseException) -> Refused:
 
     down = {}
     for alias in dict.fromkeys([*shards.shards(), DEFAULT_DB_ALIAS]):
+        connection = connections[alias]
         try:
-            connections[alias].ensure_connection()
+            if connection.connection is not None and not connection.is_usable():
+                connection.close()  # open but dead (ensure_connection would keep it): dropped, so we reconnect
+            connection.ensure_connection()
         except (OperationalError, InterfaceError) as exc:
             down[alias] = first(exc)
     said = "; ".join(f"{alias}: {reason}" for alias, reason in down.items()) or first(error)

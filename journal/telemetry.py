@@ -446,14 +446,25 @@ class DatabaseCollector:
                 family = families[name] = GaugeMetricFamily(name, doc, labels=list(labels))
             family.add_metric(list(labels.values()), value)
 
+        ok: dict[str, float] = {}  # loom_scrape_database_ok by alias: 0 if any source failed to read it
+
+        def take(name: str, doc: str, labels: dict[str, str], value: float) -> None:
+            if name == DATABASE_OK[0]:
+                ok[labels["alias"]] = min(value, ok.get(labels["alias"], 1))
+            else:
+                add(name, doc, labels, value)
+
         for name, doc, labels, value in executions_by_status():
-            add(name, doc, labels, value)
+            take(name, doc, labels, value)
         for source in SOURCES:
             try:
                 for name, doc, labels, value in source():
-                    add(name, doc, labels, value)
-            except Exception:  # a database that cannot answer: the scrape shows the rest
+                    take(name, doc, labels, value)
+            except Exception:  # a source failed as a whole: which alias it missed is unknown, so every one is 0
                 log.warning("a metrics source failed", exc_info=True)
+                ok = dict.fromkeys(ok, 0)
+        for alias, value in ok.items():
+            add(*DATABASE_OK, {"alias": alias}, value)
         families["loom_scrape_time"] = GaugeMetricFamily("loom_scrape_time", "When this scrape read the database "
                                                          "(unix seconds)", value=time.time())
         yield from families.values()
@@ -464,6 +475,12 @@ class DatabaseCollector:
 
 DATABASE_OK = ("loom_scrape_database_ok", "1 when this scrape read the database alias, 0 when it could not (its "
                "gauges are then absent from the scrape)")
+
+
+def database_failed(alias: str) -> tuple[str, str, dict[str, str], float]:
+    """What a gauge source yields for an alias it could not read (its gauges left out): the scrape's
+    loom_scrape_database_ok for that alias becomes 0 even if the executions were read."""
+    return (*DATABASE_OK, {"alias": alias}, 0)
 
 
 def executions_by_status() -> Iterator[tuple[str, str, dict[str, str], float]]:

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 from django.db import DatabaseError
 
+from journal import telemetry
+
 log = logging.getLogger("loom.telemetry")
 
 
@@ -21,6 +23,7 @@ def gauges() -> Iterator[tuple[str, str, dict[str, str], float]]:
             lags = list(store_for(alias).lag_by_consumer())
         except DatabaseError:  # that database's gauges are left out, not the next ones' (loom_scrape_database_ok)
             log.warning("projection gauges on %s failed", alias, exc_info=True)
+            yield telemetry.database_failed(alias)
             continue
         for consumer, behind, blocked in lags:
             labels = {"alias": alias, "consumer": consumer}

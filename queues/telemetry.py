@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 
 from django.db import DatabaseError
 
+from journal import telemetry
+
 log = logging.getLogger("loom.telemetry")
 
 
@@ -37,6 +39,7 @@ def gauges() -> Iterator[tuple[str, str, dict[str, str], float]]:
             stats = store.queue_stats()
         except DatabaseError:  # that database's gauges are left out, not the next ones' (loom_scrape_database_ok)
             log.warning("queue gauges on %s failed", alias, exc_info=True)
+            yield telemetry.database_failed(alias)
             continue
         for one in stats:
             labels = {"alias": alias, "queue": one.name}
