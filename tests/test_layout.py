@@ -143,11 +143,7 @@ LOCAL_LEFT: dict[str, int] = {
     "benchmarks/faults/base.py": 3, "benchmarks/faults/checks.py": 1, "benchmarks/faults/children.py": 15,
     "benchmarks/faults/exit_on_cap_one.py": 2, "benchmarks/faults/fixtures.py": 1,
     "benchmarks/faults/kill_mid_step.py": 1, "benchmarks/sections/aggregates.py": 2,
-    "benchmarks/sections/append.py": 4, "benchmarks/sections/coalesced.py": 2, "benchmarks/sections/fanout.py": 1,
-    "benchmarks/sections/growth.py": 2, "benchmarks/sections/lease.py": 1, "benchmarks/sections/peers.py": 2,
-    "benchmarks/sections/reactions/support.py": 1, "benchmarks/sections/reactions/watermark.py": 1,
-    "benchmarks/sections/schedules.py": 2, "benchmarks/sections/waits.py": 4,
-    "benchmarks/sections/waits_idle.py": 2, "benchmarks/sections/waits_messages.py": 1, "journal/admin.py": 18,
+    "benchmarks/sections/append.py": 4, "benchmarks/sections/coalesced.py": 1, "journal/admin.py": 18,
     "journal/admin_filters.py": 3, "journal/backends.py": 1, "journal/checks.py": 7, "journal/cli.py": 23,
     "journal/coalesce.py": 4, "journal/conf.py": 1, "journal/flows/context.py": 6, "journal/flows/describe.py": 1,
     "journal/flows/event_listener.py": 2, "journal/flows/handover.py": 6, "journal/flows/queued.py": 14,
@@ -168,12 +164,11 @@ LOCAL_LEFT: dict[str, int] = {
 # pay (most are models imported at call time, which want LOCAL_MARK, or a store a module could import at its top).
 LOCAL_LEFT.update({
     "benchmarks/async_waiters.py": 5, "benchmarks/command.py": 1, "benchmarks/faults/failover.py": 3,
-    "benchmarks/sections/growth.py": 4, "journal/admin.py": 22, "journal/admin_base.py": 1, "journal/cli.py": 23,
-    "journal/conf.py": 2, "journal/flows/aio.py": 15, "journal/flows/replay.py": 6, "journal/retention.py": 4,
-    "journal/telemetry.py": 8, "leases/budget.py": 1, "leases/drain.py": 5,
-    "leases/management/commands/loom_worker.py": 2, "leases/retention.py": 1, "leases/schedule_ops.py": 6,
-    "queues/admin.py": 6, "queues/hooks.py": 3, "queues/operations.py": 10, "queues/operations_admin.py": 7,
-    "queues/pause.py": 6, "queues/telemetry.py": 4,
+    "journal/admin.py": 22, "journal/admin_base.py": 1, "journal/cli.py": 23, "journal/conf.py": 2,
+    "journal/flows/aio.py": 15, "journal/flows/replay.py": 6, "journal/retention.py": 4, "journal/telemetry.py": 8,
+    "leases/budget.py": 1, "leases/drain.py": 5, "leases/management/commands/loom_worker.py": 2,
+    "leases/retention.py": 1, "leases/schedule_ops.py": 6, "queues/admin.py": 6, "queues/hooks.py": 3,
+    "queues/operations.py": 10, "queues/operations_admin.py": 7, "queues/pause.py": 6, "queues/telemetry.py": 4,
 })
 
 
