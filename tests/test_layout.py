@@ -151,9 +151,8 @@ LOCAL_LEFT: dict[str, int] = {
     "journal/flows/runtime.py": 26, "journal/flows/state.py": 4, "journal/flows/versions.py": 2,
     "journal/flows/waits.py": 29, "journal/ids.py": 1, "journal/managers.py": 5, "journal/privacy/__init__.py": 1,
     "journal/privacy/forget.py": 4, "journal/shards.py": 4, "journal/store/postgres.py": 2,
-    "journal/store/sqlite.py": 2, "leases/checks.py": 1, "leases/management/commands/loom_worker.py": 1,
-    "leases/ownership.py": 2, "leases/recovery.py": 8, "leases/schedules.py": 12, "leases/tasks.py": 15,
-    "leases/waker.py": 11, "leases/worker.py": 5, "queues/__init__.py": 1, "queues/declarations.py": 1,
+    "journal/store/sqlite.py": 2, "leases/management/commands/loom_worker.py": 1, "leases/recovery.py": 8,
+    "leases/schedules.py": 2, "leases/waker.py": 11, "queues/__init__.py": 1, "queues/declarations.py": 1,
     "queues/service.py": 1, "queues/tasks.py": 2,
 }
 
@@ -164,8 +163,7 @@ LOCAL_LEFT.update({
     "benchmarks/async_waiters.py": 5, "benchmarks/command.py": 1, "benchmarks/faults/failover.py": 3,
     "journal/admin.py": 22, "journal/admin_base.py": 1, "journal/cli.py": 23, "journal/conf.py": 2,
     "journal/flows/aio.py": 15, "journal/flows/replay.py": 6, "journal/retention.py": 4, "journal/telemetry.py": 8,
-    "leases/budget.py": 1, "leases/drain.py": 5, "leases/management/commands/loom_worker.py": 2,
-    "leases/retention.py": 1, "leases/schedule_ops.py": 6,
+    "leases/drain.py": 1, "leases/management/commands/loom_worker.py": 1, "leases/schedule_ops.py": 1,
 })
 
 
