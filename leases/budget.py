@@ -19,6 +19,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from journal import conf
+from journal.flows.aio import pool_size
 
 WORKER_SERVICES = 6  # measured idle (loom_worker --no-cluster, default settings, no projections)
 CLUSTER_OWN = 3  # the django-q2 cluster's sessions besides its workers (monitor, pusher, guard)
@@ -59,7 +60,6 @@ def async_caller_connections() -> int:
     """The most sessions the awaitable faces (astart, aget_event, ...: journal/flows/aio.py) add to a process that
     calls them from async code: one per thread of their pool. A worker running async flows adds none: an async
     run's journal calls are made in the thread that drives it (a queue runner's, the waker's, recovery's)."""
-    from journal.flows.aio import pool_size
 
     return pool_size()
 

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 from journal import conf
+from leases.budget import planned_connections
 
 # The Q_CLUSTER keys that name a django-q2 broker (django_q/conf.py); without one django-q2
 # silently falls back to Redis on localhost, and `loom_worker` crashes where there is none.
@@ -95,8 +96,6 @@ def check_connection_budget(app_configs=None, databases=None, **kwargs) -> list:
     never at every start-up. It reads the server's limit with one statement that touches no table
     (current_setting: cheap, and safe on a primary or a replica), only when something is planned."""
     from django.db import connections
-
-    from leases.budget import planned_connections
 
     problems = []
     planned = planned_connections()

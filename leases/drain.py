@@ -27,6 +27,9 @@ from django.db import DatabaseError, connections, router
 
 from journal.ids import stored_id_problem
 from journal.store.base import DatabaseBound
+from leases import conf
+from leases.keeper import keepers
+from leases.models import DrainRequest
 
 log = logging.getLogger("loom.worker")
 
@@ -85,8 +88,6 @@ class DrainStore(DatabaseBound):
 
 
 def _alias() -> str:
-    from leases.models import DrainRequest
-
     return router.db_for_write(DrainRequest)
 
 
@@ -110,7 +111,6 @@ def request(worker_id: str, by: str = "", using: str | None = None) -> Requested
 def state(worker_ids: list[str], using: str | None = None) -> dict[str, tuple[datetime, str, datetime | None,
                                                                               datetime | None]]:
     """worker id -> (requested_at, requested_by, started_at, finished_at) of its drain request (the admin)."""
-    from leases.models import DrainRequest
 
     rows = DrainRequest.objects.using(using or router.db_for_read(DrainRequest)).filter(worker_id__in=worker_ids)
     return {r.worker_id: (r.requested_at, r.requested_by, r.started_at, r.finished_at) for r in rows}
@@ -133,8 +133,6 @@ class DrainService:
         self.thread.start()
 
     def _loop(self) -> None:
-        from leases import conf
-
         try:
             while not self.stopping.wait(conf.get("LOOM_DRAIN_POLL")):
                 try:
@@ -150,8 +148,6 @@ class DrainService:
             connections[self.store.alias].close()
 
     def _drain(self, by: str) -> None:
-        from leases.keeper import keepers
-
         wid = self.worker.worker_id
         self.draining = True
         try:  # only the note that the drain started: the drain is carried out whether or not it is written

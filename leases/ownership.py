@@ -18,8 +18,10 @@ from django.db import connections
 
 from journal import shards
 from journal.flows.ownership import Claim, Companion, InlineLease, NoOwnership, set_ownership
+from journal.models import Execution, Fence
 from leases import conf
 from leases.keeper import LeaseKeeper, get_keeper
+from leases.models import Lease
 from leases.store import store_for
 
 _IN_TRANSACTION = NoOwnership()
@@ -82,9 +84,6 @@ class LeaseOwnership:
         (the sweep's own orphan rule). A lease of this worker id that no run here holds is the recovery
         sweep's takeover, handed to the resume that follows: not live."""
         from django.db.models.functions import Now
-
-        from journal.models import Execution, Fence
-        from leases.models import Lease
 
         header = (Execution.objects.filter(pk=execution_id).annotate(db_now=Now())
                   .values_list("status", "updated_at", "db_now").first())

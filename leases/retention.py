@@ -15,13 +15,13 @@ from django.apps import apps
 from django.db import DatabaseError, connections, router
 
 from journal import compaction, conf, retention, shards
+from leases.store import store_for
 
 log = logging.getLogger("loom.retention")
 
 
 def drop_removed(execution_ids: list[str], alias: str) -> None:
     """journal.retention.REMOVE_HOOKS: the lease rows and start reservations of removed executions."""
-    from leases.store import store_for
 
     # under LOOM_SHARDS the reservations live on `default`, whatever the batch's shard
     home = router.db_for_write(apps.get_model("leases", "StartReservation"))

@@ -22,9 +22,13 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import router
 
+import queues
+from journal import shards
+from journal.flows import ExecutionExists
 from journal.ids import stored_id_problem
 from journal.retention import cutoff_for
 from journal.store.base import DatabaseBound
+from leases.models import Schedule
 from leases.schedules import ID_PREFIX, InvalidSchedule, execution_id, next_tick
 
 BACKFILL_MAX = 1000  # ticks one backfill queues at most: a longer range is refused, nothing queued
@@ -57,14 +61,10 @@ class Backfill:
 
 
 def _alias(using: str | None) -> str:
-    from leases.models import Schedule
-
     return using or router.db_for_write(Schedule)
 
 
 def _row(name: object, using: str | None):
-    from leases.models import Schedule
-
     if stored_id_problem(name) is not None:  # not a str, empty, a NUL (PostgreSQL's DataError), ...: no such row
         raise UnknownSchedule(f"no schedule named {name!r}")
     row = Schedule.objects.using(_alias(using)).filter(name=name).first()
@@ -100,13 +100,11 @@ def resume(name: str, using: str | None = None) -> bool:
 
 def _enqueue(row, eid: str, meta: dict, using: str) -> bool:
     """Queue one execution of the schedule; False if that id exists already (not queued again)."""
-    from journal import shards
-    from journal.flows import ExecutionExists
-    from queues import enqueue
 
     try:
-        return enqueue(row.flow, row.input, queue=row.queue or "default", execution_id=eid, meta=meta,
-                       using=None if shards.sharded() else using).created  # False: this very start, already queued
+        # created False: this very start, already queued
+        return queues.enqueue(row.flow, row.input, queue=row.queue or "default", execution_id=eid, meta=meta,
+                              using=None if shards.sharded() else using).created
     except ExecutionExists:  # the id is taken by another start (the schedule's own tick of it, say)
         return False
 

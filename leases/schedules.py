@@ -49,9 +49,15 @@ from django.utils import timezone as django_timezone
 from journal import jsonvalues, shards
 from journal.atomic import atomic
 from journal.exceptions import InvalidPayload
+from journal.flows import ExecutionExists
 from journal.flows.errors import FlowError
 from journal.flows.registry import Flow, get_flow, registered
 from leases import conf
+from leases.models import Schedule
+from leases.store import store_for
+from leases.store.base import ScheduleWrite
+from queues.declarations import declared
+from queues.models import Queue
 
 log = logging.getLogger("loom.schedules")
 
@@ -190,8 +196,6 @@ def _check_queue(name: str, queue: str) -> None:
 
     if not apps.is_installed("queues"):
         raise InvalidSchedule(f"schedule {name}: queue {queue!r} needs the queues app in INSTALLED_APPS")
-    from queues.declarations import declared
-    from queues.models import Queue
 
     if queue not in declared() and not Queue.objects.filter(pk=queue).exists():
         raise InvalidSchedule(f"schedule {name}: no queue {queue!r} is declared (LOOM_QUEUES or declare_queue)")
@@ -203,9 +207,6 @@ def define(name: object, cron: object, flow: str | Flow, input: Any = None, catc
     """Validate and write a schedule (insert or update by name). Its first tick is the first after
     `now`; an update keeps the row's next tick unless the cron or the time zone changed (leases.store
     save_schedule)."""
-    from leases.models import Schedule
-    from leases.store import store_for
-    from leases.store.base import ScheduleWrite
 
     spec = validate(name, cron, flow, input, catch_up, queue, enabled, timezone)
     text = jsonvalues.dumps(spec.input, f"input of schedule {spec.name}")
@@ -258,7 +259,6 @@ def forget_code_schedule(name: str) -> None:
 def _schedules_alias() -> str:
     """The one database of the schedules: the routers' choice for leases.Schedule (with LOOM_SHARDS the
     default database: the shard router leaves it there)."""
-    from leases.models import Schedule
 
     return router.db_for_write(Schedule)
 
@@ -296,7 +296,6 @@ def tick(using: str | None = None, *, limit: int | None = None, flows: Sequence[
          ) -> list[Started]:
     """Start the due ticks of the due schedules (at most `limit` schedules) in one transaction; what
     was started. Only schedules of flows registered in this process are claimed (None: those)."""
-    from leases.store import store_for
 
     using = using or _schedules_alias()
     store = store_for(using)
@@ -346,7 +345,6 @@ def _refusals() -> tuple[type[Exception], ...]:
 def _anything_due(using: str) -> bool:
     """A plain read before the claim's transaction: is any enabled schedule due by this host's clock
     (give or take a second: the claim itself compares with the database's clock)?"""
-    from leases.models import Schedule
 
     soon = django_timezone.now() + timedelta(seconds=1)
     return Schedule.objects.using(using).filter(enabled=True, paused_at__isnull=True, next_tick_at__lte=soon).exists()
@@ -354,7 +352,6 @@ def _anything_due(using: str) -> bool:
 
 def _start(row, eid: str, moment: datetime, using: str) -> bool:
     """Queue the tick's execution (in a savepoint: a refused start does not undo the other ticks)."""
-    from journal.flows import ExecutionExists
 
     meta = {"started_by": f"schedule:{row.name}", "schedule": row.name, "tick": moment.isoformat()}
     try:
@@ -387,8 +384,6 @@ class ScheduleService:
     name = "schedules"
 
     def __init__(self, using: str | None = None) -> None:
-        from leases.models import Schedule
-
         self.using = using or router.db_for_write(Schedule)
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None

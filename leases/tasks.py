@@ -27,9 +27,16 @@ from django.conf import settings
 from django.db import router
 from django.utils.crypto import salted_hmac
 
+import queues
 from journal import shards
-from leases.keeper import get_keeper
+from journal.flows import ExecutionExists, header_status, unseal_started, wake_due
+from journal.flows import events as ev
+from journal.privacy import FORGOTTEN, marking
+from journal.privacy.codec import Sealed
+from leases.keeper import draining, get_keeper
+from leases.models import StartReservation
 from leases.recovery import OrphanReach, log_takeover, prune_workers, resume_one, sweep
+from leases.schedules import tick
 from leases.store import Reservation, store_for
 
 SCHEDULE_NAME = "loom.recovery_sweep"
@@ -55,10 +62,6 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
     A delivery that finds the execution already there (an earlier delivery queued it, or it was started by
     other means) does nothing and reports its status; one that is not the start its id was reserved for,
     or whose input's data subject was forgotten meanwhile, is refused."""
-    from journal.flows import ExecutionExists, unseal_started
-    from journal.privacy.codec import Sealed
-    from leases.keeper import draining
-    from queues import enqueue
 
     if draining():
         raise WorkerDraining(f"not begun: this worker is shutting down; {execution_id} is delivered again")
@@ -81,7 +84,7 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
         log.warning("refused execution=%s flow=%s: %s", execution_id, flow, refused)
         return {"execution_id": execution_id, "status": "refused", "duplicate": True, "error": refused}
     try:
-        queued = enqueue(flow, plain, execution_id=execution_id, meta=meta)
+        queued = queues.enqueue(flow, plain, execution_id=execution_id, meta=meta)
     except ExecutionExists as exists:
         log.info("duplicate execution=%s flow=%s: already %s, nothing to do", exists.execution_id, flow,
                  exists.status)
@@ -98,8 +101,6 @@ def run_start(flow: str, input: Any, execution_id: str | None = None, meta: dict
 def _forgotten(flow: str, plain: Any) -> bool:
     """Whether a marked field of a queued start's input reads as FORGOTTEN (its subject was forgotten while the
     start was queued)."""
-    from journal.flows import events as ev
-    from journal.privacy import FORGOTTEN, marking
 
     payload = {"flow": flow, "input": plain}
     return any(marking.get(payload, f.path) == FORGOTTEN for f in marking.fields_for(ev.EXECUTION_STARTED, payload)
@@ -111,9 +112,8 @@ def enqueue_start(flow: str, input: Any, execution_id: str | None = None, meta: 
 
     Checked now (UnknownFlow, InvalidInput); a repeat of the same start queues nothing more; the id of
     another start or of an existing execution is ExecutionExists."""
-    from queues import enqueue
 
-    return enqueue(flow, input, execution_id=execution_id, meta=meta).execution_id
+    return queues.enqueue(flow, input, execution_id=execution_id, meta=meta).execution_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +172,6 @@ def _foreign_start(flow: str, stored: Any, execution_id: str | None, meta: dict 
 
 def _alias() -> str:
     """The database of the reservations (the router's choice for leases.StartReservation)."""
-    from leases.models import StartReservation
 
     return router.db_for_write(StartReservation)
 
@@ -196,7 +195,6 @@ def prune_reservations() -> int:
     # Sharded: the reservations stay with django-q2's queue (one database), the executions on their shards;
     # no statement can join two databases, so each reservation's header is looked up on its execution's
     # shard (they are few: a reservation lives from the enqueue until its run began).
-    from journal.flows import header_status
 
     store = store_for(_alias())
     return sum(store.release_reservation(eid) for eid in store.reserved_ids(RESERVATIONS_PRUNED)
@@ -211,7 +209,6 @@ BACKSTOP_REACH = OrphanReach()
 def recovery_sweep() -> int:
     """One takeover sweep per shard and the resumes, and a tick of the due cron schedules, in this
     process (django-q2 schedule: every minute)."""
-    from leases.keeper import draining
 
     if draining():
         return 0  # shutting down: the other workers sweep
@@ -225,7 +222,6 @@ def recovery_sweep() -> int:
         prune_workers(alias)
         count += len(taken.taken)
     prune_reservations()
-    from leases.schedules import tick
 
     tick()  # cron schedules too, minute-grained, for a deployment that runs only qcluster (docs/schedules.md)
     wake_backstop()
@@ -243,9 +239,8 @@ def queue_backstop() -> int:
 
     if not apps.is_installed("queues"):
         return 0
-    from queues import run_due
 
-    ran = len(run_due(QUEUE_BACKSTOP_LIMIT))
+    ran = len(queues.run_due(QUEUE_BACKSTOP_LIMIT))
     if ran:
         log.info("queue backstop: %d queued execution(s) run", ran)
     return ran
@@ -257,7 +252,6 @@ WAKE_BACKSTOP_LIMIT = 1000  # executions one backstop run wakes at most (the nex
 def wake_backstop() -> int:
     """Wake the parked executions that are due, here (the minute backstop of the waker service, for
     deployments that run only qcluster: timers fire within a minute there, not milliseconds)."""
-    from journal.flows import wake_due
 
     woken = 0
     while woken < WAKE_BACKSTOP_LIMIT:

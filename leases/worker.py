@@ -21,8 +21,19 @@ from typing import Protocol, runtime_checkable
 
 from django.db import DatabaseError, connections
 
-from journal import shards
-from leases.keeper import begin_drain, end_drain, get_keeper, mark_child, node_identity, set_main
+from journal import conf, shards
+from leases.keeper import (
+    LeaseKeeper,
+    begin_drain,
+    end_drain,
+    get_keeper,
+    install_keeper,
+    keepers,
+    mark_child,
+    node_identity,
+    set_main,
+)
+from leases.watchdog import StepWatchdog
 
 log = logging.getLogger("loom.worker")
 
@@ -170,7 +181,6 @@ class HeartbeatService:
         """One keeper per shard (journal/shards.py), all under the worker's id: each registers the node on its
         shard's workers table and renews the leases of that shard's runs. A shard that is down does not stop
         the worker: its keeper writes the row at its first tick that reaches the shard."""
-        from leases.keeper import LeaseKeeper, install_keeper
 
         set_main(worker.worker_id)
         self.keepers = []
@@ -274,7 +284,6 @@ def register_q_child(**_kwargs) -> None:
         atexit.register(_q_child_exit, keeper)
     # The child's own step watchdog: a step that ignores being told to stop retires the child (django-q2's
     # sentinel starts another in its place).
-    from leases.watchdog import StepWatchdog
 
     StepWatchdog(retire=_retire_child).start(None)
     # A graceful shutdown reaches the child from its loom_worker (the shared event). Not its own SIGTERM: django-q2
@@ -288,8 +297,6 @@ def _watch_drain() -> None:
     """In a django-q2 child: once told to drain, its run stops at the next step boundary and hands its lease back
     (a queued start not begun yet is refused: leases.tasks.WorkerDraining, delivered again elsewhere); a step
     still running after LOOM_SHUTDOWN_GRACE is interrupted: the child hands its leases back and exits."""
-    from journal import conf
-    from leases.keeper import keepers
 
     _children_drain.wait()
     grace = conf.get("LOOM_SHUTDOWN_GRACE")
@@ -306,7 +313,6 @@ def _watch_drain() -> None:
 
 def _retire_child(reason: str) -> None:
     """In a django-q2 child whose step was abandoned: hand every lease back and exit (the sentinel replaces it)."""
-    from leases.keeper import keepers
 
     log.error("worker %s: retiring: %s", node_identity(), reason)
     for keeper in keepers():

@@ -30,6 +30,7 @@ from django.conf import settings
 from journal import conf
 from journal.flows.errors import UnknownFlow
 from journal.flows.registry import exposed
+from journal.privacy import Reader
 from loomapi.errors import Unauthorized, UnknownFlowError
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="loom"'}
@@ -52,7 +53,6 @@ class Principal:
     def reader(self):
         """The disclosure reader of this token: its name (the owner of its own data) and roles; None (the
         system, everything) only for ANONYMOUS, when LOOM_API_AUTH is off."""
-        from journal.privacy import Reader
 
         return None if self is ANONYMOUS else Reader(self.name, frozenset(self.roles))
 

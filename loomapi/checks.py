@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.core.checks import Error, Warning, register
 
 from journal import conf
+from journal.aggregates.declarations import states
 from loomapi.auth import TokenConfigError, token_entries
 
 
@@ -48,7 +49,6 @@ def check_aggregate_namespaces(app_configs=None, **kwargs) -> list:
     """The API refuses a start whose id is in a declared aggregate state's stream namespace
     (views.refuse_aggregate_namespace), which it can do only for states with a prefix that it imports.
     (Any stream that exists and is not an execution is refused as well, whatever declared it.)"""
-    from journal.aggregates.declarations import states
 
     modules = tuple(conf.get_safe("LOOM_AGGREGATE_MODULES", []) or ())
     found = []

@@ -29,6 +29,7 @@ from django.db.models import Exists, OuterRef, Q
 from journal import shards
 from journal.exceptions import ContentMissing, InvalidStream
 from journal.ids import check_stored_id
+from journal.models import Event, Execution
 from journal.reach import cannot_reach
 from loomapi.auth import Principal
 from loomapi.errors import DatabaseUnavailable, InvalidParameter
@@ -141,7 +142,6 @@ def page(principal: Principal, query: ListQuery) -> dict:
 
 def _page_on(alias: str, principal: Principal, query: ListQuery) -> list[dict]:
     """One database's first `limit` + 1 rows past the cursor (the extra one says whether a next page exists)."""
-    from journal.models import Event, Execution
 
     # The flows this token may use, out of the distinct flow names on this database (a short list: one
     # per registered flow, read through the flow index), so that scope is a plain `flow IN (...)`.
@@ -187,7 +187,6 @@ def _after(cursor: tuple[datetime, str]) -> Q:
 def _own(principal: Principal, rows: list[dict]) -> list[dict]:
     """`rows` less the candidates whose start is stored apart and was not made by this token: each is read
     through the journal (its content resolved, as `GET /api/executions/<id>` reads it)."""
-    from journal.models import Event  # app registry
 
     kept = []
     for row in rows:

@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+from loomapi.gunicorn_conf import set_parent_death_signal
+
 
 def children(pid: int) -> set[int]:
     """Pids whose parent is `pid` (read from /proc/<pid>/stat)."""
@@ -65,8 +67,6 @@ def spawn_server(workers: int, port: int, env: dict[str, str], *extra: str):
     import subprocess
     import sys
     import tempfile
-
-    from loomapi.gunicorn_conf import set_parent_death_signal
 
     # The server's log goes to a file, not a pipe: an unread pipe would fill and block the server.
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (outlives this call: the server owns it)

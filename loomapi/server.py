@@ -9,6 +9,7 @@ import importlib
 
 from gunicorn.app.base import BaseApplication
 
+from journal import conf
 from loomapi import gunicorn_conf
 
 
@@ -31,8 +32,6 @@ class ApiServer(BaseApplication):
         from django.core.wsgi import get_wsgi_application
         from django.db import connections
         from django.urls import get_resolver
-
-        from journal import conf
 
         for module in conf.get("LOOM_FLOW_MODULES"):
             importlib.import_module(module)

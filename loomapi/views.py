@@ -31,13 +31,30 @@ from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from ulid import ULID
 
-from journal import shards, telemetry
+import queues
+from journal import conf, shards, telemetry
+from journal.aggregates.declarations import states
 from journal.exceptions import InvalidStream
-from journal.flows import TERMINAL, NotResumable, UnknownExecution, UnknownFlow, describe, get_flow, header_status
+from journal.flows import (
+    TERMINAL,
+    ExecutionExists,
+    NotResumable,
+    UnknownExecution,
+    UnknownFlow,
+    cancel,
+    describe,
+    get_flow,
+    header_status,
+    send,
+)
 from journal.flows import InvalidInput as FlowInvalidInput
+from journal.flows import get_event as read_event
+from journal.flows import retry_execution as retry  # (journal.flows.retry is the retry-policy module)
 from journal.ids import stored_id_problem
+from journal.models import Event
 from journal.reach import cannot_reach
-from loomapi import errors, trace
+from leases.tasks import reservation
+from loomapi import errors, trace, worker
 from loomapi.auth import Principal, authenticate, require_flow
 from loomapi.bodies import (
     body_consumed,
@@ -51,7 +68,9 @@ from loomapi.bodies import (
     wait_seconds,
 )
 from loomapi.calls import call_with_timeout
+from loomapi.listing import list_query, page
 from loomapi.state import flow_input, split_result
+from queues import InvalidEnqueue, UnknownQueue
 
 logger = logging.getLogger("loomapi")
 
@@ -138,7 +157,6 @@ def metrics(request):
     """The Prometheus metrics page (LOOM_METRICS; docs/observability.md). Its labels name every flow, so with
     LOOM_METRICS_AUTH (the default) only a token with access to every flow and execution reads it; any other
     token gets the answer an unknown route gets, as a flow it may not use answers as an unknown one."""
-    from journal import conf
 
     if not conf.get("LOOM_METRICS"):
         raise errors.NotFound("no such route (metrics are off: LOOM_METRICS)")
@@ -181,8 +199,6 @@ def start_execution(request, name: str):
     `queued`, and a loom_worker's dispatcher begins it within the queue's caps. `?wait=<seconds>` (at most
     LOOM_API_MAX_WAIT) waits for the outcome: 201 with it when the execution settled in time, else 202.
     """
-    from journal.flows import ExecutionExists
-    from queues import InvalidEnqueue, UnknownQueue, enqueue
 
     body = start_body(read_json(request))
     wait = wait_seconds(request)
@@ -203,9 +219,9 @@ def start_execution(request, name: str):
     meta = {"started_by": principal.name, "trace_id": current.trace_id, "span_id": current.span_id}
     telemetry.annotate(execution_id=execution_id, flow=flow.name, queue=body.queue)
     try:
-        queued = enqueue(flow.name, value, body.queue, execution_id=execution_id, partition_key=body.partition_key,
-                         priority=body.priority, dedup_id=body.dedup_id, run_after=_run_after(body), meta=meta,
-                         timeout=body.timeout)
+        queued = queues.enqueue(flow.name, value, body.queue, execution_id=execution_id,
+                                partition_key=body.partition_key, priority=body.priority, dedup_id=body.dedup_id,
+                                run_after=_run_after(body), meta=meta, timeout=body.timeout)
     except ExecutionExists:  # a racing start of the same id won: answered as a repeat of it
         header = header_status(execution_id)
         if header is None:
@@ -309,7 +325,6 @@ def waiter() -> threading.BoundedSemaphore | contextlib.nullcontext | None:
     for all its threads, so a busy process still takes new requests and would queue them behind
     the waiters); with one thread, nobody waits. Elsewhere (the test client, runserver): no cap."""
     global _waiters, _waiters_made
-    from loomapi import worker
 
     if worker._current is None:
         return contextlib.nullcontext()
@@ -405,7 +420,6 @@ def _may_read_id(principal: Principal, execution_id: str) -> bool:
 def _queued(principal: Principal, execution_id: str) -> HttpResponse | None:
     """202 `queued` for an id a start reserved that no worker began yet (it has no events); None
     when there is no such reservation or this token may not read it (then the usual 404)."""
-    from leases.tasks import reservation
 
     if stored_id_problem(execution_id) is not None or header_status(execution_id) is not None:
         return None
@@ -424,7 +438,6 @@ def retry_execution(request, execution_id: str):
     GET: the execution whose id ends in "/retry" (ids may hold "/"), like any other."""
     if request.method in ("GET", "HEAD"):
         return _describe(request, f"{execution_id}/retry")
-    from journal.flows import retry_execution as retry  # (journal.flows.retry is the retry-policy module)
 
     principal: Principal = request.loom_principal
     flow = _readable_header(principal, execution_id)[1]
@@ -443,7 +456,6 @@ def retry_execution(request, execution_id: str):
 @api_view("GET")
 def list_executions(request):
     """The executions this token may read, newest first, a page at a time (loomapi/listing.py)."""
-    from loomapi.listing import list_query, page
 
     return json_response(page(request.loom_principal, list_query(request.GET)))
 
@@ -455,7 +467,6 @@ def cancel_execution(request, execution_id: str):
     or failed one 409 `execution_finished`. GET: the execution whose id ends in "/cancel", like any other."""
     if request.method in ("GET", "HEAD"):
         return _describe(request, f"{execution_id}/cancel")
-    from journal.flows import cancel
 
     principal: Principal = request.loom_principal
     header = _readable_header(principal, execution_id)
@@ -485,7 +496,6 @@ def send_message(request, execution_id: str):
     the topic is woken at once. GET: the execution whose id ends in "/messages", like any other."""
     if request.method in ("GET", "HEAD"):
         return _describe(request, f"{execution_id}/messages")
-    from journal.flows import send
 
     body = message_body(read_json(request))
     principal: Principal = request.loom_principal
@@ -513,7 +523,6 @@ def get_event(request, execution_id: str, key: str):
     `?timeout=<seconds>` (0 to LOOM_API_MAX_WAIT) waits for it, holding a request thread bounded like a
     start's `?wait=` (at most --threads - 1 waiters per process; beyond that it answers at once).
     200 `{"set": true, "value": ...}`, or `{"set": false, "value": null}` if still unset."""
-    from journal.flows import get_event as read_event
 
     principal: Principal = request.loom_principal
     timeout = timeout_seconds(request)
@@ -567,7 +576,6 @@ def bad_request(request, exception=None):
 def refuse_aggregate_namespace(execution_id: str) -> None:
     """409 for an id in a declared aggregate state's stream namespace (`Ticket-43`): executions and
     aggregates share the journal's stream ids, and an execution there would break the aggregate."""
-    from journal.aggregates.declarations import states
 
     for state in states().values():
         if state.prefix and execution_id.startswith(state.prefix):
@@ -591,7 +599,6 @@ def _readable_header(principal: Principal, execution_id: str) -> tuple:
 
 def _started_payload(execution_id: str) -> dict:
     """The EXECUTION_STARTED payload of an execution (its first event): flow, input and $meta."""
-    from journal.models import Event
 
     # Through the journal's read: sealed input fields (docs/privacy.md) are compared in clear.
     events = Event.objects.read(execution_id, limit=1)
@@ -605,8 +612,6 @@ def _started_by(started: dict) -> str | None:
 
 
 def _stream_exists(stream_id: str) -> bool:
-    from journal.models import Event
-
     return Event.objects.using(shards.shard_for(stream_id)).filter(stream_id=stream_id).exists()
 
 

@@ -42,6 +42,8 @@ from functools import partial
 
 from gunicorn.workers.gthread import ThreadWorker
 
+from journal import conf
+from loomapi.auth import TokenConfigError, token_entries
 from loomapi.framing import RequestFramer, Verdict
 
 logger = logging.getLogger("loomapi.server")
@@ -69,8 +71,6 @@ def retire_current_worker(reason: str) -> bool:
 
 
 def body_limit() -> int:
-    from journal import conf
-
     return conf.get("LOOM_API_MAX_BODY_BYTES")
 
 
@@ -95,7 +95,6 @@ def refused_before_its_body(framer: RequestFramer) -> bool:
     `Connection: close` without reading the body. /api/health needs no token; paths outside /api/
     (the admin's forms) are buffered as before.
     """
-    from journal import conf
 
     if not framer.has_body or not conf.get("LOOM_API_AUTH"):
         return False
@@ -107,7 +106,6 @@ def refused_before_its_body(framer: RequestFramer) -> bool:
 
 def _token_accepted(header: bytes) -> bool:
     """The head's bearer token is one of LOOM_API_TOKENS (compared in constant time, like the view does)."""
-    from loomapi.auth import TokenConfigError, token_entries
 
     scheme, _, token = header.partition(b" ")
     offered = token.strip()

@@ -23,6 +23,7 @@ from datetime import timedelta
 
 from journal import conf, shards
 from journal.atomic import atomic
+from journal.store import store_for as journal_store
 from projections.declarations import Consumer, Registry
 from projections.store import store_for
 from projections.store.base import Bump, CheckpointRow, ScannedEvent
@@ -218,7 +219,6 @@ def start_at_tip(names: Iterable[str], alias: str | None = None) -> None:
 
     Their checkpoint starts at the current last id; events before it are never correlated for them.
     """
-    from journal.store import store_for as journal_store
 
     names = list(names)
     for each in [alias] if alias else shards.shards():

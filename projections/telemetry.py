@@ -9,15 +9,13 @@ from collections.abc import Iterator
 
 from django.db import DatabaseError
 
-from journal import telemetry
+from journal import shards, telemetry
+from projections.store import store_for
 
 log = logging.getLogger("loom.telemetry")
 
 
 def gauges() -> Iterator[tuple[str, str, dict[str, str], float]]:
-    from journal import shards
-    from projections.store import store_for
-
     for alias in shards.shards():
         try:
             lags = list(store_for(alias).lag_by_consumer())

@@ -16,8 +16,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from journal import shards
+from journal.atomic import atomic
+from journal.ids import stored_id_problem
 from queues.declarations import QueueSpec, declare_queue
 from queues.exceptions import InvalidEnqueue, InvalidQueue, QueueError, QueueFull, UnknownQueue
+from queues.store import store_for
 
 if TYPE_CHECKING:
     from queues.aio import acancel_pending, aenqueue, aentry_of
@@ -52,9 +56,7 @@ def stats(using: str | None = None, unreachable: dict[str, str] | None = None) -
     (alias -> the error's first line) instead of failing the whole page."""
     from django.db import InterfaceError, OperationalError, router
 
-    from journal import shards
-    from queues.models import Queue
-    from queues.store import store_for
+    from queues.models import Queue  # app registry: this face loads with INSTALLED_APPS, before the models
 
     if using is not None or not shards.sharded():
         return store_for(using or router.db_for_read(Queue)).queue_stats()
@@ -79,8 +81,7 @@ def _home(execution_id: str, using: str | None) -> str:
     """The database of an execution's entry: `using`, else its shard (the router's alias unsharded)."""
     from django.db import router
 
-    from journal import shards
-    from queues.models import QueueEntry
+    from queues.models import QueueEntry  # app registry (as above)
 
     if using is not None:
         return using
@@ -90,8 +91,7 @@ def _home(execution_id: str, using: str | None) -> str:
 def entry_of(execution_id: str, using: str | None = None):
     """The queue entry of an execution (queues.models.QueueEntry), or None (also for an id no entry can
     have: NUL, a lone surrogate, empty, too long, not a string). Read on the execution's shard."""
-    from journal.ids import stored_id_problem
-    from queues.models import QueueEntry
+    from queues.models import QueueEntry  # app registry (as above)
 
     if stored_id_problem(execution_id) is not None:
         return None  # no entry can have an id the database cannot hold (review R5)
@@ -102,11 +102,8 @@ def cancel_pending(execution_id: str, using: str | None = None) -> bool:
     """Cancel a queued start whose run has not begun (pending, or claimed by a worker that has not begun
     it: that worker then does not start it), and its queued execution with it (journal.flows.cancel, in the
     same transaction); False if its run has begun, it finished, or it is unknown."""
-    from journal.atomic import atomic
-    from journal.flows import header_status
-    from journal.flows.queued import QUEUED
-    from journal.ids import stored_id_problem
-    from queues.store import store_for
+    from journal.flows import header_status  # app registry (imports journal.models)
+    from journal.flows.queued import QUEUED  # app registry (imports journal.models)
 
     if stored_id_problem(execution_id) is not None:
         return False  # nothing to cancel: no entry can have an id the database cannot hold (review R5)

@@ -29,12 +29,15 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+import queues
 from journal.admin import execution_url
 from journal.admin_base import ReadOnlyAdmin, add_execution_filter, add_execution_panel
 from journal.admin_shards import ShardedRows, pick_value
 from journal.timestamps import stamp
 from queues import entries as ops
+from queues import pause
 from queues.models import CANCELLED, DONE, LIVE, PENDING, STARTED, Queue, QueueEntry
+from queues.operations_admin import operations_view
 
 BULK_LIMIT = 500  # rows one action acts on; the rest of a larger selection is named, never dropped silently
 
@@ -43,7 +46,6 @@ _stats: ContextVar[dict | None] = ContextVar("loom_queue_stats", default=None)
 
 def _figures(queue: Queue):
     """The queue's stats row: taken once for the page being rendered (this request's context), else now."""
-    import queues
 
     found = _stats.get()
     if found is None or queue.pk not in found:  # every shard's figures added up, as on the list
@@ -67,8 +69,6 @@ class QueueAdmin(ReadOnlyAdmin):
     rows_per_shard = False
 
     def changelist_view(self, request, extra_context=None):
-        import queues
-
         unreachable: dict[str, str] = {}
         token = _stats.set({row.name: row for row in queues.stats(unreachable=unreachable)})
         for alias, reason in unreachable.items():  # the other shards' figures are still shown, added up
@@ -84,8 +84,6 @@ class QueueAdmin(ReadOnlyAdmin):
 
     def get_urls(self):
         from django.urls import path
-
-        from queues.operations_admin import operations_view
 
         view = self.admin_site.admin_view(lambda request: operations_view(self.admin_site, request))
         return [path("operations/", view, name="queues_operations"), *super().get_urls()]
@@ -103,8 +101,6 @@ class QueueAdmin(ReadOnlyAdmin):
     @admin.action(description="Pause selected queues (no worker takes their entries; enqueues still accepted)",
                   permissions=["pause"])
     def pause_queues(self, request, queryset):
-        from queues import pause
-
         by = f"{request.user.get_username()} (admin)"
         for name in queryset.values_list("name", flat=True)[:BULK_LIMIT]:
             out = pause.pause(name, by)
@@ -112,8 +108,6 @@ class QueueAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Resume selected queues", permissions=["pause"])
     def resume_queues(self, request, queryset):
-        from queues import pause
-
         for name in queryset.values_list("name", flat=True)[:BULK_LIMIT]:
             out = pause.resume(name)
             messages.success(request, f"queue {name}: resumed" if out.changed else f"queue {name}: was not paused")
@@ -344,7 +338,6 @@ def _state_now(entry: QueueEntry) -> str:
 
 def entry_summary(execution_id: str) -> str:
     """The execution page's queue line (journal's panel hook): its entry's queue, state, priority, worker."""
-    import queues
 
     entry = queues.entry_of(execution_id)
     if entry is None:

@@ -9,6 +9,9 @@ import json
 from typing import Any
 
 from journal.conf import Setting, _channel_problem, get, get_safe, register
+from leases.conf import lease_grace
+from queues.declarations import QueueSpec
+from queues.exceptions import InvalidQueue
 
 __all__ = ["claim_timeout", "get", "get_safe"]
 
@@ -26,9 +29,6 @@ queue_table.__name__ = "dict of queue declarations"
 
 
 def _queues_problem(value: dict) -> str | None:
-    from queues.declarations import QueueSpec
-    from queues.exceptions import InvalidQueue
-
     for name, options in value.items():
         try:
             QueueSpec.from_options(name, options)
@@ -75,6 +75,4 @@ def claim_timeout() -> float:
     value = get("LOOM_QUEUE_CLAIM_TIMEOUT")
     if value is not None:
         return value
-    from leases.conf import lease_grace
-
     return get("LOOM_LEASE_TTL") + lease_grace()

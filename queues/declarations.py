@@ -15,6 +15,7 @@ from typing import Any
 
 from journal.ids import id_problem
 from queues.exceptions import InvalidQueue, UnknownQueue
+from queues.store import store_for
 
 MAX_NAME = 100
 OPTIONS = ("concurrency", "partition_concurrency", "rate_limit", "rate_period")
@@ -114,7 +115,6 @@ def ensure_queue(name: str, alias: str) -> QueueSpec | None:
     """Make sure the queue's row exists with this process's declaration (returned: the enqueue creates
     the row from it again if it went missing since); UnknownQueue if this process declares no such
     queue and the database has no row of that name (None: declared by another process)."""
-    from queues.store import store_for
 
     spec = declared().get(name) if isinstance(name, str) else None
     if spec is None:

@@ -26,8 +26,18 @@ from ulid import ULID
 from journal import jsonvalues, shards
 from journal.atomic import atomic
 from journal.exceptions import InvalidPayload
+from journal.flows import ExecutionExists
+from journal.flows import events as ev
+from journal.flows.queued import check_seconds, iso, now, started_by, write_queued
+from journal.flows.registry import prepare_start
 from journal.ids import id_problem
+from journal.models import Event
+from journal.privacy.codec import withhold
+from queues import entry_of
+from queues.declarations import ensure_queue
 from queues.exceptions import InvalidEnqueue, UnknownQueue
+from queues.models import QueueEntry
+from queues.store import NewEntry, store_for
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # Django Tasks' range
 DEFAULT_QUEUE = "default"  # always declared (LOOM_QUEUE_DEFAULT_CONCURRENCY): every door's queue when none is named
@@ -89,9 +99,6 @@ def enqueue(flow: Any, input: Any, queue: str = DEFAULT_QUEUE, *, execution_id: 
     With LOOM_SHARDS the entry lives on its execution's shard (the dequeue reads the header in the same
     statement), so caps hold per shard; a minted id of an entry with a partition key (else a dedup id) is
     minted on that key's shard, so a partition's cap and a dedup id hold across shards (docs/queues.md)."""
-    from journal.flows.queued import check_seconds, now
-    from journal.flows.registry import prepare_start
-    from queues.models import QueueEntry
 
     minted = execution_id is None
     definition, _, stored, execution_id = prepare_start(flow, input, execution_id)
@@ -115,13 +122,6 @@ def enqueue(flow: Any, input: Any, queue: str = DEFAULT_QUEUE, *, execution_id: 
 def _enqueue(definition, stored: Any, meta: dict | None, meta_text: str, deadline: datetime | None,
              execution_id: str, queue: str, partition_key: str | None, priority: int, dedup_id: str | None,
              run_after: datetime | None, alias: str) -> Enqueued:
-    from journal.flows import ExecutionExists
-    from journal.flows import events as ev
-    from journal.flows.queued import iso, write_queued
-    from journal.privacy.codec import withhold
-    from queues.declarations import ensure_queue
-    from queues.store import NewEntry, store_for
-
     spec = ensure_queue(queue, alias)
     # The entry's copy of the input is the header's: marked fields withheld (the log holds them sealed).
     shown = withhold(ev.EXECUTION_STARTED, {"flow": definition.name, "input": stored})["input"]
@@ -159,8 +159,6 @@ def _same_start(flow: str, stored: Any, execution_id: str, meta: dict | None) ->
     """Whether an existing execution is this start again: queued, same flow, same starter (meta's
     `started_by`), same input (as the log holds it: code holds the plaintext anyway. The HTTP API decides
     by flow and starter only, loomapi/views.py, so no caller learns withheld input by guessing)."""
-    from journal.flows.queued import started_by
-    from journal.models import Event
 
     found = started_by(execution_id)
     who = (meta or {}).get("started_by") if isinstance(meta, dict) else None
@@ -176,9 +174,6 @@ def enqueue_resume(execution_id: str, flow: str, fence: int | None, *, force: bo
     """Queue a resume of an existing execution from `fence` (journal.flows.hand_over, retry's handoff) on the
     queue of its entry (else `queue`, else the default queue), so a hand-over obeys that queue's caps and
     runs on any loom_worker's dispatcher. False (nothing written) when its entry is a pending start."""
-    from queues import entry_of
-    from queues.declarations import ensure_queue
-    from queues.store import NewEntry, store_for
 
     alias = shards.shard_for(execution_id) if shards.sharded() else router.db_for_write(_entry_model())
     entry = entry_of(execution_id, alias)
@@ -190,6 +185,4 @@ def enqueue_resume(execution_id: str, flow: str, fence: int | None, *, force: bo
 
 
 def _entry_model():
-    from queues.models import QueueEntry
-
     return QueueEntry

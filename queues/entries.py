@@ -16,7 +16,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import queues
+from journal.flows import cancel
+from journal.flows.errors import NotResumable
+from journal.models import Execution
 from queues.models import CANCELLED, DONE, STARTED
+from queues.store import store_for
 
 CANCEL, RUNNING, FINISHED = "cancelled", "running", "finished"  # a cancel's outcomes per row
 QUEUED = "queued"  # the header status of an accepted start no worker has begun (journal, issue 24)
@@ -40,7 +45,6 @@ class Plan:
 def statuses(execution_ids: Iterable[str], using: str) -> dict[str, str]:
     """The header status of each execution that has one, read on the entries' database (an entry lives
     on its execution's shard)."""
-    from journal.models import Execution
 
     ids = list(execution_ids)
     return dict(Execution.objects.using(using).filter(pk__in=ids).values_list("pk", "status")) if ids else {}
@@ -63,9 +67,6 @@ def plan_cancel(state: str, begun: bool, status: str | None, execution_id: str) 
 
 def cancel_entry(execution_id: str, using: str, reason: str) -> Plan:
     """Cancel one entry's start now, deciding again from the rows as they are; what was done."""
-    import queues
-    from journal.flows import cancel
-    from journal.flows.errors import NotResumable
 
     entry = queues.entry_of(execution_id, using=using)
     if entry is None:
@@ -107,7 +108,6 @@ def check_priority(text: str) -> int:
 def set_priority(entries_by_shard: dict[str, list[int]], priority: int) -> list[tuple[str, int]]:
     """Set `priority` on the pending entries among these (alias -> entry ids): (alias, id) of each changed,
     shard by shard (each shard's statement is its own; an entry is on one shard)."""
-    from queues.store import store_for
 
     changed: list[tuple[str, int]] = []
     for alias, ids in entries_by_shard.items():

@@ -9,10 +9,11 @@ the depth right); had a worker claimed it meanwhile, its runner finds the header
 
 from __future__ import annotations
 
+from queues.store import store_for
+
 
 def reopen(execution_id: str, alias: str) -> None:
     """Count a retried queued execution against its queue's caps again (no-op if it is not queued)."""
-    from queues.store import store_for
 
     store_for(alias).reopen(execution_id)
 
@@ -20,13 +21,11 @@ def reopen(execution_id: str, alias: str) -> None:
 def cancelled(execution_id: str, alias: str) -> None:
     """In journal.flows.cancel's transaction, after its settle: the execution's pending entry (if any) is
     cancelled with it, so it never begins (a runner that claimed it meanwhile finds the header cancelled)."""
-    from queues.store import store_for
 
     store_for(alias).cancel_pending(execution_id)
 
 
 def removed(execution_ids: list[str], alias: str) -> None:
     """In a retention batch's transaction (journal.retention.REMOVE_HOOKS): the removed executions' entries go."""
-    from queues.store import store_for
 
     store_for(alias).drop_removed(execution_ids)

@@ -28,8 +28,13 @@ from django.db import InterfaceError, OperationalError, router
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
+import queues as queue_app
 from journal import shards
+from journal.models import Execution
 from journal.reach import cannot_reach
+from leases import drain
+from leases.models import Lease, Worker
+from queues.models import PENDING, STARTED, Queue, QueueEntry
 
 WINDOWS = {"hour": (timedelta(hours=1), 12), "day": (timedelta(days=1), 24)}  # span, buckets
 
@@ -98,9 +103,6 @@ def bucket_edges(window: str, now: datetime | None = None) -> list[datetime]:
 
 
 def queues(using: str | None = None, unreachable: dict[str, str] | None = None) -> list[QueueRow]:
-    import queues as queue_app
-    from queues.models import PENDING, Queue, QueueEntry
-
     stats = {row.name: row for row in queue_app.stats(using, unreachable)}
     oldest: dict[str, datetime] = {}
     declared: dict[str, Queue] = {}
@@ -127,7 +129,6 @@ def queues(using: str | None = None, unreachable: dict[str, str] | None = None) 
 def depth_series(window: str, using: str | None = None, edges: list[datetime] | None = None,
                  unreachable: dict[str, str] | None = None) -> list[Series]:
     """Pending entries per queue at each bucket end (one grouped statement of filtered counts)."""
-    from queues.models import QueueEntry
 
     edges = edges or bucket_edges(window)
     counts = {f"d{i}": Count("id", filter=Q(enqueued_at__lte=t) & (Q(started_at__isnull=True) | Q(started_at__gt=t))
@@ -150,7 +151,6 @@ def depth_series(window: str, using: str | None = None, edges: list[datetime] | 
 def throughput_series(window: str, using: str | None = None, edges: list[datetime] | None = None,
                       unreachable: dict[str, str] | None = None) -> tuple[list[Series], list[Series]]:
     """(executions finished per bucket: completed, failed; failure rate in % per bucket with any finished)."""
-    from journal.models import Execution
 
     edges = edges or bucket_edges(window)
     width = WINDOWS[window][0] / WINDOWS[window][1]
@@ -171,10 +171,6 @@ def throughput_series(window: str, using: str | None = None, edges: list[datetim
 
 
 def workers(using: str | None = None, unreachable: dict[str, str] | None = None) -> list[WorkerRow]:
-    from leases import drain
-    from leases.models import Lease, Worker
-    from queues.models import STARTED, QueueEntry
-
     rows = list(Worker.objects.using(_alias(Worker, using)).filter(stopped_at__isnull=True).order_by("id"))
     ids = [w.id for w in rows]
     leases: dict[str, int] = {}
@@ -205,8 +201,6 @@ def workers(using: str | None = None, unreachable: dict[str, str] | None = None)
 
 
 def _settled_ids(using: str | None):
-    from journal.models import Execution
-
     return Execution.objects.using(_alias(Execution, using)).filter(
         status__in=("completed", "failed", "cancelled")).values("id")
 
@@ -214,8 +208,6 @@ def _settled_ids(using: str | None):
 def troubled(using: str | None = None, limit: int = 50, unreachable: dict[str, str] | None = None
              ) -> list[tuple[str, str, str, str]]:
     """Executions stuck, or running with an expired lease (under recovery now): (id, flow, status, why)."""
-    from journal.models import Execution
-    from leases.models import Lease
 
     now = timezone.now()
 

@@ -23,7 +23,12 @@ from django.urls import reverse
 
 from journal.reach import cannot_reach
 from journal.timestamps import stamp
-from queues import operations
+from leases import drain
+from leases import schedule_ops as ops
+from leases.models import Schedule
+from leases.schedules import InvalidSchedule
+from queues import operations, pause
+from queues.exceptions import QueueError
 
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000")
 W, H, LEFT, RIGHT, TOP, BOTTOM = 560, 220, 56, 16, 34, 34
@@ -105,11 +110,6 @@ def _user_can(request, perm: str) -> None:
 
 def _act(request) -> None:
     """One POSTed action; its outcome (or refusal) as a message."""
-    from leases import drain
-    from leases import schedule_ops as ops
-    from leases.schedules import InvalidSchedule
-    from queues import pause
-    from queues.exceptions import QueueError
 
     action, name = request.POST.get("action", ""), request.POST.get("name", "")
     who = f"{request.user.get_username()} (admin)"
@@ -154,8 +154,6 @@ def _act(request) -> None:
 
 
 def _when(text: str, what: str) -> datetime:
-    from leases.schedules import InvalidSchedule
-
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -171,7 +169,6 @@ def operations_view(admin_site, request):
     if request.method == "POST":
         _act(request)
         return HttpResponseRedirect(request.get_full_path())
-    from leases.models import Schedule
 
     window = request.GET.get("window", "hour")
     window = window if window in operations.WINDOWS else "hour"

@@ -13,8 +13,12 @@ from dataclasses import dataclass
 
 from django.db import router
 
+from journal import shards
 from journal.ids import stored_id_problem
+from queues.declarations import ensure_queue
 from queues.exceptions import UnknownQueue
+from queues.models import Queue
+from queues.store import store_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,9 +31,6 @@ class Outcome:
 
 
 def _aliases(using: str | None) -> list[str]:
-    from journal import shards
-    from queues.models import Queue
-
     if using is not None:
         return [using]
     return shards.shards() if shards.sharded() else [router.db_for_write(Queue)]
@@ -45,8 +46,6 @@ def check_name(name: object) -> str:
 
 def pause(name: str, by: str = "", using: str | None = None) -> Outcome:
     """Pause the queue on every shard that has its row; UnknownQueue (nothing written) if none has."""
-    from queues.declarations import ensure_queue
-    from queues.store import store_for
 
     name = check_name(name)
     aliases = _aliases(using)
@@ -60,7 +59,6 @@ def pause(name: str, by: str = "", using: str | None = None) -> Outcome:
 
 def resume(name: str, using: str | None = None) -> Outcome:
     """Resume the queue's dispatch on every shard; idle dispatchers see it at their next poll."""
-    from queues.store import store_for
 
     name = check_name(name)
     found = [store_for(alias).resume_queue(name) for alias in _aliases(using)]
@@ -71,7 +69,6 @@ def resume(name: str, using: str | None = None) -> Outcome:
 
 def paused(using: str | None = None) -> dict[str, tuple]:
     """Paused queues: name -> (paused_at, paused_by), as the first database that has the row says."""
-    from queues.models import Queue
 
     out: dict[str, tuple] = {}
     for alias in _aliases(using):

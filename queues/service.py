@@ -30,8 +30,17 @@ from functools import partial
 from django.conf import settings
 from django.db import DatabaseError, connections, router
 
-from journal import telemetry
+from journal import shards, telemetry
+from journal.flows import ExecutionExists, FlowError, NotResumable, OwnershipLost, registry, resume, start
+from journal.flows.interrupt import abandoned_threads
+from journal.flows.queued import ELSEWHERE, LEGACY, NOT_HELD, run_queued, runs_here
+from journal.identity import node_identity
+from journal.listen import listen, polls_without_direct
+from leases.worker import wait_until
 from queues import conf
+from queues.declarations import write_declared
+from queues.models import QueueEntry
+from queues.store import store_for
 
 log = logging.getLogger("loom.queues")
 TASKS_BACKENDS = ("queues.tasks.LoomBackend", "journal.tasks.LoomBackend")  # the new path, the deprecated one
@@ -69,10 +78,6 @@ def run_claimed(claimed, using: str | None = None) -> str:
     pairs registered here; should one be claimed by a process without it (a race with a deploy), nothing is
     run or changed, not even the begin ("elsewhere"), and the claim is offered again after
     LOOM_QUEUE_CLAIM_TIMEOUT to a worker that has it. Nothing from the row is imported or unpickled."""
-    from journal.flows import ExecutionExists, FlowError, NotResumable, OwnershipLost, resume, start
-    from journal.flows.queued import ELSEWHERE, LEGACY, NOT_HELD, run_queued, runs_here
-    from queues.models import QueueEntry
-    from queues.store import store_for
 
     store = store_for(using or router.db_for_write(QueueEntry))
     eid, flow = claimed.execution_id, claimed.flow
@@ -130,10 +135,6 @@ def run_due(limit: int = 100, owner: str | None = None) -> list[str]:
     """Claim due entries of the flow versions registered here, within every queue's caps, and run each in THIS
     thread (tests, an embedding, a cron, the minute backstop of a qcluster-only deployment); a loom_worker's
     dispatcher does the same in a pool. Every shard; up to `limit` runs in all. The statuses, in order."""
-    from journal import shards
-    from journal.flows import registry
-    from journal.identity import node_identity
-    from queues.store import store_for
 
     flows = registry.runnable()  # (flow, version) pairs: only entries of the versions this process has
     owner = owner or node_identity()
@@ -152,8 +153,6 @@ def run_due(limit: int = 100, owner: str | None = None) -> list[str]:
 
 
 def _entry_model():
-    from queues.models import QueueEntry
-
     return QueueEntry
 
 
@@ -202,8 +201,6 @@ class Runners:
     def wait_idle(self, deadline: float) -> bool:
         """A graceful shutdown: wait until no thread is in a run (each run stops at its next step boundary,
         handing its lease back), or the monotonic `deadline`; True if none is."""
-        from journal.flows.interrupt import abandoned_threads
-        from leases.worker import wait_until
 
         return wait_until(lambda: not (self.busy - abandoned_threads()), deadline)  # an abandoned step: not waited
 
@@ -246,12 +243,6 @@ class QueueService:
         self.passes = 0  # dispatch passes (tests: a notification woke this dispatcher)
 
     def start(self, worker) -> None:
-        from journal import shards
-        from journal.listen import polls_without_direct
-        from queues.declarations import write_declared
-        from queues.models import QueueEntry
-        from queues.store import store_for
-
         global _worker_id
         self.owner = _worker_id = worker.worker_id
         self.aliases = shards.shards() if shards.sharded() else [router.db_for_write(QueueEntry)]
@@ -287,9 +278,6 @@ class QueueService:
                  f"; listening on {channel}" if self.listeners else "; polling")
 
     def _loop(self) -> None:
-        from journal.flows import registry
-        from queues.store import store_for
-
         try:
             while not self.stopping.is_set():
                 self.passes += 1
@@ -336,7 +324,6 @@ class QueueService:
         """Nothing is due and every database's listener is subscribed: an enqueue or a re-offer will wake
         us, so sleep LOOM_QUEUE_IDLE_POLL, or until the next deferred entry falls due if sooner (a deferred
         enqueue notifies too, so a sleep planned before it is shortened)."""
-        from queues.store import store_for
 
         pause = conf.get("LOOM_QUEUE_IDLE_POLL")
         for alias in self.aliases:
@@ -354,7 +341,6 @@ class QueueService:
         """LISTEN on `channel` of one database: every notification wakes the dispatch loop. Subscribed, the
         loop may sleep LOOM_QUEUE_IDLE_POLL; not (cannot connect, pooled without LOOM_DIRECT, connection
         lost) it polls, and this thread tries again."""
-        from journal.listen import listen
 
         while not self.stopping.is_set():
             conn = listen(alias, channel)

@@ -43,6 +43,7 @@ from django.db import router
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from journal import shards
 from journal.flows import InvalidInput, flow
 from journal.flows import events as ev
 from journal.flows.errors import StepFailed
@@ -50,6 +51,9 @@ from journal.flows.retry import RetryPolicy
 from journal.identity import node_identity
 from journal.ids import id_problem, stored_id_problem
 from journal.task_names import TASK_FLOW, UnverifiedTask, sign_task, verified_path
+from queues import conf
+from queues.declarations import MAX_NAME, declare_queue, declared
+from queues.store.base import decode
 
 try:  # Django 6: the Tasks framework is part of Django
     from django.tasks import TaskContext, TaskResult, TaskResultStatus
@@ -125,7 +129,9 @@ def call_task(input: dict, execution_id: str) -> dict:
     KeyboardInterrupt) is a failed attempt, as in django-tasks-db's db_worker. Sends Django's task_started, and
     task_finished once the task has succeeded or its last attempt failed (again if a crash makes the attempt run
     again: the signals are at least once)."""
-    from queues.service import worker_id
+    from queues.service import (
+        worker_id,  # app registry: imports models; this backend loads at a @task
+    )
 
     worker = worker_id() or node_identity()
     current = None
@@ -273,8 +279,6 @@ class LoomBackend(BaseTaskBackend):
 
     def _declare_queues(self, names) -> None:
         """Queues named here but declared nowhere get the backend's (or the default) cap."""
-        from queues import conf
-        from queues.declarations import declare_queue, declared
 
         known = declared()
         cap = self.concurrency if self.concurrency is not None else conf.get("LOOM_QUEUE_DEFAULT_CONCURRENCY")
@@ -297,7 +301,6 @@ class LoomBackend(BaseTaskBackend):
     def validate_task(self, task) -> None:
         """Django's rules, and a queue name Loom can store (else InvalidTask, as for a name outside QUEUES)."""
         super().validate_task(task)
-        from queues.declarations import MAX_NAME
 
         name = task.queue_name
         problem = id_problem(name) if isinstance(name, str) else "a queue name is a str"
@@ -309,8 +312,7 @@ class LoomBackend(BaseTaskBackend):
     def _alias(self, result_id: str | None = None) -> str | None:
         """The database of the queue tables: OPTIONS["DATABASE"], else the router's alias; with LOOM_SHARDS
         an execution's shard (None before its id exists: queues.enqueue places the entry on its shard)."""
-        from journal import shards
-        from queues.models import QueueEntry
+        from queues.models import QueueEntry  # app registry (this backend can load before apps are ready)
 
         if self.database:
             return self.database
@@ -354,9 +356,8 @@ class LoomBackend(BaseTaskBackend):
     def _read(self, result_id: str, task=None):
         """The result from the execution's rows: its queue entry, its header and its journal. The task path is
         imported only once its signature is verified."""
-        from journal.models import Event, Execution
-        from queues.models import QueueEntry
-        from queues.store.base import decode
+        from journal.models import Event, Execution  # app registry (as above)
+        from queues.models import QueueEntry  # app registry (as above)
 
         alias = self._alias(result_id)  # the entry and the header live on the execution's shard
         entry = QueueEntry.objects.using(alias).filter(execution_id=result_id).first()

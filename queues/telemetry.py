@@ -10,7 +10,10 @@ from datetime import UTC, datetime
 
 from django.db import DatabaseError
 
-from journal import telemetry
+from journal import shards, telemetry
+from leases.store.sqlite import stamp
+from queues.models import Queue
+from queues.store import store_for
 
 log = logging.getLogger("loom.telemetry")
 
@@ -18,17 +21,11 @@ log = logging.getLogger("loom.telemetry")
 def _aliases() -> list[str]:
     from django.db import router
 
-    from journal import shards
-    from queues.models import Queue
-
     return shards.shards() if shards.sharded() else [router.db_for_read(Queue) or "default"]
 
 
 def gauges() -> Iterator[tuple[str, str, dict[str, str], float]]:
     from django.db import connections
-
-    from leases.store.sqlite import stamp
-    from queues.store import store_for
 
     for alias in _aliases():
         store = store_for(alias)

@@ -53,6 +53,7 @@ from journal import conf
 from journal.coalesce import CoalescingAppender
 from journal.envelopes import Envelope
 from journal.models import Event
+from journal.store import sqlite as q
 
 VARIANTS = ("per-event", "ceiling", "raw-coalescer", "coalesced-16", "coalesced-64", "procs-1", "procs-2")
 SINGLE = ("per-event", "coalesced-16")
@@ -392,8 +393,6 @@ class RawCoalescer:
                 if not all(row[2] for row in rows):
                     raise RuntimeError("raw-coalescer: fence refused")
             return write, conn
-
-        from journal.store import sqlite as q
 
         conn = sqlite3.connect(settings["NAME"], timeout=30, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")

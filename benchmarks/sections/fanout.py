@@ -24,6 +24,7 @@ from benchmarks.sections.notify import connect, tips_of
 from journal import conf
 from journal.envelopes import Envelope
 from journal.models import Event
+from journal.store import store_for
 
 NODES = (0, 2, 4)
 STOP_CHANNEL = "loom_bench_stop"
@@ -32,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def follow(prefix: str) -> None:
     """A subscriber node: follow the journal until told to stop, then print what it saw (JSON)."""
-    from journal.store import store_for
 
     store = store_for("default")
     conn = connect()

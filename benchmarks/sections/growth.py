@@ -28,9 +28,12 @@ import time
 from benchmarks import streams
 from benchmarks.arguments import positive_int, positive_int_list
 from benchmarks.harness import run_workers
+from journal import retention
 from journal.envelopes import Envelope
 from journal.models import Event
-from journal.store import store_for
+from journal.store import retention_store_for, store_for
+from leases.store import store_for as leases_store
+from projections.store import store_for as projections_store
 
 PER_STREAM = 10
 BEHIND = 10  # drain: subscriptions behind per size
@@ -124,14 +127,10 @@ def run(ctx) -> None:
 
 
 def _leases():
-    from leases.store import store_for as leases_store
-
     return leases_store()
 
 
 def _projections():
-    from projections.store import store_for as projections_store
-
     return projections_store()
 
 
@@ -229,9 +228,6 @@ def _removal(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
     from django.db import connections
     from django.test import override_settings
     from django.utils import timezone
-
-    from journal import retention
-    from journal.store import retention_store_for
 
     events, days = ctx.options["growth_removal_events"], ctx.options["growth_removal_days"]
     count = max(1, events // PER_STREAM)

@@ -34,7 +34,7 @@ from journal.models import Execution
 from journal.store import store_for as journal_store
 from leases.keeper import LeaseKeeper
 from leases.models import Lease
-from leases.ownership import LeaseOwnership
+from leases.ownership import LeaseOwnership, install
 
 MODES = ("off", "eager", "lazy")
 _IO_SECONDS = {"value": 0.02}
@@ -131,8 +131,6 @@ def run(ctx) -> None:
                     _cell(ctx, ids, shape, conc, repeats)
     finally:
         set_ownership(None)
-        from leases.ownership import install
-
         install()
 
 

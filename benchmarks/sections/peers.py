@@ -34,7 +34,9 @@ from benchmarks.arguments import positive_int, positive_int_list
 from benchmarks.cells import raise_errors
 from benchmarks.harness import run_workers
 from benchmarks.sections import durable  # noqa: F401  (registers bench.noop1)
+from benchmarks.sections.aggregates import counter, increment
 from benchmarks.sections.durable import count_headers, remove_headers
+from journal.aggregates import do, load
 from journal.flows import start
 
 DEFAULT_CONCURRENCY = "1,8,32"
@@ -192,9 +194,6 @@ class _OurAggregates:
         self.ctx = ctx
 
     def round(self, conc: int, ops: int, rep: int):
-        from benchmarks.sections.aggregates import counter, increment
-        from journal.aggregates import do, load
-
         pfx = streams.prefix(self.ctx.run_id, "peers", "agg", conc, rep)
         base = pfx[len("bench:"):]  # the bench counter's prefix "bench:" completes the stream id
 

@@ -27,8 +27,10 @@ from django.db import connections
 from benchmarks import streams
 from benchmarks.arguments import positive_float, positive_int
 from journal.flows import flow
+from journal.store import store_for as journal_store
 from leases import schedules as sc
 from leases.store import store_for as lease_store
+from queues.store import store_for as queue_store
 
 
 @flow("bench.schedules.noop")
@@ -47,9 +49,6 @@ def add_arguments(parser) -> None:
 
 
 def run(ctx) -> None:
-    from journal.store import store_for as journal_store
-    from queues.store import store_for as queue_store
-
     count, window = ctx.options["schedule_count"], min(ctx.options["schedule_seconds"], 60)
     tickers, every = ctx.options["schedule_tickers"], ctx.options["schedule_every"]
     name_prefix = streams.prefix(ctx.run_id, "sched").replace(":", "-").replace("/", "-")

@@ -23,7 +23,9 @@ from django.conf import settings
 from django.db import connection
 
 from benchmarks.children import database_url
-from journal.flows import flow
+from journal import conf
+from journal.flows import flow, registry
+from journal.store import store_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 MODULE = "benchmarks.sections.waits"
@@ -146,7 +148,6 @@ def connections_of(pid: int) -> int:
 
 def worker_settings() -> dict:
     """The waker's settings as the worker reads them (the same environment), recorded with each cell."""
-    from journal import conf
 
     names = ("LOOM_WAIT_POLL", "LOOM_WAIT_BATCH", "LOOM_NOTIFY")  # (LOOM_WAIT_INLINE_MAX: 0 in the worker)
     return {name.lower(): conf.get_safe(name, None) for name in names}
@@ -155,7 +156,6 @@ def worker_settings() -> dict:
 def remove(prefix: str) -> None:
     """Delete the bench's executions: events, fences, snapshots, headers (and, with the engine's
     delete_executions, their waits, messages and published events)."""
-    from journal.store import store_for
 
     store = store_for()
     store.delete_streams(prefix)
@@ -171,9 +171,6 @@ def due_plan() -> dict:
     import json
 
     from django.utils import timezone
-
-    from journal.flows import registry
-    from journal.store import store_for
 
     store = store_for()
     explain = getattr(store, "explain_due_waits", None)

@@ -20,8 +20,8 @@ from benchmarks import streams
 from benchmarks.arguments import positive_int
 from benchmarks.harness import run_workers
 from benchmarks.sections import waits
-from journal.flows import start
-from journal.models import Execution
+from journal.flows import start, wake_now
+from journal.models import Execution, Wait
 
 
 def add_arguments(parser) -> None:
@@ -34,8 +34,6 @@ def add_arguments(parser) -> None:
 
 
 def run(ctx) -> None:
-    from journal.models import Wait
-
     opts = ctx.options
     n, threads = opts["idle_flows"], opts["idle_fill_threads"]
     pfx = streams.prefix(ctx.run_id, "waits-idle")
@@ -53,8 +51,6 @@ def run(ctx) -> None:
                 asleep = {k: max(v, _sample(proc)[k]) for k, v in asleep.items()}
                 time.sleep(0.25)
             began = time.monotonic()
-            from journal.flows import wake_now
-
             _each(ctx, ids, threads, "wake", wake_now)
             most, done = dict(asleep), 0
             deadline = time.monotonic() + 1800

@@ -23,7 +23,7 @@ from benchmarks.arguments import positive_int, positive_int_list
 from benchmarks.harness import run_workers
 from benchmarks.sections import waits
 from benchmarks.sections.lease import _wait_for_connections
-from journal.flows import start
+from journal.flows import get_event, send, start
 from journal.models import Execution
 
 _MISSING = object()
@@ -73,8 +73,6 @@ def run(ctx) -> None:
 
 
 def _round(ctx, proc: waits.WorkerProcess, pfx: str, concurrency: int, rounds: int, timeout: int) -> dict:
-    from journal.flows import get_event, send
-
     ids = [f"{pfx}{w}" for w in range(concurrency)]
     for eid in ids:
         out = start("bench.waits.echo", {"rounds": rounds}, execution_id=eid)

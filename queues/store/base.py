@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from journal.store.base import EXECUTION_STATUS_OF, DatabaseBound
+from queues.exceptions import QueueFull
 
 # A started entry's execution whose header is in one of these states has finished: its slot is free.
 # Not "stuck": recovery gave up on it, but an operator's resume runs it again under the same header
@@ -139,7 +140,6 @@ def pick(caps: Caps, rows: Sequence[tuple[int, str | None]], want: int, taken: d
 
 def check_room(queue: str, key: str | None, caps: Caps) -> None:
     """QueueFull unless one more execution (of partition `key`) fits the caps counted under the lock."""
-    from queues.exceptions import QueueFull
 
     if caps.total >= caps.concurrency:
         raise QueueFull(f"queue {queue!r} runs {caps.total} of its cap {caps.concurrency}; nothing written, "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from journal.atomic import atomic
 from journal.store.base import EXECUTION_STATUS_OF, EXECUTION_VERSION_OF, flow_keys
+from queues import conf
 from queues.store.base import (
     SETTLED,
     Caps,
@@ -331,7 +332,6 @@ NO_KEY = (101, 0)  # a keyset position before every priority (-100..100)
 
 def channel() -> str:
     """LOOM_QUEUE_CHANNEL ("" : no notifications)."""
-    from queues import conf
 
     return conf.get("LOOM_QUEUE_CHANNEL")
 

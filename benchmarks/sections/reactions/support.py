@@ -13,6 +13,7 @@ from benchmarks import streams
 from journal.models import Event
 from projections.declarations import registry
 from projections.models import Checkpoint, Subscription
+from projections.store import store_for
 
 
 def cleanup(ctx, names: list[str], prefix: str | None) -> None:
@@ -38,7 +39,5 @@ def wait(condition, timeout: float) -> None:
 
 
 def subscribe(name: str, sids: list[str]) -> None:
-    from projections.store import store_for
-
     c = registry.consumers[name]
     store_for().bump([(name, sid, c.source, c.lane, c.priority, Event.objects.tip(sid)) for sid in sids])

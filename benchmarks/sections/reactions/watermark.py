@@ -12,6 +12,7 @@ from journal.models import Event
 from projections.correlate import correlate, start_at_tip
 from projections.declarations import reaction, registry
 from projections.drain import DrainController
+from projections.store import store_for
 
 
 def add_arguments(parser) -> None:
@@ -27,8 +28,6 @@ def run(ctx) -> None:
     reaction(name, on=["BenchWm"], atomic=False)(lambda e, t: handled.append(e.seq))
     start_at_tip([name])
     try:
-        from projections.store import store_for
-
         # caught up, no events yet
         store_for().insert_caught_up([(name, f"{pfx}{i}", "default", 0, -1, -1) for i in range(n)])
         active = [f"{pfx}{i}" for i in range(0, n, max(1, n // 10))][:10]

@@ -18,7 +18,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from journal import conf
+from journal import conf, telemetry
 from journal.checks import run_failover_check
 from leases.checks import SNIPPET, broker_problem
 from leases.keeper import set_main
@@ -135,7 +135,6 @@ class Command(BaseCommand):
 
 def metrics_server(port: int, host: str) -> None:
     """The /metrics page of this worker (journal/telemetry.py); refused unless LOOM_METRICS is on."""
-    from journal import telemetry
 
     if not telemetry.METRICS:
         raise CommandError("--metrics-port needs LOOM_METRICS=true (docs/observability.md)")
