@@ -56,8 +56,6 @@ from leases import conf
 from leases.models import Schedule
 from leases.store import store_for
 from leases.store.base import ScheduleWrite
-from queues.declarations import declared
-from queues.models import Queue
 
 log = logging.getLogger("loom.schedules")
 
@@ -196,6 +194,9 @@ def _check_queue(name: str, queue: str) -> None:
 
     if not apps.is_installed("queues"):
         raise InvalidSchedule(f"schedule {name}: queue {queue!r} needs the queues app in INSTALLED_APPS")
+    # the queues app is optional (leases runs without it): its modules load only here, once it is known installed
+    from queues.declarations import declared  # app registry (optional app)
+    from queues.models import Queue  # app registry (optional app)
 
     if queue not in declared() and not Queue.objects.filter(pk=queue).exists():
         raise InvalidSchedule(f"schedule {name}: no queue {queue!r} is declared (LOOM_QUEUES or declare_queue)")
