@@ -88,9 +88,10 @@ def test_unsharded_everything_stays_on_the_journals_database():
 @given(st.text(min_size=1, max_size=200).filter(lambda s: "\x00" not in s))
 def test_any_storable_id_has_one_shard_the_same_every_time(stream_id):
     """Placement reads nothing without a history: any id the database can hold (lone surrogates included, the
-    hash takes them as they are) maps to one of the shards, always the same, and to its key's shard."""
+    hash takes them as they are) maps to one of the shards, always the same, and to its key's shard: the key of its
+    family (a continue_as_new run `<root>~<n>` or a default child id is placed by its root)."""
     with override_settings(LOOM_SHARDS=["default", "x1", "x2"], LOOM_SHARD_KEY="journal.shards.prefix_key"):
         alias = shards.shard_for(stream_id)
         assert alias in ("default", "x1", "x2")
         assert alias == shards.shard_for(stream_id) == shards.placements(stream_id)[0]
-        assert alias == ["default", "x1", "x2"][shards.slot(shards.prefix_key(stream_id), 3)]
+        assert alias == ["default", "x1", "x2"][shards.slot(shards.prefix_key(shards.family(stream_id)), 3)]
