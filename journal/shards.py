@@ -29,10 +29,11 @@ from threading import Lock
 
 from django.conf import settings
 from django.core.signals import setting_changed
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError
 from django.utils.module_loading import import_string
 
 from journal import conf
+from journal.reach import cannot_reach
 
 # The apps whose tables live on every shard (a shard alias migrates only these). A queue entry lives on
 # its execution's shard: the dequeue reads the execution's header in the same statement (queues/store).
@@ -358,3 +359,18 @@ def router_installed() -> bool:
         if issubclass(cls, ShardRouter):
             return True
     return False
+
+
+def read_each(aliases: list[str], read: Callable[[str], object], unreachable: dict[str, str] | None = None) -> list:
+    """`read(alias)` on each alias, the answers in order. Given `unreachable` (a page that shows what it can), an
+    alias whose server cannot be reached (journal.reach.cannot_reach) is left out and named there (alias -> the
+    error's first line); without it, and for a statement the server refused, the error is raised."""
+    found = []
+    for alias in aliases:
+        try:
+            found.append(read(alias))
+        except (OperationalError, InterfaceError) as error:
+            if unreachable is None or not cannot_reach(error):
+                raise
+            unreachable[alias] = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return found

@@ -54,21 +54,14 @@ def stats(using: str | None = None, unreachable: dict[str, str] | None = None) -
     LOOM_SHARDS and no `using`: every shard's counts added up per queue (the caps shown are each shard's).
     Given `unreachable` (the admin), a shard whose connection fails is left out of the sums and named there
     (alias -> the error's first line) instead of failing the whole page."""
-    from django.db import InterfaceError, OperationalError, router
+    from django.db import router
 
     from queues.models import Queue  # app registry: this face loads with INSTALLED_APPS, before the models
 
     if using is not None or not shards.sharded():
         return store_for(using or router.db_for_read(Queue)).queue_stats()
     merged: dict[str, QueueStats] = {}
-    for alias in shards.shards():
-        try:
-            found = store_for(alias).queue_stats()
-        except (OperationalError, InterfaceError) as error:
-            if unreachable is None:
-                raise
-            unreachable[alias] = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            continue
+    for found in shards.read_each(shards.shards(), lambda alias: store_for(alias).queue_stats(), unreachable):
         for one in found:
             seen = merged.get(one.name)
             merged[one.name] = one if seen is None else replace(

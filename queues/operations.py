@@ -24,14 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import InterfaceError, OperationalError, router
+from django.db import router
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 import queues as queue_app
 from journal import shards
 from journal.models import Execution
-from journal.reach import cannot_reach
 from leases import drain
 from leases.models import Lease, Worker
 from queues.models import PENDING, STARTED, Queue, QueueEntry
@@ -81,18 +80,8 @@ def _aliases(model, using: str | None) -> list[str]:
 
 
 def _on_each(model, using: str | None, unreachable: dict[str, str] | None, read: Callable[[str], object]) -> list:
-    """`read(alias)` on each alias of `model` (_aliases), its answers in order. Given `unreachable`, an alias
-    whose server cannot be reached (journal/reach.py) is left out and named there; a refused statement is
-    always raised."""
-    found = []
-    for alias in _aliases(model, using):
-        try:
-            found.append(read(alias))
-        except (OperationalError, InterfaceError) as error:
-            if unreachable is None or not cannot_reach(error):
-                raise
-            unreachable[alias] = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return found
+    """`read(alias)` on each alias of `model` (_aliases), as journal.shards.read_each."""
+    return shards.read_each(_aliases(model, using), read, unreachable)
 
 
 def bucket_edges(window: str, now: datetime | None = None) -> list[datetime]:
