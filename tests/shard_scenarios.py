@@ -713,8 +713,8 @@ def click_unblock(client, query: str, box: str) -> str | None:
             page.goto(f"{url}/admin/projections/subscription/?q={query}")
             page.check(f'input[name="_selected_action"][value="{box}"]')
             page.select_option('select[name="action"] >> nth=0', "unblock")
-            page.click('button[name="index"][value="0"], input[name="index"][value="0"]')
-            page.wait_for_load_state()
+            with page.expect_navigation():  # the click returns before the answer has loaded
+                page.click('button[name="index"][value="0"], input[name="index"][value="0"]')
             text = page.inner_text("ul.messagelist") if page.query_selector("ul.messagelist") else page.content()
             browser.close()
             return text

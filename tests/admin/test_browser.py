@@ -33,6 +33,18 @@ def record(slow: float) -> int:
     return rec.run.pk
 
 
+def click_through(locator) -> None:
+    """Click what loads a page (a link, a submit button: JavaScript is off) and return once that page is there.
+
+    Playwright's click returns when the click is dispatched, not when the page it asked for has loaded: a
+    `page.content()` read in between read an empty document (CI, stop 15), `wait_for_load_state()` answered
+    for the page being left, and a locator could match that page (a form refused twice has an error note
+    before the second answer comes).
+    """
+    with locator.page.expect_navigation():
+        click_through(locator)
+
+
 @pytest.fixture
 def browser_page():
     sync_api = pytest.importorskip("playwright.sync_api")
@@ -69,7 +81,7 @@ def test_list_run_and_compare_pages_render_tables_and_charts(live_server, browse
     assert page.locator("table.runs tbody tr").count() == 2
     stylesheet = page.locator("link[rel=stylesheet]").get_attribute("href")
     assert page.request.get(f"{live_server.url}{stylesheet}").ok
-    page.locator("button", has_text="Compare").click()  # a plain GET form: works without JavaScript
+    click_through(page.locator("button", has_text="Compare"))  # a plain GET form: works without JavaScript
     page.wait_for_url(f"**/bench/compare/{base}/{new}/")
     assert page.locator("tr.regression").count() == 6
     assert page.locator("td.ratio", has_text="2.00\u00d7").count() == 12  # p50 and p99 of each cell
@@ -102,12 +114,11 @@ def test_result_pages_send_visitors_to_the_login_and_staff_back_to_the_page(live
 
     page.fill("#id_username", "ann")
     page.fill("#id_password", "wrong password")
-    page.locator("input[type=submit]").click()
-    page.wait_for_load_state()
+    click_through(page.locator("input[type=submit]"))
     assert "/admin/login/" in page.url and page.locator(".errornote").count() == 1
 
     page.fill("#id_username", "ann")
     page.fill("#id_password", PASSWORD)
-    page.locator("input[type=submit]").click()
+    click_through(page.locator("input[type=submit]"))
     page.wait_for_url(f"**/bench/runs/{run}/")
     assert page.locator("table.cells tbody tr").count() == 6

@@ -21,7 +21,7 @@ from journal.flows import ownership as own
 from journal.flows import start
 from journal.models import Event, Execution
 from tests import admin_flows as af
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.conftest import ROOT
 
 pytestmark = [
@@ -86,12 +86,12 @@ def test_resume_retry_and_cancel_buttons_act_on_real_executions(live_server, bro
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
     page.fill("#id_username", "op")
     page.fill("#id_password", "pw-for-the-browser")
-    page.locator("input[type=submit]").click()
+    click_through(page.locator("input[type=submit]"))
     page.wait_for_url("**/admin/")
 
     # Resume: handed to the worker, which finishes the run.
     page.goto(f"{live_server.url}/admin/journal/execution/br-resume/change/")
-    page.locator("#loom-resume-button").click()
+    click_through(page.locator("#loom-resume-button"))
     page.wait_for_url("**/admin/journal/execution/br-resume/change/")
     assert "handed over to a worker" in page.locator("ul.messagelist").inner_text()
     wait_until(lambda: Execution.objects.get(pk="br-resume").status == "completed", "the resume runs", worker)
@@ -100,7 +100,7 @@ def test_resume_retry_and_cancel_buttons_act_on_real_executions(live_server, bro
 
     # Retry: a new attempt recorded in the log, handed to the worker.
     page.goto(f"{live_server.url}/admin/journal/execution/br-retry/change/")
-    page.locator("#loom-retry-button").click()
+    click_through(page.locator("#loom-retry-button"))
     page.wait_for_url("**/admin/journal/execution/br-retry/change/")
     assert "handed over to a worker" in page.locator("ul.messagelist").inner_text()
     wait_until(lambda: Execution.objects.get(pk="br-retry").status == "completed", "the retry runs", worker)
@@ -109,11 +109,11 @@ def test_resume_retry_and_cancel_buttons_act_on_real_executions(live_server, bro
 
     # Cancel: a confirmation page, then the cancel is recorded.
     page.goto(f"{live_server.url}/admin/journal/execution/br-cancel/change/")
-    page.locator("#loom-cancel-button").click()
+    click_through(page.locator("#loom-cancel-button"))
     page.wait_for_url("**/admin/journal/execution/br-cancel/cancel/")
     assert "will be cancelled" in page.locator("#loom-plan").inner_text()
     assert Execution.objects.get(pk="br-cancel").status == "running"
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     page.wait_for_url("**/admin/journal/execution/br-cancel/change/")
     assert Execution.objects.get(pk="br-cancel").status == "cancelled"
     assert Event.objects.read("br-cancel")[-1].type == "EXECUTION_CANCELLED"

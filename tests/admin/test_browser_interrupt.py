@@ -19,7 +19,7 @@ from journal.flows.interrupt import cancel_bound
 from journal.models import Event, Execution
 from leases.models import Lease
 from queues import declare_queue, enqueue
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.leases.test_shutdown_processes import QUEUE, spawn, terminate
 from tests.leases.test_worker_processes import cleanup, output, wait_until
 
@@ -55,14 +55,14 @@ def test_cancel_in_the_admin_stops_a_step_hung_on_a_dead_socket(live_server, bro
             page.goto(f"{live_server.url}/admin/login/?next=/admin/")
             page.fill("#id_username", "op")
             page.fill("#id_password", "pw-for-the-browser")
-            page.locator("input[type=submit]").click()
+            click_through(page.locator("input[type=submit]"))
             page.wait_for_url("**/admin/")
             page.goto(f"{live_server.url}/admin/journal/execution/{eid}/change/")
-            page.locator("#loom-cancel-button").click()
+            click_through(page.locator("#loom-cancel-button"))
             page.wait_for_url(f"**/admin/journal/execution/{eid}/cancel/")
             plan = page.locator("#loom-plan").inner_text()
             assert "hung-worker" in plan and f"stops within {bound:g} s" in plan, plan
-            page.locator("#loom-confirm").click()
+            click_through(page.locator("#loom-confirm"))
             page.wait_for_url(f"**/admin/journal/execution/{eid}/change/")
             said = page.locator("ul.messagelist").inner_text()
             assert re.search(r"cancelled; the step running under worker hung-worker .* is told to stop", said), said

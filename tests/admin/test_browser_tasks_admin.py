@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 
 from queues.tasks import LoomBackend
 from tests import queue_flows
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.queues.test_tasks_backend import work
 
 pytestmark = [
@@ -36,18 +36,18 @@ def test_an_operator_finds_a_failing_task_by_name_and_reads_each_attempts_traceb
     page.goto(f"{live_server.url}/admin/login/?next=/admin/journal/execution/")
     page.fill("#id_username", "op")
     page.fill("#id_password", "pw-for-the-browser")
-    page.locator("input[type=submit]").click()
+    click_through(page.locator("input[type=submit]"))
     page.wait_for_url("**/admin/journal/execution/")
     rows = page.locator("#result_list tbody tr")
     assert "tests.queue_flows.explode" in rows.filter(has_text=failed.id).inner_text()
     assert "tests.queue_flows.add" in rows.filter(has_text=other.id).inner_text()
 
-    page.locator("#changelist-filter a", has_text="tests.queue_flows.explode").click()
+    click_through(page.locator("#changelist-filter a", has_text="tests.queue_flows.explode"))
     page.wait_for_url("**flow=tests.queue_flows.explode**")
     listed = page.locator("#result_list tbody").inner_text()
     assert failed.id in listed and other.id not in listed
 
-    page.locator("#result_list tbody a", has_text=failed.id).click()
+    click_through(page.locator("#result_list tbody a", has_text=failed.id))
     page.wait_for_url(f"**/{failed.id}/change/**")
     attempts = page.locator("#loom-timeline tbody tr")
     assert attempts.count() == 3

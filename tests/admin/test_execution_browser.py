@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from journal.flows import ownership as own
 from journal.flows import start
 from tests import waits_flows  # noqa: F401  (waits.parent, waits.child)
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.admin.test_execution_reading import wake_until
 
 pytestmark = [
@@ -41,24 +41,24 @@ def test_search_by_an_input_value_open_a_child_and_back_and_read_its_traceback(l
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
     page.fill("#id_username", "op")
     page.fill("#id_password", "pw-for-the-browser")
-    page.locator("input[type=submit]").click()
+    click_through(page.locator("input[type=submit]"))
     page.wait_for_url("**/admin/")
 
     page.goto(f"{live_server.url}/admin/journal/execution/")
     page.fill("#searchbar", "ord-73519")
-    page.locator("#changelist-search input[type=submit]").click()
+    click_through(page.locator("#changelist-search input[type=submit]"))
     page.wait_for_url("**/admin/journal/execution/?q=ord-73519")
     rows = page.locator("#result_list tbody tr")
     assert rows.count() == 1 and "br-tree" in rows.first.inner_text()
 
-    rows.first.locator("th a").click()  # the parent's page
+    click_through(rows.first.locator("th a"))  # the parent's page
     page.wait_for_url(re.compile(r".*/admin/journal/execution/br-tree/change/(\?.*)?$"))
-    page.locator("a.loom-child").click()  # its child
+    click_through(page.locator("a.loom-child"))  # its child
     page.wait_for_url(re.compile(r".*/admin/journal/execution/br-tree\.child-0/change/$"))
     traceback = page.locator("#loom-traceback").inner_text()
     assert traceback.startswith("Traceback (most recent call last):")
     assert traceback.rstrip().endswith("RuntimeError: child failed on purpose")
     assert len(traceback.splitlines()) > 3  # lines, not one escaped string
-    page.locator("#loom-parent").click()  # and back
+    click_through(page.locator("#loom-parent"))  # and back
     page.wait_for_url(re.compile(r".*/admin/journal/execution/br-tree/change/$"))
     assert page.locator("#loom-status").inner_text() in ("failed", "waiting")

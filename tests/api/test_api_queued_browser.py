@@ -19,7 +19,7 @@ from journal.flows import ownership as own
 from journal.models import Execution
 from queues.models import QueueEntry
 from tests import lease_flows
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.admin.test_browser_admin import wait_until
 from tests.conftest import ROOT
 from tests.queues.test_queue_entries_browser import login
@@ -65,16 +65,16 @@ def test_an_api_start_is_queued_in_the_admin_and_cancelled_there_never_runs(live
 
     # The executions list, filtered by the "Queued" status: both API starts are there before any worker ran.
     page.goto(f"{live_server.url}/admin/journal/execution/")
-    page.locator("#changelist-filter a", has_text="Queued").first.click()
+    click_through(page.locator("#changelist-filter a", has_text="Queued").first)
     listed = page.locator("#result_list tbody").inner_text()
     assert "apiq-cancel" in listed and "apiq-control" in listed
 
     # Its page: the Cancel button, the plan, "Yes", and what was done.
-    page.locator("#result_list a", has_text="apiq-cancel").click()
-    page.locator("#loom-cancel-button").click()
+    click_through(page.locator("#result_list a", has_text="apiq-cancel"))
+    click_through(page.locator("#loom-cancel-button"))
     assert "its queue entry never begins" in page.locator("#loom-plan").inner_text()
     assert Execution.objects.get(pk="apiq-cancel").status == "queued"  # nothing done before "Yes"
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     assert "apiq-cancel: cancelled at once (it was queued: its entry never begins)" in \
         page.locator(".messagelist").inner_text()
     assert Execution.objects.get(pk="apiq-cancel").status == "cancelled"

@@ -15,7 +15,7 @@ from benchmarks import charts
 from benchmarks.command import run_link
 from benchmarks.models import BenchRun
 from benchmarks.recording import Recorder
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.queues.test_operations_browser import shot
 
 pytestmark = [
@@ -87,7 +87,7 @@ def test_result_charts_are_readable_and_compare_has_a_chart(live_server, browser
     assert page.locator("tr.added").count() == 1
     shot(page, "results-compare.png")
     page.locator("input[name=shared]").check()
-    page.locator("form.filters button[type=submit]").click()
+    click_through(page.locator("form.filters button[type=submit]"))
     page.wait_for_url("**shared=1*")
     assert page.locator("tr.added").count() == 0
     assert page.locator("table.compare tbody tr").count() == 12 * 3 + 4 + 2

@@ -22,7 +22,7 @@ from journal.flows import start
 from journal.models import Event, Execution
 from queues.models import QueueEntry
 from tests import edge_waits_flows as wf
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.conftest import ROOT
 from tests.lease_flows import run_handed_over_here
 
@@ -245,49 +245,49 @@ def test_wait_buttons_act_on_real_executions(live_server, browser_page, worker, 
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
     page.fill("#id_username", "op")
     page.fill("#id_password", "pw-for-the-browser")
-    page.locator("input[type=submit]").click()
+    click_through(page.locator("input[type=submit]"))
     page.wait_for_url("**/admin/")
 
     # Wake now: the worker's waker finishes the sleep an hour early.
     page.goto(f"{live_server.url}{PAGE.format('br-wake')}")
     assert "a timer, due at" in page.locator("#loom-waiting").inner_text()
-    page.locator("#loom-wake-button").click()
+    click_through(page.locator("#loom-wake-button"))
     page.wait_for_url(f"**{PAGE.format('br-wake')}")
     assert "its wait ends now" in page.locator("ul.messagelist").inner_text()
     wait_until(lambda: status("br-wake") == "completed", "the woken sleep completes", worker)
 
     # Send message: a form; the waiting flow receives it on the worker.
     page.goto(f"{live_server.url}{PAGE.format('br-msg')}")
-    page.locator("#loom-message-button").click()
+    click_through(page.locator("#loom-message-button"))
     page.wait_for_url("**/br-msg/message/")
     page.fill("#loom-topic", "orders")
     page.fill("#loom-payload", '{"sku": 42}')
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     page.wait_for_url(f"**{PAGE.format('br-msg')}")
     wait_until(lambda: status("br-msg") == "completed", "the message is received", worker)
     assert Execution.objects.get(pk="br-msg").result == {"sku": 42}
 
     # Suspend (confirmed), then Resume: handed to the worker, which parks it on its recv again.
     page.goto(f"{live_server.url}{PAGE.format('br-susp')}")
-    page.locator("#loom-suspend-button").click()
+    click_through(page.locator("#loom-suspend-button"))
     page.wait_for_url("**/br-susp/suspend/")
     assert "will be suspended" in page.locator("#loom-plan").inner_text()
     assert status("br-susp") == "waiting"
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     page.wait_for_url(f"**{PAGE.format('br-susp')}")
     assert status("br-susp") == "suspended"
-    page.locator("#loom-resume-button").click()
+    click_through(page.locator("#loom-resume-button"))
     page.wait_for_url(f"**{PAGE.format('br-susp')}")
     wait_until(lambda: "EXECUTION_RESUMED" in types("br-susp") and status("br-susp") == "waiting",
                "the resumed run waits again", worker)
 
     # Fork from step 1: a new execution reusing s0, run by the worker.
     page.goto(f"{live_server.url}{PAGE.format('br-fork')}")
-    page.locator("#loom-fork-button").click()
+    click_through(page.locator("#loom-fork-button"))
     page.wait_for_url("**/br-fork/fork/")
     page.fill("#loom-from-step", "1")
     page.fill("#loom-new-id", "br-fork-2")
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     page.wait_for_url(f"**{PAGE.format('br-fork')}")
     wait_until(lambda: Execution.objects.filter(pk="br-fork-2", status="completed").exists(), "the fork runs",
                worker)

@@ -10,7 +10,7 @@ from journal.envelopes import Envelope
 from journal.models import DataKey, Event
 from journal.privacy import AUDIT_STREAM, FORGOTTEN, keys
 from tests import privacy_fixtures as fx
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 
 pytestmark = [
     pytest.mark.browser,
@@ -33,15 +33,15 @@ def test_forget_subject_asks_for_confirmation_and_records_who_clicked(live_serve
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
     page.fill("#id_username", "dpo")
     page.fill("#id_password", "pw-for-the-browser")
-    page.locator("input[type=submit]").click()
+    click_through(page.locator("input[type=submit]"))
     page.wait_for_url("**/admin/")
     page.goto(f"{live_server.url}/admin/journal/datakey/")
     page.locator("tr", has_text="c-web").locator("input.action-select").check()
     page.select_option("select[name=action]", "forget_subjects")
-    page.locator("button[name=index]").click()
+    click_through(page.locator("button[name=index]"))
     assert "c-web" in page.locator("#loom-forget-plan").inner_text()
     assert DataKey.objects.get(pk="c-web").wrapped is not None  # nothing happens before the confirmation
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     page.wait_for_url("**/admin/journal/datakey/")
     assert "forgotten: c-web" in page.locator("ul.messagelist").inner_text().lower()
 

@@ -11,7 +11,7 @@ from journal.models import Event
 from projections.declarations import registry
 from projections.models import Subscription
 from projections.service import drain
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.projections.test_projections_admin import wipe
 from tests.projections.test_projections_helpers import applied, create_table, declare_counter
 
@@ -32,7 +32,7 @@ def log_in(page, live_server, name: str) -> None:
     page.goto(f"{live_server.url}/admin/login/?next=/admin/projections/subscription/")
     page.fill("#id_username", name)
     page.fill("#id_password", "pw-for-the-browser")
-    page.locator("input[type=submit]").click()
+    click_through(page.locator("input[type=submit]"))
     page.wait_for_url("**/admin/projections/subscription/")
 
 
@@ -56,12 +56,11 @@ def test_reset_replay_is_confirmed_in_the_browser_and_hidden_from_view_only_staf
         assert any("Reset" in o for o in options) and not any("Unblock" in o for o in options)
         page.locator("input[name=_selected_action]").first.check()
         page.select_option("select[name=action]", "reset_replay")
-        page.locator("button[name=index]").click()
-        page.wait_for_load_state()
+        click_through(page.locator("button[name=index]"))
         body = page.locator("#content").inner_text()
         assert "its read model is wiped" in body and "1 subscription(s)" in body
         assert applied() == [("a", 0), ("a", 1)]  # nothing happened yet
-        page.locator("input[type=submit][value='Yes, reset and replay']").click()
+        click_through(page.locator("input[type=submit][value='Yes, reset and replay']"))
         page.wait_for_url("**/admin/projections/subscription/")
         assert "reset for replay" in page.locator("ul.messagelist").inner_text()
         assert applied() == [] and Subscription.objects.get(stream="a").at == -1

@@ -17,7 +17,7 @@ from queues import declare_queue, enqueue, run_due
 from queues.declarations import forget as forget_queue
 from queues.models import Queue, QueueEntry
 from tests import privacy_fixtures as fx
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.queues.test_queued_executions import database_bytes
 
 pytestmark = [
@@ -48,9 +48,9 @@ def test_a_queued_start_of_a_paused_queue_cancelled_in_the_console_then_forgotte
         page.goto(f"{live_server.url}/admin/login/?next=/admin/queues/queue/operations/")
         page.fill("#id_username", "op")
         page.fill("#id_password", "pw-for-the-browser")
-        page.locator("input[type=submit]").click()
+        click_through(page.locator("input[type=submit]"))
         page.wait_for_url("**/admin/queues/queue/operations/")
-        page.locator("#loom-ops-queues tr[data-queue=xc-mail] button.loom-pause-queue").click()
+        click_through(page.locator("#loom-ops-queues tr[data-queue=xc-mail] button.loom-pause-queue"))
         assert Queue.objects.get(pk="xc-mail").paused_at is not None
 
         enqueue("test.privacy.signup", {"customer_id": "c-xc", "email": SECRET}, queue="xc-mail",
@@ -60,9 +60,9 @@ def test_a_queued_start_of_a_paused_queue_cancelled_in_the_console_then_forgotte
         assert list(search(Execution.objects.all(), SECRET)) == []  # a marked value is never searchable
 
         page.goto(f"{live_server.url}/admin/journal/execution/xc-queued/change/")
-        page.locator("#loom-cancel-button").click()
+        click_through(page.locator("#loom-cancel-button"))
         page.wait_for_url("**/admin/journal/execution/xc-queued/cancel/")
-        page.locator("#loom-confirm").click()
+        click_through(page.locator("#loom-confirm"))
         page.wait_for_url("**/admin/journal/execution/xc-queued/change/")
         assert Execution.objects.get(pk="xc-queued").status == "cancelled"
         assert QueueEntry.objects.get(execution_id="xc-queued").state == "cancelled"
@@ -70,8 +70,8 @@ def test_a_queued_start_of_a_paused_queue_cancelled_in_the_console_then_forgotte
         page.goto(f"{live_server.url}/admin/journal/datakey/?q=c-xc")
         page.locator("tr", has_text="c-xc").locator("input.action-select").check()
         page.select_option("select[name=action]", "forget_subjects")
-        page.locator("button[name=index]").click()
-        page.locator("#loom-confirm").click()
+        click_through(page.locator("button[name=index]"))
+        click_through(page.locator("#loom-confirm"))
         page.wait_for_url("**/admin/journal/datakey/**")
         assert "forgotten: c-xc" in page.locator("ul.messagelist").inner_text().lower()
         assert DataKey.objects.get(pk="c-xc").wrapped is None
@@ -89,7 +89,7 @@ def test_a_queued_start_of_a_paused_queue_cancelled_in_the_console_then_forgotte
         assert SECRET not in str([e.payload for e in Event.objects.read("xc-queued")])
 
         page.goto(f"{live_server.url}/admin/queues/queue/operations/")
-        page.locator("#loom-ops-queues tr[data-queue=xc-mail] button.loom-resume-queue").click()
+        click_through(page.locator("#loom-ops-queues tr[data-queue=xc-mail] button.loom-resume-queue"))
         assert Queue.objects.get(pk="xc-mail").paused_at is None
         assert run_due() == []  # the cancelled start never runs
         assert Execution.objects.get(pk="xc-queued").status == "cancelled"

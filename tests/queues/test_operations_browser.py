@@ -19,7 +19,7 @@ from queues import declare_queue, enqueue, run_due
 from queues.declarations import forget
 from queues.models import Queue, QueueEntry
 from tests import schedule_flows  # noqa: F401  (the flows)
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 
 pytestmark = [
     pytest.mark.browser,
@@ -58,13 +58,13 @@ def test_every_operations_button_does_what_it_says(live_server, browser_page, se
         page.goto(f"{live_server.url}/admin/login/?next=/admin/queues/queue/operations/")
         page.fill("#id_username", "op")
         page.fill("#id_password", "pw-for-the-browser")
-        page.locator("input[type=submit]").click()
+        click_through(page.locator("input[type=submit]"))
         page.wait_for_url("**/admin/queues/queue/operations/")
         assert page.locator("#loom-charts svg").count() == 3
         row = page.locator("#loom-ops-queues tr[data-queue=ops-mail]")
         assert row.locator(".dispatch").inner_text() == "running" and "3" in row.inner_text()
 
-        row.locator("button.loom-pause-queue").click()
+        click_through(row.locator("button.loom-pause-queue"))
         row = page.locator("#loom-ops-queues tr[data-queue=ops-mail]")
         assert row.locator(".dispatch").inner_text().startswith("paused since")
         assert "Queue ops-mail: paused" in page.locator(".messagelist").text_content()
@@ -72,30 +72,30 @@ def test_every_operations_button_does_what_it_says(live_server, browser_page, se
         assert run_due() == []  # nothing is dispatched from it
 
         sched = page.locator("#loom-ops-schedules tr[data-schedule=ops-hourly]")
-        sched.locator("button.loom-pause-schedule").click()
+        click_through(sched.locator("button.loom-pause-schedule"))
         sched = page.locator("#loom-ops-schedules tr[data-schedule=ops-hourly]")
         assert sched.locator(".state").inner_text() == "paused by op (admin)"
         assert Schedule.objects.get(pk="ops-hourly").paused_at is not None
-        sched.locator("button.loom-run-now").click()
+        click_through(sched.locator("button.loom-run-now"))
         run_now = QueueEntry.objects.get(execution_id__startswith="sched:ops-hourly:run:")
         assert run_now.state == "pending"  # run now on a paused queue: queued, waits for the resume
         for attempt in ("first", "second"):
             sched = page.locator("#loom-ops-schedules tr[data-schedule=ops-hourly]")
             sched.locator("input.loom-backfill-start").fill("2026-01-01T00:00")
             sched.locator("input.loom-backfill-end").fill("2026-01-01T02:00")
-            sched.locator("button.loom-backfill").click()
+            click_through(sched.locator("button.loom-backfill"))
             said = page.locator(".messagelist").text_content()
             assert ("queued 3 tick(s), 0 already" if attempt == "first" else "queued 0 tick(s), 3 already") in said
         sched = page.locator("#loom-ops-schedules tr[data-schedule=ops-hourly]")
         sched.locator("input.loom-backfill-start").fill("yesterday")
         sched.locator("input.loom-backfill-end").fill("2026-01-01T02:00")
-        sched.locator("button.loom-backfill").click()
+        click_through(sched.locator("button.loom-backfill"))
         assert "nothing done: InvalidSchedule" in page.locator(".messagelist").text_content()
         assert QueueEntry.objects.filter(execution_id__startswith="sched:ops-hourly:").count() == 4
 
         worker = page.locator("#loom-ops-workers tr[data-worker=ops-worker-1]")
         assert "host-a / 4242" in worker.inner_text()
-        worker.locator("button.loom-drain").click()
+        click_through(worker.locator("button.loom-drain"))
         worker = page.locator("#loom-ops-workers tr[data-worker=ops-worker-1]")
         assert worker.locator(".drain").inner_text() == "asked (by op (admin))"
         assert worker.locator("button.loom-drain").count() == 0
@@ -103,7 +103,7 @@ def test_every_operations_button_does_what_it_says(live_server, browser_page, se
         page.goto(f"{live_server.url}/admin/queues/queue/operations/?window=day")
         shot(page, "operations-day.png")
 
-        page.locator("#loom-ops-queues tr[data-queue=ops-mail] button.loom-resume-queue").click()
+        click_through(page.locator("#loom-ops-queues tr[data-queue=ops-mail] button.loom-resume-queue"))
         assert page.locator("#loom-ops-queues tr[data-queue=ops-mail] .dispatch").inner_text() == "running"
         assert Queue.objects.get(pk="ops-mail").paused_at is None
         assert len(run_due()) == 7  # the three waiting, the run-now and the three backfilled ticks

@@ -18,7 +18,7 @@ from journal.flows import ownership as own
 from journal.models import Execution
 from tests import admin_flows as af
 from tests import schedule_flows  # noqa: F401
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.admin.test_browser_admin import wait_until
 from tests.conftest import ROOT
 
@@ -90,7 +90,7 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
     page.fill("#id_username", "op")
     page.fill("#id_password", "pw-for-the-browser")
-    page.locator("input[type=submit]").click()
+    click_through(page.locator("input[type=submit]"))
     page.wait_for_url("**/admin/")
 
     # A malformed cron is refused on the form, nothing written.
@@ -99,7 +99,7 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
     page.fill("#id_cron", "61 * * * *")
     page.fill("#id_flow", "sched.echo")
     page.fill("#id_input", '{"x": 1}')
-    page.locator("input[name=_save]").click()
+    click_through(page.locator("input[name=_save]"))
     assert "InvalidSchedule" in page.locator(".errornote, .errorlist").first.inner_text() + page.content()
     from leases.models import Schedule
 
@@ -108,14 +108,14 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
     # An unknown time zone is refused on the form too, nothing written.
     page.fill("#id_cron", "* * * * * *")
     page.fill("#id_timezone", "Europe/Atlantis")
-    page.locator("input[name=_save]").click()
+    click_through(page.locator("input[name=_save]"))
     assert "InvalidSchedule" in page.content() and "Europe/Atlantis" in page.content()
     assert not Schedule.objects.exists()
 
     # The schedule, every second in Paris time, made by clicking: the worker fires it.
     page.fill("#id_timezone", "Europe/Paris")
     page.select_option("#id_catch_up", "once")
-    page.locator("input[name=_save]").click()
+    click_through(page.locator("input[name=_save]"))
     page.wait_for_url("**/admin/leases/schedule/")
     assert "clicked" in page.locator("#result_list").inner_text()
     wait_until(lambda: Execution.objects.filter(id__startswith="sched:clicked:", status="completed").exists(),
@@ -129,7 +129,7 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
 
     # The executions list filtered by schedule, by clicking the filter.
     page.goto(f"{live_server.url}/admin/journal/execution/")
-    page.locator("#changelist-filter a", has_text="clicked").click()
+    click_through(page.locator("#changelist-filter a", has_text="clicked"))
     ids = page.locator("#result_list tbody th").all_inner_texts()
     assert ids and all(i.startswith("sched:clicked:") for i in ids)
 
@@ -138,7 +138,7 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
     cells = page.locator("#result_list tbody tr", has_text="mail").first.locator("td, th").all_inner_texts()
     # the action checkbox (pause/resume), name, dispatch, running, cap, depth, ready
     assert cells[:7] == ["", "mail", "running", "0", "4", "3", "3"]
-    page.locator("#result_list a", has_text="executions of mail").click()
+    click_through(page.locator("#result_list a", has_text="executions of mail"))
     assert "queue=mail" in page.url
 
     # Bulk cancel: a confirmation page first, nothing cancelled until "Yes".
@@ -146,10 +146,10 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
     for eid in ("bulk-cancel-1", "bulk-cancel-2"):
         page.locator(f"input[name=_selected_action][value='{eid}']").check()
     page.select_option("select[name=action]", "cancel_executions")
-    page.locator("button[name=index]").click()
+    click_through(page.locator("button[name=index]"))
     assert "will be cancelled" in page.locator("#loom-plan").inner_text()
     assert Execution.objects.filter(pk__in=["bulk-cancel-1", "bulk-cancel-2"], status="running").count() == 2
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     page.wait_for_url("**/admin/journal/execution/?status__exact=running")
     assert set(Execution.objects.filter(pk__startswith="bulk-cancel").values_list("status", flat=True)) == {
         "cancelled"}
@@ -158,9 +158,9 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
     page.goto(f"{live_server.url}/admin/journal/execution/?status__exact=running")
     page.locator("input[name=_selected_action][value='bulk-resume']").check()
     page.select_option("select[name=action]", "resume_executions")
-    page.locator("button[name=index]").click()
+    click_through(page.locator("button[name=index]"))
     assert "handed to a worker" in page.locator("#loom-plan").inner_text()
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     page.wait_for_url("**/admin/journal/execution/?status__exact=running")
     wait_until(lambda: Execution.objects.get(pk="bulk-resume").status == "completed", "the resume runs", worker)
 

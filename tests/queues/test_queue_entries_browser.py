@@ -18,7 +18,7 @@ from journal.flows import ownership as own
 from journal.models import Execution
 from queues.models import QueueEntry
 from tests import lease_flows
-from tests.admin.test_browser import CHROMIUM, browser_page  # noqa: F401  (the fixture)
+from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.admin.test_browser_admin import wait_until
 from tests.conftest import ROOT
 
@@ -55,14 +55,14 @@ def login(page, base: str, username: str, password: str) -> None:
     page.goto(f"{base}/admin/login/?next=/admin/")
     page.fill("#id_username", username)
     page.fill("#id_password", password)
-    page.locator("input[type=submit]").click()
+    click_through(page.locator("input[type=submit]"))
     page.wait_for_url("**/admin/")
 
 
 def run_action(page, eid: str, action: str) -> None:
     page.locator(f"#result_list tr:has-text('{eid}') input[name=_selected_action]").check()
     page.select_option("select[name=action]", action)
-    page.locator("button[name=index]").click()
+    click_through(page.locator("button[name=index]"))
 
 
 def test_an_operator_cancels_a_queued_start_by_clicking_and_it_never_runs(live_server, browser_page, child_env,  # noqa: F811
@@ -73,7 +73,7 @@ def test_an_operator_cancels_a_queued_start_by_clicking_and_it_never_runs(live_s
 
     # From the Queue list to the queue's page: both entries pending.
     page.goto(f"{live_server.url}/admin/queues/queue/")
-    page.locator("#result_list a", has_text=f"entries of {QUEUE}").click()
+    click_through(page.locator("#result_list a", has_text=f"entries of {QUEUE}"))
     rows = page.locator("#result_list tbody tr")
     assert rows.count() == 2
     for eid in ("bq-cancel", "bq-control"):
@@ -83,11 +83,11 @@ def test_an_operator_cancels_a_queued_start_by_clicking_and_it_never_runs(live_s
     run_action(page, "bq-control", "reprioritise_entries")
     page.fill("#id_priority", "500")
     page.evaluate("document.querySelector('#id_priority').removeAttribute('max')")  # the server checks too
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     assert "the priority must be from -100 to 100, got 500" in page.locator("#loom-problem").inner_text()
     assert QueueEntry.objects.get(execution_id="bq-control").priority == 0
     page.fill("#id_priority", "-5")
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     assert "Priority -5 set on: bq-control" in page.locator(".messagelist").inner_text()
     assert QueueEntry.objects.get(execution_id="bq-control").priority == -5
     assert "-5" in page.locator("#result_list tr", has_text="bq-control").inner_text()
@@ -96,7 +96,7 @@ def test_an_operator_cancels_a_queued_start_by_clicking_and_it_never_runs(live_s
     run_action(page, "bq-cancel", "cancel_entries")
     assert "will be cancelled: it never starts" in page.locator("#loom-plan").inner_text()
     assert QueueEntry.objects.get(execution_id="bq-cancel").state == "pending"
-    page.locator("#loom-confirm").click()
+    click_through(page.locator("#loom-confirm"))
     assert "Cancelled, they never start: bq-cancel" in page.locator(".messagelist").inner_text()
     assert QueueEntry.objects.get(execution_id="bq-cancel").state == "cancelled"
 
