@@ -42,7 +42,7 @@ def click_through(locator) -> None:
     before the second answer comes).
     """
     with locator.page.expect_navigation():
-        click_through(locator)
+        locator.click()
 
 
 @pytest.fixture
