@@ -289,6 +289,14 @@ def binary_arrays(sql: str) -> str:
 
 
 _BINARY = {sql: binary_arrays(sql) for sql in (APPEND_NOTIFY, APPEND_SILENT)}
+
+
+@lru_cache(maxsize=64)
+def binary_many(sql: str) -> str:
+    """BOOT_MANY / SETTLE_MANY (with their companions' CTEs) with binary array parameters: a coalesced
+    durable batch carries a JSON input, result or payload per execution, quoted in Python in text
+    (binary_arrays says why that costs the flush thread). Cached per executable text like executions_sql."""
+    return binary_arrays(sql)
 OPEN_NOTIFY, OPEN_SILENT = render(OPEN, True), render(OPEN, False)
 
 
@@ -710,10 +718,10 @@ class PostgresStore(JournalStore):
             raise self.fence_refusal(stream_id, expected_token)
         return rows[0][1]
 
-    def execute_guarded(self, sql: str, params) -> list[tuple]:
+    def execute_guarded(self, sql: str, params, binary_sql: str | None = None) -> list[tuple]:
         """One fixed statement, prepared server-side (see execute_prepared), under `guarded()`."""
         with self.guarded(), self.connection.cursor() as cursor:
-            execute_prepared(self.connection, cursor, sql, params)
+            execute_prepared(self.connection, cursor, sql, params, binary_sql=binary_sql)
             return cursor.fetchall() if cursor.description else []
 
     def prepare_flush_connection(self, lock_timeout_ms: int) -> bool:
@@ -791,7 +799,7 @@ class PostgresStore(JournalStore):
             params.update(lease_owners=[b.lease_owner if b.companion else None for b in boots],
                           lease_ttls=[b.lease_ttl for b in boots])
         sql = executions_sql(BOOT_MANY, companion.boot_many if companion else "", conf.get("LOOM_NOTIFY"))
-        return {row[0] for row in self.execute_guarded(sql, params)}
+        return {row[0] for row in self.execute_guarded(sql, params, binary_many(sql))}
 
     def _settle(self, settles: Sequence[ExecutionSettle]) -> list[Verdict]:
         items = [s.item for s in settles]
@@ -811,8 +819,8 @@ class PostgresStore(JournalStore):
         if companion is not None:
             params.update(lease_eids=[s.item.stream_id for s in leased], lease_owners=[s.lease_owner for s in leased],
                           lease_tokens=[s.item.fence_token for s in leased])
-        rows = self.execute_guarded(executions_sql(SETTLE_MANY, companion.settle_many if companion else "", notify),
-                                    params)
+        sql = executions_sql(SETTLE_MANY, companion.settle_many if companion else "", notify)
+        rows = self.execute_guarded(sql, params, binary_many(sql))
         by_stream = {row[0]: Verdict(row[0], row[1], row[2], row[3]) for row in rows}
         return [by_stream[item.stream_id] for item in items]
 
