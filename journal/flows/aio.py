@@ -49,12 +49,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from datetime import timedelta
 from typing import Any
 
 from django.db import close_old_connections, connections
 
 from journal import conf
-from journal.flows.context import DurableContext
+from journal.flows.context import DurableContext, check_moment, check_seconds, now
 from journal.flows.errors import InvalidInput
 from journal.reach import cannot_reach
 
@@ -128,6 +129,7 @@ class _Driver:
     """The drive thread of one async run: it serves the journal calls its coroutine sends back."""
 
     __slots__ = ("requests",)
+    releases = False  # the run holds its drive thread to the end: an in-process wait sleeps in it
 
     def __init__(self):
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -155,6 +157,22 @@ class _Driver:
                 running.call_soon_threadsafe(_resolve, answer, value)
 
 
+class _PooledDriver:
+    """The journal calls of a run driven from the loop (Runner.adrive): each in whichever pool thread is free,
+    in a copy of the coroutine's context (its shard binding). No thread belongs to the run between two calls,
+    so an in-process wait is slept on the loop. Each call is whole in one thread: a transaction (an atomic
+    step, a recv's consumption with its record) never spans two; the fence token travels in the RunHandle."""
+
+    __slots__ = ()
+    releases = True
+
+    async def call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        return await in_pool(fn, *args, **kwargs)
+
+
+_POOLED = _PooledDriver()
+
+
 def _resolve(answer: asyncio.Future, value: Any) -> None:
     if not answer.done():
         answer.set_result(value)
@@ -175,16 +193,43 @@ def run_flow(ctx: AsyncDurableContext, flow, value: Any) -> Any:
     return driver.serve(_submit(flow.fn(ctx, value), context))
 
 
+async def run_here(ctx: AsyncDurableContext, flow, value: Any) -> Any:
+    """Runner.adrive's call of the flow: its coroutine awaited on this loop, its journal calls in the pool."""
+    _DRIVER.set(_POOLED)  # in the run's own task context (a copy): nothing else sees it
+    return await flow.fn(ctx, value)
+
+
+# How many runs sleep on the loop now (a short in-process wait of a run driven from it): stats() reports it.
+_napping = 0
+
+
+async def nap(seconds: float) -> None:
+    """An in-process wait of a run driven from the loop: slept here, holding no thread and no connection."""
+    global _napping
+    _napping += 1  # only ever touched on the loop: no lock
+    try:
+        await _sleep(seconds)
+    finally:
+        _napping -= 1
+
+
+_sleep = asyncio.sleep  # what nap awaits (a test holds sleepers at a gate by replacing it)
+
+
 def _blocking(coro: Coroutine) -> Any:
     """From the drive thread (a step's function): run `coro` on the loop in this thread's context and wait."""
     return _submit(coro, contextvars.copy_context()).result()
 
 
-async def _in_drive_thread(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+def _driver() -> _Driver | _PooledDriver:
     driver = _DRIVER.get()
     if driver is None:
         raise RuntimeError("an async flow's context was used outside the run that owns it")
-    return await driver.call(fn, *args, **kwargs)
+    return driver
+
+
+async def _in_drive_thread(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    return await _driver().call(fn, *args, **kwargs)
 
 
 class AsyncDurableContext(DurableContext):
@@ -215,10 +260,26 @@ class AsyncDurableContext(DurableContext):
                                       timeout=timeout, heartbeat_timeout=heartbeat_timeout)
 
     async def sleep(self, seconds: float) -> None:
-        return await _in_drive_thread(self._sync.sleep, seconds)
+        driver = _driver()
+        if not driver.releases:
+            return await driver.call(self._sync.sleep, seconds)
+        await self._sleep_until(now() + timedelta(seconds=check_seconds(seconds, "sleep")))
 
     async def sleep_until(self, when) -> None:
-        return await _in_drive_thread(self._sync.sleep_until, when)
+        driver = _driver()
+        if not driver.releases:
+            return await driver.call(self._sync.sleep_until, when)
+        await self._sleep_until(check_moment(when, "sleep_until"))
+
+    async def _sleep_until(self, due) -> None:
+        """DurableContext._sleep_until of a run driven from the loop: the records in the pool (the same ones),
+        the in-process part slept on the loop."""
+        pos, remaining = await _POOLED.call(self._sync._sleep_begin, due)
+        if pos is None:
+            return
+        if remaining > 0:
+            await nap(remaining)
+        self._sync._end_wait(pos, "$sleep")  # queued for the next write (no I/O), as in the sync sleep
 
     async def recv(self, topic: str, timeout: float | None = None) -> Any:
         return await _in_drive_thread(self._sync.recv, topic, timeout)
@@ -277,22 +338,39 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
         return _pool
 
 
+_busy = 0  # pool threads in a call now (stats())
+_busy_lock = threading.Lock()
+
+
+def stats() -> dict[str, int]:
+    """What the async side holds now: pool threads (alive, busy in a call) and runs sleeping on the loop."""
+    alive = sum(1 for thread in threading.enumerate() if thread.name.startswith("loom-adb"))
+    return {"pool_threads": alive, "pool_busy": _busy, "napping": _napping, "pool_size": pool_size()}
+
+
 def _pooled(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """`fn` as a request would run it: a pool thread keeps its Django connections between calls, so the stale
     ones are closed before and after (close_old_connections: CONN_MAX_AGE, CONN_HEALTH_CHECKS, a connection
     that errored), and after a failure that says the server could not be reached (a restart, a failover) every
     connection of the thread is closed: the next call on the thread connects afresh instead of failing on the
     dead session until the process restarts."""
-    close_old_connections()
+    global _busy
+    with _busy_lock:
+        _busy += 1
     try:
-        return fn(*args, **kwargs)
-    except Exception as exc:
-        if cannot_reach(exc):
-            for conn in connections.all(initialized_only=True):
-                conn.close()
-        raise
-    finally:
         close_old_connections()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if cannot_reach(exc):
+                for conn in connections.all(initialized_only=True):
+                    conn.close()
+            raise
+        finally:
+            close_old_connections()
+    finally:
+        with _busy_lock:
+            _busy -= 1
 
 
 async def in_pool(fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -302,17 +380,91 @@ async def in_pool(fn: Callable, *args: Any, **kwargs: Any) -> Any:
         _executor(), functools.partial(context.run, _pooled, fn, *args, **kwargs))
 
 
+# == runs driven from the loop ============================================================================
+class _Slot:
+    """Where Runner.drive leaves an async run for the awaitable face that called it (hand_back)."""
+
+    __slots__ = ("taken",)
+
+    def __init__(self):
+        self.taken: tuple | None = None
+
+
+_HAND_BACK: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar("loom_aio_hand_back", default=None)
+HANDED_BACK: Any = object()  # what Runner.drive returns for a run it handed back (only its face sees it)
+
+
+def hand_back(runner, flow, value: Any) -> bool:
+    """Runner.drive of an async flow inside astart/aresume's pool call: leave the run in the slot (with this
+    thread's context: its shard binding) for the face to drive from the loop; False anywhere else (a sync
+    call's run, a worker's: driven in the calling thread as before)."""
+    slot = _HAND_BACK.get()
+    if slot is None or slot.taken is not None:
+        return False
+    context = contextvars.copy_context()
+    context.run(_HAND_BACK.set, None)  # a start made inside the run (a sync step's) is the caller's own
+    slot.taken = (runner, flow, value, context)
+    return True
+
+
+def _with_slot(slot: _Slot, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    token = _HAND_BACK.set(slot)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _HAND_BACK.reset(token)
+
+
+_live: set[asyncio.Task] = set()  # runs driven on the loop (a strong reference: the loop keeps only weak ones)
+
+
+async def _driven(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`fn` (start, resume) in the pool; an async run it begins is driven on the process loop (Runner.adrive),
+    holding a pool thread only during each journal call. A caller that stops awaiting (a client gone) leaves
+    the run going on, as a caller's thread would."""
+    slot = _Slot()
+    outcome = await in_pool(_with_slot, slot, fn, *args, **kwargs)
+    if outcome is not HANDED_BACK:
+        return outcome
+    runner, flow, value, context = slot.taken
+    target = loop()
+
+    def begin() -> asyncio.Task:
+        task = target.create_task(runner.adrive(flow, value), context=context)
+        _live.add(task)
+        task.add_done_callback(_live.discard)
+        return task
+
+    if asyncio.get_running_loop() is target:  # a face awaited by flow code itself
+        return await asyncio.shield(begin())
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def settle(finished: asyncio.Task) -> None:
+        if finished.cancelled():
+            done.cancel()
+        elif finished.exception() is not None:
+            done.set_exception(finished.exception())
+        else:
+            done.set_result(finished.result())
+
+    target.call_soon_threadsafe(lambda: begin().add_done_callback(settle))
+    return await asyncio.shield(asyncio.wrap_future(done))
+
+
 async def astart(flow, input: Any, execution_id: str | None = None, meta: dict | None = None, **options: Any):
-    """`start()`, awaitable: the start (and the run, until it settles or parks) in a pool thread."""
+    """`start()`, awaitable. The start runs in a pool thread; an async flow's run then goes on from the loop,
+    each journal call in a pool thread, its short in-process waits slept on the loop (no thread held); a sync
+    flow's run stays in the pool thread until it settles or parks."""
     from journal.flows.runtime import start
 
-    return await in_pool(start, flow, input, execution_id, meta, **options)
+    return await _driven(start, flow, input, execution_id, meta, **options)
 
 
 async def aresume(execution_id: str, **options: Any):
+    """`resume()`, awaitable, as astart: an async flow's run is driven from the loop."""
     from journal.flows.runtime import resume
 
-    return await in_pool(resume, execution_id, **options)
+    return await _driven(resume, execution_id, **options)
 
 
 async def acancel(execution_id: str, reason: str = "cancelled"):

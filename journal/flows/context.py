@@ -439,18 +439,29 @@ class DurableContext(Context):
         self._sleep_until(check_moment(when, "sleep_until"))
 
     def _sleep_until(self, due: datetime) -> None:
+        pos, remaining = self._sleep_begin(due)
+        if pos is not None:
+            if remaining > 0:
+                time.sleep(remaining)
+            self._end_wait(pos, "$sleep")
+
+    def _sleep_begin(self, due: datetime) -> tuple[int | None, float]:
+        """A sleep up to its in-process part: (its position, the seconds left to sleep here, 0 for none), or
+        (None, 0) when the log says it ended. A long one parks (Park); a short one is flushed first (its
+        WAIT_STARTED is durable before the sleep). Split so that an async flow driven from the loop sleeps
+        the seconds there (journal/flows/aio.py), not in a thread."""
         name = "$sleep"
         pos, recorded = self._position(name)
         if recorded is not None and recorded[1] == COMPLETED:
-            return
+            return None, 0.0
         due, woken = self._begin_wait(pos, name, "sleep", recorded, due)
         remaining = (due - now()).total_seconds()
-        if not woken and remaining > 0:
-            if remaining >= inline_max():
-                raise Park(WaitSpec("sleep", pos, self._runner.cap(due)))
-            self._runner.flush()
-            time.sleep(remaining)
-        self._end_wait(pos, name)
+        if woken or remaining <= 0:
+            return pos, 0.0
+        if remaining >= inline_max():
+            raise Park(WaitSpec("sleep", pos, self._runner.cap(due)))
+        self._runner.flush()
+        return pos, remaining
 
     def recv(self, topic: str, timeout: float | None = None) -> Any:
         """The payload of the next message sent to this execution on `topic`, consumed exactly once

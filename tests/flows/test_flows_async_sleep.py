@@ -1,0 +1,217 @@
+"""An async flow driven from the loop (astart, aresume) holds no thread and no connection while it sleeps in-process
+(a sleep shorter than LOOM_WAIT_INLINE_MAX): 50 of them asleep at once leave the pool idle, the other async faces
+and another astart get a pool thread meanwhile, and each completes with the events a thread-driven run writes
+(2n + 2), its steps run once. A cancel or a forget during such a sleep, and a SIGKILL of the process that drives
+them (recovered by a worker), keep the sync runtime's rules. SQLite and PostgreSQL (transactional tests: the pool's
+threads have sessions of their own).
+
+The sleeps are held at a gate (aio._sleep replaced) so that the counts are taken while every run is asleep, with no
+timing in the test; the threads, pool calls and sessions counted are the real ones."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import gc
+import threading
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connection
+
+from journal.flows import aio, describe
+from journal.flows import ownership as own
+from journal.flows.aio import acancel, adescribe, aget_event, astart
+from journal.models import Event, Execution
+from journal.privacy import keys
+from tests import mode_flows as mf  # noqa: F401 (registers the flows)
+from tests import privacy_fixtures as pf
+from tests.conftest import effect_rows
+from tests.flows import async_sleep_flows  # noqa: F401 (registers the flows)
+from tests.privacy.test_privacy import raw_rows
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+POOL = 4
+RUNS = 50
+
+
+@pytest.fixture(autouse=True)
+def _flows(settings, effects, tmp_path):
+    settings.LOOM_FLOW_MODULES = ["tests.mode_flows", "tests.privacy_fixtures", "tests.flows.async_sleep_flows"]
+    settings.LOOM_WAIT_INLINE_MAX = 30.0  # the 5 s sleeps below are in-process: they do not park
+    settings.LOOM_WAIT_POLL = 0.05
+    settings.LOOM_ASYNC_DB_THREADS = POOL
+    settings.LOOM_KEYS = [pf.KEY_A]
+    settings.LOOM_CONTENT_DIR = str(tmp_path / "content")
+    keys.cache.clear()
+    installed = own.get_ownership()
+    own.set_ownership(None)
+    yield
+    own.set_ownership(installed)
+    keys.cache.clear()
+
+
+class Gate:
+    """Holds every in-process sleep of a loop-driven run until opened (what aio.nap awaits)."""
+
+    def __init__(self):
+        self.event: asyncio.Event | None = None
+        self.opened = False
+
+    async def sleep(self, seconds: float) -> None:
+        if self.event is None:
+            self.event = asyncio.Event()  # on the process loop, where every nap runs
+        if not self.opened:
+            await self.event.wait()
+
+    def open(self) -> None:
+        def release() -> None:
+            self.opened = True
+            if self.event is not None:
+                self.event.set()
+
+        aio.loop().call_soon_threadsafe(release)
+
+
+@pytest.fixture
+def gate(monkeypatch) -> Gate:
+    held = Gate()
+    monkeypatch.setattr(aio, "_sleep", held.sleep)
+    yield held
+    held.open()
+
+
+def sessions() -> int:
+    """Database sessions open now: this process's open Django connections, in every thread (SQLite's file handles
+    would over-count: it keeps a closed connection's descriptor while another holds a lock), and on PostgreSQL
+    the server's own count of sessions on the test database, whichever is larger."""
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    here = sum(1 for each in gc.get_objects() if isinstance(each, BaseDatabaseWrapper) and each.connection is not None)
+    if connection.vendor != "postgresql":
+        return here
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return max(here, cursor.fetchone()[0])
+
+
+async def until(predicate, what: str) -> None:
+    """Wait (on the loop) until `predicate()`; a failure after a generous bound says what never happened."""
+    for _ in range(6000):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"never: {what} ({aio.stats()})")
+
+
+def loop_threads() -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name.startswith(("loom-adb", "loom-aio")))
+
+
+def test_fifty_async_runs_in_a_short_sleep_hold_no_thread_and_no_session_and_each_completes_once(gate):
+    ids = [f"as-{i:02d}" for i in range(RUNS)]
+
+    async def scenario():
+        warm = await astart("modes.async.chain", {"n": 1}, "as-warm")  # the loop and the pool exist from here
+        assert warm.status == "completed"
+        threads_before, sessions_before = threading.active_count(), await sync_to_async(sessions)()
+        runs = [asyncio.ensure_future(astart("modes.async.sleeper", {"seconds": 5}, eid)) for eid in ids]
+        await until(lambda: aio.stats()["napping"] == RUNS, f"all {RUNS} runs asleep")
+        held = aio.stats()
+        threads_asleep, sessions_asleep = threading.active_count(), await sync_to_async(sessions)()
+        assert held["pool_busy"] == 0 and held["pool_threads"] <= POOL  # no pool thread is held by a sleeper
+        assert threads_asleep - threads_before <= POOL  # 50 runs asleep: at most the pool's threads more
+        assert sessions_asleep - sessions_before <= POOL  # ... and no session per sleeper
+        assert loop_threads() <= POOL + 1
+        assert not any(run.done() for run in runs)
+        # The other faces get a pool thread while the 50 sleep: a sync call's face, an event wait, another start.
+        assert (await adescribe(ids[0]))["status"] == "running"
+        assert await aget_event(ids[0], "nothing", timeout=0.1, default="d") == "d"
+        other = await astart("modes.async.chain", {"n": 2}, "as-other")
+        assert (other.status, other.result) == ("completed", 0 + 1)
+        assert (await sync_to_async(describe)(ids[1]))["status"] == "running"  # the sync face, in the test thread
+        gate.open()
+        return await asyncio.gather(*runs)
+
+    outcomes = async_to_sync(scenario)()
+    assert {(out.status, out.result) for out in outcomes} == {("completed", "after")}
+    for eid in ids:
+        assert len(Event.objects.read(eid)) == 2 * 3 + 2  # two steps and the sleep: 2n + 2
+    counts = collections.Counter(effect_rows())
+    assert counts == {(eid, step): 1 for eid in ids for step in ("before", "after")}
+    assert Execution.objects.filter(pk__in=ids, status="completed").count() == RUNS
+
+
+VOLATILE = {"ms", "due_at", "deadline", "at", "started_at"}
+
+
+def _events(execution_id: str) -> list[tuple[str, dict]]:
+    return [(e.type, {k: v for k, v in e.payload.items() if k not in VOLATILE})
+            for e in Event.objects.read(execution_id)]
+
+
+def test_a_loop_driven_run_writes_the_events_a_thread_driven_run_writes():
+    from journal.flows import start
+
+    threaded = start("modes.async.sleeper", {"seconds": 0.01}, execution_id="ae-thread")  # this thread drives it
+    looped = async_to_sync(astart)("modes.async.sleeper", {"seconds": 0.01}, "ae-loop")
+    assert (threaded.status, threaded.result) == (looped.status, looped.result) == ("completed", "after")
+    assert _events("ae-thread") == _events("ae-loop")
+    assert [e.type for e in Event.objects.read("ae-loop")][3:5] == ["WAIT_STARTED", "STEP_COMPLETED"]
+    assert Execution.objects.get(pk="ae-loop").status == "completed"
+
+
+def test_a_resume_before_a_scheduled_start_is_due_sleeps_the_rest_on_the_loop(gate):
+    from journal.flows import start
+
+    assert start("modes.async.chain", {"n": 2}, execution_id="ast-1", delay=3).status == "waiting"  # scheduled
+
+    async def scenario():
+        run = asyncio.ensure_future(aio.aresume("ast-1"))  # early: the 3 s left are under LOOM_WAIT_INLINE_MAX
+        await until(lambda: aio.stats()["napping"] == 1, "the resumed run asleep until its start time")
+        held = aio.stats()
+        gate.open()
+        return held, await run
+
+    held, out = async_to_sync(scenario)()
+    assert held["pool_busy"] == 0
+    assert (out.status, out.result) == ("completed", 1)
+    assert len(Event.objects.read("ast-1")) == 2 * 2 + 2
+
+
+def test_a_cancel_during_a_short_async_sleep_stops_the_run_before_its_next_step(gate):
+    async def scenario():
+        run = asyncio.ensure_future(astart("modes.async.sleeper", {"seconds": 5}, "acn-1"))
+        await until(lambda: aio.stats()["napping"] == 1, "the run asleep")
+        cancelled = await acancel("acn-1", "operator")
+        assert cancelled.status == "cancelled"
+        gate.open()
+        return await run
+
+    out = async_to_sync(scenario)()
+    assert (out.status, out.error) == ("cancelled", "operator")
+    assert effect_rows() == [("acn-1", "before")]  # the step after the sleep never ran
+    types = [e.type for e in Event.objects.read("acn-1")]
+    assert types[-1] == "EXECUTION_CANCELLED" and types.count("STEP_STARTED") == 1
+    assert Execution.objects.get(pk="acn-1").status == "cancelled"
+
+
+def test_a_forget_during_a_short_async_sleep_leaves_no_clear_value_behind(gate):
+    from journal.privacy import forget
+    from journal.privacy.codec import FORGOTTEN
+
+    async def scenario():
+        run = asyncio.ensure_future(astart("asleep.marked", {"customer_id": "af-s", "email": "nap@example.org"},
+                                           "afg-1"))
+        await until(lambda: aio.stats()["napping"] == 1, "the run asleep")
+        await sync_to_async(forget)("af-s", by="dpo@example.org")
+        gate.open()
+        return await run
+
+    out = async_to_sync(scenario)()
+    assert out.status in ("completed", "failed")  # as the sync runtime settles a run whose subject went mid-run
+    assert "nap@example.org" not in raw_rows()
+    info = describe("afg-1")
+    assert info["input"]["email"] == FORGOTTEN
+    assert "nap@example.org" not in repr(info)
