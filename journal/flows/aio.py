@@ -221,6 +221,15 @@ def _blocking(coro: Coroutine) -> Any:
     return _submit(coro, contextvars.copy_context()).result()
 
 
+def _advance(naps) -> tuple[bool, Any]:
+    """One segment of a generator of in-process waits (DurableContext.step_naps), in a pool thread: (False, the
+    seconds to sleep) or (True, its return value). A StopIteration cannot cross a future: it is unpacked here."""
+    try:
+        return False, next(naps)
+    except StopIteration as done:
+        return True, done.value
+
+
 def _driver() -> _Driver | _PooledDriver:
     driver = _DRIVER.get()
     if driver is None:
@@ -256,8 +265,17 @@ class AsyncDurableContext(DurableContext):
             def fn(*call_args: Any) -> Any:  # in the drive thread, inside interrupt.running: ctx.cancelled() works
                 return _blocking(coroutine_fn(*call_args))
 
-        return await _in_drive_thread(self._sync.step, name, fn, *args, retry=retry, atomic=atomic,
-                                      timeout=timeout, heartbeat_timeout=heartbeat_timeout)
+        driver = _driver()
+        if not driver.releases:
+            return await driver.call(self._sync.step, name, fn, *args, retry=retry, atomic=atomic, timeout=timeout,
+                                     heartbeat_timeout=heartbeat_timeout)
+        # Driven from the loop: the step's records and its function in the pool, a short retry backoff on the loop.
+        naps = self._sync.step_naps(name, fn, args, retry, atomic, timeout, heartbeat_timeout)
+        while True:
+            finished, value = await _POOLED.call(_advance, naps)
+            if finished:
+                return value
+            await nap(value)
 
     async def sleep(self, seconds: float) -> None:
         driver = _driver()

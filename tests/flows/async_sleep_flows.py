@@ -1,23 +1,10 @@
-"""Async flows that sleep in-process (tests/flows/test_flows_async_sleep.py; importable by a child process)."""
+"""Async flows that sleep in-process (tests/flows/test_flows_async_sleep.py and a worker process of
+tests/flows/test_flows_async_processes.py: no marked field here, so a worker needs no LOOM_KEYS)."""
 
 from __future__ import annotations
 
 from journal.flows import flow
-from tests import privacy_fixtures as pf
 from tests.edge_waits_flows import record
-
-
-@flow("asleep.marked", input_model=pf.Signup)
-async def marked(ctx, value: pf.Signup):
-    """A marked input and a marked step result on both sides of a short sleep."""
-
-    async def greet() -> dict:
-        return {"customer_id": value.customer_id, "text": f"hi {value.email}"}
-
-    await ctx.step("privacy.greet", greet)
-    await ctx.sleep(5)
-    again = await ctx.step("privacy.greet", greet)
-    return {"greeted": bool(again["text"])}
 
 
 @flow("asleep.edge")
