@@ -295,9 +295,10 @@ class Runner:
         ctx = aio.AsyncDurableContext(self, self.state, flow.retry)
         try:
             try:
-                pause = await aio.in_pool(self.start_pause)
-                if pause > 0:
-                    await aio.nap(pause)
+                if self.state.meta.get("$start_at"):  # else start_pause decides nothing: no pool call for it
+                    pause = await aio.in_pool(self.start_pause)
+                    if pause > 0:
+                        await aio.nap(pause)
                 result = await aio.run_here(ctx, flow, value)
                 self.returned(ctx, flow, result)
             except BaseException as exc:
@@ -306,7 +307,8 @@ class Runner:
         except Halt as halt:
             return await aio.in_pool(self.halted, halt)
         finally:
-            await aio.in_pool(self.let_claim_go)
+            if self.claim is not None:  # a claim may touch its lease row: in the pool
+                await aio.in_pool(self.let_claim_go)
 
     # -- the settle decisions of a run, shared by _drive and adrive --
     def returned(self, ctx: DurableContext, flow: Flow, result: Any) -> None:
