@@ -123,7 +123,10 @@ def sessions() -> int:
     the server's own count of sessions on the test database, whichever is larger."""
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    here = sum(1 for each in gc.get_objects() if isinstance(each, BaseDatabaseWrapper) and each.connection is not None)
+    # type(), not isinstance(): isinstance would evaluate every lazy object on the heap (a test client's lazy
+    # resolver match of an earlier test among them).
+    here = sum(1 for each in gc.get_objects()
+               if issubclass(type(each), BaseDatabaseWrapper) and each.connection is not None)
     if connection.vendor != "postgresql":
         return here
     with connection.cursor() as cursor:
