@@ -29,6 +29,8 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 
 from journal.flows import flow
+from journal.flows.aio import astart
+from journal.flows.runtime import start as start_flow
 
 FLOW = "bench.async_waiters.publisher"
 SLEEPER = "bench.async_waiters.sleeper"
@@ -176,8 +178,6 @@ def sleepers(async_runs: int = 500, sync_runs: int = 50, seconds: float = 2.0) -
 
 
 def _sleepers_async(runs: int, seconds: float) -> dict:
-    from journal.flows.aio import astart
-
     base, peak, stop = _baseline(), {"threads": 0, "sessions": 0}, threading.Event()
     watcher = threading.Thread(target=_watch, args=(peak, stop), daemon=True)
     watcher.start()
@@ -198,8 +198,6 @@ def _sleepers_async(runs: int, seconds: float) -> dict:
 
 
 def _sleepers_sync(runs: int, seconds: float) -> dict:
-    from journal.flows import start
-
     base, peak, stop = _baseline(), {"threads": 0, "sessions": 0}, threading.Event()
     watcher = threading.Thread(target=_watch, args=(peak, stop), daemon=True)
     watcher.start()
@@ -209,7 +207,7 @@ def _sleepers_sync(runs: int, seconds: float) -> dict:
     def one() -> None:
         try:
             began = time.monotonic()
-            out = start(SLEEPER, {"seconds": seconds})
+            out = start_flow(SLEEPER, {"seconds": seconds})
             assert out.status == "completed", out
             with lock:
                 late.append(time.monotonic() - began - seconds)

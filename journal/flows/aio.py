@@ -4,31 +4,43 @@
     async def ship(ctx, order):
         label = await ctx.step("label", fetch_label, order["id"])   # a coroutine function, awaited
         await ctx.sleep(30)                                           # parks like a sync sleep
+        await ctx.sleep(0.5)                                          # under astart: slept on the loop
         return await ctx.step("notify", send_mail, label)            # a plain function: a thread runs it
 
-How it runs (docs/flows.md "Async flows"). The journal is the sync one, unchanged: an async flow's run is
-driven by `Runner.drive` (journal/flows/runtime.py) in a DRIVE THREAD: the thread that called start/resume
-(a worker's waker, recovery or queue thread, or a caller's), or, for the awaitable faces below, a thread of
-this module's bounded pool. Only the flow's own code runs as a coroutine, on this process's event loop (one
-daemon thread, `loop()`); every journal call it makes (a step's records, a wait's, a message's consumption)
-is sent back to its drive thread and awaited there. So
+How it runs (docs/flows.md "Async flows"). The journal is the sync one, unchanged. Only the flow's own code runs as
+a coroutine, on this process's event loop (one daemon thread, `loop()`); every journal call it makes (a step's
+records, a wait's, a message's consumption) runs sync code in a thread, in one of two ways:
 
-- Django's async-safety holds: no database access ever happens on the event loop; the drive thread is
-  a plain sync thread with the connection it had (a test's transaction, a worker thread's connection, its
-  shard binding: the coroutine runs in a copy of the drive thread's context);
+- THREAD-DRIVEN (a sync start/resume/retry: a worker's waker, recovery or queue thread, a test, a caller's thread):
+  `Runner.drive` runs in that DRIVE THREAD and serves the coroutine's calls (`_Driver`) until the run settles or
+  parks. The thread and its connection are the run's throughout (a test's transaction works); a short in-process
+  wait (under LOOM_WAIT_INLINE_MAX) sleeps in it.
+- LOOP-DRIVEN (`astart`, `aresume`): the start runs in a thread of this module's bounded pool; `Runner.drive` hands
+  the async run back (`hand_back`) and the face drives it on the loop (`Runner.adrive`, the same decisions), each
+  journal call in whichever pool thread is free (`_PooledDriver`). Between calls no thread is the run's, so a
+  short sleep, the rest of a scheduled start's delay and a step's retry backoff are slept on the loop (`nap`),
+  holding no thread and no connection. A call is whole in one thread: no transaction spans two; the fence token
+  travels in the run's handle, so a cancel or takeover meanwhile is refused at the run's next write, as ever.
+
+Either way
+- Django's async-safety holds: no database access ever happens on the event loop; the coroutine runs in a copy of
+  the driver's context (its shard binding);
 - the events are the sync runtime's, byte for byte (2n+2 for n steps), with the same exactly-once and
   recovery rules: a resume of an async execution on any worker replays it like a sync one;
-- a coroutine step runs on the loop while its drive thread waits; a sync step function runs in the drive
-  thread (never on the loop); `atomic=True` needs a sync function (its effects and its record commit in one
-  transaction of the drive thread's connection; a coroutine's database work would run elsewhere).
+- a coroutine step runs on the loop while its (drive or pool) thread waits for it; a sync step function runs in
+  that thread (never on the loop); `atomic=True` needs a sync function (its effects and its record commit in one
+  transaction of that thread's connection; a coroutine's database work would run elsewhere).
 
-Costs, stated: a RUNNING async execution holds its drive thread (idle while its coroutine awaits) and that
-thread's connection, as a sync one does; a WAITING one holds none (waits of LOOM_WAIT_INLINE_MAX or longer
-park, as in a sync flow). The awaitable faces (`astart`, `aresume`, `acancel`, `asend`, `adescribe`) run the
+Costs, stated: a RUNNING thread-driven execution holds its drive thread (idle while its coroutine awaits, asleep in
+a short wait), as a sync one does; a loop-driven one holds a pool thread only during each journal call (and while a
+step's function runs), so a burst of them is served at the pool's pace; a WAITING one holds none (waits of
+LOOM_WAIT_INLINE_MAX or longer park, as in a sync flow). Workers drive async flows thread-driven (not built: a
+worker's runs on its loop). The awaitable faces (`astart`, `aresume`, `acancel`, `asend`, `adescribe`) run the
 sync call in a thread of a pool of LOOM_ASYNC_DB_THREADS threads (one connection each at most, counted by
 leases/budget.py), so an async view never touches the database on its loop; `aget_event` holds NO thread while
 it waits: it reads in the pool and sleeps on the loop, woken by the process's one shared LISTEN session on
-PostgreSQL (journal/flows/event_listener.py) or by its poll of LOOM_WAIT_POLL on SQLite.
+PostgreSQL (journal/flows/event_listener.py) or by its poll of LOOM_WAIT_POLL on SQLite. `stats()` counts what is
+held now.
 
 Why a dedicated pool and not `sync_to_async(thread_sensitive=True)`: under Django's ASGI handler each request
 has a thread-sensitive context of its own, so 1,000 waiting callers would hold 1,000 threads and connections;
