@@ -293,6 +293,7 @@ class Runner:
         each journal call in a thread of aio's pool, so nothing holds a thread between them: an in-process
         wait (a short sleep, a short scheduled start) is slept on the loop."""
         ctx = aio.AsyncDurableContext(self, self.state, flow.retry)
+        telemetry.count_run(self, flow)  # no span: traced_run's span state is a thread's, this run has none
         try:
             try:
                 if self.state.meta.get("$start_at"):  # else start_pause decides nothing: no pool call for it
