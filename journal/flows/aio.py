@@ -363,6 +363,8 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
     global _pool, _pool_pid
     with _loop_lock:
         if _pool is None or _pool_pid != os.getpid() or _pool._max_workers != pool_size():
+            if _pool is not None and _pool_pid == os.getpid():
+                _pool.shutdown(wait=False)  # a resized pool: the old one's threads end once their calls did
             _pool = concurrent.futures.ThreadPoolExecutor(max_workers=pool_size(), thread_name_prefix="loom-adb")
             _pool_pid = os.getpid()
         return _pool
