@@ -27,13 +27,15 @@ Either way
   the driver's context (its shard binding);
 - the events are the sync runtime's, byte for byte (2n+2 for n steps), with the same exactly-once and
   recovery rules: a resume of an async execution on any worker replays it like a sync one;
-- a coroutine step runs on the loop while its (drive or pool) thread waits for it; a sync step function runs in
-  that thread (never on the loop); `atomic=True` needs a sync function (its effects and its record commit in one
+- a coroutine step runs on the loop: thread-driven while its drive thread waits for it, loop-driven with no thread
+  waiting (`DurableContext.step_naps(awaits=True)` yields the call; its segments and the coroutine share one
+  context, so ctx.cancelled() finds the step); a sync step function runs in the drive or a pool thread (never on
+  the loop); `atomic=True` needs a sync function (its effects and its record commit in one
   transaction of that thread's connection; a coroutine's database work would run elsewhere).
 
 Costs, stated: a RUNNING thread-driven execution holds its drive thread (idle while its coroutine awaits, asleep in
 a short wait), as a sync one does; a loop-driven one holds a pool thread only during each journal call (and while a
-step's function runs), so a burst of them is served at the pool's pace; a WAITING one holds none (waits of
+step's sync function runs), so a burst of them is served at the pool's pace; a WAITING one holds none (waits of
 LOOM_WAIT_INLINE_MAX or longer park, as in a sync flow). Workers drive async flows thread-driven (not built: a
 worker's runs on its loop). The awaitable faces (`astart`, `aresume`, `acancel`, `asend`, `adescribe`) run the
 sync call in a thread of a pool of LOOM_ASYNC_DB_THREADS threads (one connection each at most, counted by
@@ -67,7 +69,7 @@ from typing import Any
 from django.db import close_old_connections, connections
 
 from journal import conf
-from journal.flows.context import DurableContext, check_moment, check_seconds, now
+from journal.flows.context import Awaited, DurableContext, check_moment, check_seconds, now
 from journal.flows.errors import InvalidInput
 from journal.reach import cannot_reach
 
@@ -233,13 +235,19 @@ def _blocking(coro: Coroutine) -> Any:
     return _submit(coro, contextvars.copy_context()).result()
 
 
-def _advance(naps) -> tuple[bool, Any]:
-    """One segment of a generator of in-process waits (DurableContext.step_naps), in a pool thread: (False, the
-    seconds to sleep) or (True, its return value). A StopIteration cannot cross a future: it is unpacked here."""
+def _advance(naps, value: Any = None, exc: BaseException | None = None) -> tuple[bool, Any]:
+    """One segment of a generator of in-process waits (DurableContext.step_naps), in a pool thread, sent `value`
+    or thrown `exc` (what the loop awaited for it): (False, what it yields next) or (True, its return value).
+    A StopIteration cannot cross a future: it is unpacked here."""
     try:
-        return False, next(naps)
+        return False, (naps.throw(exc) if exc is not None else naps.send(value))
     except StopIteration as done:
         return True, done.value
+
+
+async def _on_loop(coro: Coroutine, context: contextvars.Context) -> Any:
+    """`coro` as a task of its own in `context` (the step's: ctx.cancelled() and heartbeat() find the step)."""
+    return await asyncio.get_running_loop().create_task(coro, context=context)
 
 
 def _driver() -> _Driver | _PooledDriver:
@@ -267,26 +275,38 @@ class AsyncDurableContext(DurableContext):
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any, retry=None, atomic: bool = False,
                    timeout: float | None = None, heartbeat_timeout: float | None = None) -> Any:
-        if is_async(fn):
-            if atomic:
-                raise InvalidInput(f"step {name!r}: atomic=True needs a sync function (its database effects "
-                                   f"commit with its record in the drive thread's transaction); got a coroutine "
-                                   f"function")
-            coroutine_fn = fn
-
-            def fn(*call_args: Any) -> Any:  # in the drive thread, inside interrupt.running: ctx.cancelled() works
-                return _blocking(coroutine_fn(*call_args))
-
+        coroutine = is_async(fn)
+        if coroutine and atomic:
+            raise InvalidInput(f"step {name!r}: atomic=True needs a sync function (its database effects commit with "
+                               f"its record in the drive thread's transaction); got a coroutine function")
         driver = _driver()
         if not driver.releases:
-            return await driver.call(self._sync.step, name, fn, *args, retry=retry, atomic=atomic, timeout=timeout,
+            call = fn
+            if coroutine:
+                def call(*call_args: Any) -> Any:  # in the drive thread, inside interrupt.running: ctx.cancelled()
+                    return _blocking(fn(*call_args))
+
+            return await driver.call(self._sync.step, name, call, *args, retry=retry, atomic=atomic, timeout=timeout,
                                      heartbeat_timeout=heartbeat_timeout)
-        # Driven from the loop: the step's records and its function in the pool, a short retry backoff on the loop.
-        naps = self._sync.step_naps(name, fn, args, retry, atomic, timeout, heartbeat_timeout)
+        # Driven from the loop: the step's records in the pool, a short retry backoff slept on the loop, a coroutine
+        # function awaited on the loop (no pool thread held while it runs), a sync one called in the pool. Every
+        # segment runs in ONE context of its own (`step_context`, entered by one thread at a time, then by the
+        # coroutine's task): the running step interrupt.running sets in one segment is the one the coroutine
+        # (ctx.cancelled(), heartbeat()) and the next segment (its reset) see.
+        naps = self._sync.step_naps(name, fn, args, retry, atomic, timeout, heartbeat_timeout, awaits=coroutine)
+        step_context = contextvars.copy_context()
+        sent: tuple[Any, BaseException | None] = (None, None)
         while True:
-            finished, value = await _POOLED.call(_advance, naps)
+            finished, value = await in_context(step_context, _advance, naps, *sent)
             if finished:
                 return value
+            if isinstance(value, Awaited):
+                try:
+                    sent = (await _on_loop(value.fn(*value.args), step_context), None)
+                except BaseException as exc:  # a failed attempt: thrown back, the step's own code records it
+                    sent = (None, exc)
+                continue
+            sent = (None, None)
             await nap(value)
 
     async def sleep(self, seconds: float) -> None:
@@ -407,7 +427,11 @@ def _pooled(fn: Callable, *args: Any, **kwargs: Any) -> Any:
 
 async def in_pool(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)` in a thread of the bounded pool (in a copy of the caller's context), awaited."""
-    context = contextvars.copy_context()
+    return await in_context(contextvars.copy_context(), fn, *args, **kwargs)
+
+
+async def in_context(context: contextvars.Context, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` in a thread of the bounded pool, in `context` (nobody else may be in it meanwhile)."""
     return await asyncio.get_running_loop().run_in_executor(
         _executor(), functools.partial(context.run, _pooled, fn, *args, **kwargs))
 

@@ -202,6 +202,14 @@ def inline_max() -> float:
     return conf.get("LOOM_WAIT_INLINE_MAX")
 
 
+@dataclass(frozen=True, slots=True)
+class Awaited:
+    """What step_naps(awaits=True) yields for the call of a step's function: the loop calls and awaits it."""
+
+    fn: Callable[..., Any]
+    args: tuple
+
+
 def slept(naps: Generator[float, None, Any]) -> Any:
     """Run a generator that yields in-process waits (seconds), sleeping each in this thread; its return value."""
     while True:
@@ -306,10 +314,13 @@ class DurableContext(Context):
         return slept(self.step_naps(name, fn, args, retry, atomic, timeout, heartbeat_timeout))
 
     def step_naps(self, name: str, fn: Callable[..., Any], args: tuple, retry: RetryPolicy | None, atomic: bool,
-                  timeout: float | None, heartbeat_timeout: float | None) -> Generator[float, None, Any]:
+                  timeout: float | None, heartbeat_timeout: float | None,
+                  awaits: bool = False) -> Generator[Any, Any, Any]:
         """`step` as a generator that yields each in-process wait (a short retry backoff, in seconds) instead of
         sleeping it, and returns the step's result: `step` sleeps them in its thread (slept); an async flow
-        driven from the loop sleeps them there (journal/flows/aio.py), holding no thread meanwhile."""
+        driven from the loop sleeps them there (journal/flows/aio.py), holding no thread meanwhile. `awaits`
+        (that async flow, a non-atomic step): the call of `fn` is yielded too, as Awaited(fn, args), and its
+        result (or exception) is sent back: the loop awaits a coroutine function there."""
         runner = self._runner
         if timeout is not None:
             timeout = check_seconds(timeout, f"timeout of step {name!r}")
@@ -352,8 +363,12 @@ class DurableContext(Context):
             try:
                 with interrupt.running(self.execution_id, name, pos, attempt, runner.claim, timeout,
                                        heartbeat_timeout):
-                    result = (runner.atomic_step(name, pos, attempt, began, fn, args, timeout) if atomic
-                              else fn(*args))
+                    if atomic:
+                        result = runner.atomic_step(name, pos, attempt, began, fn, args, timeout)
+                    elif awaits:
+                        result = yield Awaited(fn, args)
+                    else:
+                        result = fn(*args)
                 if not atomic:
                     problem = _jsonable(result)
                     if problem is not None:

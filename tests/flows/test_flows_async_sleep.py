@@ -24,7 +24,7 @@ from journal.flows import ownership as own
 from journal.flows.aio import acancel, adescribe, aget_event, astart
 from journal.models import Event, Execution
 from journal.privacy import keys
-from tests import mode_flows as mf  # noqa: F401 (registers the flows)
+from tests import mode_flows as mf  # (registers the flows too)
 from tests import privacy_fixtures as pf
 from tests.conftest import effect_rows
 from tests.flows import async_sleep_flows  # noqa: F401 (registers the flows)
@@ -65,6 +65,22 @@ async def backoff(ctx, value):
 @flow("asleep.backoff_short", retry=RetryPolicy(attempts=2, backoff=0.01))
 async def backoff_short(ctx, value):
     return await ctx.step("flaky", _fails_once, ctx.execution_id)
+
+
+IO_GATE = None  # set by a test: the Gate that the coroutine step below awaits (an I/O call in flight)
+in_io: list[str] = []
+
+
+@flow("asleep.io")
+async def io(ctx, value):
+    """One coroutine step that awaits I/O (the test's gate) and returns."""
+
+    async def call() -> str:
+        in_io.append(ctx.execution_id)
+        await IO_GATE.sleep(0)
+        return "answered"
+
+    return await ctx.step("call", call)
 
 
 POOL = 4
@@ -286,3 +302,40 @@ def test_a_retried_step_writes_the_same_events_driven_from_the_loop_or_a_thread(
     strip = {"error", "traceback"}  # they name the execution
     assert ([(t, {k: v for k, v in p.items() if k not in strip}) for t, p in _events("abs-thread")]
             == [(t, {k: v for k, v in p.items() if k not in strip}) for t, p in _events("abs-loop")])
+
+
+def test_fifty_loop_driven_runs_in_a_coroutine_step_hold_no_pool_thread_and_each_step_runs_once():
+    global IO_GATE
+    IO_GATE = Gate()
+    in_io.clear()
+    ids = [f"aio-{i:02d}" for i in range(RUNS)]
+
+    async def scenario():
+        runs = [asyncio.ensure_future(astart("asleep.io", {}, eid)) for eid in ids]
+        await until(lambda: len(in_io) == RUNS, f"all {RUNS} runs in their step")
+        held = aio.stats()
+        assert (await adescribe(ids[0]))["status"] == "running"  # the faces are served meanwhile
+        IO_GATE.open()
+        return held, await asyncio.gather(*runs)
+
+    try:
+        held, outcomes = async_to_sync(scenario)()
+    finally:
+        IO_GATE.open()
+    assert held["pool_busy"] == 0  # 50 coroutine steps in flight: none holds a pool thread
+    assert {(out.status, out.result) for out in outcomes} == {("completed", "answered")}
+    assert sorted(in_io) == ids  # each step's function ran once
+    for eid in ids:
+        assert [e.type for e in Event.objects.read(eid)] == ["EXECUTION_STARTED", "STEP_STARTED", "STEP_COMPLETED",
+                                                            "EXECUTION_COMPLETED"]
+
+
+def test_a_loop_driven_coroutine_step_past_its_timeout_is_told_and_fails_as_a_thread_driven_one():
+    from journal.flows import start
+
+    mf.TOLD.clear()
+    threaded = start("modes.async.told", {}, execution_id="atl-thread")
+    looped = async_to_sync(astart)("modes.async.told", {}, "atl-loop")
+    assert threaded.status == looped.status == "failed" and "deadline exceeded" in looped.error
+    assert sorted(mf.TOLD) == ["atl-loop", "atl-thread"]  # ctx.cancelled() turned True inside either
+    assert [t for t, _ in _events("atl-thread")] == [t for t, _ in _events("atl-loop")]
