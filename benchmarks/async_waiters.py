@@ -8,6 +8,14 @@ variant: waiters, the most threads this process had and the most database sessio
 they waited (pg_stat_activity on PostgreSQL), and the wake-up p50/p99. The sync variant runs fewer waiters: each
 holds a thread AND that thread's session, and 1,000 would pass the server's max_connections (100 here) — which
 is the finding. docs/benchmarks.md "Waiting callers" records a run.
+
+    python manage.py shell -c "from benchmarks.async_waiters import sleepers; sleepers(500, 50, 2.0)"
+
+Short sleepers: N async flows started with `astart`, each sleeping `seconds` in-process (under
+LOOM_WAIT_INLINE_MAX, so it does not park) between two steps, against N threads each running the same flow with the
+sync `start` (its drive thread holds the sleep, as every async run did before issue 34's loop-driven runs). Reported:
+threads and sessions held above the baseline while they sleep, and each run's time beyond its sleep (p50/p99).
+docs/benchmarks.md "Short sleepers" records a run.
 """
 
 from __future__ import annotations
@@ -21,8 +29,11 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 
 from journal.flows import flow
+from journal.flows.aio import astart
+from journal.flows.runtime import start as start_flow
 
 FLOW = "bench.async_waiters.publisher"
+SLEEPER = "bench.async_waiters.sleeper"
 
 
 @flow(FLOW)
@@ -30,6 +41,17 @@ def publisher(ctx, value):
     ctx.recv("go")
     ctx.set_event("ready", time.time())  # just before the commit: a wake-up is measured from here
     return "published"
+
+
+async def _tick(value):
+    return value
+
+
+@flow(SLEEPER)
+async def sleeper(ctx, value):
+    await ctx.step("before", _tick, 1)
+    await ctx.sleep(value["seconds"])  # in-process: shorter than LOOM_WAIT_INLINE_MAX
+    return await ctx.step("after", _tick, 2)
 
 
 async def _all_waiting(waiters: int) -> None:
@@ -145,3 +167,58 @@ def run_sync(waiters: int) -> dict:
 
 def main(async_waiters: int = 1000, sync_waiters: int = 50) -> list[dict]:
     return [run_async(async_waiters), run_sync(sync_waiters)]
+
+
+def sleepers(async_runs: int = 500, sync_runs: int = 50, seconds: float = 2.0) -> list[dict]:
+    """Short sleepers: `async_runs` astart-driven runs against `sync_runs` thread-driven ones (module docstring)."""
+    from django.test.utils import override_settings
+
+    with override_settings(LOOM_WAIT_INLINE_MAX=max(30.0, seconds * 2)):
+        return [_sleepers_async(async_runs, seconds), _sleepers_sync(sync_runs, seconds)]
+
+
+def _sleepers_async(runs: int, seconds: float) -> dict:
+    base, peak, stop = _baseline(), {"threads": 0, "sessions": 0}, threading.Event()
+    watcher = threading.Thread(target=_watch, args=(peak, stop), daemon=True)
+    watcher.start()
+
+    async def scenario() -> list[float]:
+        async def one() -> float:
+            began = time.monotonic()
+            out = await astart(SLEEPER, {"seconds": seconds})
+            assert out.status == "completed", out
+            return time.monotonic() - began - seconds
+
+        return await asyncio.gather(*(one() for _ in range(runs)))
+
+    late = asyncio.run(scenario())
+    stop.set()
+    watcher.join()
+    return _report("astart, loop-driven (short sleep)", runs, late, peak, base)
+
+
+def _sleepers_sync(runs: int, seconds: float) -> dict:
+    base, peak, stop = _baseline(), {"threads": 0, "sessions": 0}, threading.Event()
+    watcher = threading.Thread(target=_watch, args=(peak, stop), daemon=True)
+    watcher.start()
+    late: list[float] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            began = time.monotonic()
+            out = start_flow(SLEEPER, {"seconds": seconds})
+            assert out.status == "completed", out
+            with lock:
+                late.append(time.monotonic() - began - seconds)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one) for _ in range(runs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stop.set()
+    watcher.join()
+    return _report("start, thread-driven (short sleep)", runs, late, peak, base)

@@ -148,7 +148,8 @@ register(
     Setting("LOOM_WAIT_BATCH", int, 16, "Due waits one claim takes at most (and the waker's resume threads).", 1),
     Setting("LOOM_ASYNC_DB_THREADS", int, 4,
             "Threads (one database connection each at most) that run the database work of the awaitable faces "
-            "(astart, aget_event, ...: journal/flows/aio.py) for async callers.", 1),
+            "(astart, aget_event, ...: journal/flows/aio.py) for async callers, and each journal call of the async "
+            "runs astart/aresume drive from the loop (their short sleeps hold none of them).", 1),
     Setting("LOOM_WAIT_CHANNEL", str, "loom_waits",
             "PostgreSQL channel on which waits made due and flow events are notified.", check=_channel_problem),
     Setting("LOOM_WAIT_RECHECK", float, 60.0,

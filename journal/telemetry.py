@@ -4,7 +4,8 @@ Off unless configured (LOOM_TRACES, LOOM_METRICS, LOOM_LOG_JSON; docs/observabil
 here starts with a check of a module flag, so a call site costs one function call when telemetry is
 off, and the libraries are imported only when it is on. The call sites are one line each:
 
-- `Runner.drive` is wrapped by `traced_run` (a span per run of an execution: its attempt);
+- `Runner._drive` is wrapped by `traced_run` (a span per run of an execution: its attempt); a run driven from
+  the loop (`Runner.adrive`, journal/flows/aio.py) calls `count_run` only: it has no span;
 - `Runner.emit` calls `on_event` for every event a run records: step attempts (started, completed,
   failed with retry/timeout) and waits become child spans; settles and step durations become metrics;
 - the API view wrapper, the queue dispatcher, the recovery sweep, the lease keeper and the coalescer
@@ -165,11 +166,16 @@ def traced_run(drive: Callable) -> Callable:
     return wrapper
 
 
+def count_run(runner, flow) -> None:
+    """A run begins: the runs counter (for Runner.adrive, which traced_run does not wrap: no span of it)."""
+    if METRICS:
+        _metrics["runs"].labels(flow.name, "recovery" if runner.recovered is not None else "run").inc()
+
+
 def _traced(drive: Callable, runner, flow, value):
     run = runner.run
     recovered = runner.recovered is not None
-    if METRICS:
-        _metrics["runs"].labels(flow.name, "recovery" if recovered else "run").inc()
+    count_run(runner, flow)
     if not TRACING:
         return drive(runner, flow, value)
     from opentelemetry import context, trace

@@ -4,31 +4,45 @@
     async def ship(ctx, order):
         label = await ctx.step("label", fetch_label, order["id"])   # a coroutine function, awaited
         await ctx.sleep(30)                                           # parks like a sync sleep
+        await ctx.sleep(0.5)                                          # under astart: slept on the loop
         return await ctx.step("notify", send_mail, label)            # a plain function: a thread runs it
 
-How it runs (docs/flows.md "Async flows"). The journal is the sync one, unchanged: an async flow's run is
-driven by `Runner.drive` (journal/flows/runtime.py) in a DRIVE THREAD: the thread that called start/resume
-(a worker's waker, recovery or queue thread, or a caller's), or, for the awaitable faces below, a thread of
-this module's bounded pool. Only the flow's own code runs as a coroutine, on this process's event loop (one
-daemon thread, `loop()`); every journal call it makes (a step's records, a wait's, a message's consumption)
-is sent back to its drive thread and awaited there. So
+How it runs (docs/flows.md "Async flows"). The journal is the sync one, unchanged. Only the flow's own code runs as
+a coroutine, on this process's event loop (one daemon thread, `loop()`); every journal call it makes (a step's
+records, a wait's, a message's consumption) runs sync code in a thread, in one of two ways:
 
-- Django's async-safety holds: no database access ever happens on the event loop; the drive thread is
-  a plain sync thread with the connection it had (a test's transaction, a worker thread's connection, its
-  shard binding: the coroutine runs in a copy of the drive thread's context);
+- THREAD-DRIVEN (a sync start/resume/retry: a worker's waker, recovery or queue thread, a test, a caller's thread):
+  `Runner.drive` runs in that DRIVE THREAD and serves the coroutine's calls (`_Driver`) until the run settles or
+  parks. The thread and its connection are the run's throughout (a test's transaction works); a short in-process
+  wait (under LOOM_WAIT_INLINE_MAX) sleeps in it.
+- LOOP-DRIVEN (`astart`, `aresume`): the start runs in a thread of this module's bounded pool; `Runner.drive` hands
+  the async run back (`hand_back`) and the face drives it on the loop (`Runner.adrive`, the same decisions), each
+  journal call in whichever pool thread is free (`_PooledDriver`). Between calls no thread is the run's, so a
+  short sleep, the rest of a scheduled start's delay and a step's retry backoff are slept on the loop (`nap`),
+  holding no thread and no connection. A call is whole in one thread: no transaction spans two; the fence token
+  travels in the run's handle, so a cancel or takeover meanwhile is refused at the run's next write, as ever.
+
+Either way
+- Django's async-safety holds: no database access ever happens on the event loop; the coroutine runs in a copy of
+  the driver's context (its shard binding);
 - the events are the sync runtime's, byte for byte (2n+2 for n steps), with the same exactly-once and
   recovery rules: a resume of an async execution on any worker replays it like a sync one;
-- a coroutine step runs on the loop while its drive thread waits; a sync step function runs in the drive
-  thread (never on the loop); `atomic=True` needs a sync function (its effects and its record commit in one
-  transaction of the drive thread's connection; a coroutine's database work would run elsewhere).
+- a coroutine step runs on the loop: thread-driven while its drive thread waits for it, loop-driven with no thread
+  waiting (`DurableContext.step_naps(awaits=True)` yields the call; its segments and the coroutine share one
+  context, so ctx.cancelled() finds the step); a sync step function runs in the drive or a pool thread (never on
+  the loop); `atomic=True` needs a sync function (its effects and its record commit in one
+  transaction of that thread's connection; a coroutine's database work would run elsewhere).
 
-Costs, stated: a RUNNING async execution holds its drive thread (idle while its coroutine awaits) and that
-thread's connection, as a sync one does; a WAITING one holds none (waits of LOOM_WAIT_INLINE_MAX or longer
-park, as in a sync flow). The awaitable faces (`astart`, `aresume`, `acancel`, `asend`, `adescribe`) run the
+Costs, stated: a RUNNING thread-driven execution holds its drive thread (idle while its coroutine awaits, asleep in
+a short wait), as a sync one does; a loop-driven one holds a pool thread only during each journal call (and while a
+step's sync function runs), so a burst of them is served at the pool's pace; a WAITING one holds none (waits of
+LOOM_WAIT_INLINE_MAX or longer park, as in a sync flow). Workers drive async flows thread-driven (not built: a
+worker's runs on its loop). The awaitable faces (`astart`, `aresume`, `acancel`, `asend`, `adescribe`) run the
 sync call in a thread of a pool of LOOM_ASYNC_DB_THREADS threads (one connection each at most, counted by
 leases/budget.py), so an async view never touches the database on its loop; `aget_event` holds NO thread while
 it waits: it reads in the pool and sleeps on the loop, woken by the process's one shared LISTEN session on
-PostgreSQL (journal/flows/event_listener.py) or by its poll of LOOM_WAIT_POLL on SQLite.
+PostgreSQL (journal/flows/event_listener.py) or by its poll of LOOM_WAIT_POLL on SQLite. `stats()` counts what is
+held now.
 
 Why a dedicated pool and not `sync_to_async(thread_sensitive=True)`: under Django's ASGI handler each request
 has a thread-sensitive context of its own, so 1,000 waiting callers would hold 1,000 threads and connections;
@@ -49,12 +63,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from datetime import timedelta
 from typing import Any
 
 from django.db import close_old_connections, connections
 
 from journal import conf
-from journal.flows.context import DurableContext
+from journal.flows.context import Awaited, DurableContext, check_moment, check_seconds, now
 from journal.flows.errors import InvalidInput
 from journal.reach import cannot_reach
 
@@ -128,6 +143,7 @@ class _Driver:
     """The drive thread of one async run: it serves the journal calls its coroutine sends back."""
 
     __slots__ = ("requests",)
+    releases = False  # the run holds its drive thread to the end: an in-process wait sleeps in it
 
     def __init__(self):
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -155,6 +171,22 @@ class _Driver:
                 running.call_soon_threadsafe(_resolve, answer, value)
 
 
+class _PooledDriver:
+    """The journal calls of a run driven from the loop (Runner.adrive): each in whichever pool thread is free,
+    in a copy of the coroutine's context (its shard binding). No thread belongs to the run between two calls,
+    so an in-process wait is slept on the loop. Each call is whole in one thread: a transaction (an atomic
+    step, a recv's consumption with its record) never spans two; the fence token travels in the RunHandle."""
+
+    __slots__ = ()
+    releases = True
+
+    async def call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        return await in_pool(fn, *args, **kwargs)
+
+
+_POOLED = _PooledDriver()
+
+
 def _resolve(answer: asyncio.Future, value: Any) -> None:
     if not answer.done():
         answer.set_result(value)
@@ -175,16 +207,58 @@ def run_flow(ctx: AsyncDurableContext, flow, value: Any) -> Any:
     return driver.serve(_submit(flow.fn(ctx, value), context))
 
 
+async def run_here(ctx: AsyncDurableContext, flow, value: Any) -> Any:
+    """Runner.adrive's call of the flow: its coroutine awaited on this loop, its journal calls in the pool."""
+    _DRIVER.set(_POOLED)  # in the run's own task context (a copy): nothing else sees it
+    return await flow.fn(ctx, value)
+
+
+# How many runs sleep on the loop now (a short in-process wait of a run driven from it): stats() reports it.
+_napping = 0
+
+
+async def nap(seconds: float) -> None:
+    """An in-process wait of a run driven from the loop: slept here, holding no thread and no connection."""
+    global _napping
+    _napping += 1  # only ever touched on the loop: no lock
+    try:
+        await _sleep(seconds)
+    finally:
+        _napping -= 1
+
+
+_sleep = asyncio.sleep  # what nap awaits (a test holds sleepers at a gate by replacing it)
+
+
 def _blocking(coro: Coroutine) -> Any:
     """From the drive thread (a step's function): run `coro` on the loop in this thread's context and wait."""
     return _submit(coro, contextvars.copy_context()).result()
 
 
-async def _in_drive_thread(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+def _advance(naps, value: Any = None, exc: BaseException | None = None) -> tuple[bool, Any]:
+    """One segment of a generator of in-process waits (DurableContext.step_naps), in a pool thread, sent `value`
+    or thrown `exc` (what the loop awaited for it): (False, what it yields next) or (True, its return value).
+    A StopIteration cannot cross a future: it is unpacked here."""
+    try:
+        return False, (naps.throw(exc) if exc is not None else naps.send(value))
+    except StopIteration as done:
+        return True, done.value
+
+
+async def _on_loop(coro: Coroutine, context: contextvars.Context) -> Any:
+    """`coro` as a task of its own in `context` (the step's: ctx.cancelled() and heartbeat() find the step)."""
+    return await asyncio.get_running_loop().create_task(coro, context=context)
+
+
+def _driver() -> _Driver | _PooledDriver:
     driver = _DRIVER.get()
     if driver is None:
         raise RuntimeError("an async flow's context was used outside the run that owns it")
-    return await driver.call(fn, *args, **kwargs)
+    return driver
+
+
+async def _in_drive_thread(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    return await _driver().call(fn, *args, **kwargs)
 
 
 class AsyncDurableContext(DurableContext):
@@ -201,24 +275,61 @@ class AsyncDurableContext(DurableContext):
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any, retry=None, atomic: bool = False,
                    timeout: float | None = None, heartbeat_timeout: float | None = None) -> Any:
-        if is_async(fn):
-            if atomic:
-                raise InvalidInput(f"step {name!r}: atomic=True needs a sync function (its database effects "
-                                   f"commit with its record in the drive thread's transaction); got a coroutine "
-                                   f"function")
-            coroutine_fn = fn
+        coroutine = is_async(fn)
+        if coroutine and atomic:
+            raise InvalidInput(f"step {name!r}: atomic=True needs a sync function (its database effects commit with "
+                               f"its record in the drive thread's transaction); got a coroutine function")
+        driver = _driver()
+        if not driver.releases:
+            call = fn
+            if coroutine:
+                def call(*call_args: Any) -> Any:  # in the drive thread, inside interrupt.running: ctx.cancelled()
+                    return _blocking(fn(*call_args))
 
-            def fn(*call_args: Any) -> Any:  # in the drive thread, inside interrupt.running: ctx.cancelled() works
-                return _blocking(coroutine_fn(*call_args))
-
-        return await _in_drive_thread(self._sync.step, name, fn, *args, retry=retry, atomic=atomic,
-                                      timeout=timeout, heartbeat_timeout=heartbeat_timeout)
+            return await driver.call(self._sync.step, name, call, *args, retry=retry, atomic=atomic, timeout=timeout,
+                                     heartbeat_timeout=heartbeat_timeout)
+        # Driven from the loop: the step's records in the pool, a short retry backoff slept on the loop, a coroutine
+        # function awaited on the loop (no pool thread held while it runs), a sync one called in the pool. Every
+        # segment runs in ONE context of its own (`step_context`, entered by one thread at a time, then by the
+        # coroutine's task): the running step interrupt.running sets in one segment is the one the coroutine
+        # (ctx.cancelled(), heartbeat()) and the next segment (its reset) see.
+        naps = self._sync.step_naps(name, fn, args, retry, atomic, timeout, heartbeat_timeout, awaits=coroutine)
+        step_context = contextvars.copy_context()
+        sent: tuple[Any, BaseException | None] = (None, None)
+        while True:
+            finished, value = await in_context(step_context, _advance, naps, *sent)
+            if finished:
+                return value
+            if isinstance(value, Awaited):
+                try:
+                    sent = (await _on_loop(value.fn(*value.args), step_context), None)
+                except BaseException as exc:  # a failed attempt: thrown back, the step's own code records it
+                    sent = (None, exc)
+                continue
+            sent = (None, None)
+            await nap(value)
 
     async def sleep(self, seconds: float) -> None:
-        return await _in_drive_thread(self._sync.sleep, seconds)
+        driver = _driver()
+        if not driver.releases:
+            return await driver.call(self._sync.sleep, seconds)
+        await self._sleep_until(now() + timedelta(seconds=check_seconds(seconds, "sleep")))
 
     async def sleep_until(self, when) -> None:
-        return await _in_drive_thread(self._sync.sleep_until, when)
+        driver = _driver()
+        if not driver.releases:
+            return await driver.call(self._sync.sleep_until, when)
+        await self._sleep_until(check_moment(when, "sleep_until"))
+
+    async def _sleep_until(self, due) -> None:
+        """DurableContext._sleep_until of a run driven from the loop: the records in the pool (the same ones),
+        the in-process part slept on the loop."""
+        pos, remaining = await _POOLED.call(self._sync._sleep_begin, due)
+        if pos is None:
+            return
+        if remaining > 0:
+            await nap(remaining)
+        self._sync._end_wait(pos, "$sleep")  # queued for the next write (no I/O), as in the sync sleep
 
     async def recv(self, topic: str, timeout: float | None = None) -> Any:
         return await _in_drive_thread(self._sync.recv, topic, timeout)
@@ -272,9 +383,21 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
     global _pool, _pool_pid
     with _loop_lock:
         if _pool is None or _pool_pid != os.getpid() or _pool._max_workers != pool_size():
+            if _pool is not None and _pool_pid == os.getpid():
+                _pool.shutdown(wait=False)  # a resized pool: the old one's threads end once their calls did
             _pool = concurrent.futures.ThreadPoolExecutor(max_workers=pool_size(), thread_name_prefix="loom-adb")
             _pool_pid = os.getpid()
         return _pool
+
+
+_busy = 0  # pool threads in a call now (stats())
+_busy_lock = threading.Lock()
+
+
+def stats() -> dict[str, int]:
+    """What the async side holds now: pool threads (alive, busy in a call) and runs sleeping on the loop."""
+    alive = sum(1 for thread in threading.enumerate() if thread.name.startswith("loom-adb"))
+    return {"pool_threads": alive, "pool_busy": _busy, "napping": _napping, "pool_size": pool_size()}
 
 
 def _pooled(fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -283,36 +406,121 @@ def _pooled(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     that errored), and after a failure that says the server could not be reached (a restart, a failover) every
     connection of the thread is closed: the next call on the thread connects afresh instead of failing on the
     dead session until the process restarts."""
-    close_old_connections()
+    global _busy
+    with _busy_lock:
+        _busy += 1
     try:
-        return fn(*args, **kwargs)
-    except Exception as exc:
-        if cannot_reach(exc):
-            for conn in connections.all(initialized_only=True):
-                conn.close()
-        raise
-    finally:
         close_old_connections()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if cannot_reach(exc):
+                for conn in connections.all(initialized_only=True):
+                    conn.close()
+            raise
+        finally:
+            close_old_connections()
+    finally:
+        with _busy_lock:
+            _busy -= 1
 
 
 async def in_pool(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)` in a thread of the bounded pool (in a copy of the caller's context), awaited."""
-    context = contextvars.copy_context()
+    return await in_context(contextvars.copy_context(), fn, *args, **kwargs)
+
+
+async def in_context(context: contextvars.Context, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` in a thread of the bounded pool, in `context` (nobody else may be in it meanwhile)."""
     return await asyncio.get_running_loop().run_in_executor(
         _executor(), functools.partial(context.run, _pooled, fn, *args, **kwargs))
 
 
+# == runs driven from the loop ============================================================================
+class _Slot:
+    """Where Runner.drive leaves an async run for the awaitable face that called it (hand_back)."""
+
+    __slots__ = ("taken",)
+
+    def __init__(self):
+        self.taken: tuple | None = None
+
+
+_HAND_BACK: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar("loom_aio_hand_back", default=None)
+HANDED_BACK: Any = object()  # what Runner.drive returns for a run it handed back (only its face sees it)
+
+
+def hand_back(runner, flow, value: Any) -> bool:
+    """Runner.drive of an async flow inside astart/aresume's pool call: leave the run in the slot (with this
+    thread's context: its shard binding) for the face to drive from the loop; False anywhere else (a sync
+    call's run, a worker's: driven in the calling thread as before)."""
+    slot = _HAND_BACK.get()
+    if slot is None or slot.taken is not None:
+        return False
+    context = contextvars.copy_context()
+    context.run(_HAND_BACK.set, None)  # a start made inside the run (a sync step's) is the caller's own
+    slot.taken = (runner, flow, value, context)
+    return True
+
+
+def _with_slot(slot: _Slot, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    token = _HAND_BACK.set(slot)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _HAND_BACK.reset(token)
+
+
+_live: set[asyncio.Task] = set()  # runs driven on the loop (a strong reference: the loop keeps only weak ones)
+
+
+async def _driven(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`fn` (start, resume) in the pool; an async run it begins is driven on the process loop (Runner.adrive),
+    holding a pool thread only during each journal call. A caller that stops awaiting (a client gone) leaves
+    the run going on, as a caller's thread would."""
+    slot = _Slot()
+    outcome = await in_pool(_with_slot, slot, fn, *args, **kwargs)
+    if outcome is not HANDED_BACK:
+        return outcome
+    runner, flow, value, context = slot.taken
+    target = loop()
+
+    def begin() -> asyncio.Task:
+        task = target.create_task(runner.adrive(flow, value), context=context)
+        _live.add(task)
+        task.add_done_callback(_live.discard)
+        return task
+
+    if asyncio.get_running_loop() is target:  # a face awaited by flow code itself
+        return await asyncio.shield(begin())
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def settle(finished: asyncio.Task) -> None:
+        if finished.cancelled():
+            done.cancel()
+        elif finished.exception() is not None:
+            done.set_exception(finished.exception())
+        else:
+            done.set_result(finished.result())
+
+    target.call_soon_threadsafe(lambda: begin().add_done_callback(settle))
+    return await asyncio.shield(asyncio.wrap_future(done))
+
+
 async def astart(flow, input: Any, execution_id: str | None = None, meta: dict | None = None, **options: Any):
-    """`start()`, awaitable: the start (and the run, until it settles or parks) in a pool thread."""
+    """`start()`, awaitable. The start runs in a pool thread; an async flow's run then goes on from the loop,
+    each journal call in a pool thread, its short in-process waits slept on the loop (no thread held); a sync
+    flow's run stays in the pool thread until it settles or parks."""
     from journal.flows.runtime import start
 
-    return await in_pool(start, flow, input, execution_id, meta, **options)
+    return await _driven(start, flow, input, execution_id, meta, **options)
 
 
 async def aresume(execution_id: str, **options: Any):
+    """`resume()`, awaitable, as astart: an async flow's run is driven from the loop."""
     from journal.flows.runtime import resume
 
-    return await in_pool(resume, execution_id, **options)
+    return await _driven(resume, execution_id, **options)
 
 
 async def acancel(execution_id: str, reason: str = "cancelled"):

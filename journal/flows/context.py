@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -202,6 +202,24 @@ def inline_max() -> float:
     return conf.get("LOOM_WAIT_INLINE_MAX")
 
 
+@dataclass(frozen=True, slots=True)
+class Awaited:
+    """What step_naps(awaits=True) yields for the call of a step's function: the loop calls and awaits it."""
+
+    fn: Callable[..., Any]
+    args: tuple
+
+
+def slept(naps: Generator[float, None, Any]) -> Any:
+    """Run a generator that yields in-process waits (seconds), sleeping each in this thread; its return value."""
+    while True:
+        try:
+            seconds = next(naps)
+        except StopIteration as done:
+            return done.value
+        time.sleep(seconds)
+
+
 class ChildHandle:
     """A child flow started with ctx.start_child: its id, and `result()` to wait for it durably."""
 
@@ -293,6 +311,16 @@ class DurableContext(Context):
         """Run `fn(*args)` as step `name`, journaled. `timeout` bounds one attempt and `heartbeat_timeout` the
         time between two heartbeats of the running step (journal/flows/interrupt.py: the step is told, and a
         worker's watchdog hands a silent step's lease back so another worker takes it over)."""
+        return slept(self.step_naps(name, fn, args, retry, atomic, timeout, heartbeat_timeout))
+
+    def step_naps(self, name: str, fn: Callable[..., Any], args: tuple, retry: RetryPolicy | None, atomic: bool,
+                  timeout: float | None, heartbeat_timeout: float | None,
+                  awaits: bool = False) -> Generator[Any, Any, Any]:
+        """`step` as a generator that yields each in-process wait (a short retry backoff, in seconds) instead of
+        sleeping it, and returns the step's result: `step` sleeps them in its thread (slept); an async flow
+        driven from the loop sleeps them there (journal/flows/aio.py), holding no thread meanwhile. `awaits`
+        (that async flow, a non-atomic step): the call of `fn` is yielded too, as Awaited(fn, args), and its
+        result (or exception) is sent back: the loop awaits a coroutine function there."""
         runner = self._runner
         if timeout is not None:
             timeout = check_seconds(timeout, f"timeout of step {name!r}")
@@ -314,7 +342,7 @@ class DurableContext(Context):
                 raise StepFailed(name, pos, recorded[2], recorded[3])
             attempt = recorded[3] + (1 if status == RETRYING else 0)
             if status == RETRYING and len(recorded) > 4 and recorded[4]:
-                self._backoff(pos, parse_time(recorded[4]))  # the backoff its run parked on, if not over
+                yield from self._backoff(pos, parse_time(recorded[4]))  # the backoff its run parked on, if not over
             elif (status == STARTED and isinstance(recorded[2], dict) and recorded[2].get("deadline")
                   and now() >= parse_time(recorded[2]["deadline"])):  # its run died in it past its timeout
                 error = _error_text(DeadlineExceeded(f"deadline exceeded: step {name!r} ran past its timeout"))
@@ -323,7 +351,7 @@ class DurableContext(Context):
                                              "retry": again, "ms": None, "timeout": True})
                 if not again:
                     raise StepFailed(name, pos, error, attempt)
-                attempt = self._after_failure(pos, policy, attempt)
+                attempt = yield from self._after_failure(pos, policy, attempt)
         while True:
             runner.before_work()  # a lost claim (or a passed deadline) stops the run here, before the step runs
             started = {"step": name, "pos": pos, "attempt": attempt}
@@ -335,8 +363,12 @@ class DurableContext(Context):
             try:
                 with interrupt.running(self.execution_id, name, pos, attempt, runner.claim, timeout,
                                        heartbeat_timeout):
-                    result = (runner.atomic_step(name, pos, attempt, began, fn, args, timeout) if atomic
-                              else fn(*args))
+                    if atomic:
+                        result = runner.atomic_step(name, pos, attempt, began, fn, args, timeout)
+                    elif awaits:
+                        result = yield Awaited(fn, args)
+                    else:
+                        result = fn(*args)
                 if not atomic:
                     problem = _jsonable(result)
                     if problem is not None:
@@ -367,26 +399,27 @@ class DurableContext(Context):
                 runner.emit(ev.STEP_FAILED, failed)
                 if not again:
                     raise StepFailed(name, pos, error, attempt) from exc
-                attempt = self._after_failure(pos, policy, attempt, failed.get("due_at"))
+                attempt = yield from self._after_failure(pos, policy, attempt, failed.get("due_at"))
                 continue
             if not atomic:
                 runner.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": attempt, "result": result,
                                                 "ms": round((time.perf_counter() - began) * 1000, 3)})
             return result
 
-    def _after_failure(self, pos: int, policy: RetryPolicy, attempt: int, due_at: str | None = None) -> int:
-        """The backoff after a failed attempt: slept here when short, parked on a timer when not."""
+    def _after_failure(self, pos: int, policy: RetryPolicy, attempt: int,
+                       due_at: str | None = None) -> Generator[float, None, int]:
+        """The backoff after a failed attempt: slept in-process when short (yielded), parked on a timer when not."""
         if due_at is not None:
             self._runner.flush()  # the failed attempt and its backoff's end are durable before parking
-            self._backoff(pos, parse_time(due_at))
+            yield from self._backoff(pos, parse_time(due_at))
         else:
             delay = policy.delay(attempt)
             if delay:
                 self._runner.flush()  # record the failed attempt before waiting
-                time.sleep(delay)
+                yield delay
         return attempt + 1
 
-    def _backoff(self, pos: int, due: datetime) -> None:
+    def _backoff(self, pos: int, due: datetime) -> Generator[float, None, None]:
         """Wait until a parked backoff's end (recorded in its STEP_FAILED): park, or return if over."""
         record = self._state.steps[pos]
         if len(record) > 4 and record[4] is None:  # woken early (wake_now)
@@ -396,7 +429,7 @@ class DurableContext(Context):
             return
         self._runner.before_work()  # woken at the execution's deadline: it passed, do not park again
         if remaining < inline_max():
-            time.sleep(remaining)
+            yield remaining
             return
         raise Park(WaitSpec("retry", pos, self._runner.cap(due)))
 
@@ -439,18 +472,29 @@ class DurableContext(Context):
         self._sleep_until(check_moment(when, "sleep_until"))
 
     def _sleep_until(self, due: datetime) -> None:
+        pos, remaining = self._sleep_begin(due)
+        if pos is not None:
+            if remaining > 0:
+                time.sleep(remaining)
+            self._end_wait(pos, "$sleep")
+
+    def _sleep_begin(self, due: datetime) -> tuple[int | None, float]:
+        """A sleep up to its in-process part: (its position, the seconds left to sleep here, 0 for none), or
+        (None, 0) when the log says it ended. A long one parks (Park); a short one is flushed first (its
+        WAIT_STARTED is durable before the sleep). Split so that an async flow driven from the loop sleeps
+        the seconds there (journal/flows/aio.py), not in a thread."""
         name = "$sleep"
         pos, recorded = self._position(name)
         if recorded is not None and recorded[1] == COMPLETED:
-            return
+            return None, 0.0
         due, woken = self._begin_wait(pos, name, "sleep", recorded, due)
         remaining = (due - now()).total_seconds()
-        if not woken and remaining > 0:
-            if remaining >= inline_max():
-                raise Park(WaitSpec("sleep", pos, self._runner.cap(due)))
-            self._runner.flush()
-            time.sleep(remaining)
-        self._end_wait(pos, name)
+        if woken or remaining <= 0:
+            return pos, 0.0
+        if remaining >= inline_max():
+            raise Park(WaitSpec("sleep", pos, self._runner.cap(due)))
+        self._runner.flush()
+        return pos, remaining
 
     def recv(self, topic: str, timeout: float | None = None) -> Any:
         """The payload of the next message sent to this execution on `topic`, consumed exactly once

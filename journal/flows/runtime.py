@@ -223,17 +223,24 @@ class Runner:
     def check_start(self) -> None:
         """A scheduled start (start_at, delay, a child, a continuation, a fork) runs no step before its
         time: park (or sleep, if short) until then."""
+        remaining = self.start_pause()
+        if remaining > 0:
+            time.sleep(remaining)
+
+    def start_pause(self) -> float:
+        """check_start's decision: the seconds to sleep in-process before the first step (0: none), or Park. A run
+        driven from the loop (Runner.adrive) sleeps them there, holding no thread."""
         meta = self.state.meta
         start_at = meta.get("$start_at")
         if not start_at or self.state.steps or meta.get("$woken"):
-            return
+            return 0.0
         remaining = (parse_time(start_at) - now()).total_seconds()
         if remaining <= 0:
-            return
+            return 0.0
         self.before_work()  # woken at its deadline before its start time: it fails, not parks again
         if remaining >= inline_max():
             raise Park(WaitSpec("start", -1, self.cap(parse_time(start_at))))
-        time.sleep(remaining)
+        return remaining
 
     def after_settle(self) -> None:
         """A run that waited drops its wait row (best effort: a stale row is deleted by the next claim).
@@ -257,74 +264,124 @@ class Runner:
             self.flush()
         return result
 
-    @telemetry.traced_run  # a span per run (attempt) of the execution when tracing is on
     def drive(self, flow: Flow, value: Any) -> Outcome:
-        eid = self.run.execution_id
+        """Run the flow to its outcome in this thread. An async flow under an awaitable face (aio.astart,
+        aresume) is handed back to the loop instead (aio.hand_back): Runner.adrive drives it there."""
+        if aio.is_async(flow.fn) and aio.hand_back(self, flow, value):
+            return aio.HANDED_BACK
+        return self._drive(flow, value)
+
+    @telemetry.traced_run  # a span per run (attempt) of the execution when tracing is on
+    def _drive(self, flow: Flow, value: Any) -> Outcome:
         asynchronous = aio.is_async(flow.fn)  # an `async def` flow: its code on the loop, its journal here
         ctx = (aio.AsyncDurableContext if asynchronous else DurableContext)(self, self.state, flow.retry)
         try:
             try:
                 self.check_start()
                 result = aio.run_flow(ctx, flow, value) if asynchronous else flow.fn(ctx, value)
-                ctx.check_consumed()
-                problem = _jsonable(result)
-                if problem is not None:
-                    raise TypeError(f"flow {flow.name} returned a value that is not storable: {problem}")
-            except Park as park:
-                return self.park(park.spec)
-            except ContinueAsNew as cont:
-                ctx.check_consumed()
-                self.boundary()
-                try:
-                    # The next run is written in the transaction of this run's settle: a run fenced off
-                    # meanwhile (a cancel took it) leaves no next run behind to run unowned.
-                    with atomic(waits._alias()):
-                        next_id = waits.continue_run(self.state, flow, cont.input)
-                        result = {"continued_as": next_id}
-                        self.continued_to = next_id
-                        self.emit(ev.EXECUTION_CONTINUED, {"next": next_id, "result": result})
-                        self.flush(writer.Settle("completed", result))
-                except (InvalidInput, ExecutionExists) as exc:
-                    error = _error_text(exc)
-                    self.emit(ev.EXECUTION_FAILED, {"error": error})
-                    self.flush(writer.Settle("failed", None, error))
-                    return Outcome(eid, "failed", None, error)
-                self.after_settle()
-                return Outcome(eid, "completed", result, None)
-            except Halt:
-                raise
-            except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the flow failed (context.CONTROL)
-                secrets = self.secrets()
-                error = _error_text(exc, secrets)
-                self.boundary()
-                self.emit(ev.EXECUTION_FAILED, {"error": error, **exit_trace(exc, secrets)})
-                self.flush(writer.Settle("failed", None, error))
-                self.after_settle()
-                return Outcome(eid, "failed", None, error)
+                self.returned(ctx, flow, result)
+            except BaseException as exc:
+                return self.ended(ctx, flow, exc)
+            return self.completed(result)
+        except Halt as halt:
+            return self.halted(halt)
+        finally:
+            self.let_claim_go()
+
+    async def adrive(self, flow: Flow, value: Any) -> Outcome:
+        """`_drive` of an async flow from the loop (aio.astart, aresume): the same decisions in the same order,
+        each journal call in a thread of aio's pool, so nothing holds a thread between them: an in-process
+        wait (a short sleep, a short scheduled start) is slept on the loop."""
+        ctx = aio.AsyncDurableContext(self, self.state, flow.retry)
+        telemetry.count_run(self, flow)  # no span: traced_run's span state is a thread's, this run has none
+        try:
+            try:
+                if self.state.meta.get("$start_at"):  # else start_pause decides nothing: no pool call for it
+                    pause = await aio.in_pool(self.start_pause)
+                    if pause > 0:
+                        await aio.nap(pause)
+                result = await aio.run_here(ctx, flow, value)
+                self.returned(ctx, flow, result)
+            except BaseException as exc:
+                return await aio.in_pool(self.ended, ctx, flow, exc)
+            return await aio.in_pool(self.completed, result)
+        except Halt as halt:
+            return await aio.in_pool(self.halted, halt)
+        finally:
+            if self.claim is not None:  # a claim may touch its lease row: in the pool
+                await aio.in_pool(self.let_claim_go)
+
+    # -- the settle decisions of a run, shared by _drive and adrive --
+    def returned(self, ctx: DurableContext, flow: Flow, result: Any) -> None:
+        """The flow returned: the log holds no step it did not ask for, and its result is storable (no I/O)."""
+        ctx.check_consumed()
+        problem = _jsonable(result)
+        if problem is not None:
+            raise TypeError(f"flow {flow.name} returned a value that is not storable: {problem}")
+
+    def ended(self, ctx: DurableContext, flow: Flow, exc: BaseException) -> Outcome:
+        """The flow's code (or `returned`) raised: park, continue as new, or fail; a Halt is raised on."""
+        eid = self.run.execution_id
+        if isinstance(exc, Park):
+            return self.park(exc.spec)
+        if isinstance(exc, ContinueAsNew):
+            ctx.check_consumed()
             self.boundary()
-            self.emit(ev.EXECUTION_COMPLETED, {"result": result})
-            self.flush(writer.Settle("completed", result))
+            try:
+                # The next run is written in the transaction of this run's settle: a run fenced off
+                # meanwhile (a cancel took it) leaves no next run behind to run unowned.
+                with atomic(waits._alias()):
+                    next_id = waits.continue_run(self.state, flow, exc.input)
+                    result = {"continued_as": next_id}
+                    self.continued_to = next_id
+                    self.emit(ev.EXECUTION_CONTINUED, {"next": next_id, "result": result})
+                    self.flush(writer.Settle("completed", result))
+            except (InvalidInput, ExecutionExists) as refused:
+                error = _error_text(refused)
+                self.emit(ev.EXECUTION_FAILED, {"error": error})
+                self.flush(writer.Settle("failed", None, error))
+                return Outcome(eid, "failed", None, error)
             self.after_settle()
             return Outcome(eid, "completed", result, None)
-        except Halt as halt:
-            outcome = _halted(eid, halt.error)  # raises unless a cancel took the execution over
-            # Cancelled under us: no run holds the execution any more, so its lease is released (not left
-            # to lapse: the recovery sweep only looks at running executions, so a lapsed row stayed forever).
-            self.let_go = True
-            return outcome
-        finally:
-            if self.claim is not None:
-                if self.released:
-                    self.claim.end(released=True)
-                elif not self.let_go and hasattr(self.claim, "abandon"):
-                    # Still running: its lease lapses and recovery takes it over; a run that stopped at a step
-                    # boundary for a graceful shutdown says so (its takeover is no recovery attempt).
-                    if self.yielded:
-                        self.claim.abandon(graceful=True)
-                    else:
-                        self.claim.abandon()
+        if isinstance(exc, Halt):
+            raise exc
+        # SystemExit, KeyboardInterrupt too: the flow failed (context.CONTROL)
+        secrets = self.secrets()
+        error = _error_text(exc, secrets)
+        self.boundary()
+        self.emit(ev.EXECUTION_FAILED, {"error": error, **exit_trace(exc, secrets)})
+        self.flush(writer.Settle("failed", None, error))
+        self.after_settle()
+        return Outcome(eid, "failed", None, error)
+
+    def completed(self, result: Any) -> Outcome:
+        self.boundary()
+        self.emit(ev.EXECUTION_COMPLETED, {"result": result})
+        self.flush(writer.Settle("completed", result))
+        self.after_settle()
+        return Outcome(self.run.execution_id, "completed", result, None)
+
+    def halted(self, halt: Halt) -> Outcome:
+        outcome = _halted(self.run.execution_id, halt.error)  # raises unless a cancel took the execution over
+        # Cancelled under us: no run holds the execution any more, so its lease is released (not left
+        # to lapse: the recovery sweep only looks at running executions, so a lapsed row stayed forever).
+        self.let_go = True
+        return outcome
+
+    def let_claim_go(self) -> None:
+        """The run is over in this process: its claim ends (released, handed back, or left to lapse)."""
+        if self.claim is not None:
+            if self.released:
+                self.claim.end(released=True)
+            elif not self.let_go and hasattr(self.claim, "abandon"):
+                # Still running: its lease lapses and recovery takes it over; a run that stopped at a step
+                # boundary for a graceful shutdown says so (its takeover is no recovery attempt).
+                if self.yielded:
+                    self.claim.abandon(graceful=True)
                 else:
-                    self.claim.end()
+                    self.claim.abandon()
+            else:
+                self.claim.end()
 
 
 _exists = writer.exists_error  # the ExecutionExists of a refused bootstrap (journal/flows/writer.py)

@@ -2,17 +2,25 @@
 test database (SQLite and PostgreSQL): worker A is SIGKILLed while they are in flight, worker B is stopped with
 SIGTERM (a graceful shutdown hands its runs back) after it finished some more, worker C finishes every one;
 each effect happens exactly once, each message is consumed once, none is lost. The flows' journal calls run in the
-workers' threads and their code on each worker's event loop (journal/flows/aio.py)."""
+workers' threads and their code on each worker's event loop (journal/flows/aio.py). And a process that drives async
+flows from its loop (astart) is SIGKILLed while 20 of them sleep in-process, holding no thread: a worker recovers
+each, and each effect happens once."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from journal.flows import start
-from journal.models import Execution, Message
+from journal.models import Event, Execution, Message
 from tests import edge_waits_flows as wf
+from tests.conftest import ROOT
 from tests.flows.test_waits_processes import all_settled, env, wait_until, workers  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,3 +58,66 @@ def test_workers_killed_and_stopped_under_200_async_flows_that_sleep_and_message
     assert sum(counts.values()) == 4 * PAIRS  # no other effect row: nothing ran twice
     rows = Message.objects.filter(execution_id__startswith="ak-")
     assert rows.count() == 2 * PAIRS and not rows.filter(consumed_at__isnull=True).exists()
+
+
+SLEEPERS = 20
+DRIVER = """
+import asyncio, sys, threading
+import django
+django.setup()
+from journal.flows import aio
+from tests.flows import async_sleep_flows  # noqa: F401 (registers asleep.edge)
+
+async def main():
+    runs = [asyncio.ensure_future(aio.astart("asleep.edge", {"seconds": 20}, f"ask-{i:02d}")) for i in range(%d)]
+    while aio.stats()["napping"] < len(runs):
+        await asyncio.sleep(0.05)
+    held = aio.stats()
+    print("ASLEEP", held["napping"], held["pool_busy"], threading.active_count(), flush=True)
+    await asyncio.gather(*runs)
+
+asyncio.run(main())
+"""
+
+
+class Driver:
+    """A process that astarts async flows and drives them from its loop (not a worker), in its own group."""
+
+    def __init__(self, environ: dict, tmp_log):
+        self.name, self.log = "astart-driver", tmp_log
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-c", DRIVER % SLEEPERS], env=environ, cwd=ROOT, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text()[-4000:]
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+
+def test_a_process_killed_while_its_loop_driven_async_flows_sleep_in_process_leaves_them_to_a_worker(
+        env, workers, tmp_path):  # noqa: F811
+    modules = "tests.edge_waits_flows,tests.flows.async_sleep_flows"
+    # In the driver the 20 s sleeps are in-process (under its LOOM_WAIT_INLINE_MAX), slept on its loop.
+    driver = Driver({**env, "LOOM_FLOW_MODULES": modules, "LOOM_WAIT_INLINE_MAX": "60"}, tmp_path / "driver.log")
+    try:
+        wait_until(lambda: "ASLEEP" in driver.log.read_text(), "the driver's runs all asleep", [driver], timeout=120)
+        driver.kill()
+    finally:
+        driver.kill()
+    napping, busy, threads = map(int, driver.log.read_text().split("ASLEEP", 1)[1].split()[:3])
+    assert (napping, busy) == (SLEEPERS, 0)  # every run asleep, no pool thread in a call
+    assert threads < SLEEPERS  # the process's every thread: far fewer than one per sleeping run
+    assert not all_settled("ask-"), "nothing was in flight when the driver died: the kill proved nothing"
+    assert collections.Counter(step for _, step in wf.effects("ask-")) == {"before": SLEEPERS}
+    w = workers("ask-w", LOOM_FLOW_MODULES=modules)  # recovers each (its lease lapsed), replays, sleeps the rest
+    wait_until(lambda: all_settled("ask-"), "the worker finishes every run the driver left", [w], timeout=180)
+    assert collections.Counter(Execution.objects.filter(pk__startswith="ask-").values_list("status", flat=True)) \
+        == {"completed": SLEEPERS}
+    counts = collections.Counter(wf.effects("ask-"))
+    assert counts == {(f"ask-{i:02d}", step): 1 for i in range(SLEEPERS) for step in ("before", "after")}
+    for i in range(SLEEPERS):
+        assert sum(1 for e in Event.objects.read(f"ask-{i:02d}") if e.type == "WAIT_STARTED") == 1  # one sleep
