@@ -635,10 +635,9 @@ def close_shared() -> None:
         coalescer.close()
 
 
-def submit(kind: str, key: str, payload: Any, using: str | None = None) -> Any:
-    """One request of `kind`: coalesced when LOOM_COALESCE is on, else alone on this connection. The
-    request goes to the coalescer of its stream's shard (`using`, or journal.shards.shard_for(key))."""
-    using = using or shards.shard_for(key)
+def submit(kind: str, key: str, payload: Any, using: str) -> Any:
+    """One request of `kind` for stream `key`: coalesced when LOOM_COALESCE is on, else alone on this
+    connection. `using` is the stream's shard, which the caller has (a run's bound alias): not asked again."""
     if enabled():
         return shared_coalescer(using).submit(kind, key, payload)
     return run_alone(kind, payload, using)
