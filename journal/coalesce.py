@@ -635,9 +635,11 @@ def close_shared() -> None:
         coalescer.close()
 
 
-def submit(kind: str, key: str, payload: Any, using: str) -> Any:
-    """One request of `kind` for stream `key`: coalesced when LOOM_COALESCE is on, else alone on this
-    connection. `using` is the stream's shard, which the caller has (a run's bound alias): not asked again."""
+def submit(kind: str, key: str, payload: Any, using: str | None = None) -> Any:
+    """One request of `kind`: coalesced when LOOM_COALESCE is on, else alone on this connection. The
+    request goes to the coalescer of its stream's shard: `using` when the caller has it (a durable run's
+    writer passes its bound alias), else journal.shards.shard_for(key)."""
+    using = using or shards.shard_for(key)
     if enabled():
         return shared_coalescer(using).submit(kind, key, payload)
     return run_alone(kind, payload, using)
