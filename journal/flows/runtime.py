@@ -375,14 +375,18 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
                              partition_key, priority, dedup_id)
     if partition_key is not None or priority or dedup_id is not None:
         raise InvalidInput("partition_key, priority and dedup_id are options of a queued start: give queue= too")
+    # A queued start's input was sealed before it went to the broker (leases/tasks.py), with the subject's key of
+    # the execution's shard (data keys live per shard): it is unsealed there. One without an id (or with an id
+    # that prepare_start refuses) has no shard of its own: it is read unbound, as before.
+    sealed = input if isinstance(input, Sealed) else None
+    if sealed is not None and not _placeable(execution_id):
+        input = unseal_started(sealed)
     if execution_id is None:
         execution_id = registry.new_execution_id()
-    sealed = input if isinstance(input, Sealed) else None
     # The execution's shard is asked for ONCE, here: everything below (the unseal, the bootstrap or the scheduled
-    # write, the run, its lease) works on it through the binding. An id prepare_start refuses is not placed.
+    # write, the run, its lease, its header reads) works on it through the binding. A refused id is not placed.
     with shards.on_stream(execution_id) if _placeable(execution_id) else nullcontext():
-        if sealed is not None:  # a queued start: its input was sealed before it went to the broker (leases/tasks.py)
-            # sealed with the subject's key of the execution's shard (data keys live per shard), unsealed there
+        if sealed is not None and input is sealed:
             input = unseal_started(sealed)
         due = _start_due(start_at, delay)
         extra = {}
