@@ -37,7 +37,7 @@ from journal.ids import check_stored_id
 from journal.models import Event
 from journal.privacy.codec import withhold
 from journal.store import store_for
-from journal.store.base import ExecutionBoot, ExecutionSettle
+from journal.store.base import ExecutionBoot, ExecutionSettle, ExecutionStore
 
 
 @dataclass(slots=True)
@@ -118,7 +118,7 @@ def write(run: RunHandle, envelopes: list[Envelope], settle: Settle | None = Non
 
 
 def _request(run: RunHandle, envelopes: list[Envelope], settle: Settle | None,
-             store) -> tuple[str, AppendItem, list[str], Any]:
+             store: ExecutionStore) -> tuple[str, AppendItem, list[str], Any]:
     """What the run writes next, built in ONE place for the three kinds: (kind, its events as one AppendItem,
     their encoded (sealed) texts, the kind's request). A run without a token bootstraps (its version stamped,
     the header row made); a settle carries the header's terminal state; anything else is a fenced append."""
