@@ -637,7 +637,8 @@ def close_shared() -> None:
 
 def submit(kind: str, key: str, payload: Any, using: str | None = None) -> Any:
     """One request of `kind`: coalesced when LOOM_COALESCE is on, else alone on this connection. The
-    request goes to the coalescer of its stream's shard (`using`, or journal.shards.shard_for(key))."""
+    request goes to the coalescer of its stream's shard: `using` when the caller has it (a durable run's
+    writer passes its bound alias), else journal.shards.shard_for(key)."""
     using = using or shards.shard_for(key)
     if enabled():
         return shared_coalescer(using).submit(kind, key, payload)

@@ -116,6 +116,11 @@ INTERNAL_PREFIX = "loom."
 path): started by Loom's code, never by a caller from outside unless LOOM_EXPOSED_INTERNAL_FLOWS names them."""
 
 
+def new_execution_id() -> str:
+    """A new execution id (a ULID: in the id alphabet, sortable by its time)."""
+    return str(ULID())
+
+
 def prepare_start(flow: str | Flow, input: Any, execution_id: str | None) -> tuple[Flow, Any, Any, str]:
     """What every start checks before anything is written or queued: the flow is known, its input is
     valid and storable, the id is a new stream id in the alphabet (a ULID is minted when none is given).
@@ -124,7 +129,7 @@ def prepare_start(flow: str | Flow, input: Any, execution_id: str | None) -> tup
     definition = get_flow(flow)
     value, stored = definition.prepare(input)
     if execution_id is None:
-        return definition, value, stored, str(ULID())
+        return definition, value, stored, new_execution_id()
     try:
         envelopes.check_new_stream_id(execution_id)  # looked up at the call: the id rule has one home
     except InvalidStream as exc:

@@ -388,9 +388,10 @@ _exists = writer.exists_error  # the ExecutionExists of a refused bootstrap (jou
 
 
 def _halted(execution_id: str, error: Exception) -> Outcome:
-    """A run stopped: a cancel that took over is an outcome; anything else is raised."""
+    """A run stopped: a cancel that took over is an outcome; anything else is raised. The header is read on
+    the run's shard (bound for the whole run)."""
     if isinstance(error, OwnershipLost) or _is_stale(error):
-        header = writer.header_status(execution_id)
+        header = store_for(Event.objects.db).execution_status(execution_id)
         if header is not None and header[0] == CANCELLED:
             return Outcome(execution_id, CANCELLED, None, header[3] or "cancelled")
         if not isinstance(error, OwnershipLost):
@@ -431,26 +432,33 @@ def start(flow: str | Flow, input: Any, execution_id: str | None = None, meta: d
                              partition_key, priority, dedup_id)
     if partition_key is not None or priority or dedup_id is not None:
         raise InvalidInput("partition_key, priority and dedup_id are options of a queued start: give queue= too")
+    # A queued start's input was sealed before it went to the broker (leases/tasks.py), with the subject's key of
+    # the execution's shard (data keys live per shard): it is unsealed there. One without an id (or with an id
+    # that prepare_start refuses) has no shard of its own: it is read unbound, as before.
     sealed = input if isinstance(input, Sealed) else None
-    if sealed is not None:  # a queued start: its input was sealed before it went to the broker (leases/tasks.py)
-        # sealed with the subject's key of the execution's shard (data keys live per shard), unsealed there
-        with shards.on_stream(execution_id) if _placeable(execution_id) else nullcontext():
+    if sealed is not None and not _placeable(execution_id):
+        input = unseal_started(sealed)
+    if execution_id is None:
+        execution_id = registry.new_execution_id()
+    # The execution's shard is asked for ONCE, here: everything below (the unseal, the bootstrap or the scheduled
+    # write, the run, its lease, its header reads) works on it through the binding. A refused id is not placed.
+    with shards.on_stream(execution_id) if _placeable(execution_id) else nullcontext():
+        if sealed is not None and input is sealed:
             input = unseal_started(sealed)
-    due = _start_due(start_at, delay)
-    extra = {}
-    if timeout is not None:
-        extra["$deadline"] = iso(now() + timedelta(seconds=check_seconds(timeout, "timeout")))
-    definition, value, stored, execution_id = prepare_start(flow, input, execution_id)
-    with shards.on_stream(execution_id):
+        due = _start_due(start_at, delay)
+        extra = {}
+        if timeout is not None:
+            extra["$deadline"] = iso(now() + timedelta(seconds=check_seconds(timeout, "timeout")))
+        definition, value, stored, execution_id = prepare_start(flow, input, execution_id)
         if due is not None:
             if meta:
                 extra["$meta"] = meta
-            return waits.schedule(definition.name, stored, execution_id, due, extra)
+            return waits.schedule_here(definition.name, stored, execution_id, due, extra)
         return _start(definition, value, stored, execution_id, meta, sealed, extra)
 
 
 def _placeable(execution_id: Any) -> bool:
-    """An id shard_for can place (prepare_start refuses the others with its own error)."""
+    """An id shard_for can place (prepare_start refuses the others with its own error, unplaced)."""
     return isinstance(execution_id, str) and bool(execution_id) and "\x00" not in execution_id
 
 

@@ -228,10 +228,11 @@ def schedule(flow: str, stored: Any, execution_id: str, due, extra: dict | None 
     """Write a new execution that starts at `due` (EXECUTION_STARTED with $start_at, then parked), on its
     own shard; ExecutionExists if the id is taken (nothing written)."""
     with shards.on_stream(execution_id):
-        return _schedule(flow, stored, execution_id, due, extra)
+        return schedule_here(flow, stored, execution_id, due, extra)
 
 
-def _schedule(flow: str, stored: Any, execution_id: str, due, extra: dict | None = None) -> Outcome:
+def schedule_here(flow: str, stored: Any, execution_id: str, due, extra: dict | None = None) -> Outcome:
+    """`schedule` on the bound shard: the caller (runtime.start) bound the execution's already."""
     payload = {"flow": flow, "input": stored, "$start_at": iso(due), **(extra or {})}
     run = writer.RunHandle(execution_id, flow, stored)
     try:

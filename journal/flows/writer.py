@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from journal import coalesce, jsonvalues, shards
-from journal.envelopes import Appended, AppendItem, Envelope
+from journal.envelopes import AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused
 from journal.flows import events as ev
 from journal.flows import registry
@@ -37,7 +37,7 @@ from journal.ids import check_stored_id
 from journal.models import Event
 from journal.privacy.codec import withhold
 from journal.store import store_for
-from journal.store.base import ExecutionBoot, ExecutionSettle
+from journal.store.base import ExecutionBoot, ExecutionSettle, ExecutionStore
 
 
 @dataclass(slots=True)
@@ -92,60 +92,63 @@ def stamp_version(flow: str, envelopes: list[Envelope], version: int | None = No
     return [Envelope(first.type, payload), *envelopes[1:]], version
 
 
-def _json(value: Any) -> str | None:
-    """The header's JSON text, by the same boundary as payloads (a float reads back as a float on jsonb)."""
-    return None if value is None else jsonvalues.dumps(value, "execution header value")
-
-
 def write(run: RunHandle, envelopes: list[Envelope], settle: Settle | None = None) -> int:
     """Write the run's next events; return the new tip. Raises StreamExists (bootstrap of an
-    existing id) or an AppendRefused (StaleFence after a takeover); nothing is written then."""
-    if run.token is None:
-        run.token = _bootstrap(run, envelopes, settle)
-        run.tip = len(envelopes) - 1
-        return run.tip
-    if settle is None:
-        item = AppendItem.build(run.execution_id, envelopes, run.token, run.tip)
-        appended = coalesce.append_item(item, Event.objects.db)  # coalesced when LOOM_COALESCE is on
+    existing id) or an AppendRefused (StaleFence after a takeover); nothing is written then.
+
+    One pass for every kind: the run's store is the bound shard's (its entry point bound it: start, resume, a
+    worker), `_request` makes what is written, and it goes to that shard's coalescer (LOOM_COALESCE) or store."""
+    store = store_for(Event.objects.db)
+    kind, item, encoded, request = _request(run, envelopes, settle, store)
+    if coalesce.enabled():  # merged with other executions' requests of its kind (adaptive: alone, direct)
+        outcome = coalesce.submit(kind, run.execution_id, request, store.alias)
+    elif kind == BOOTSTRAP:
+        outcome = store.bootstrap_execution(request)
+    elif kind == SETTLE:
+        outcome = store.settle_execution(request)
     else:
-        appended = _settle(run, envelopes, settle)
-    run.tip = appended.last_seq
+        outcome = store.append_encoded([item], [encoded])[0]
+    if kind == BOOTSTRAP:
+        run.token, run.tip = outcome, len(item.envelopes) - 1
+        return run.tip
+    if kind == SETTLE:
+        settle.released = request.companion is not None  # the statement deleted the lease row too
+    run.tip = outcome.last_seq
     return run.tip
 
 
-def _bootstrap(run: RunHandle, envelopes: list[Envelope], settle: Settle | None) -> int:
-    store = store_for(Event.objects.db)
-    envelopes, run.version = stamp_version(run.flow, envelopes, run.version)
-    item = AppendItem.build(run.execution_id, envelopes)
+def _request(run: RunHandle, envelopes: list[Envelope], settle: Settle | None,
+             store: ExecutionStore) -> tuple[str, AppendItem, list[str], Any]:
+    """What the run writes next, built in ONE place for the three kinds: (kind, its events as one AppendItem,
+    their encoded (sealed) texts, the kind's request). A run without a token bootstraps (its version stamped,
+    the header row made); a settle carries the header's terminal state; anything else is a fenced append."""
+    fresh = run.token is None
+    if fresh:
+        envelopes, run.version = stamp_version(run.flow, envelopes, run.version)
+    item = AppendItem.build(run.execution_id, envelopes, run.token, None if fresh else run.tip)
+    encoded = store.encode([item])[0]  # validated and sealed in the caller's thread, before anything is queued
+    if not fresh and settle is None:
+        return coalesce.APPEND, item, encoded, (item, encoded)
+    # The header's result, by the same JSON boundary as payloads (a float reads back as a float on jsonb).
+    result = None if settle is None or settle.result is None else jsonvalues.dumps(settle.result,
+                                                                                     "execution header value")
+    if not fresh:
+        # A store with one_statement_executions deletes the run's lease row in the settle statement.
+        companion = settle.companion if settle.lease_owner and store.one_statement_executions else None
+        return SETTLE, item, encoded, ExecutionSettle(item, encoded, settle.status, result, settle.error, companion,
+                                                      settle.lease_owner if companion else None)
     if run.companion is not None and not store.one_statement_executions:
         run.companion = run.lease = None  # no statement to ride in: the ownership leases on its own
     lease = run.lease if run.companion is not None else None
-    boot = ExecutionBoot(
-        item, store.encode([item])[0], run.flow, settle.status if settle else "running",
+    return BOOTSTRAP, item, encoded, ExecutionBoot(
+        item, encoded, run.flow, settle.status if settle else "running",
         # JSON null is 'null': the column is NOT NULL. Marked fields are withheld: the log holds them sealed.
         jsonvalues.dumps(withhold(ev.EXECUTION_STARTED, {"flow": run.flow, "input": run.input})["input"],
                          "execution input"),
-        _json(settle.result) if settle else None, settle.error if settle else "", settle is not None,
+        result, settle.error if settle else "", settle is not None,
         run.companion if lease else None, lease.owner if lease else None, lease.ttl if lease else None,
         run.version,
     )
-    if coalesce.enabled():  # merged with other executions' bootstraps (adaptive: alone, direct)
-        return coalesce.submit(BOOTSTRAP, run.execution_id, boot, store.alias)
-    return store.bootstrap_execution(boot)
-
-
-def _settle(run: RunHandle, envelopes: list[Envelope], settle: Settle) -> Appended:
-    store = store_for(Event.objects.db)
-    item = AppendItem.build(run.execution_id, envelopes, run.token, run.tip)
-    companion = settle.companion if settle.lease_owner and store.one_statement_executions else None
-    request = ExecutionSettle(item, store.encode([item])[0], settle.status, _json(settle.result), settle.error,
-                              companion, settle.lease_owner if companion else None)
-    if coalesce.enabled():  # merged with other executions' settles (adaptive: alone, direct)
-        appended = coalesce.submit(SETTLE, run.execution_id, request, store.alias)
-    else:
-        appended = store.settle_execution(request)
-    settle.released = companion is not None
-    return appended
 
 
 def header_status(execution_id: str) -> tuple[str, str, Any, str] | None:
@@ -156,8 +159,9 @@ def header_status(execution_id: str) -> tuple[str, str, Any, str] | None:
 
 
 def exists_error(execution_id: str) -> ExecutionExists:
-    """The ExecutionExists of a refused bootstrap (StreamExists), naming what holds the id: its header."""
-    header = header_status(execution_id)
+    """The ExecutionExists of a refused bootstrap (StreamExists), naming what holds the id: its header, read on
+    the shard that refused it (the bound one: no placement asked again, and the refused id was checked)."""
+    header = store_for(Event.objects.db).execution_status(execution_id)
     if header is None:
         return ExecutionExists(execution_id, "unknown (a stream of that id exists without an execution header)")
     status, flow, result, error = header

@@ -161,17 +161,6 @@ def _subject_of(type_: str, payload: Any, field: marking.Field) -> str:
     return subject
 
 
-def _copy_set(payload: dict, path: Path, value: Any) -> dict:
-    """`payload` with `value` at `path`, copying only the objects along the path."""
-    top = dict(payload)
-    node = top
-    for part in path[:-1]:
-        node[part] = dict(node[part])
-        node = node[part]
-    node[path[-1]] = value
-    return top
-
-
 def refuse_reserved(type_: str, payload: Any) -> None:
     """InvalidPayload if a payload not sealed by us holds a reserved top-level key: a reader would take it for
     sealed data (and fail, or show the marker in place of a field). One set test per payload."""
@@ -222,7 +211,7 @@ def seal(store, envelopes: Sequence[Envelope], whole: bool = True, stream_id: st
             if owner is not None:
                 key = data_keys[owner]
                 if key is None:  # forgotten: nothing of it is written
-                    payload = _copy_set(payload, f.path, FORGOTTEN)
+                    payload = marking.copy_set(payload, f.path, FORGOTTEN)
                     continue
                 nonce = os.urandom(NONCE)
                 aad = (_aad(env.type, f.path, owner) if stream_id is None
@@ -230,13 +219,13 @@ def seal(store, envelopes: Sequence[Envelope], whole: bool = True, stream_id: st
                 cipher = key.encrypt(nonce, _pack(value, text), aad)
                 text = base64.b64encode(nonce + cipher).decode()
                 if not f.blob:
-                    payload = _copy_set(payload, f.path, text)
+                    payload = marking.copy_set(payload, f.path, text)
                     continue
             if f.blob:
                 sha = content.store().put(text.encode())
                 links.append((sha, owner or ""))
                 blobs.append(list(f.path))
-                payload = _copy_set(payload, f.path, sha)
+                payload = marking.copy_set(payload, f.path, sha)
         if sealed:
             payload = {**payload, SEALED: sealed}
         if blobs:
@@ -287,7 +276,7 @@ def disclose_model(model: type, data: Any, reader: Reader | None) -> Any:
         if f.subject is None or value is None or value == FORGOTTEN:
             continue
         if not _allowed(reader, "", f.path, str(marking.get(data, f.subject)), f):
-            data = _copy_set(data, f.path, WITHHELD)
+            data = marking.copy_set(data, f.path, WITHHELD)
     return data
 
 
@@ -569,7 +558,7 @@ def withhold(type_: str, payload: Any) -> Any:
         return payload
     for f in marking.fields_for(type_, payload):
         if f.subject is not None and marking.get(payload, f.path) is not None:
-            payload = _copy_set(payload, f.path, WITHHELD)
+            payload = marking.copy_set(payload, f.path, WITHHELD)
     return payload
 
 

@@ -203,3 +203,15 @@ def get(payload: Any, path: Path, default: Any = None) -> Any:
 
 def has(payload: Any, path: Path) -> bool:
     return get(payload, path, _MISSING) is not _MISSING
+
+
+def copy_set(payload: dict, path: Path, value: Any) -> dict:
+    """`payload` with `value` at `path` (the writing twin of `get`), copying only the objects along the path:
+    the caller's payload is never changed."""
+    top = dict(payload)
+    node = top
+    for part in path[:-1]:
+        node[part] = dict(node[part])
+        node = node[part]
+    node[path[-1]] = value
+    return top
