@@ -159,6 +159,17 @@ def run(alias: str, now: datetime | None = None, max_batches: int | None = None)
     return totals
 
 
+def run_each(aliases: list[str], now: datetime | None = None,
+             max_batches: int | None = None) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
+    """`run` on each shard in turn (each shard's streams on that shard, its batches recorded there, under that
+    shard's own compactor lock): (totals per alias, the aliases that could not be reached -> the error's first
+    line). A shard that does not answer is named and the others are still compacted (shards.read_each); what
+    a shard that failed midway had committed stays committed (each batch is its own transaction)."""
+    unreachable: dict[str, str] = {}
+    found = shards.read_each(aliases, lambda alias: (alias, run(alias, now, max_batches)), unreachable)
+    return dict(found), unreachable
+
+
 def status(alias: str, recent: int = 10) -> dict:
     """The compacted states and the newest compaction batches on `alias`."""
     from journal.models import Compaction  # app registry: models need the apps loaded

@@ -25,6 +25,7 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
+from journal import jsonvalues
 from journal.store.base import DatabaseBound
 
 SETTLED = ("completed", "failed", "cancelled")
@@ -122,6 +123,17 @@ COMPACT_SNAPSHOTS = "DELETE FROM journal_snapshot WHERE stream_id = %s AND seq <
 RECORD_COMPACTION = """
 INSERT INTO journal_compaction (compacted_at, state, stream_id, before_seq, events, snapshots)
 VALUES (%s, %s, %s, %s, %s, %s)
+"""
+
+# == re-snapshot (journal/aggregates/resnapshot.py): a fresh snapshot from the current code ==================
+# -- resnapshot -- the state the current code folded from the stream's events 0..seq, claimed at exactly that
+# seq: inserted, or put in place of the snapshot an older code took at that seq (save_snapshot's DO NOTHING would
+# keep the old one). No lock but the row's own: an append never touches journal_snapshot, and a snapshot at seq N
+# stands for events 0..N only, so an append racing it (seq > N) is read after it as every tail is; a loader
+# reading the row sees the old state or the new one, never half of either.
+RESNAPSHOT = """
+INSERT INTO journal_snapshot (stream_id, seq, state, created_at) VALUES (%s, %s, {j}, %s)
+ON CONFLICT (stream_id, seq) DO UPDATE SET state = excluded.state, created_at = excluded.created_at
 """
 
 # -- archive reads -- the rows as stored: payloads as their JSON text (sealed fields stay sealed).
@@ -280,6 +292,12 @@ class RetentionStore(DatabaseBound):
     def record_compaction(self, at: datetime, state: str, stream_id: str, before: int, events: int,
                           snapshots: int) -> None:
         self._count(RECORD_COMPACTION, [at, state, stream_id, before, events, snapshots])
+
+    # -- re-snapshot ----------------------------------------------------------------------------------
+    def resnapshot(self, stream_id: str, seq: int, state: object, at: datetime) -> None:
+        """Write `state` as the stream's snapshot at `seq`, replacing one there (the caller's transaction)."""
+        text = jsonvalues.dumps(state, f"snapshot state of {stream_id}")
+        self._count(RESNAPSHOT.format(j=self.JSON_IN), [stream_id, seq, text, at])
 
     # -- benchmarks only (the growth section's removal cells) ------------------------------------------
     def fill_settled(self, prefix: str, first: int, count: int, per_stream: int, payload: str, days: float,
