@@ -11,6 +11,9 @@ journal_compaction. Never compacted: a sensitive state (it has no snapshot: a ch
 what the log holds sealed, docs/privacy.md), a stream whose newest snapshot no longer fits its state's schema
 (it would then load from nothing), a stream with an execution header (a flow's log).
 
+Under LOOM_SHARDS each shard compacts its own streams (`run(alias)`; `run_each` goes shard by shard, naming one
+that does not answer while the others are compacted), records its batches there, under its own compactor lock.
+
 Readers of a compacted stream (docs/retention.md, "Compaction"): the aggregate runtime loads from the snapshot
 and raises CompactedStream where it would have replayed from seq 0; `Event.objects.read(stream)` returns the
 kept events, from seq N (`first_seq` says where the stream starts); the admin says "compacted before seq N";

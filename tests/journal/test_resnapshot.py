@@ -1,9 +1,9 @@
-"""`loom aggregates resnapshot` (journal/aggregates/resnapshot.py, docs/aggregates.md "Re-snapshot"): a snapshot an
-older code took that no longer fits is re-taken from seq 0 by the current code, claiming exactly the seq it folded
-(in place of one there); one that fits is kept (`--all` re-takes it too); a dry run writes nothing; a compacted
-stream whose snapshot no longer fits is refused with what to do; a sensitive state is skipped and said so; its
-free-text options are checked (hypothesis); an appender racing it loses nothing and folds nothing twice
-(PostgreSQL, real commits in threads)."""
+"""`loom aggregates resnapshot` (journal/aggregates/resnapshot.py; docs/aggregates.md, "Re-snapshot after a code
+change"): a snapshot an older code took that no longer fits is re-taken from seq 0 by the current code, claiming
+exactly the seq it folded (in place of one there); one that fits is kept (`--all` re-takes it too); a dry run
+writes nothing; a compacted stream whose snapshot no longer fits is refused with what to do; a sensitive state is
+skipped and said so; its free-text options are checked (hypothesis); an appender racing it loses nothing and folds
+nothing twice (PostgreSQL, real commits in threads)."""
 
 from __future__ import annotations
 
