@@ -3,8 +3,9 @@
     LOOM_REINDEX_RATIO = 1.5    # journal_event's indexes past 1.5 times its heap's bytes are rebuilt; None: never
 
 Only journal_event, the table removal and compaction shrink most: its heap is a yardstick of what its indexes
-should take (about 0.9 times it, packed, with the growth section's payloads). journal_execution's small heap is
-none (its indexes are ten times it when packed); its indexes are rebuilt by hand (docs/backends.md).
+should take (about 0.57 times it after a rebuild, with the growth section's payloads: docs/benchmarks.md).
+journal_execution's small heap is none (its indexes were 15-18 times it in that measure); rebuild its indexes by
+hand (docs/backends.md).
 
 Why (docs/backends.md, "Index sizes under removal"): removal deletes old executions' rows; VACUUM gives their heap
 space back to new rows, but a B-tree leaf page emptied by the deletes only takes keys of its own key range again.
