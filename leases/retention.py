@@ -50,7 +50,8 @@ class RetentionService:
         try:
             while not self.stopping.wait(conf.get("LOOM_RETENTION_EVERY")):
                 removing, compacting = bool(retention.groups()), self._compacting()
-                for alias in shards.shards() if removing or compacting else ():
+                reindexing = conf.get("LOOM_REINDEX_RATIO") is not None
+                for alias in shards.shards() if removing or compacting or reindexing else ():
                     if self.stopping.is_set():
                         break
                     if removing:
