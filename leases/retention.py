@@ -4,7 +4,7 @@ Every worker runs it; on each shard one remover at a time does a batch (the batc
 PostgreSQL, the write lock on SQLite), the others' rounds return at once. A round runs batches until nothing
 is due, then sleeps LOOM_RETENTION_EVERY. Nothing to do (no retention configured): a sleep per round.
 It also compacts the aggregate streams of the compacted states (journal/compaction.py), after the removal, and
-(LOOM_REINDEX_RATIO) rebuilds journal_event's indexes once removal has bloated them (journal/reindex.py).
+(LOOM_REINDEX_RATIO) rebuilds the event table's indexes once removal has bloated them (journal/reindex.py).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class RetentionService:
             log.exception("compaction on %s failed; retrying next round", alias)
 
     def _reindex(self, alias: str) -> None:
-        """Rebuild journal_event's indexes on `alias` once removal has bloated them (journal/reindex.py: off unless
+        """Rebuild the event table's indexes on `alias` once removal has bloated them (journal/reindex.py: off unless
         LOOM_REINDEX_RATIO is set; looked at once per LOOM_REINDEX_EVERY per shard; one rebuilder per shard)."""
         if conf.get("LOOM_REINDEX_RATIO") is None:
             return
