@@ -656,6 +656,10 @@ def resnapshot(using: str | None, *, state: str | None = None, stream: str | Non
         _check_text("--stream", stream)
     if not 1 <= batch <= MAX_LIMIT:
         raise Refused(f"--batch is 1 to {MAX_LIMIT}", USAGE)
+    if using is not None and not shards.sharded():
+        _flows_alias(using)  # the aggregates read and write where the routers put the journal
+    elif using is not None and using not in shards.shards():
+        raise Refused(f"--database {using!r}: not one of LOOM_SHARDS ({', '.join(shards.shards())})", USAGE)
     if stream is not None and shards.sharded() and using is not None and using != shards.shard_for(stream):
         raise Refused(f"--database {using!r}: stream {stream!r} lives on shard {shards.shard_for(stream)!r} "
                       "(LOOM_SHARDS); leave --database out", USAGE)

@@ -245,6 +245,7 @@ def test_bad_options_are_usage_errors_and_unknown_targets_are_refusals():
     assert loom("--state", "ResnapTally", "--stream", "ResnapTally-Other-x")[0] == 1  # the longer prefix's
     assert loom("--state", "a\x00b")[0] == 2
     assert loom("--batch", "0")[0] == 2
+    assert loom("--database", "other")[0] == 2  # not in DATABASES
 
 
 TEXT = hs.one_of(hs.text(max_size=30), hs.sampled_from(["ResnapTally", "ResnapTally-", "ResnapTally-a", "*", ""]))
