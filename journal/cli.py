@@ -614,13 +614,25 @@ def retention(using: str | None, verb: str, max_batches: int | None = None) -> R
         if down:  # the others were compacted: say so, and exit 4 naming the shards not reached
             raise _partly_unreachable(done, down, lines, "compacted")
         return Reply(done, lines)
+    down: dict[str, str] = {}  # a shard that does not answer: named, the others still done (exit 4 after them)
     if verb == "run":
-        done = {alias: kept.run(alias, max_batches=max_batches) for alias in aliases}
+        done = dict(shards.read_each(aliases, lambda alias: (alias, kept.run(alias, max_batches=max_batches)), down))
         lines = [f"{alias}: removed {t['executions']} execution(s), {t['events']} event(s), {t['messages']} "
                  f"message(s), {t['flow_events']} flow event(s) in {t['batches']} batch(es)"
                  for alias, t in done.items()]
+        if down:
+            raise _partly_unreachable(done, down, lines, "removed from")
         return Reply(done, lines)
-    found = [kept.status(alias) for alias in aliases]
+
+    def both(alias: str) -> dict:
+        one = kept.status(alias)
+        try:
+            one["compaction"] = compaction.status(alias)
+        except conf.ConfigError as exc:
+            raise Refused(str(exc), kind="ConfigError") from None
+        return one
+
+    found = shards.read_each(aliases, both, down)
     lines = []
     for one in found:
         lines.append(f"{one['alias']}:")
@@ -631,14 +643,12 @@ def retention(using: str | None, verb: str, max_batches: int | None = None) -> R
             lines.append(f"  kept forever: {', '.join(one['forever'])}")
         lines += [f"  removed #{r['id']} {r['removed_at']}: {r['executions']} execution(s), {r['events']} event(s)"
                   + (f", archive {r['archive']}" if r["archive"] else "") for r in one["removed"]]
-        try:
-            compacted = compaction.status(one["alias"])
-        except conf.ConfigError as exc:
-            raise Refused(str(exc), kind="ConfigError") from None
-        one["compaction"] = compacted
+        compacted = one["compaction"]
         lines.append(f"  compacted states: {', '.join(compacted['states']) or 'none'}")
         lines += [f"  compacted #{c['id']} {c['compacted_at']}: {c['stream']} before seq {c['before_seq']}, "
                   f"{c['events']} event(s)" for c in compacted["compacted"]]
+    if down:
+        raise _partly_unreachable({"shards": found}, down, lines, "read")
     return Reply(found, lines)
 
 

@@ -203,7 +203,8 @@ def shard_down(arg) -> dict:
     up, down = shards.shards()[:2], shards.shards()[2]
     ids = _ids(arg["run"], 1, up)
     _bump(bump, [i for names in ids.values() for i in names], 12)
-    out: dict = {"down": down, "cli": _loom("retention", "compact")[:2], "after_cli": _facts(st, ids)}
+    out: dict = {"down": down, "cli": _loom("retention", "compact")[:2], "after_cli": _facts(st, ids),
+                 "status": _loom("retention", "status")[:2], "run": _loom("retention", "run")[:2]}
     again = _ids(f"{arg['run']}s", 1, up)
     _bump(bump, [i for names in again.values() for i in names], 12)
     for alias, names in again.items():

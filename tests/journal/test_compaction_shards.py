@@ -126,6 +126,13 @@ def test_a_shard_that_does_not_answer_is_named_and_the_others_are_still_compacte
     assert doc["results"]["default"]["streams"] >= 1 and doc["results"]["shard1"]["streams"] >= 1  # (and the
     # streams the module's first scenario re-snapshotted: compactable since)
     assert all(f["seqs"] == [9, 10, 11] for f in facts["after_cli"].values()), facts["after_cli"]
+    code, doc = facts["status"]  # `retention status` and `run` too: the reached shards' answers, shard2 named
+    assert code == 4 and doc["results"]["unreachable"] == ["shard2"], doc
+    assert [one["alias"] for one in doc["results"]["shards"]] == ["default", "shard1"]
+    assert all(one["compaction"]["compacted"] for one in doc["results"]["shards"])
+    code, doc = facts["run"]
+    assert code == 4 and doc["results"]["unreachable"] == ["shard2"] and set(doc["results"]) == {
+        "default", "shard1", "unreachable"}, doc
     code, doc = facts["resnapshot"]
     assert code == 4 and doc["results"]["unreachable"] == ["shard2"] and doc["results"]["resnapshotted"] == 2, doc
     assert all(f["seqs"] == [9, 10, 11] and f["state"] == [12, 12, 11] for f in facts["service"].values()), \
