@@ -320,6 +320,65 @@ def test_an_appender_racing_resnapshot_loses_nothing_and_every_snapshot_is_the_f
     assert reads and all(n == b == v + 1 for n, b, v in reads), [r for r in reads if not r[0] == r[1] == r[2] + 1][:5]
     assert [e.seq for e in Event.objects.read("ResnapTally-race")] == list(range(86))
     for seq, state in snapshots("ResnapTally-race"):
-        assert state == truth(tally, "ResnapTally-race", seq), seq
+        assert state == truth(tally, "ResnapTally-race", seq) == {"n": seq + 1, "bumps": seq + 1}, seq
     cache.clear()
     assert load(tally, "race").state == Tally(n=86, bumps=86)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_resnapshot_and_compaction_racing_appenders_on_one_stream_keep_every_snapshot_true(settings):
+    """The same stream compacted as well (LOOM_COMPACT_AGGREGATES): writers bump it, a compactor compacts it in
+    2-event batches, a re-snapshotter re-takes it (--all) until the stream is compacted (then it says so and keeps
+    the snapshot), a reader replays it. Each bump adds 1 to n and to bumps, so a snapshot at seq s is true iff it
+    holds n == bumps == s + 1: checked for every snapshot row left, and every read."""
+    settings.LOOM_COMPACT_AGGREGATES = ["ResnapTally"]
+    settings.LOOM_COMPACT_BATCH = 2
+    bumps(bump, "both", 3)  # no snapshot yet: the first compaction waits for one
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    reads: list[tuple[int, int, int]] = []
+    outcomes: list[str] = []
+
+    def loop(work) -> None:
+        try:
+            while not stop.is_set():
+                work()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def writer() -> None:
+        try:
+            for _ in range(40):
+                do_with_retry(bump, "both", {"by": 1}, attempts=50)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def read() -> None:
+        agg = replay(tally, "both")
+        reads.append((agg.state.n, agg.state.bumps, agg.version))
+
+    writers = [threading.Thread(target=writer) for _ in range(2)]
+    others = [threading.Thread(target=loop, args=(work,)) for work in (
+        lambda: compaction.run("default"),
+        lambda: outcomes.append(redo.resnapshot_stream(tally, "ResnapTally-both", "default", everything=True).action),
+        read)]
+    for thread in writers + others:
+        thread.start()
+    for thread in writers:
+        thread.join(120)
+    stop.set()
+    for thread in others:
+        thread.join(60)
+    assert errors == []
+    assert outcomes and set(outcomes) <= {"resnapshotted", "skipped"}, set(outcomes)
+    assert reads and all(n == b == v + 1 for n, b, v in reads), [r for r in reads if not r[0] == r[1] == r[2] + 1][:5]
+    assert all(state == {"n": seq + 1, "bumps": seq + 1} for seq, state in snapshots("ResnapTally-both"))
+    kept = [e.seq for e in Event.objects.read("ResnapTally-both")]
+    assert kept[0] > 0 and kept == list(range(kept[0], 83))  # compacted, nothing lost after its snapshot
+    cache.clear()
+    assert load(tally, "both").state == Tally(n=83, bumps=83)
