@@ -23,6 +23,8 @@ FACE_MODULES = (
     "journal.flows.aio", "journal.telemetry", "journal.reach", "journal.retention", "journal.cli",
     # wave 15: aggregate compaction (the worker's retention service runs it)
     "journal.compaction",
+    # wave 17: the index rebuild the worker's retention service runs (journal/reindex.py)
+    "journal.reindex",
     # loom.W050 as a database check: the long-running commands (loom_worker, loom_serve_api) run it at start-up
     "journal.checks",
 )

@@ -606,19 +606,33 @@ def retention(using: str | None, verb: str, max_batches: int | None = None) -> R
         raise Refused(f"--max-batches must be at least 1, got {max_batches}", USAGE)
     if verb == "compact":
         try:
-            done = {alias: compaction.run(alias, max_batches=max_batches) for alias in aliases}
+            done, down = compaction.run_each(aliases, max_batches=max_batches)
         except conf.ConfigError as exc:
             raise Refused(str(exc), kind="ConfigError") from None
         lines = [f"{alias}: compacted {t['streams']} stream(s), {t['events']} event(s), {t['snapshots']} older "
                  f"snapshot(s) in {t['batches']} batch(es)" for alias, t in done.items()]
+        if down:  # the others were compacted: say so, and exit 4 naming the shards not reached
+            raise _partly_unreachable(done, down, lines, "compacted")
         return Reply(done, lines)
+    down: dict[str, str] = {}  # a shard that does not answer: named, the others still done (exit 4 after them)
     if verb == "run":
-        done = {alias: kept.run(alias, max_batches=max_batches) for alias in aliases}
+        done = dict(shards.read_each(aliases, lambda alias: (alias, kept.run(alias, max_batches=max_batches)), down))
         lines = [f"{alias}: removed {t['executions']} execution(s), {t['events']} event(s), {t['messages']} "
                  f"message(s), {t['flow_events']} flow event(s) in {t['batches']} batch(es)"
                  for alias, t in done.items()]
+        if down:
+            raise _partly_unreachable(done, down, lines, "removed from")
         return Reply(done, lines)
-    found = [kept.status(alias) for alias in aliases]
+
+    def both(alias: str) -> dict:
+        one = kept.status(alias)
+        try:
+            one["compaction"] = compaction.status(alias)
+        except conf.ConfigError as exc:
+            raise Refused(str(exc), kind="ConfigError") from None
+        return one
+
+    found = shards.read_each(aliases, both, down)
     lines = []
     for one in found:
         lines.append(f"{one['alias']}:")
@@ -629,15 +643,68 @@ def retention(using: str | None, verb: str, max_batches: int | None = None) -> R
             lines.append(f"  kept forever: {', '.join(one['forever'])}")
         lines += [f"  removed #{r['id']} {r['removed_at']}: {r['executions']} execution(s), {r['events']} event(s)"
                   + (f", archive {r['archive']}" if r["archive"] else "") for r in one["removed"]]
-        try:
-            compacted = compaction.status(one["alias"])
-        except conf.ConfigError as exc:
-            raise Refused(str(exc), kind="ConfigError") from None
-        one["compaction"] = compacted
+        compacted = one["compaction"]
         lines.append(f"  compacted states: {', '.join(compacted['states']) or 'none'}")
         lines += [f"  compacted #{c['id']} {c['compacted_at']}: {c['stream']} before seq {c['before_seq']}, "
                   f"{c['events']} event(s)" for c in compacted["compacted"]]
+    if down:
+        raise _partly_unreachable({"shards": found}, down, lines, "read")
     return Reply(found, lines)
+
+
+def resnapshot(using: str | None, *, state: str | None = None, stream: str | None = None, everything: bool = False,
+               dry_run: bool = False, batch: int = 100, progress: Callable[[str], None] | None = None) -> Reply:
+    """`loom aggregates resnapshot`: fresh snapshots from this code where the newest one no longer fits (`--all`:
+    every snapshotted stream), every shard (journal/aggregates/resnapshot.py). Exit 1 naming the streams refused (a
+    compacted stream whose snapshot does not fit) or failed, after every other stream was done; exit 4 naming a
+    shard not reached, the others done."""
+    from journal.aggregates import resnapshot as redo  # app registry: the aggregates import the models
+
+    if state is not None:
+        _check_text("--state", state)
+    if stream is not None:
+        _check_text("--stream", stream)
+    if not 1 <= batch <= MAX_LIMIT:
+        raise Refused(f"--batch is 1 to {MAX_LIMIT}", USAGE)
+    if using is not None and not shards.sharded():
+        _flows_alias(using)  # the aggregates read and write where the routers put the journal
+    elif using is not None and using not in shards.shards():
+        raise Refused(f"--database {using!r}: not one of LOOM_SHARDS ({', '.join(shards.shards())})", USAGE)
+    if stream is not None and shards.sharded() and using is not None and using != shards.shard_for(stream):
+        raise Refused(f"--database {using!r}: stream {stream!r} lives on shard {shards.shard_for(stream)!r} "
+                      "(LOOM_SHARDS); leave --database out", USAGE)
+    try:
+        report = redo.run(_aliases(using), state=state, stream=stream, everything=everything, dry_run=dry_run,
+                          batch=batch, progress=progress)
+    except redo.UnknownTarget as exc:
+        raise Refused(str(exc), REFUSED, "UnknownState" if stream is None else "UnknownStream") from None
+    data = report.as_json()
+    lines = [f"{name}: skipped, {why}" for name, why in report.skipped_states.items()]
+    lines += [f"{o.alias}: {o.stream}: {o.action}" + (f" at seq {o.seq}" if o.seq is not None else "")
+              + (f" ({o.reason})" if o.reason else "") for o in report.outcomes]
+    verb = "would be re-snapshotted" if dry_run else "re-snapshotted"
+    done = data["would_resnapshot"] if dry_run else data["resnapshotted"]
+    lines.append(f"{report.checked} stream(s) checked: {done} {verb}, {report.fits} fit and kept, "
+                 f"{data['refused']} refused, {data['failed']} failed")
+    problems = [o for o in report.outcomes if o.problem]
+    if problems:
+        first = problems[0]
+        raise Refused(f"{len(problems)} stream(s) not re-snapshotted; the first: {first.stream}: {first.reason}",
+                      REFUSED, "CompactedStream" if first.action == "refused" else "NotRefolded", data=data,
+                      lines=lines)
+    if report.unreachable:
+        raise _partly_unreachable(data, report.unreachable, lines, "re-snapshotted")
+    return Reply(data, lines)
+
+
+def _partly_unreachable(done: dict, down: dict[str, str], lines: list[str], what: str) -> Refused:
+    """Exit 4 for a verb that acted on every shard it reached: the lines and data of those, and the shards that
+    could not be reached named (retry once they answer; what was done stays done)."""
+    said = "; ".join(f"{alias}: {reason}" for alias, reason in down.items())
+    lines = [*lines, *(f"{alias}: not reached ({reason})" for alias, reason in down.items())]
+    return Refused(f"{', '.join(down)} could not be reached ({said}); the other shard(s) were {what}; retry once it "
+                   f"answers", UNREACHABLE, "DatabaseUnavailable", data={**done, "unreachable": sorted(down)},
+                   lines=lines)
 
 
 def archive(using: str | None, verb: str, name: str | None = None, ids: list[str] | None = None) -> Reply:

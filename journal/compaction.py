@@ -11,6 +11,9 @@ journal_compaction. Never compacted: a sensitive state (it has no snapshot: a ch
 what the log holds sealed, docs/privacy.md), a stream whose newest snapshot no longer fits its state's schema
 (it would then load from nothing), a stream with an execution header (a flow's log).
 
+Under LOOM_SHARDS each shard compacts its own streams (`run(alias)`; `run_each` goes shard by shard, naming one
+that does not answer while the others are compacted), records its batches there, under its own compactor lock.
+
 Readers of a compacted stream (docs/retention.md, "Compaction"): the aggregate runtime loads from the snapshot
 and raises CompactedStream where it would have replayed from seq 0; `Event.objects.read(stream)` returns the
 kept events, from seq N (`first_seq` says where the stream starts); the admin says "compacted before seq N";
@@ -157,6 +160,17 @@ def run(alias: str, now: datetime | None = None, max_batches: int | None = None)
                 break
             after = page[-1][0]
     return totals
+
+
+def run_each(aliases: list[str], now: datetime | None = None,
+             max_batches: int | None = None) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
+    """`run` on each shard in turn (each shard's streams on that shard, its batches recorded there, under that
+    shard's own compactor lock): (totals per alias, the aliases that could not be reached -> the error's first
+    line). A shard that does not answer is named and the others are still compacted (shards.read_each); what
+    a shard that failed midway had committed stays committed (each batch is its own transaction)."""
+    unreachable: dict[str, str] = {}
+    found = shards.read_each(aliases, lambda alias: (alias, run(alias, now, max_batches)), unreachable)
+    return dict(found), unreachable
 
 
 def status(alias: str, recent: int = 10) -> dict:

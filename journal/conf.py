@@ -245,6 +245,11 @@ register(
             "are compacted: the events before the newest snapshot deleted (journal/compaction.py). "
             "State(..., compact=True) does the same for one state.", check=_compact_problem),
     Setting("LOOM_COMPACT_BATCH", int, 1000, "Events one compaction batch (one transaction) deletes at most.", 1),
+    Setting("LOOM_REINDEX_RATIO", float, None, "PostgreSQL: the retention service rebuilds (REINDEX INDEX "
+            "CONCURRENTLY, one at a time) the indexes of journal_event once together they pass this many times its "
+            "heap bytes (journal/reindex.py; unset: never).", 0.1, optional=True),
+    Setting("LOOM_REINDEX_EVERY", float, 3600.0, "Seconds between two index checks of a worker's retention service "
+            "(LOOM_REINDEX_RATIO).", 1.0),
 )
 
 

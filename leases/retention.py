@@ -3,18 +3,20 @@
 Every worker runs it; on each shard one remover at a time does a batch (the batch's advisory lock on
 PostgreSQL, the write lock on SQLite), the others' rounds return at once. A round runs batches until nothing
 is due, then sleeps LOOM_RETENTION_EVERY. Nothing to do (no retention configured): a sleep per round.
-It also compacts the aggregate streams of the compacted states (journal/compaction.py), after the removal.
+It also compacts the aggregate streams of the compacted states (journal/compaction.py), after the removal, and
+(LOOM_REINDEX_RATIO) rebuilds the event table's indexes once removal has bloated them (journal/reindex.py).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.apps import apps
 from django.db import DatabaseError, connections, router
 
-from journal import compaction, conf, retention, shards
+from journal import compaction, conf, reindex, retention, shards
 from leases.store import store_for
 
 log = logging.getLogger("loom.retention")
@@ -38,6 +40,7 @@ class RetentionService:
     def __init__(self) -> None:
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
+        self.next_reindex: dict[str, float] = {}  # alias -> time.monotonic() of its next index check
 
     def start(self, worker) -> None:
         self.thread = threading.Thread(target=self._loop, name="loom-retention", daemon=True)
@@ -47,13 +50,15 @@ class RetentionService:
         try:
             while not self.stopping.wait(conf.get("LOOM_RETENTION_EVERY")):
                 removing, compacting = bool(retention.groups()), self._compacting()
-                for alias in shards.shards() if removing or compacting else ():
+                reindexing = conf.get("LOOM_REINDEX_RATIO") is not None
+                for alias in shards.shards() if removing or compacting or reindexing else ():
                     if self.stopping.is_set():
                         break
                     if removing:
                         self._round(alias)
                     if compacting:
                         self._compact(alias)
+                    self._reindex(alias)
         finally:
             connections.close_all()
 
@@ -88,6 +93,23 @@ class RetentionService:
             connections[alias].close()
         except Exception:
             log.exception("compaction on %s failed; retrying next round", alias)
+
+    def _reindex(self, alias: str) -> None:
+        """Rebuild the event table's indexes on `alias` once removal has bloated them (journal/reindex.py: off unless
+        LOOM_REINDEX_RATIO is set; looked at once per LOOM_REINDEX_EVERY per shard; one rebuilder per shard)."""
+        if conf.get("LOOM_REINDEX_RATIO") is None:
+            return
+        now = time.monotonic()
+        if now < self.next_reindex.get(alias, 0.0):
+            return
+        self.next_reindex[alias] = now + conf.get("LOOM_REINDEX_EVERY")
+        try:
+            reindex.run(alias)
+        except (DatabaseError, OSError) as exc:
+            log.warning("index rebuild on %s failed (an invalid copy it left is dropped next time): %s", alias, exc)
+            connections[alias].close()
+        except Exception:
+            log.exception("index rebuild on %s failed", alias)
 
     def quiesce(self) -> None:
         self.stopping.set()

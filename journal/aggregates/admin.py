@@ -22,11 +22,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
+from journal import shards
 from journal.admin_base import ReadOnlyAdmin
 from journal.aggregates.declarations import State, states
 from journal.aggregates.errors import AggregateError, CompactedStream
 from journal.aggregates.runtime import META, fold_events, replay
-from journal.exceptions import PrivacyError
+from journal.exceptions import InvalidStream, PrivacyError
+from journal.ids import check_stored_id
 from journal.models import AggregateStream, Event
 from journal.privacy import Reader, reader_for_user
 from journal.privacy.codec import disclose_model
@@ -96,8 +98,18 @@ def stream_list(request: HttpRequest, state: str) -> HttpResponse:
 
 
 def stream_detail(request: HttpRequest, state: str, id: str) -> HttpResponse:
-    """One aggregate: its current state (replayed now) and its latest events, newest last."""
+    """One aggregate: its current state (replayed now) and its latest events, newest last; read on the stream's
+    shard (journal/shards.py: its events, its snapshot and where a compaction left it all live there)."""
     st = _state(state)
+    try:
+        stream = check_stored_id(st.stream(id), f"stream id of {st.name}")
+    except InvalidStream as exc:  # no such stream can exist
+        raise Http404(str(exc)) from None
+    with shards.on_stream(stream):
+        return _stream_detail(request, st, id)
+
+
+def _stream_detail(request: HttpRequest, st: State, id: str) -> HttpResponse:
     stream = st.stream(id)
     total = Event.objects.filter(stream_id=stream).count()
     if not total:

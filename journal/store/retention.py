@@ -25,6 +25,7 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
+from journal import jsonvalues
 from journal.store.base import DatabaseBound
 
 SETTLED = ("completed", "failed", "cancelled")
@@ -123,6 +124,46 @@ RECORD_COMPACTION = """
 INSERT INTO journal_compaction (compacted_at, state, stream_id, before_seq, events, snapshots)
 VALUES (%s, %s, %s, %s, %s, %s)
 """
+
+# == re-snapshot (journal/aggregates/resnapshot.py): a fresh snapshot from the current code ==================
+# -- resnapshot -- the state the current code folded from the stream's events 0..seq, claimed at exactly that
+# seq: inserted, or put in place of the snapshot an older code took at that seq (save_snapshot's DO NOTHING would
+# keep the old one). No lock but the row's own: an append never touches journal_snapshot, and a snapshot at seq N
+# stands for events 0..N only, so an append racing it (seq > N) is read after it as every tail is; a loader
+# reading the row sees the old state or the new one, never half of either.
+RESNAPSHOT = """
+INSERT INTO journal_snapshot (stream_id, seq, state, created_at) VALUES (%s, %s, {j}, %s)
+ON CONFLICT (stream_id, seq) DO UPDATE SET state = excluded.state, created_at = excluded.created_at
+"""
+
+# == index upkeep (journal/reindex.py): B-tree pages that removal emptied, given back by a rebuild ===========
+# -- index_sizes -- (PostgreSQL) each valid index of journal_event (the table removal and compaction shrink most),
+# its bytes and the table's heap bytes (main fork: what the index entries point into). Catalog reads, no lock.
+INDEX_SIZES = """
+SELECT t.relname, c.relname, pg_relation_size(c.oid), pg_relation_size(t.oid)
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
+WHERE t.relname = 'journal_event' AND t.relnamespace = to_regnamespace(current_schema())
+AND i.indisvalid ORDER BY c.relname
+"""
+# -- leftover_rebuilds -- the invalid copies a rebuild that was stopped midway leaves (`<index>_ccnew`, `_ccold`):
+# every write still updates them, so they are dropped before anything else.
+LEFTOVER_REBUILDS = """
+SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
+WHERE t.relname = 'journal_event' AND t.relnamespace = to_regnamespace(current_schema())
+AND NOT i.indisvalid AND c.relname ~ '_cc(new|old)[0-9]*$'
+"""
+DROP_LEFTOVER = "DROP INDEX CONCURRENTLY IF EXISTS {index}"
+# -- reindex -- REINDEX INDEX CONCURRENTLY (PostgreSQL 12+): a new copy is built beside the old one and swapped in.
+# It takes SHARE UPDATE EXCLUSIVE on the table (appends, reads, removal batches and compaction go on; only DDL,
+# VACUUM and another rebuild of the table wait) and waits for the transactions older than each of its phases. It
+# cannot run inside a transaction block: the connection is in autocommit, one index per statement.
+REINDEX = "REINDEX INDEX CONCURRENTLY {index}"
+# -- try_reindex_lock -- a session advisory lock, key 3: one rebuilder per shard (a second one returns at once).
+# Session-level, not transaction-level, because the rebuild runs outside any transaction; released right after
+# (and by the server if the session ends). Behind a transaction-pooling PgBouncer a session lock does not hold:
+# journal/reindex.py refuses to run there (docs/backends.md).
+TRY_REINDEX_LOCK = "SELECT pg_try_advisory_lock(1282371437, 3)"  # "Loom", 3: index rebuilds
+REINDEX_UNLOCK = "SELECT pg_advisory_unlock(1282371437, 3)"
 
 # -- archive reads -- the rows as stored: payloads as their JSON text (sealed fields stay sealed).
 ARCHIVE_HEADERS = """
@@ -280,6 +321,38 @@ class RetentionStore(DatabaseBound):
     def record_compaction(self, at: datetime, state: str, stream_id: str, before: int, events: int,
                           snapshots: int) -> None:
         self._count(RECORD_COMPACTION, [at, state, stream_id, before, events, snapshots])
+
+    # -- re-snapshot ----------------------------------------------------------------------------------
+    def resnapshot(self, stream_id: str, seq: int, state: object, at: datetime) -> None:
+        """Write `state` as the stream's snapshot at `seq`, replacing one there (the caller's transaction)."""
+        text = jsonvalues.dumps(state, f"snapshot state of {stream_id}")
+        self._count(RESNAPSHOT.format(j=self.JSON_IN), [stream_id, seq, text, at])
+
+    # -- index upkeep (PostgreSQL only: SQLite's VACUUM rebuilds a database file whole) ---------------------
+    def index_sizes(self) -> list[tuple[str, str, int, int]]:
+        """(table, index, index bytes, table heap bytes) of journal_event's indexes."""
+        return [(t, i, int(size), int(heap)) for t, i, size, heap in self._rows(INDEX_SIZES, [])]
+
+    def leftover_rebuilds(self) -> list[str]:
+        return [row[0] for row in self._rows(LEFTOVER_REBUILDS, [])]
+
+    def _autocommit(self, sql: str) -> None:
+        if self.connection.in_atomic_block:  # REINDEX/DROP ... CONCURRENTLY refuse a transaction block
+            raise RuntimeError(f"{sql.split(' ')[0]} ... CONCURRENTLY cannot run inside a transaction")
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql)
+
+    def drop_leftover(self, index: str) -> None:
+        self._autocommit(DROP_LEFTOVER.format(index=self.connection.ops.quote_name(index)))
+
+    def reindex(self, index: str) -> None:
+        self._autocommit(REINDEX.format(index=self.connection.ops.quote_name(index)))
+
+    def try_reindex_lock(self) -> bool:
+        return bool(self._rows(TRY_REINDEX_LOCK, [])[0][0])
+
+    def reindex_unlock(self) -> None:
+        self._rows(REINDEX_UNLOCK, [])
 
     # -- benchmarks only (the growth section's removal cells) ------------------------------------------
     def fill_settled(self, prefix: str, first: int, count: int, per_stream: int, payload: str, days: float,

@@ -10,6 +10,7 @@
     manage.py loom schedules
     manage.py loom flows [--flow F]                # versions: registered here, live executions of each
     manage.py loom replay [ID ...] [--flow F] [--last N] [--settled] [--file PATH]  # exit 1: would not resume
+    manage.py loom aggregates resnapshot [--state S] [--stream ID] [--all] [--dry-run] [--batch N]
 
 `--json` on every verb prints one JSON document on stdout (an error too: {"ok": false, ...}). Exit
 codes: 0 done, 1 refused or not found, 2 usage, 3 not available here, 4 the database (a shard) could not be
@@ -93,6 +94,23 @@ def _retention_arguments(keeping) -> None:
     compacting.add_argument("--max-batches", type=int, default=None, dest="max_batches")
 
 
+def _aggregates_arguments(aggregating) -> None:
+    verbs = aggregating.add_subparsers(dest="verb", required=True, metavar="{resnapshot}")
+    redo = options(verbs.add_parser("resnapshot", help="Fresh snapshots from this code for the streams whose newest "
+                                                      "snapshot no longer fits (--all: every snapshotted stream)."))
+    redo.add_argument("--state", help="Only this state's streams.")
+    redo.add_argument("--stream", help="Only this stream (its id: the state's prefix and the aggregate id).")
+    redo.add_argument("--all", action="store_true", dest="everything",
+                      help="Every stream with a snapshot, even one that fits (a fold changed, the schema did not).")
+    redo.add_argument("--dry-run", action="store_true", dest="dry_run", help="Fold and report; write nothing.")
+    redo.add_argument("--batch", type=int, default=100, help="Streams per page, one progress line each (100).")
+
+
+def _aggregates(parsed: dict, using: str | None) -> cli.Reply:
+    return cli.resnapshot(using, state=parsed["state"], stream=parsed["stream"], everything=parsed["everything"],
+                          dry_run=parsed["dry_run"], batch=parsed["batch"], progress=parsed.get("progress"))
+
+
 def _archive_arguments(archiving) -> None:
     arch = archiving.add_subparsers(dest="verb", required=True, metavar="{list,show,restore}")
     options(arch.add_parser("list", help="Every archive object."))
@@ -127,6 +145,8 @@ cli.add_cli_noun("executions", _execution_arguments, _executions, place=10,
 cli.add_cli_noun("retention", _retention_arguments, place=50,
                  dispatch=lambda parsed, using: cli.retention(using, parsed["verb"], parsed.get("max_batches")),
                  help="Retention: what is due, what was removed; run a round; compact aggregate streams.")
+cli.add_cli_noun("aggregates", _aggregates_arguments, _aggregates, place=55,
+                 help="Aggregates: re-snapshot streams whose snapshot an older code took.")
 cli.add_cli_noun("archive", _archive_arguments, place=60,
                  dispatch=lambda parsed, using: cli.archive(using, parsed["verb"], parsed.get("name"),
                                                             parsed.get("ids")),
@@ -156,6 +176,7 @@ class Command(BaseCommand):
         as_json, using = options["json"], options["database"]
         try:
             try:
+                options["progress"] = self.stderr.write  # a long verb's progress (stdout stays its reply)
                 reply = cli.NOUNS[options["noun"]].dispatch(options, cli.check_alias(using))
             except (OperationalError, InterfaceError) as exc:  # a server down: exit 4 naming it, not a traceback
                 if not cannot_reach(exc):
