@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
@@ -59,6 +59,9 @@ def test_an_archive_whose_batch_did_not_commit_is_refused_and_the_later_batchs_a
     (kept,) = [name for name in retention.list_archives() if name != lost]
     with pytest.raises(retention.ArchiveError, match="no committed removal batch"):
         retention.restore(lost)
+    with pytest.raises(CommandError, match="no committed removal batch") as refused:
+        call_command("loom", "archive", "restore", lost)
+    assert refused.value.returncode == 1
     assert rows_of("rl-1") == dict.fromkeys(TABLES, 0)
     call_command("loom", "archive", "restore", kept)
     assert describe("rl-1") == seen
