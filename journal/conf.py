@@ -18,6 +18,7 @@ generated from this registry (`manage.py loom_settings --markdown`, every app in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -215,6 +216,11 @@ def _retention_flows_problem(value: list) -> str | None:
     return None
 
 
+def _duty_problem(value: float) -> str | None:
+    """A finite pause factor (nan or inf would stop removal for good)."""
+    return None if math.isfinite(value) else "must be a finite number >= 0"
+
+
 def _compact_problem(value: list) -> str | None:
     """Entries are aggregate state names (or `*`), each once."""
     from journal.compaction import parse_compacted  # app registry: compaction imports conf (a cycle)
@@ -237,6 +243,12 @@ register(
     Setting("LOOM_RETENTION_BATCH", int, 100, "Executions one removal batch (one transaction) removes at most.", 1),
     Setting("LOOM_RETENTION_EVERY", float, 60.0, "Seconds between two removal rounds of a worker's retention "
             "service (a round runs batches until nothing is due).", 0.1),
+    Setting("LOOM_RETENTION_DUTY", float, 0.0, "Pacing of removal: after a batch that took t seconds, the remover "
+            "pauses this * t before the next (0: none; 1: removal runs at most half the time), leaving the appends "
+            "that share its cores, WAL and disk their share.", 0, check=_duty_problem),
+    Setting("LOOM_RETENTION_RELAXED_COMMIT", bool, True, "Removal batches commit with synchronous_commit off "
+            "(PostgreSQL): the commit does not wait for its WAL flush. A crash may lose the last batches: their "
+            "executions stay whole and due, removed again later; their archive objects are refused by restore."),
     Setting("LOOM_ARCHIVE_FLOWS", list, [], "Flows whose executions are archived before removal (`*`: every flow)."),
     Setting("LOOM_ARCHIVE_STORAGE", str, "", "Name of the Django storage (settings.STORAGES) archives go to; empty: "
             "the content store's storage."),

@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -137,9 +139,15 @@ def remove_batch(alias: str, now: datetime | None = None, limit: int | None = No
     the database) rolls the whole batch back: nothing removed, nothing recorded."""
     now = now or timezone.now()
     limit = limit or conf.get("LOOM_RETENTION_BATCH")
+    relaxed = conf.get("LOOM_RETENTION_RELAXED_COMMIT")  # read (and refused if bad) before any statement
+    # Relaxed only when the batch is its own transaction: inside a caller's, SET LOCAL would last until the
+    # caller's commit and relax that commit too (the caller's own writes).
+    relaxed = relaxed and not connections[alias].in_atomic_block
     store = _store(alias)
     batch = Batch()
     with atomic(alias):
+        if relaxed:
+            store.relax_commit()
         if not store.try_batch_lock():
             batch.skipped = True
             return batch
@@ -206,10 +214,22 @@ def _chain_settled(alias: str, result: Any) -> bool:
     return True
 
 
-def run(alias: str, now: datetime | None = None, max_batches: int | None = None) -> dict[str, int]:
-    """Batches on `alias` until nothing is due (or another remover holds the lock): the totals."""
+# The duty cycle's clock and pause (module names so that a test replaces them instead of reading a clock).
+_clock = time.monotonic
+_sleep = time.sleep
+
+
+def run(alias: str, now: datetime | None = None, max_batches: int | None = None,
+        stop: threading.Event | None = None) -> dict[str, int]:
+    """Batches on `alias` until nothing is due (or another remover holds the lock, or `stop` is set): the
+    totals. After a batch that took t seconds it pauses LOOM_RETENTION_DUTY * t (0: none), so that a long
+    removal leaves the appends' commits that share its cores, WAL and disk a share of the time."""
+    duty = conf.get("LOOM_RETENTION_DUTY")  # read (and refused if bad) before any batch
     totals = {"batches": 0, "executions": 0, "events": 0, "messages": 0, "flow_events": 0}
     while max_batches is None or totals["batches"] < max_batches:
+        if stop is not None and stop.is_set():
+            break
+        began = _clock()
         batch = remove_batch(alias, now)
         if batch.skipped or not batch.ids:
             break
@@ -217,6 +237,12 @@ def run(alias: str, now: datetime | None = None, max_batches: int | None = None)
         totals["executions"] += len(batch.ids)
         for kind in ("events", "messages", "flow_events"):
             totals[kind] += batch.counts.get(kind, 0)
+        if duty:
+            pause = duty * (_clock() - began)
+            if stop is not None:
+                stop.wait(pause)
+            else:
+                _sleep(pause)
     return totals
 
 
@@ -240,8 +266,10 @@ def status(alias: str, now: datetime | None = None, recent: int = 10) -> dict:
 # One object per batch: `<prefix>/<alias>/<stamp>-<uuid>.jsonl`, a line per execution holding its rows as
 # stored (payloads as their JSON text: sealed fields stay sealed, so forgetting a subject, which destroys its
 # key, makes its data in every archive unreadable too), and `<same>.manifest.json` naming the ids, the counts
-# and the object's sha256. The object is written before the batch commits: a batch that then fails leaves
-# an archive of executions still in the database, which restore refuses (their ids exist).
+# and the object's sha256. The object is written before the batch commits: a batch that then fails (or whose
+# relaxed commit a crash loses, LOOM_RETENTION_RELAXED_COMMIT) leaves an object of executions it did not
+# remove; a later batch removes them again with an object of its own. Restore refuses an object that no
+# committed journal_removal row names, so only the archive of the batch that removed them is restored.
 
 
 def archive_storage():
@@ -322,6 +350,15 @@ def restore(name: str, ids: list[str] | None = None, alias: str | None = None) -
     chosen = [e for e in executions if ids is None or e["id"] in ids]
     store = _store(alias)
     ops = connections[alias].ops
+    recorded_on = manifest.get("alias") if manifest.get("alias") in connections.settings else alias
+    if not _store(recorded_on).recorded_archive(manifest.get("object", name)):
+        # The object was written by a batch that did not commit (it rolled back, or a crash lost its relaxed
+        # commit): that batch removed nothing, so the executions are still here or were removed later by a
+        # batch with an archive of its own, the one that holds what was removed (a retried execution's newer
+        # rows, say), so restoring this older copy would put back what is not what was removed.
+        raise ArchiveError(f"archive {name!r} names no committed removal batch on {recorded_on} (its batch "
+                           "rolled back or was lost): nothing restored; restore the archive of the batch that "
+                           "removed them (loom retention status lists the batches)")
     with atomic(alias):
         for execution in chosen:
             if store.exists(execution["id"]):

@@ -2,7 +2,8 @@
 
 Every worker runs it; on each shard one remover at a time does a batch (the batch's advisory lock on
 PostgreSQL, the write lock on SQLite), the others' rounds return at once. A round runs batches until nothing
-is due, then sleeps LOOM_RETENTION_EVERY. Nothing to do (no retention configured): a sleep per round.
+is due (pausing LOOM_RETENTION_DUTY * each batch's time after it), then sleeps LOOM_RETENTION_EVERY. Nothing
+to do (no retention configured): a sleep per round.
 It also compacts the aggregate streams of the compacted states (journal/compaction.py), after the removal, and
 (LOOM_REINDEX_RATIO) rebuilds the event table's indexes once removal has bloated them (journal/reindex.py).
 """
@@ -64,10 +65,7 @@ class RetentionService:
 
     def _round(self, alias: str) -> None:
         try:
-            while not self.stopping.is_set():
-                batch = retention.remove_batch(alias)
-                if batch.skipped or not batch.ids:
-                    return
+            retention.run(alias, stop=self.stopping)  # paced by LOOM_RETENTION_DUTY; a quiesce stops it
         except (DatabaseError, OSError, retention.ArchiveError) as exc:
             log.warning("retention batch on %s failed (nothing removed by it); retrying next round: %s", alias, exc)
             connections[alias].close()

@@ -22,12 +22,14 @@ most 1.3 from 10^5 to 10^7). The plans that keep it flat are named in docs/bench
 
 from __future__ import annotations
 
+import os
 import random
 import time
 
 from benchmarks import streams
-from benchmarks.arguments import positive_int, positive_int_list
+from benchmarks.arguments import positive_float, positive_int, positive_int_list
 from benchmarks.harness import run_workers
+from benchmarks.stats import latency_summary, median
 from journal import retention
 from journal.envelopes import Envelope
 from journal.models import Event
@@ -59,6 +61,20 @@ def add_arguments(parser) -> None:
                         help="LOOM_RETENTION_BATCH of the removal cells (default 500 executions); a list "
                              "(500,2000): round n uses the list's entry n mod its length, to compare batch sizes "
                              "within one run.")
+    parser.add_argument("--growth-removal-variants", type=_variants_arg, default=[],
+                        help="Compare removal settings within one run (instead of the rounds above): entries "
+                             "joined by commas, each tokens joined by '+': 'default', 'duty=K' "
+                             "(LOOM_RETENTION_DUTY), 'batch=N' (LOOM_RETENTION_BATCH), 'sync' (relaxed commit "
+                             "off), 'seven' (seven DELETEs instead of one statement, PostgreSQL). Each repeat "
+                             "runs every variant in turn: a fresh settled fill, then removal in phases "
+                             "(--growth-removal-phase-s) with appends running throughout; recorded per variant: "
+                             "removal rate and p99 ratio "
+                             "(each repeat's and their median).")
+    parser.add_argument("--growth-removal-repeats", type=positive_int, default=3,
+                        help="Repeats of --growth-removal-variants (interleaved: A B C A B C ...; default 3).")
+    parser.add_argument("--growth-removal-phase-s", type=positive_float, default=1.0,
+                        help="--growth-removal-variants: seconds of each removal phase and each pause phase between "
+                             "them (default 1.0): appends in both are compared.")
 
 
 def run(ctx) -> None:
@@ -114,7 +130,9 @@ def run(ctx) -> None:
                            count=outcome.units, per_op_us=round(per_op, 1) if per_op else None,
                            fill_s=round(fill_s, 2), checkpoint_s=None if unsettled else round(checkpoint_s, 2),
                            growth_ratio=round(per_op / first[name], 3) if largest and per_op and first[name] else None)
-        if ctx.options.get("growth_removal_events"):
+        if ctx.options.get("growth_removal_events") and ctx.options.get("growth_removal_variants"):
+            _variants(ctx, pfx, filled, ops, swept)
+        elif ctx.options.get("growth_removal_events"):
             _removal(ctx, pfx, filled, ops, swept)
     finally:
         if not ctx.options.get("keep"):
@@ -329,3 +347,165 @@ def _ratios(after: dict | None, before: dict | None) -> dict | None:
     if not after or not before:
         return None
     return {key: round(after[key] / before[key], 3) if before[key] else None for key in after}
+
+
+def _variants_arg(text: str) -> list[dict]:
+    """`default,duty=1,sync+batch=100` as one dict per variant ({"label", "duty", "batch", "relaxed", "seven"})."""
+    import argparse
+
+    found = []
+    for entry in [e.strip() for e in str(text).split(",") if e.strip()]:
+        variant: dict = {"label": entry}
+        for token in entry.split("+"):
+            key, _, value = token.strip().partition("=")
+            try:
+                if key == "default" and not value:
+                    continue
+                if key == "sync" and not value:
+                    variant["relaxed"] = False
+                elif key == "seven" and not value:
+                    variant["seven"] = True
+                elif key == "duty" and float(value) >= 0 and float(value) < float("inf"):
+                    variant["duty"] = float(value)
+                elif key == "batch" and int(value) >= 1:
+                    variant["batch"] = int(value)
+                else:
+                    raise ValueError(token)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{entry!r}: tokens are default, sync, seven, duty=K (K >= 0), "
+                                                 "batch=N (N >= 1)") from None
+        found.append(variant)
+    if not found:
+        raise argparse.ArgumentTypeError("at least one variant")
+    return found
+
+
+def _variants(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
+    """Removal settings compared within one run, interleaved (repeat 1: A B C, repeat 2: A B C, ...). Per
+    variant and repeat: a fresh settled fill (`{pfx}v<repeat>_<variant>_<n>`, spread as in _removal), a
+    checkpoint, then removal (one clock, checked against what was due) in alternating phases: batches for
+    --growth-removal-phase-s seconds (the variant's own pauses included), then none for as long, until nothing
+    is due; meanwhile one caller appends without pause. An append that starts inside a removal phase counts as
+    "removal running", one that starts in a pause phase after its first 0.3 * phase (what the last batch left
+    for the WAL writer) as "no removal": both come from the same seconds of this shared machine, so a burst of
+    someone else's load lands in both (the ratio compares like with like). The removal rate is the events over
+    the removal phases' time: what removal under this setting achieves while it runs."""
+    import threading
+
+    from django.db import connections
+    from django.test import override_settings
+    from django.utils import timezone
+
+    variants, repeats = ctx.options["growth_removal_variants"], ctx.options.get("growth_removal_repeats", 3)
+    phase_s = ctx.options.get("growth_removal_phase_s", 1.0)
+    events, days = ctx.options["growth_removal_events"], ctx.options["growth_removal_days"]
+    count = max(1, events // PER_STREAM)
+    store = retention_store_for()
+    env = Envelope("BenchEvent", {"data": "growth"})
+    targets = [f"{pfx}{n}" for n in range(filled) if f"{pfx}{n}" not in swept]
+    pick = random.Random(1)
+    results: dict[str, list[dict]] = {v["label"]: [] for v in variants}
+    pooled: dict[str, tuple[list, list]] = {v["label"]: ([], []) for v in variants}
+    for repeat in range(repeats):
+        for index, variant in enumerate(variants):
+            vpfx = f"{pfx}v{repeat}_{index}_"
+            for start in range(0, count, 100_000):
+                store.fill_settled(vpfx, start, min(100_000, count - start), PER_STREAM, '{"data":"filled"}', days,
+                                   SETTLED_FLOW)
+            store.checkpoint()
+            batch = variant.get("batch", _batch(ctx, 1))
+            with override_settings(LOOM_RETENTION_DAYS=None,
+                                   LOOM_RETENTION_FLOWS=[f"{SETTLED_FLOW}={RETENTION_DAYS}"],
+                                   LOOM_RETENTION_BATCH=batch, LOOM_ARCHIVE_FLOWS=[],
+                                   LOOM_RETENTION_DUTY=variant.get("duty", 0.0),
+                                   LOOM_RETENTION_RELAXED_COMMIT=variant.get("relaxed", True)):
+                at = timezone.now()
+                (group,) = retention.groups(at)
+                due = store.due(group.cutoff, group.flows)
+                done: dict = {"batches": 0, "executions": 0, "events": 0, "on_s": 0.0}
+                phases: list[tuple[float, float]] = []  # removal phases (perf_counter start, end)
+                seven = bool(variant.get("seven"))
+
+                def remove(done=done, at=at, seven=seven, phases=phases) -> None:
+                    # the benchmark's own switch: the seven-statement deletes of the same store (an attribute
+                    # of this alias's one store instance, which remove_batch uses; put back when removal ends)
+                    if seven:
+                        store.DELETE_ROWS_ONE = ""
+                    try:
+                        finished = False
+                        while not finished:
+                            t0 = time.perf_counter()
+                            while time.perf_counter() - t0 < phase_s:
+                                got = retention.run(store.alias, now=at, max_batches=1)
+                                if not got["batches"]:
+                                    finished = True
+                                    break
+                                for key in ("batches", "executions", "events"):
+                                    done[key] += got[key]
+                            phases.append((t0, time.perf_counter()))
+                            if not finished:
+                                time.sleep(phase_s)
+                    finally:
+                        if seven:
+                            del store.DELETE_ROWS_ONE
+                        connections.close_all()
+
+                remover = threading.Thread(target=remove, name="bench-removal")
+                samples: list[tuple[float, float]] = []  # (start, ms)
+                remover.start()
+                while remover.is_alive():
+                    t0 = time.perf_counter()
+                    Event.objects.append(pick.choice(targets), env, fence_token=1)
+                    samples.append((t0, (time.perf_counter() - t0) * 1000))
+                remover.join()
+            ctx.verify(f"growth removal variant {variant['label']} repeat {repeat + 1}: executions removed", due,
+                       done["executions"])
+            store.vacuum()
+            quiet, during = _by_phase(samples, phases, 0.3 * phase_s)
+            on_s = sum(end - begin for begin, end in phases)
+            q, d = latency_summary(quiet)["p99_ms"], latency_summary(during)["p99_ms"]
+            results[variant["label"]].append({
+                "repeat": repeat + 1, "batch": batch, "executions": done["executions"], "events": done["events"],
+                "batches": done["batches"], "removal_s": round(on_s, 2),
+                "events_per_s": round(done["events"] / on_s, 1) if on_s else None,
+                "executions_per_s": round(done["executions"] / on_s, 1) if on_s else None,
+                "p99_quiet_ms": round(q, 2), "p99_during_ms": round(d, 2), "p99_ratio": round(d / q, 3) if q else None,
+                "appends_quiet": len(quiet), "appends_during": len(during), "load_1m": round(os.getloadavg()[0], 2)})
+            pooled[variant["label"]][0].extend(quiet)
+            pooled[variant["label"]][1].extend(during)
+            ctx.log(f"growth removal variant {variant['label']} repeat {repeat + 1}: "
+                    f"{results[variant['label']][-1]}")
+    params = {"events": count * PER_STREAM, "days": days, "retention_days": RETENTION_DAYS, "running": filled,
+              "repeats": repeats, "phase_s": phase_s}
+    for variant in variants:
+        label, found = variant["label"], results[variant["label"]]
+        ratios = [r["p99_ratio"] for r in found if r["p99_ratio"]]
+        quiet, during = pooled[label]
+        pooled_ratio = latency_summary(during)["p99_ms"] / latency_summary(quiet)["p99_ms"] if quiet else None
+        ctx.record(f"removal [{label}]", params, throughput=median([r["events_per_s"] for r in found]),
+                   unit="events/s", executions_per_s=median([r["executions_per_s"] for r in found]),
+                   p99_ratio=round(median(ratios), 3) if ratios else None,
+                   p99_ratio_pooled=round(pooled_ratio, 3) if pooled_ratio else None, repeats=found)
+        ctx.record(f"append, no removal [{label}]", params, throughput=None, unit="ops/s", latencies_ms=quiet,
+                   count=len(quiet))
+        ctx.record(f"append, removal running [{label}]", params, throughput=None, unit="ops/s",
+                   latencies_ms=during, count=len(during))
+
+
+def _by_phase(samples: list[tuple[float, float]], phases: list[tuple[float, float]],
+              guard: float) -> tuple[list[float], list[float]]:
+    """(latencies of appends started in a pause phase, past its first `guard` seconds; of appends started in a
+    removal phase). Appends before the first phase or in a guard are left out."""
+    quiet: list[float] = []
+    during: list[float] = []
+    edges = sorted(phases)
+    for started, ms in samples:
+        for i, (begin, end) in enumerate(edges):
+            if begin <= started < end:
+                during.append(ms)
+                break
+            following = edges[i + 1][0] if i + 1 < len(edges) else float("inf")
+            if end + guard <= started < following:
+                quiet.append(ms)
+                break
+    return quiet, during

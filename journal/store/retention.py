@@ -85,12 +85,36 @@ DELETE_ROWS = (
                    "'cancelled')"),
 )
 
+# -- delete_rows_one -- (PostgreSQL) the same seven deletes as one statement: data-modifying CTEs, each naming
+# the ids as one array parameter (`= ANY(%s)`: one index probe per id, as IN (...)), the counts in one row.
+# One round trip and one plan instead of seven. All seven run on the statement's one snapshot; the headers
+# are already locked by lock_candidates (FOR UPDATE), so a retry/resume/send still waits on our lock and then
+# finds nothing, whatever order PostgreSQL runs the CTEs in. Row locks on the removed executions' rows only.
+DELETE_ROWS_ONE = """
+WITH events AS (DELETE FROM journal_event WHERE stream_id = ANY(%s::text[]) RETURNING 1),
+snapshots AS (DELETE FROM journal_snapshot WHERE stream_id = ANY(%s::text[]) RETURNING 1),
+fences AS (DELETE FROM journal_fence WHERE stream_id = ANY(%s::text[]) RETURNING 1),
+waits AS (DELETE FROM journal_wait WHERE execution_id = ANY(%s::text[]) RETURNING 1),
+messages AS (DELETE FROM journal_message WHERE execution_id = ANY(%s::text[]) RETURNING 1),
+flow_events AS (DELETE FROM journal_flowevent WHERE execution_id = ANY(%s::text[]) RETURNING 1),
+executions AS (DELETE FROM journal_execution WHERE id = ANY(%s::text[])
+               AND status IN ('completed', 'failed', 'cancelled') RETURNING 1)
+SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM snapshots), (SELECT count(*) FROM fences),
+       (SELECT count(*) FROM waits), (SELECT count(*) FROM messages), (SELECT count(*) FROM flow_events),
+       (SELECT count(*) FROM executions)
+"""
+
 # -- record_removal -- the durable record of a batch, in the batch's own transaction (never claims more than
 # the transaction removed: it commits with the deletes or not at all).
 RECORD_REMOVAL = """
 INSERT INTO journal_removal (removed_at, executions, events, messages, flow_events, ids, archive)
 VALUES (%s, %s, %s, %s, %s, %s, %s)
 """
+
+# -- recorded_archive -- (restore) whether a committed batch wrote this archive object: an object whose batch
+# rolled back or was lost in a crash (a relaxed commit) names executions that batch did not remove; a later
+# batch removed them (if it did) with an archive of its own, the one to restore. A plain read, no lock.
+RECORDED_ARCHIVE = "SELECT 1 FROM journal_removal WHERE archive = %s"
 
 # == compaction (journal/compaction.py): an aggregate stream's events before its newest snapshot ==========
 # -- compact_candidates -- streams of one state (their prefix) that have a snapshot, with the newest snapshot's
@@ -207,6 +231,8 @@ class RetentionStore(DatabaseBound):
     # Backend spellings, set by each subclass.
     CANDIDATES = ""
     TRY_BATCH_LOCK = ""
+    RELAX_COMMIT = ""
+    DELETE_ROWS_ONE = ""  # one statement for the seven DELETE_ROWS (PostgreSQL)
     TRY_COMPACT_LOCK = ""
     JSON_TEXT = "{col}"
     JSON_IN = "%s"
@@ -248,10 +274,25 @@ class RetentionStore(DatabaseBound):
         sql = KIN.format(marks=marks, cj=self.CHILD_ID, cs=self.CHILD_STEP, pj=self.PARENT_ID)
         return [(eid, kin) for eid, kin in self._rows(sql, [*ids, *ids]) if isinstance(kin, str) and kin]
 
+    def relax_commit(self) -> None:
+        """Let this (removal) transaction's commit return before its WAL is flushed (PostgreSQL; SQLite: nothing).
+        Safe for removal only: a crash may lose the last batches, which leaves their executions whole and still
+        due (removed again by a later batch); their archive objects name no journal_removal row, and restore
+        refuses such an object (journal/retention.py)."""
+        if self.RELAX_COMMIT:
+            self._count(self.RELAX_COMMIT, [])
+
     def delete_rows(self, ids: Sequence[str]) -> dict[str, int]:
         """Delete every journal row of these executions (locked by lock_candidates); the counts per kind."""
+        if self.DELETE_ROWS_ONE:
+            counts = self._rows(self.DELETE_ROWS_ONE, [list(ids)] * len(DELETE_ROWS))[0]
+            return {kind: int(n) for (kind, _), n in zip(DELETE_ROWS, counts, strict=True)}
         marks = ", ".join(["%s"] * len(ids))
         return {kind: self._count(sql.format(marks=marks), list(ids)) for kind, sql in DELETE_ROWS}
+
+    def recorded_archive(self, name: str) -> bool:
+        """Whether a committed removal batch names this archive object (else its batch rolled back or was lost)."""
+        return bool(self._rows(RECORDED_ARCHIVE, [name]))
 
     def record_removal(self, at: datetime, counts: dict[str, int], ids: Sequence[str], archive: str) -> None:
         self._count(RECORD_REMOVAL, [at, counts.get("executions", 0), counts.get("events", 0),
@@ -405,6 +446,10 @@ class PostgresRetention(RetentionStore):
     # -- try_compact_lock -- the same kind of lock, key 2: one compactor per shard at a time (a second one's batch
     # returns at once). Appends never take it.
     TRY_COMPACT_LOCK = "SELECT pg_try_advisory_xact_lock(1282371437, 2)"  # "Loom", 2: compaction
+    # -- relax_commit -- this transaction only (SET LOCAL): its commit does not wait for the WAL flush, so the
+    # batch's commit does not queue behind (or add an fsync to) the appends' own flushes. Never an append's.
+    RELAX_COMMIT = "SET LOCAL synchronous_commit = off"
+    DELETE_ROWS_ONE = DELETE_ROWS_ONE
     # -- lock_candidates -- FOR UPDATE OF x SKIP LOCKED: the header rows only, and a header another
     # transaction holds (a retry's, resume's or send's LOCK_HEADER) is skipped, never waited on. Rows not
     # held are locked and their WHERE re-checked after any concurrent update (READ COMMITTED), so a header
