@@ -85,9 +85,9 @@ def test_an_empty_queues_list_accepts_any_queue_and_a_name_loom_cannot_store_is_
 
 def test_check_names_the_missing_queues_app_with_a_hint():
     backend = task_backends["default"]
-    assert [e for e in backend.check() if e.id == "loom.E130"] == []
+    assert [e for e in backend.check() if e.id == "loom.E301"] == []
     with modify_settings(INSTALLED_APPS={"remove": ["queues"]}):
-        (error,) = [e for e in backend.check() if e.id == "loom.E130"]
+        (error,) = [e for e in backend.check() if e.id == "loom.E301"]
         assert "queues" in error.msg and "INSTALLED_APPS" in error.hint
         with pytest.raises(InvalidTask):
             backend.enqueue(queue_flows.add, [1, 2], {})
