@@ -21,8 +21,8 @@ from journal.models import Event, Execution
 from leases.models import StartReservation
 from leases.tasks import enqueue_start, prune_reservations, run_start
 from queues.models import QueueEntry
-from tests import api_flows  # noqa: F401  (registers tests.api.gated)
-from tests.lease_flows import queue_old_scheme_start
+from tests.fixtures import api_flows  # noqa: F401  (registers tests.api.gated)
+from tests.fixtures.lease_flows import queue_old_scheme_start
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from journal.aggregates.declarations import State
 from journal.envelopes import Envelope
 from journal.flows import Context, flow
 from journal.models import Event, Execution
-from tests.api_flows import queued_starts_run_inline
+from tests.fixtures.api_flows import queued_starts_run_inline
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ import pytest
 
 from journal.flows import start
 from journal.models import Execution, Message
-from tests import edge_waits_flows as wf
+from tests.fixtures import edge_waits_flows as wf
 from tests.flows.test_waits_processes import all_settled, env, wait_until, workers  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -24,5 +24,5 @@ def test_a_former_id_silences_it_still(settings, former):
 
 
 def test_importable_modules_raise_nothing(settings):
-    settings.LOOM_PROJECTION_MODULES = ["tests.waits_flows"]
+    settings.LOOM_PROJECTION_MODULES = ["tests.fixtures.waits_flows"]
     assert check_modules() == []
