@@ -2,13 +2,53 @@
 
 from __future__ import annotations
 
+import functools
 from base64 import b64decode
+from collections.abc import Callable
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
 from journal import conf
+
+# The library apps' check ids are one namespace, `loom.`, with a range of numbers per app (journal 001-099,
+# leases 100-199, loomapi 200-299, queues 300-399, projections 400-499; docs/configuration.md "System checks").
+# Ids that had another name before are listed here by their app (renamed()): a project that still silences a
+# former id in SILENCED_SYSTEM_CHECKS keeps it silenced for one more release (until 0.3), and loom.W002 tells it
+# which id to name instead, so a rename never turns into a message nobody was told about.
+FORMER_IDS: dict[str, tuple[str, ...]] = {}  # id -> the ids it had before
+
+
+def renamed(former: dict[str, tuple[str, ...]]) -> None:
+    """Declare an app's renamed check ids (called when its checks module is imported)."""
+    FORMER_IDS.update(former)
+
+
+def honour_former_ids(messages: list) -> list:
+    """The messages, less those whose former id is still silenced (Django filters the current ids itself)."""
+    silenced = set(getattr(settings, "SILENCED_SYSTEM_CHECKS", ()))
+    return [message for message in messages if not silenced.intersection(FORMER_IDS.get(message.id, ()))]
+
+
+def honouring_former_ids(check: Callable[..., list]) -> Callable[..., list]:
+    """A check function whose messages leave out those a silenced former id still silences."""
+
+    @functools.wraps(check)
+    def honoured(*args, **kwargs) -> list:
+        return honour_former_ids(check(*args, **kwargs))
+
+    return honoured
+
+
+@register()
+def check_former_ids_silenced(app_configs=None, **kwargs) -> list:
+    """loom.W002: SILENCED_SYSTEM_CHECKS names a check id that was renamed; it is honoured until 0.3."""
+    silenced = set(getattr(settings, "SILENCED_SYSTEM_CHECKS", ()))
+    return [Warning(f"SILENCED_SYSTEM_CHECKS names {old!r}, the former id of {new!r}: it is still honoured, "
+                    "until Loom 0.3", hint=f"Name {new!r} in SILENCED_SYSTEM_CHECKS instead (docs/configuration.md, "
+                                           "'System checks').", id="loom.W002")
+            for new, olds in sorted(FORMER_IDS.items()) for old in olds if old in silenced and new not in silenced]
 
 
 @register()

@@ -551,7 +551,16 @@ class Coalescer:
         request.done.set()
 
 
-CoalescingAppender = Coalescer  # deprecated: the first name, of the journal-append-only coalescer it generalises
+def __getattr__(name: str) -> Any:
+    """`CoalescingAppender`, the first name of the Coalescer (when it coalesced journal appends only), answers
+    for one more release with a DeprecationWarning, so code importing it is told before it goes (0.3)."""
+    if name == "CoalescingAppender":
+        import warnings
+
+        warnings.warn("journal.coalesce.CoalescingAppender is deprecated and goes in 0.3: use Coalescer",
+                      DeprecationWarning, stacklevel=2)
+        return Coalescer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- the journal's own kind: the guarded multi-stream append ------------------------------------

@@ -38,7 +38,7 @@ _ENTRY_KEYS = {"token", "name", "flows", "read", "roles"}
 
 
 class TokenConfigError(ValueError):
-    """LOOM_API_TOKENS holds an entry this module cannot read (reported by the system check loomapi.E001)."""
+    """LOOM_API_TOKENS holds an entry this module cannot read (reported by the system check loom.E201)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ def check_generated_secret_key(app_configs=None, **kwargs) -> list:
 
 # The commands that exchange signed tasks through the broker, or serve requests to other machines. A system
 # check is not told which command runs it, so the command line is read (`manage.py X` and `-m django X`).
-SHARED_KEY_COMMANDS = frozenset({"loom_worker", "qcluster", "serve_api"})
+SHARED_KEY_COMMANDS = frozenset({"loom_worker", "qcluster", "loom_serve_api", "serve_api"})  # serve_api: the old name
 
 
 def running_command(argv: list[str] | None = None) -> str:

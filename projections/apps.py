@@ -13,7 +13,7 @@ class ProjectionsConfig(AppConfig):
         from projections import checks, conf  # noqa: F401  (registers the system checks and the settings)
 
         for module in conf.get_safe("LOOM_PROJECTION_MODULES", []):
-            with suppress(ImportError):  # reported by the system check loom.E004 (was projections.E001)
+            with suppress(ImportError):  # reported by the system check loom.E401 (was loom.E004, projections.E001)
                 import_module(module)
         from journal.telemetry import add_gauge_source
         from projections.telemetry import gauges

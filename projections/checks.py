@@ -1,25 +1,25 @@
-"""System checks of reactions and projections (ids loom.E004...; loom.* like every library app's checks).
+"""System checks of reactions and projections (ids loom.E401...: projections' range of the library's loom.*
+namespace, docs/configuration.md "System checks").
 
-`loom.E004` was `projections.E001` before the check ids were unified: a project that silences the old id
-(SILENCED_SYSTEM_CHECKS) still silences it.
+`loom.E401` was `loom.E004`, and `projections.E001` before that: a project that silences a former id
+(SILENCED_SYSTEM_CHECKS) still silences it until 0.3, and loom.W002 tells it the id to name instead.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
 
-from django.conf import settings
 from django.core.checks import Error, register
 
 from journal import conf
+from journal.checks import honouring_former_ids, renamed
 
-OLD_IDS = {"loom.E004": "projections.E001"}  # id -> the id it had before (still honoured when silenced)
+renamed({"loom.E401": ("loom.E004", "projections.E001")})
 
 
 @register()
+@honouring_former_ids
 def check_modules(app_configs=None, **kwargs) -> list:
-    if OLD_IDS["loom.E004"] in getattr(settings, "SILENCED_SYSTEM_CHECKS", ()):
-        return []
     errors = []
     for module in conf.get_safe("LOOM_PROJECTION_MODULES", []):
         try:
@@ -27,5 +27,5 @@ def check_modules(app_configs=None, **kwargs) -> list:
         except ImportError as exc:
             errors.append(Error(f"LOOM_PROJECTION_MODULES: cannot import {module!r}: {exc}",
                                 hint="List importable modules that declare reactions and projections.",
-                                id="loom.E004"))
+                                id="loom.E401"))
     return errors

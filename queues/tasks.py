@@ -44,6 +44,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from journal import shards
+from journal.checks import honour_former_ids, renamed
 from journal.flows import InvalidInput, flow
 from journal.flows import events as ev
 from journal.flows.errors import StepFailed
@@ -72,6 +73,7 @@ except ImportError:  # Django 5.2: the django-tasks backport
     from django_tasks.utils import normalize_json
 
 log = logging.getLogger("loom.tasks")
+renamed({"loom.E301": ("loom.E130",)})  # the backend's check id, in queues' range of loom.* (docs/configuration.md)
 MAX_TRACEBACK = 20_000  # characters of a traceback kept in the journal
 
 
@@ -295,8 +297,8 @@ class LoomBackend(BaseTaskBackend):
         if not apps.is_installed("queues"):
             problems.append(checks.Error(f"{type(self).__name__} (TASKS[{self.alias!r}]) needs the queues app",
                                          hint="Insert 'queues' in INSTALLED_APPS (docs/queues.md)",
-                                         id="loom.E130"))
-        return problems
+                                         id="loom.E301"))
+        return honour_former_ids(problems)
 
     def validate_task(self, task) -> None:
         """Django's rules, and a queue name Loom can store (else InvalidTask, as for a name outside QUEUES)."""

@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 from benchmarks.faults.processes import database_url
-from tests.flows_fixtures import EFFECTS_TABLE
+from tests.fixtures.flows_fixtures import EFFECTS_TABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -307,3 +307,60 @@ def test_the_arrow_check_catches_upward_sideways_inside_and_local_imports():
                                  "def ready(self):\n    from journal import store\n")
     assert [(one.local, one.marked) for one in local] == [(True, False), (True, True), (True, True)]
     assert len(local_faults(local, {})) == 1 and local_faults(local, {"queues/z.py": 1}) == []
+
+
+def names_in_strings(path: str, source: str, is_module=_is_module) -> list[Import]:
+    """The Loom modules a file names in a string (not a docstring): an import by dotted path (import_module,
+    import_string, a setting's default, a subprocess's `-m`) is an import the AST walk of imports does not see.
+    A string counts when it names a module, or an attribute of a module below an app's package (`pkg.mod.Name`);
+    `app.model` labels (`leases.schedule`) are not module paths."""
+    importer = _module_name(Path(path))
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            text = node.value
+            if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", text) or text.split(".")[0] not in LOOM:
+                continue
+            parent = text.rpartition(".")[0]
+            if is_module(text) or (parent.count(".") >= 1 and is_module(parent)):
+                found.append(Import(path, node.lineno, importer, text if is_module(text) else parent, False, False))
+    return found
+
+
+def test_no_app_names_a_module_above_it_in_a_string():
+    """The floors hold for imports by dotted path too: loomapi reaches nothing of benchmarks, even through
+    import_module() or a setting's default (the last thing loomapi imported from benchmarks moved out, bench_http
+    went to benchmarks/); the journal names no module of leases or queues, and so on up."""
+    found = []
+    for app in FLOORS:
+        for path in sorted((ROOT / app).rglob("*.py")):
+            relative = path.relative_to(ROOT)
+            if "migrations" not in relative.parts:
+                found += names_in_strings(str(relative), path.read_text(encoding="utf-8"))
+    assert any(one.target == "journal.shards" for one in found), "no dotted path found (the router's): broken?"
+    upward = [one.where for one in found if one.importer.split(".")[0] != one.target.split(".")[0]
+              and (one.target.split(".")[0] == "loomsite"
+                   or FLOORS[one.target.split(".")[0]] >= FLOORS[one.importer.split(".")[0]])
+              and (one.importer, one.target) not in UPWARD_ALLOWED]
+    assert upward == []
+
+
+def test_the_string_rule_catches_a_dotted_path_to_benchmarks_from_loomapi():
+    """The rule itself, on made-up files: loomapi naming a benchmarks module in a string (or importing it) is
+    a fault; a docstring naming it and a model label are not."""
+    def is_module(name: str) -> bool:
+        return name in {"benchmarks", "benchmarks.sections", "benchmarks.sections.http", "leases"}
+
+    source = ('"""Measured by benchmarks.sections.http."""\nfrom importlib import import_module\n'
+              'SECTION = import_module("benchmarks.sections.http")\nRUNNER = "benchmarks.sections.http.run"\n'
+              'LABEL = "leases.schedule"\n')
+    found = names_in_strings("loomapi/x.py", source, is_module=is_module)
+    assert sorted((one.line, one.target) for one in found) == [(3, "benchmarks.sections.http"),
+                                                         (4, "benchmarks.sections.http")]
+    imported = imports_of("loomapi/y.py", "from benchmarks.sections import http\n", is_module=is_module)
+    face = {app: frozenset({app}) for app in FLOORS}
+    assert [fault.split(":")[0] for fault in arrow_faults(imported, face, {}, {})] == ["loomapi/y.py"]

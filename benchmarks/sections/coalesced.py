@@ -5,7 +5,7 @@
   commit) per event;
 - ceiling: the same one-row statement through the raw driver (the one-row-per-transaction
   ceiling with notification);
-- coalesced-16 / coalesced-64: `CoalescingAppender.append` with max_batch 16 and 64; its flush
+- coalesced-16 / coalesced-64: `Coalescer.append` with max_batch 16 and 64; its flush
   threads (LOOM_COALESCE_FLUSHERS, or `--coalesce-flushers`) own the only connections.
 - raw-coalescer: the ceiling of coalescing, a minimal coalescer in the raw driver (no Django, no
   validation, no envelopes): the same writers queue (stream, payload text) pairs, the same number of
@@ -50,7 +50,7 @@ from benchmarks.children import ROOT, child_env
 from benchmarks.harness import run_workers
 from benchmarks.sections.append import _ceiling, connection_cap, direct, payload, pooled
 from journal import conf
-from journal.coalesce import CoalescingAppender
+from journal.coalesce import Coalescer
 from journal.envelopes import Envelope
 from journal.models import Event
 from journal.store import sqlite as q
@@ -130,7 +130,7 @@ def _round(ctx, variant: str, conc: int, ops: int, body: dict, rep: int) -> dict
         setup = teardown = None
     else:
         flushers = ctx.options.get("coalesce_flushers") or conf.get("LOOM_COALESCE_FLUSHERS")
-        appender = CoalescingAppender(max_batch=int(variant.rsplit("-", 1)[1]), flushers=flushers)
+        appender = Coalescer(max_batch=int(variant.rsplit("-", 1)[1]), flushers=flushers)
         extra["flushers"] = flushers
 
         def op(w: int, i: int) -> int:
@@ -256,7 +256,7 @@ def writer_process(pfx: str, first: int, count: int, ops: int, flushers: int, bo
         opened[0] += 1
     connection_created.connect(opening, weak=False)
     env = Envelope("BenchEvent", json.loads(body))
-    appender = CoalescingAppender(max_batch=64, flushers=flushers)
+    appender = Coalescer(max_batch=64, flushers=flushers)
     warmed = threading.Barrier(count + 1)
     go = threading.Event()
     lock = threading.Lock()

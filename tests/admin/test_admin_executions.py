@@ -29,15 +29,15 @@ from journal.models import Event, Execution, Fence
 from leases.keeper import LeaseKeeper
 from leases.ownership import LeaseOwnership
 from leases.store import store_for
-from tests import admin_flows as af
-from tests.lease_flows import handed_over, run_handed_over_here
+from tests.fixtures import admin_flows as af
+from tests.fixtures.lease_flows import handed_over, run_handed_over_here
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
 def _flows(settings):
-    settings.LOOM_FLOW_MODULES = ["tests.admin_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.admin_flows"]
     settings.LOOM_SNAPSHOT_EVERY = None
     af.CRASH, af.FAIL = False, False
     installed = own.get_ownership()

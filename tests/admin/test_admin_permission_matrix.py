@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from journal.flows import ownership as own
 from journal.flows import start
-from tests import admin_flows, schedule_flows  # noqa: F401  (the flows seed() starts)
+from tests.fixtures import admin_flows, schedule_flows  # noqa: F401  (the flows seed() starts)
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +40,7 @@ NOT_TRACKED = {"sessions.Session", "axes.AccessLog", "axes.AccessAttempt", "axes
 
 @pytest.fixture(autouse=True)
 def _flows(settings):
-    settings.LOOM_FLOW_MODULES = ["tests.admin_flows", "tests.schedule_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.admin_flows", "tests.fixtures.schedule_flows"]
     installed = own.get_ownership()
     own.set_ownership(None)  # no lease keeper thread in this process
     yield
@@ -62,7 +62,7 @@ def seed() -> None:
     from leases.store import store_for as lease_store
     from projections.models import Checkpoint, Subscription
     from queues.models import Queue
-    from tests import admin_flows as af
+    from tests.fixtures import admin_flows as af
 
     start("sched.echo", {"n": 1}, execution_id="matrix-done")
     assert start("sched.fail", {}, execution_id="matrix-failed").status == "failed"

@@ -62,7 +62,7 @@ def loom(*args):
 
 
 # The CLI too: each app adds its nouns and its parts of an execution (journal/cli.py's seams), none is assumed.
-import tests.schedule_flows  # noqa: F401,E402  (sched.echo)
+import tests.fixtures.schedule_flows  # noqa: F401,E402  (sched.echo)
 from journal.flows import start
 
 start("sched.echo", {{}}, execution_id="standalone-cli")

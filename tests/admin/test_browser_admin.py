@@ -20,9 +20,9 @@ from django.contrib.auth.models import User
 from journal.flows import ownership as own
 from journal.flows import start
 from journal.models import Event, Execution
-from tests import admin_flows as af
 from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.conftest import ROOT
+from tests.fixtures import admin_flows as af
 
 pytestmark = [
     pytest.mark.browser,
@@ -46,7 +46,8 @@ def wait_until(predicate, what: str, proc: subprocess.Popen, timeout: float = 90
 def worker(child_env, settings):
     """`manage.py loom_worker` with its django-q2 cluster on the test database. Lease mode off in the
     worker: no recovery sweep may finish the executions before the buttons are clicked."""
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.admin_flows", "LOOM_LEASE_MODE": "off", "LOOM_Q_WORKERS": "1"}
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.fixtures.admin_flows", "LOOM_LEASE_MODE": "off",
+           "LOOM_Q_WORKERS": "1"}
     proc = subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--id", "browser-worker"], env=env,
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # its own process group: the cluster's children too
@@ -66,7 +67,7 @@ def worker(child_env, settings):
 def test_resume_retry_and_cancel_buttons_act_on_real_executions(live_server, browser_page, worker, settings):  # noqa: F811
     # The web process's own view of liveness: a crashed fresh run counts as live for grace + TTL.
     settings.LOOM_LEASE_TTL, settings.LOOM_LEASE_LAZY_GRACE = 1.0, 0.2
-    settings.LOOM_FLOW_MODULES = ["tests.admin_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.admin_flows"]
     User.objects.create_superuser("op", "op@example.com", "pw-for-the-browser")
     installed = own.get_ownership()
     own.set_ownership(None)  # no lease keeper thread in this process (it would outlive the test database)

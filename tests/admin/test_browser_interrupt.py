@@ -36,7 +36,7 @@ def test_cancel_in_the_admin_stops_a_step_hung_on_a_dead_socket(live_server, bro
     settings.LOOM_LEASE_RENEW_EVERY, settings.LOOM_STEP_ABANDON_AFTER = 0.5, 2.0  # the figures the page names
     env = {**child_env, "LOOM_LEASE_TTL": "120", "LOOM_LEASE_RENEW_EVERY": "0.5", "LOOM_LEASE_LAZY_GRACE": "0.2",
            "LOOM_RECOVERY_EVERY": "0.2", "LOOM_SHUTDOWN_GRACE": "3", "LOOM_STEP_ABANDON_AFTER": "2",
-           "LOOM_FLOW_MODULES": "tests.shutdown_flows", "LOOM_LEASE_MODE": "lazy",
+           "LOOM_FLOW_MODULES": "tests.fixtures.shutdown_flows", "LOOM_LEASE_MODE": "lazy",
            "LOOM_QUEUES": json.dumps({QUEUE: {"concurrency": 50}}), "LOOM_QUEUE_THREADS": "2",
            "LOOM_QUEUE_POLL": "0.05", "LOOM_TEST_LOGS": str(tmp_path), "PYTHONFAULTHANDLER": "1"}
     User.objects.create_superuser("op", "op@example.com", "pw-for-the-browser")

@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth.models import User
 
 from queues.tasks import LoomBackend
-from tests import queue_flows
 from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
+from tests.fixtures import queue_flows
 from tests.queues.test_tasks_backend import work
 
 pytestmark = [
@@ -39,11 +39,11 @@ def test_an_operator_finds_a_failing_task_by_name_and_reads_each_attempts_traceb
     click_through(page.locator("input[type=submit]"))
     page.wait_for_url("**/admin/journal/execution/")
     rows = page.locator("#result_list tbody tr")
-    assert "tests.queue_flows.explode" in rows.filter(has_text=failed.id).inner_text()
-    assert "tests.queue_flows.add" in rows.filter(has_text=other.id).inner_text()
+    assert "tests.fixtures.queue_flows.explode" in rows.filter(has_text=failed.id).inner_text()
+    assert "tests.fixtures.queue_flows.add" in rows.filter(has_text=other.id).inner_text()
 
-    click_through(page.locator("#changelist-filter a", has_text="tests.queue_flows.explode"))
-    page.wait_for_url("**flow=tests.queue_flows.explode**")
+    click_through(page.locator("#changelist-filter a", has_text="tests.fixtures.queue_flows.explode"))
+    page.wait_for_url("**flow=tests.fixtures.queue_flows.explode**")
     listed = page.locator("#result_list tbody").inner_text()
     assert failed.id in listed and other.id not in listed
 

@@ -22,17 +22,17 @@ from journal.flows import ownership as own
 from journal.flows import start
 from journal.models import Event, Execution
 from leases import schedules as sc
-from tests import admin_flows as af
-from tests import schedule_flows  # noqa: F401
 from tests.conftest import ROOT
-from tests.lease_flows import handed_over
+from tests.fixtures import admin_flows as af
+from tests.fixtures import schedule_flows  # noqa: F401
+from tests.fixtures.lease_flows import handed_over
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
 def _flows(settings):
-    settings.LOOM_FLOW_MODULES = ["tests.admin_flows", "tests.schedule_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.admin_flows", "tests.fixtures.schedule_flows"]
     af.CRASH, af.FAIL = False, False
     installed = own.get_ownership()
     own.set_ownership(None)  # no lease keeper thread in this process
@@ -267,7 +267,7 @@ def test_show_and_steps_redact_sensitive_fields_unless_reveal(settings, tmp_path
     """Before: `show` and `steps` printed the Sensitive email of the input and of the step's result in clear,
     to anyone at the terminal and into any log the output went to. Now `<redacted>` unless `--reveal`."""
     from journal.privacy import keys
-    from tests import privacy_fixtures as fx
+    from tests.fixtures import privacy_fixtures as fx
 
     settings.LOOM_KEYS = [fx.KEY_A]
     settings.LOOM_CONTENT_DIR = str(tmp_path / "content")

@@ -11,9 +11,9 @@ from django.contrib.auth.models import User
 
 from journal.flows import ownership as own
 from journal.flows import start
-from tests import waits_flows  # noqa: F401  (waits.parent, waits.child)
 from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.admin.test_execution_reading import wake_until
+from tests.fixtures import waits_flows  # noqa: F401  (waits.parent, waits.child)
 
 pytestmark = [
     pytest.mark.browser,
@@ -25,7 +25,7 @@ pytestmark = [
 @pytest.mark.django_db(transaction=True)
 def test_search_by_an_input_value_open_a_child_and_back_and_read_its_traceback(live_server, browser_page,  # noqa: F811
                                                                                  settings, effects):
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.waits_flows"]
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     User.objects.create_superuser("op", "op@example.com", "pw-for-the-browser")
     installed = own.get_ownership()

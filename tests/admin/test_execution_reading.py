@@ -17,8 +17,8 @@ from journal.models import Event, Execution, Fence
 from leases.keeper import LeaseKeeper
 from leases.ownership import LeaseOwnership
 from leases.store import store_for
-from tests import admin_flows as af
-from tests import waits_flows  # noqa: F401  (waits.parent, waits.child, waits.sleeper)
+from tests.fixtures import admin_flows as af
+from tests.fixtures import waits_flows  # noqa: F401  (waits.parent, waits.child, waits.sleeper)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PAGE = "/admin/journal/execution/{}/change/"
@@ -27,7 +27,7 @@ MILLIS = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC")
 
 @pytest.fixture(autouse=True)
 def _flows(settings, effects):
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows", "tests.admin_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.waits_flows", "tests.fixtures.admin_flows"]
     settings.LOOM_SNAPSHOT_EVERY = None
     settings.LOOM_WAIT_INLINE_MAX = 0.0  # every wait parks
     installed = own.get_ownership()

@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from journal.flows import start
 from journal.models import Execution
-from tests import privacy_fixtures as fx
-from tests import schedule_flows  # noqa: F401  (sched.echo, sched.fail)
+from tests.fixtures import privacy_fixtures as fx
+from tests.fixtures import schedule_flows  # noqa: F401  (sched.echo, sched.fail)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CHANGELIST = "admin:journal_execution_changelist"
@@ -24,7 +24,8 @@ CHANGELIST = "admin:journal_execution_changelist"
 
 @pytest.fixture(autouse=True)
 def _flows(settings, tmp_path):
-    settings.LOOM_FLOW_MODULES = ["tests.schedule_flows", "tests.privacy_fixtures", "tests.admin_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.schedule_flows", "tests.fixtures.privacy_fixtures",
+                                  "tests.fixtures.admin_flows"]
     settings.LOOM_KEYS = [fx.KEY_A]
     settings.LOOM_CONTENT_DIR = str(tmp_path / "content")
 
@@ -63,7 +64,7 @@ def test_admin_and_cli_find_an_execution_by_an_input_value_and_by_its_error_text
 
 def test_the_error_column_shows_the_first_line_and_a_cancel_reason_as_a_reason(admin_client):
     from journal.flows import cancel
-    from tests import admin_flows as af
+    from tests.fixtures import admin_flows as af
 
     assert start("sched.fail", {}, execution_id="col-f").status == "failed"
     af.CRASH = True

@@ -10,7 +10,7 @@ from django.test import Client
 
 from journal.flows import Context, flow
 from journal.models import Event
-from tests.api_flows import queued_starts_run_inline
+from tests.fixtures.api_flows import queued_starts_run_inline
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from journal.flows import Context, flow, start
 from journal.models import Event, Execution
-from tests import admin_flows as af
+from tests.fixtures import admin_flows as af
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,7 +42,7 @@ def api_settings(settings):
     settings.LOOM_API_AUTH = True
     settings.LOOM_API_TOKENS = [FULL, {"token": CALC, "name": "calc", "flows": ["calc.*"]},
                                 {"token": OWN, "name": "own", "read": "own"}]
-    settings.LOOM_FLOW_MODULES = ["tests.admin_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.admin_flows"]
     af.CRASH = False
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.api_flows import queued_starts_run_inline
+from tests.fixtures.api_flows import queued_starts_run_inline
 
 pytestmark = pytest.mark.django_db
 

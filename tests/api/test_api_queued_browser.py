@@ -18,10 +18,10 @@ from django.contrib.auth.models import User
 from journal.flows import ownership as own
 from journal.models import Execution
 from queues.models import QueueEntry
-from tests import lease_flows
 from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.admin.test_browser_admin import wait_until
 from tests.conftest import ROOT
+from tests.fixtures import lease_flows
 from tests.queues.test_queue_entries_browser import login
 
 pytestmark = [
@@ -81,7 +81,8 @@ def test_an_api_start_is_queued_in_the_admin_and_cancelled_there_never_runs(live
     assert QueueEntry.objects.get(execution_id="apiq-cancel").state == "cancelled"
 
     # A real worker runs the default queue: the other start runs, the cancelled one never does.
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.lease_flows", "LOOM_LEASE_MODE": "off", "LOOM_QUEUE_POLL": "0.2"}
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.fixtures.lease_flows", "LOOM_LEASE_MODE": "off",
+           "LOOM_QUEUE_POLL": "0.2"}
     proc = subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--no-cluster", "--id", "api-queue-worker"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -21,8 +21,8 @@ from journal.models import Event, Execution
 from leases.models import StartReservation
 from leases.tasks import enqueue_start, prune_reservations, run_start
 from queues.models import QueueEntry
-from tests import api_flows  # noqa: F401  (registers tests.api.gated)
-from tests.lease_flows import queue_old_scheme_start
+from tests.fixtures import api_flows  # noqa: F401  (registers tests.api.gated)
+from tests.fixtures.lease_flows import queue_old_scheme_start
 
 pytestmark = pytest.mark.django_db
 
@@ -145,8 +145,8 @@ def test_a_token_scoped_to_some_flows_reads_only_executions_of_those_flows(clien
 
 def test_two_token_entries_with_one_name_are_a_system_check_error(settings):
     settings.LOOM_API_TOKENS = [{"token": ALICE, "name": "ci", "read": "own"}, {"token": BOB, "name": "ci"}]
-    found = {m.id: m.msg for m in run_checks() if m.id == "loomapi.E001"}
-    assert "more than once" in found.get("loomapi.E001", ""), found
+    found = {m.id: m.msg for m in run_checks() if m.id == "loom.E201"}
+    assert "more than once" in found.get("loom.E201", ""), found
 
 
 def test_a_durable_start_with_null_input_of_a_flow_without_input_model_completes(client):

@@ -17,7 +17,7 @@ from journal.aggregates.declarations import State
 from journal.envelopes import Envelope
 from journal.flows import Context, flow
 from journal.models import Event, Execution
-from tests.api_flows import queued_starts_run_inline
+from tests.fixtures.api_flows import queued_starts_run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -156,7 +156,7 @@ def test_an_unreadable_token_entry_is_a_system_check_error(settings):
     from loomapi.checks import check_api_tokens
 
     settings.LOOM_API_TOKENS = [{"token": "x", "read": "everything"}]
-    assert [e.id for e in check_api_tokens()] == ["loomapi.E001"]
+    assert [e.id for e in check_api_tokens()] == ["loom.E201"]
     settings.LOOM_API_TOKENS = [FULL]
     assert check_api_tokens() == []
 
@@ -295,7 +295,7 @@ def test_short_tokens_are_reported_whether_plain_or_scoped(settings):
 
     settings.LOOM_API_AUTH = True
     settings.LOOM_API_TOKENS = [FULL, {"token": "short-scoped", "flows": ["calc.*"]}]
-    assert [w.id for w in check_api_auth()] == ["loomapi.W003"]
+    assert [w.id for w in check_api_auth()] == ["loom.W203"]
     settings.LOOM_API_TOKENS = [FULL, {"token": CALC_ONLY}]
     assert check_api_auth() == []
 
@@ -346,11 +346,11 @@ def test_aggregate_states_the_api_cannot_guard_are_deploy_check_warnings(setting
 
     State("tests.api_safety.Bare", Bare, prefix="")
     settings.LOOM_AGGREGATE_MODULES = []
-    found = {m.id for m in run_checks(include_deployment_checks=True) if (m.id or "").startswith("loomapi.W00")}
-    assert {"loomapi.W004", "loomapi.W005"} <= found, found
+    found = {m.id for m in run_checks(include_deployment_checks=True) if (m.id or "").startswith("loom.W20")}
+    assert {"loom.W204", "loom.W205"} <= found, found
     settings.LOOM_AGGREGATE_MODULES = ["tests.api.test_api_safety"]
-    found = {m.id for m in run_checks(include_deployment_checks=True) if (m.id or "").startswith("loomapi.W00")}
-    assert "loomapi.W005" not in found and "loomapi.W004" in found
+    found = {m.id for m in run_checks(include_deployment_checks=True) if (m.id or "").startswith("loom.W20")}
+    assert "loom.W205" not in found and "loom.W204" in found
 
 
 class CountingBuffer(bytearray):

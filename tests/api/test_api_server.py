@@ -102,8 +102,8 @@ def test_serve_api_refuses_to_start_without_tokens_when_auth_is_on(child_env):
 # -- a server that slow or careless clients cannot take down ------------------------------------------------
 
 def server_env(child_env, **extra: str) -> dict[str, str]:
-    return {**child_env, "LOOM_API_TOKENS": TOKEN, "LOOM_API_AUTH": "true", "LOOM_FLOW_MODULES": "tests.api_flows",
-            **extra}
+    return {**child_env, "LOOM_API_TOKENS": TOKEN, "LOOM_API_AUTH": "true",
+            "LOOM_FLOW_MODULES": "tests.fixtures.api_flows", **extra}
 
 
 class Server:

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.mark.parametrize("timeout", ["30", ""])  # on the call pool, and in the request thread (no bound)
 def test_a_flow_that_exits_is_a_failed_call_and_the_worker_process_stays(child_env, timeout):
-    env = server_env(child_env, LOOM_FLOW_MODULES="tests.api_flows,tests.api_exit_flows", LOOM_API_CALL_TIMEOUT=timeout)
+    env = server_env(child_env, LOOM_FLOW_MODULES="tests.fixtures.api_flows,tests.fixtures.api_exit_flows",
+                     LOOM_API_CALL_TIMEOUT=timeout)
     server = Server(env, 1)
     try:
         (worker,) = server.workers
@@ -41,7 +42,7 @@ def test_a_flow_that_exits_is_a_failed_call_and_the_worker_process_stays(child_e
 def test_an_input_validator_that_exits_is_a_500_and_the_worker_process_stays(child_env):
     """A durable start checks its input in the API process (the flow's input model): a validator calling
     sys.exit there is a 500 naming nothing but an error id, and the same worker answers the next request."""
-    env = server_env(child_env, LOOM_FLOW_MODULES="tests.api_flows,tests.api_exit_flows")
+    env = server_env(child_env, LOOM_FLOW_MODULES="tests.fixtures.api_flows,tests.fixtures.api_exit_flows")
     server = Server(env, 1)
     try:
         (worker,) = server.workers

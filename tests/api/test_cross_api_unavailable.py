@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 
 from journal.flows import start
-from tests import api_flows  # noqa: F401  (calc.*)
+from tests.fixtures import api_flows  # noqa: F401  (calc.*)
 from tests.leases.test_failover import unreachable  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -4,11 +4,11 @@ Each module here holds one abstract contract per store base class, in the style 
 shared recorder tests: `JournalStoreContract` (journal.store.base.JournalStore), `LeaseStoreContract`
 (leases.store.base.LeaseStore), `ProjectionStoreContract` (projections.store.base.ProjectionStore).
 A backend proves itself by subclassing each contract once in its own test module
-(tests/test_conformance_<backend>.py), naming its `vendor` and implementing `make_store`.
+(tests/conformance/test_conformance_<backend>.py), naming its `vendor` and implementing `make_store`.
 
 The contracts are named without pytest's `Test` prefix and live outside `test_*.py` modules, so only
 the per-backend subclasses are collected. docs/backends.md lists the classes and, per abstract
-method, whether a contract exercises it (tests/test_conformance_docs.py keeps that list true).
+method, whether a contract exercises it (tests/conformance/test_conformance_docs.py keeps that list true).
 """
 
 from __future__ import annotations

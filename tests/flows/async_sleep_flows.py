@@ -4,7 +4,7 @@ tests/flows/test_flows_async_processes.py: no marked field here, so a worker nee
 from __future__ import annotations
 
 from journal.flows import flow
-from tests.edge_waits_flows import record
+from tests.fixtures.edge_waits_flows import record
 
 
 @flow("asleep.edge")

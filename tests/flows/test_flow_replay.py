@@ -2,7 +2,7 @@
 `journal.flows.testing.replay` replay recorded histories against the code of the process, write nothing,
 and fail naming the first execution and position a resume would refuse. Both databases.
 
-The code changes under recorded executions through tests/version_flows.py's CODE["variant"] (in this
+The code changes under recorded executions through tests/fixtures/version_flows.py's CODE["variant"] (in this
 process) or LOOM_TEST_VARIANT (a child process: the command as a deploy's CI runs it)."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from journal.flows.ownership import get_ownership, set_ownership
 from journal.flows.replay import History, InvalidHistory, replay_history
 from journal.flows.testing import replay
 from journal.models import Event, Execution, Fence, Snapshot
-from tests import version_flows
 from tests.conftest import ROOT
+from tests.fixtures import version_flows
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -99,7 +99,7 @@ def test_an_exported_history_replays_from_its_file(tmp_path):
 
 def test_replay_in_a_child_process_exits_non_zero_on_the_incompatible_release_only(child_env):
     def run(variant: str) -> subprocess.CompletedProcess:
-        env = {**child_env, "LOOM_TEST_VARIANT": variant, "LOOM_FLOW_MODULES": "tests.version_flows"}
+        env = {**child_env, "LOOM_TEST_VARIANT": variant, "LOOM_FLOW_MODULES": "tests.fixtures.version_flows"}
         return subprocess.run([sys.executable, "manage.py", "loom", "replay", "--flow", "ver.replayed"], env=env,
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
 

@@ -19,7 +19,7 @@ from journal.flows import UnknownFlow, flow, registry, resume, start, wake_due, 
 from journal.flows.ownership import get_ownership, set_ownership
 from journal.flows.versions import live_versions
 from journal.models import Event, Execution, Fence
-from tests import version_flows, version_flows_v1, version_flows_v2  # noqa: F401  (registers the flows)
+from tests.fixtures import version_flows, version_flows_v1, version_flows_v2  # noqa: F401  (registers the flows)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,6 +1,6 @@
 """A deploy of version 2 of a flow while 100 executions of version 1 wait on timers and messages, with a real
-`loom_worker` of each version: one lists only tests.version_flows_v1 (version 1), the other only
-tests.version_flows_v2 (version 2: its steps differ before the wait, so a version-1 log replayed on it would
+`loom_worker` of each version: one lists only tests.fixtures.version_flows_v1 (version 1), the other only
+tests.fixtures.version_flows_v2 (version 2: its steps differ before the wait, so a version-1 log replayed on it would
 be NonDeterminism). Every execution completes on the version it started on, run by the worker that has it;
 none fails. The same for queued starts of both versions, enqueued while both workers run: each worker's
 dispatcher claims only the entries of its own version. SQLite and PostgreSQL (as every test, by
@@ -14,15 +14,15 @@ from journal.flows import ownership, send, start
 from journal.models import Execution
 from leases.models import Worker as WorkerRow
 from queues import enqueue
-from tests import (  # noqa: F401  (registers both versions of both flows here)
+from tests.fixtures import (  # noqa: F401  (registers both versions of both flows here)
     version_flows_v1,
     version_flows_v2,
     version_queued_v1,
     version_queued_v2,
 )
+from tests.fixtures.version_common import create_effects_table, drop_effects_table, effects
 from tests.flows.test_flow_versions import release
 from tests.flows.test_waits_processes import Worker, wait_until
-from tests.version_common import create_effects_table, drop_effects_table, effects
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,8 +70,8 @@ def test_a_deploy_of_version_2_leaves_every_waiting_version_1_execution_to_the_w
         assert start("ver.order", {"n": n, **wait}, execution_id=f"dep-v2-{n}").status == "waiting"
     assert set(Execution.objects.filter(pk__startswith="dep-v1-").values_list("flow_version", flat=True)) == {1}
     assert set(Execution.objects.filter(pk__startswith="dep-v2-").values_list("flow_version", flat=True)) == {2}
-    old = worker_of("worker-v1", "tests.version_flows_v1")
-    new = worker_of("worker-v2", "tests.version_flows_v2")
+    old = worker_of("worker-v1", "tests.fixtures.version_flows_v1")
+    new = worker_of("worker-v2", "tests.fixtures.version_flows_v2")
     for prefix, count in (("dep-v1-", 100), ("dep-v2-", 20)):
         for n in range(0, count, 2):
             send(f"{prefix}{n}", "go", {"n": n})
@@ -104,8 +104,8 @@ def test_queued_starts_of_two_versions_each_run_on_their_own_version_by_the_work
         worker_of, version_effects):
     """Before: each dispatcher claimed by flow name and ran the newest version it had, so the version-2
     worker ran version-1 entries on version 2 and the version-1 worker ran version-2 entries on version 1."""
-    old = worker_of("worker-v1", "tests.version_queued_v1")
-    new = worker_of("worker-v2", "tests.version_queued_v2")
+    old = worker_of("worker-v1", "tests.fixtures.version_queued_v1")
+    new = worker_of("worker-v2", "tests.fixtures.version_queued_v2")
     wait_until(lambda: WorkerRow.objects.filter(id__in=["worker-v1", "worker-v2"]).count() == 2,
                "both workers are up", [old, new])
     for n in range(40):  # interleaved, while both run: v1 from a release-1 process, v2 from a release-2 one

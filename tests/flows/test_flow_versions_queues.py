@@ -15,9 +15,9 @@ from queues import enqueue, run_due
 from queues.models import QueueEntry
 from queues.service import run_claimed
 from queues.store import store_for
-from tests import version_flows_v1, version_flows_v2, version_queued_v1, version_queued_v2  # noqa: F401
+from tests.fixtures import version_flows_v1, version_flows_v2, version_queued_v1, version_queued_v2  # noqa: F401
+from tests.fixtures.version_common import create_effects_table, drop_effects_table, effects
 from tests.flows.test_flow_versions import release
-from tests.version_common import create_effects_table, drop_effects_table, effects
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

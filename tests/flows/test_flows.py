@@ -25,15 +25,15 @@ from journal.flows import (
 )
 from journal.flows import ownership as own
 from journal.models import Event, Execution, Fence, Snapshot
-from tests import flows_fixtures as fx
 from tests.conftest import effect_rows
+from tests.fixtures import flows_fixtures as fx
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
 def _flows(settings):
-    settings.LOOM_FLOW_MODULES = ["tests.flows_fixtures"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.flows_fixtures"]
     settings.LOOM_SNAPSHOT_EVERY = None
     fx.CRASH_PASSES = False
     fx.VERSIONED_STEP = "alpha"

@@ -8,14 +8,14 @@ import pytest
 from journal.flows import ownership as own
 from journal.flows import start
 from journal.models import Event, Execution
-from tests import flows_fixtures as fx
+from tests.fixtures import flows_fixtures as fx
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
 def _flows(settings):
-    settings.LOOM_FLOW_MODULES = ["tests.flows_fixtures"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.flows_fixtures"]
     fx.CRASH_PASSES = False
     installed = own.get_ownership()
     own.set_ownership(None)

@@ -16,15 +16,15 @@ from journal.flows import InvalidInput, UnknownExecution, get_event, start, wake
 from journal.flows import ownership as own
 from journal.flows.aio import acancel, adescribe, aget_event, aoutcome_of, asend, astart, in_pool
 from journal.models import Execution, Message
-from tests import mode_flows as mf
 from tests.conftest import effect_rows
+from tests.fixtures import mode_flows as mf
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.async_views")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.fixtures.async_views")]
 
 
 @pytest.fixture(autouse=True)
 def _flows(settings, effects):
-    settings.LOOM_FLOW_MODULES = ["tests.mode_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.mode_flows"]
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     settings.LOOM_WAIT_POLL = 0.05
     settings.LOOM_ASYNC_DB_THREADS = 1  # one pool thread: a waiter that held it would starve everyone else

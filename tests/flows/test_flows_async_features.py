@@ -14,8 +14,8 @@ from journal.flows import ownership as own
 from journal.models import Event, Execution
 from journal.privacy import keys
 from journal.privacy.codec import FORGOTTEN
-from tests import mode_flows as mf  # noqa: F401 (registers the flows)
-from tests import privacy_fixtures as pf
+from tests.fixtures import mode_flows as mf  # noqa: F401 (registers the flows)
+from tests.fixtures import privacy_fixtures as pf
 from tests.flows.test_flow_versions import release
 from tests.privacy.test_privacy import raw_rows
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _flows(settings, tmp_path):
-    settings.LOOM_FLOW_MODULES = ["tests.mode_flows", "tests.privacy_fixtures"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.mode_flows", "tests.fixtures.privacy_fixtures"]
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     settings.LOOM_KEYS = [pf.KEY_A]
     settings.LOOM_CONTENT_DIR = str(tmp_path / "content")

@@ -19,8 +19,8 @@ import pytest
 
 from journal.flows import start
 from journal.models import Event, Execution, Message
-from tests import edge_waits_flows as wf
 from tests.conftest import ROOT
+from tests.fixtures import edge_waits_flows as wf
 from tests.flows.test_waits_processes import all_settled, env, wait_until, workers  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -100,7 +100,7 @@ class Driver:
 
 def test_a_process_killed_while_its_loop_driven_async_flows_sleep_in_process_leaves_them_to_a_worker(
         env, workers, tmp_path):  # noqa: F811
-    modules = "tests.edge_waits_flows,tests.flows.async_sleep_flows"
+    modules = "tests.fixtures.edge_waits_flows,tests.flows.async_sleep_flows"
     # In the driver the 20 s sleeps are in-process (under its LOOM_WAIT_INLINE_MAX), slept on its loop.
     driver = Driver({**env, "LOOM_FLOW_MODULES": modules, "LOOM_WAIT_INLINE_MAX": "60"}, tmp_path / "driver.log")
     try:

@@ -24,9 +24,9 @@ from journal.flows import ownership as own
 from journal.flows.aio import acancel, adescribe, aget_event, astart
 from journal.models import Event, Execution
 from journal.privacy import keys
-from tests import mode_flows as mf  # (registers the flows too)
-from tests import privacy_fixtures as pf
 from tests.conftest import effect_rows
+from tests.fixtures import mode_flows as mf  # (registers the flows too)
+from tests.fixtures import privacy_fixtures as pf
 from tests.flows import async_sleep_flows  # noqa: F401 (registers the flows)
 from tests.privacy.test_privacy import raw_rows
 
@@ -89,7 +89,8 @@ RUNS = 50
 
 @pytest.fixture(autouse=True)
 def _flows(settings, effects, tmp_path):
-    settings.LOOM_FLOW_MODULES = ["tests.mode_flows", "tests.privacy_fixtures", "tests.flows.async_sleep_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.mode_flows", "tests.fixtures.privacy_fixtures",
+                                  "tests.flows.async_sleep_flows"]
     settings.LOOM_WAIT_INLINE_MAX = 30.0  # the 5 s sleeps below are in-process: they do not park
     settings.LOOM_WAIT_POLL = 0.05
     settings.LOOM_ASYNC_DB_THREADS = POOL

@@ -13,14 +13,14 @@ import pytest
 from journal.flows import load_state, resume, start
 from journal.flows import ownership as own
 from journal.models import Event, Execution
-from tests import exit_flows, flows_fixtures
+from tests.fixtures import exit_flows, flows_fixtures
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
 def _flows(settings):
-    settings.LOOM_FLOW_MODULES = ["tests.exit_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.exit_flows"]
     exit_flows.CALLS.clear()
     exit_flows.CRASH = False
     installed = own.get_ownership()
@@ -89,7 +89,7 @@ def test_a_worker_survives_exits_and_its_cap_one_queue_goes_on(child_env, tmp_pa
 
     child_env.update({
         "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
-        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_FLOW_MODULES": "tests.exit_flows", "LOOM_LEASE_MODE": "lazy",
+        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_FLOW_MODULES": "tests.fixtures.exit_flows", "LOOM_LEASE_MODE": "lazy",
         "LOOM_QUEUES": json.dumps({"t-exits": {"concurrency": 1}}), "LOOM_QUEUE_THREADS": "2",
         "LOOM_QUEUE_POLL": "0.02", "LOOM_WAIT_POLL": "0.2", "LOOM_TEST_LOGS": str(tmp_path),
     })

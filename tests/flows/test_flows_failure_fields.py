@@ -11,7 +11,7 @@ import pytest
 from journal.flows import describe, flow, start
 from journal.models import Event
 from journal.privacy import keys
-from tests import privacy_fixtures as fx
+from tests.fixtures import privacy_fixtures as fx
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,7 @@
 """The flows conformance suite, parametrised: every test runs a sync flow (`modes.sync.<x>`) and its `async def`
-twin (`modes.async.<x>`, tests/mode_flows.py) and checks the same log, the same effects, the same outcome. SQLite
-and PostgreSQL. An async flow's journal is the sync runtime's (journal/flows/aio.py): these tests are what says so."""
+twin (`modes.async.<x>`, tests/fixtures/mode_flows.py) and checks the same log, the same effects, the same
+outcome. SQLite and PostgreSQL. An async flow's journal is the sync runtime's (journal/flows/aio.py): these
+tests are what says so."""
 
 from __future__ import annotations
 
@@ -25,16 +26,16 @@ from journal.flows import events as ev
 from journal.flows import ownership as own
 from journal.flows.replay import replay
 from journal.models import Event, Execution, Fence, Message, Wait
-from tests import flows_fixtures as fx
-from tests import mode_flows as mf
 from tests.conftest import effect_rows
+from tests.fixtures import flows_fixtures as fx
+from tests.fixtures import mode_flows as mf
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(params=["sync", "async"])
 def mode(request, settings, effects):
-    settings.LOOM_FLOW_MODULES = ["tests.mode_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.mode_flows"]
     settings.LOOM_SNAPSHOT_EVERY = None
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     settings.LOOM_WAIT_POLL = 0.05

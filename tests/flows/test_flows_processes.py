@@ -18,8 +18,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def env(settings, child_env):
-    settings.LOOM_FLOW_MODULES = ["tests.flows_fixtures"]
-    child_env["LOOM_FLOW_MODULES"] = "tests.flows_fixtures"
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.flows_fixtures"]
+    child_env["LOOM_FLOW_MODULES"] = "tests.fixtures.flows_fixtures"
     child_env["LOOM_LEASE_MODE"] = "off"  # explicit resume here; leases are tested in their own suite
     return child_env
 

@@ -18,7 +18,7 @@ from leases.keeper import LeaseKeeper, get_keeper, reset_keeper
 from leases.models import Lease
 from leases.ownership import install
 from leases.recovery import OrphanReach, RecoveryService, sweep
-from tests import lease_flows  # noqa: F401  (registers the flows)
+from tests.fixtures import lease_flows  # noqa: F401  (registers the flows)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,8 @@ from django.db import connections
 from journal.flows import NotResumable, runtime
 from journal.flows.runtime import retry
 from journal.models import Event, Execution, Fence
-from tests import admin_flows as af
 from tests.admin.test_admin_executions import _flows, failed, run_queued  # noqa: F401  (the autouse fixture)
+from tests.fixtures import admin_flows as af
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from journal.flows import start
 from journal.models import Event, Execution, Fence
 from journal.store import store_for
 from journal.store.base import ExecutionBoot, ExecutionSettle
-from tests import flows_fixtures  # noqa: F401  (registers the flows)
+from tests.fixtures import flows_fixtures  # noqa: F401  (registers the flows)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

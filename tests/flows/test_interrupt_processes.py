@@ -34,7 +34,7 @@ def env(child_env, tmp_path):
     child_env.update({
         "LOOM_LEASE_TTL": str(TTL), "LOOM_LEASE_RENEW_EVERY": "0.5", "LOOM_LEASE_LAZY_GRACE": "0.2",
         "LOOM_RECOVERY_EVERY": "0.2", "LOOM_SHUTDOWN_GRACE": "3", "LOOM_STEP_ABANDON_AFTER": "1",
-        "LOOM_FLOW_MODULES": "tests.shutdown_flows", "LOOM_LEASE_MODE": "lazy",
+        "LOOM_FLOW_MODULES": "tests.fixtures.shutdown_flows", "LOOM_LEASE_MODE": "lazy",
         "LOOM_QUEUES": json.dumps({QUEUE: {"concurrency": 50}}), "LOOM_QUEUE_THREADS": "2",
         "LOOM_QUEUE_POLL": "0.05", "LOOM_TEST_LOGS": str(tmp_path), "PYTHONFAULTHANDLER": "1",
     })

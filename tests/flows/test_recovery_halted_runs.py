@@ -15,7 +15,7 @@ from journal.flows import start, writer
 from journal.models import Execution
 from leases.models import Lease
 from leases.recovery import OrphanReach, sweep
-from tests import lease_flows  # noqa: F401  (registers leases.noop)
+from tests.fixtures import lease_flows  # noqa: F401  (registers leases.noop)
 from tests.leases.test_leases import short_leases  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)

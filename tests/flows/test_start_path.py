@@ -13,7 +13,7 @@ from journal import coalesce, shards
 from journal.flows import ExecutionExists, cancel, start
 from journal.flows.context import now
 from journal.models import Execution
-from tests import flows_fixtures  # noqa: F401  (registers the flows)
+from tests.fixtures import flows_fixtures  # noqa: F401  (registers the flows)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

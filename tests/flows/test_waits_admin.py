@@ -21,17 +21,17 @@ from journal.flows import ownership as own
 from journal.flows import start
 from journal.models import Event, Execution
 from queues.models import QueueEntry
-from tests import edge_waits_flows as wf
 from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.conftest import ROOT
-from tests.lease_flows import run_handed_over_here
+from tests.fixtures import edge_waits_flows as wf
+from tests.fixtures.lease_flows import run_handed_over_here
 
 PAGE = "/admin/journal/execution/{}/change/"
 
 
 @pytest.fixture(autouse=True)
 def _settings(settings):
-    settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.edge_waits_flows"]
     settings.LOOM_WAIT_INLINE_MAX = 0.0  # every wait parks
     installed = own.get_ownership()
     own.set_ownership(None)
@@ -205,8 +205,8 @@ def test_bulk_wake_and_suspend_show_what_will_happen_first(admin_client, effects
 # -- the buttons, clicked in a real browser, with a real worker --------------------------------------------
 @pytest.fixture
 def worker(child_env):
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.edge_waits_flows", "LOOM_LEASE_MODE": "off", "LOOM_Q_WORKERS": "1",
-           "LOOM_WAIT_INLINE_MAX": "0", "LOOM_WAIT_POLL": "0.2"}
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.fixtures.edge_waits_flows", "LOOM_LEASE_MODE": "off",
+           "LOOM_Q_WORKERS": "1", "LOOM_WAIT_INLINE_MAX": "0", "LOOM_WAIT_POLL": "0.2"}
     proc = subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--id", "waits-browser"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

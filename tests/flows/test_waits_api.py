@@ -14,7 +14,7 @@ from django.test import Client
 
 from journal.flows import ownership, start
 from journal.models import Event, Execution
-from tests import edge_waits_flows
+from tests.fixtures import edge_waits_flows
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,7 +28,7 @@ def api_settings(settings, transactional_db):
     settings.LOOM_API_AUTH = True
     settings.LOOM_API_TOKENS = [TOKEN, {"token": SCOPED, "name": "scoped", "flows": ["calc.*"]}]
     settings.LOOM_WAIT_INLINE_MAX = 0.0  # every wait parks: nothing sleeps in the test's thread
-    settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.edge_waits_flows"]
     edge_waits_flows.create_effects_table()
     installed = ownership.get_ownership()
     ownership.set_ownership(None)  # no lease keeper thread in the test process (it would outlive the test database)

@@ -30,15 +30,15 @@ from journal.flows import events as ev
 from journal.flows import ownership as own
 from journal.models import Event, Execution, FlowEvent, Message, Wait
 from journal.store import store_for
-from tests import waits_flows as wf
 from tests.conftest import effect_rows
+from tests.fixtures import waits_flows as wf
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
 def _flows(settings, effects):
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.waits_flows"]
     settings.LOOM_SNAPSHOT_EVERY = None
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     settings.LOOM_WAIT_POLL = 0.05
@@ -367,7 +367,7 @@ def test_a_flow_may_handle_its_deadline_and_run_steps_after_it():
 def test_a_step_whose_run_died_past_its_timeout_fails_with_the_expiry_recorded():
     """Its worker died in the step; the resume after the step's deadline records the timeout (no
     retry policy: the step and the flow fail) instead of running it again."""
-    from tests.flows_fixtures import Crash
+    from tests.fixtures.flows_fixtures import Crash
 
     wf.CRASH_IN_STEP = True
     try:

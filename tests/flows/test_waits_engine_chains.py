@@ -26,15 +26,15 @@ from journal.flows import (
 )
 from journal.flows import ownership as own
 from journal.models import Event, Execution, Message, Wait
-from tests import waits_flows as wf
 from tests.conftest import effect_rows
+from tests.fixtures import waits_flows as wf
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
 def _flows(settings, effects):
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.waits_flows"]
     settings.LOOM_SNAPSHOT_EVERY = None
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     settings.LOOM_WAIT_POLL = 0.05

@@ -17,15 +17,15 @@ from journal.flows import send, start, wake_due
 from journal.models import Event, Execution, Fence
 from leases.waker import WakeService
 from leases.worker import Worker
-from tests import waits_flows  # noqa: F401  (registers the flows)
 from tests.conftest import effect_rows
+from tests.fixtures import waits_flows  # noqa: F401  (registers the flows)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
 def _flows(settings, effects):
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.waits_flows"]
     settings.LOOM_SNAPSHOT_EVERY = None
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     settings.LOOM_WAIT_POLL = 0.05

@@ -9,7 +9,7 @@ import pytest
 from journal.flows import flow, ownership, resume, send, start, wake_due
 from journal.flows.errors import ExecutionFinished
 from journal.models import Event, Execution, Message
-from tests.flows_fixtures import Crash
+from tests.fixtures.flows_fixtures import Crash
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ from journal.exceptions import JournalError
 from journal.flows import InvalidInput, NotResumable, UnknownExecution, flow, ownership, start
 from journal.ids import id_problem
 from journal.models import Event, Execution, Fence
-from tests import edge_waits_flows
+from tests.fixtures import edge_waits_flows
 from tests.journal.test_inputs_roundtrip import normal_form, same, values
 
 pytestmark = pytest.mark.django_db
@@ -34,7 +34,7 @@ BAD = {"value": None}  # the bad argument the next run of edge.bad_* passes (it 
 @pytest.fixture(autouse=True)
 def _settings(settings):
     settings.LOOM_WAIT_INLINE_MAX = 0.0
-    settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.edge_waits_flows"]
     edge_waits_flows.create_effects_table()
     installed = ownership.get_ownership()
     ownership.set_ownership(None)  # no lease keeper thread in the test process (it would outlive the test database)

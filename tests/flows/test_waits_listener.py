@@ -15,7 +15,7 @@ from django.db import connection, connections
 from journal.flows import event_listener, get_event, send, start, wake_due
 from journal.flows import ownership as own
 from journal.models import Execution
-from tests import waits_flows  # noqa: F401  (registers waits.reply)
+from tests.fixtures import waits_flows  # noqa: F401  (registers waits.reply)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -25,7 +25,7 @@ TIMEOUT = 120.0  # get_event's timeout: a bound for a broken build, never reache
 
 @pytest.fixture(autouse=True)
 def _flows(settings, effects):
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.waits_flows"]
     settings.LOOM_SNAPSHOT_EVERY = None
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     # Long polls: a waiter that gets its value before its first re-read was woken by a notification.

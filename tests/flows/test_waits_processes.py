@@ -4,7 +4,7 @@ to another worker, which finishes every one; each step's effect happens once, ea
 once, no timer fires twice, two workers racing for the same due timers wake each once, and a replay
 after a crash never sleeps again.
 
-The flows (tests/edge_waits_flows.py) record every effect in an atomic step (one row per effect), so the
+The flows (tests/fixtures/edge_waits_flows.py) record every effect in an atomic step (one row per effect), so the
 rows count how often each effect happened. Executions are started in this process with
 LOOM_WAIT_INLINE_MAX=0: every wait parks (status waiting) and only a worker's waker resumes it.
 """
@@ -24,8 +24,8 @@ import pytest
 
 from journal.flows import ownership, send, start
 from journal.models import Event, Execution, Fence
-from tests import edge_waits_flows as wf
 from tests.conftest import ROOT
+from tests.fixtures import edge_waits_flows as wf
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,10 +35,10 @@ SETTLED = ("completed", "failed", "cancelled", "stuck")
 @pytest.fixture
 def env(child_env, settings, tmp_path):
     settings.LOOM_WAIT_INLINE_MAX = 0.0
-    settings.LOOM_FLOW_MODULES = ["tests.edge_waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.edge_waits_flows"]
     child_env.update({
         "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
-        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_LEASE_MODE": "lazy", "LOOM_FLOW_MODULES": "tests.edge_waits_flows",
+        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_LEASE_MODE": "lazy", "LOOM_FLOW_MODULES": "tests.fixtures.edge_waits_flows",
         "LOOM_WAIT_INLINE_MAX": "0", "LOOM_WAIT_POLL": "0.2", "LOOM_WAIT_RECHECK": "1.0",
         "PYTHONFAULTHANDLER": "1", "LOOM_TEST_LOGS": str(tmp_path),
     })

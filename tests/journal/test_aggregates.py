@@ -439,7 +439,7 @@ def _contiguous(stream: str) -> list[int]:
 def test_threads_of_one_process_take_turns_on_a_hot_stream_and_never_conflict():
     """8 threads x 10 retried commits to one aggregate: threads of a process take turns on a stream, so
     none of them loses a race to another (0 conflicts) and every commit lands, seqs contiguous."""
-    from tests.aggregate_fixtures import counter, increment
+    from tests.fixtures.aggregate_fixtures import counter, increment
 
     threads_n, per_thread = 8, 10
     conflicts: list[int] = []
@@ -471,7 +471,7 @@ def test_threads_of_one_process_take_turns_on_a_hot_stream_and_never_conflict():
 HOT_CHILD = """
 import json, time
 from journal.aggregates import RetriesExhausted, do_with_retry
-from tests.aggregate_fixtures import slow_increment
+from tests.fixtures.aggregate_fixtures import slow_increment
 conflicts, exhausted = [0], 0
 time.sleep(max(0.0, {start_at} - time.time()))
 for i in range({per_process}):
@@ -497,8 +497,8 @@ def test_eight_processes_on_one_hot_aggregate_all_commit(child_env, request):
     import json
     import time
 
-    from tests.aggregate_fixtures import counter
     from tests.conftest import spawn_child
+    from tests.fixtures.aggregate_fixtures import counter
 
     processes, per_process = 8, 15
     code = HOT_CHILD.format(start_at=time.time() + 4, per_process=per_process)

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection, transaction
 
 from journal import coalesce
-from journal.coalesce import CoalescerClosed, CoalescingAppender, _Request
+from journal.coalesce import Coalescer, CoalescerClosed, _Request
 from journal.envelopes import AppendItem, Envelope
 from journal.exceptions import InvalidPayload, SequenceConflict, StaleFence
 from journal.flows import flow
@@ -32,7 +32,7 @@ def test_one_refused_row_fails_only_its_caller_and_the_rest_are_written():
     for n in range(4):
         Event.objects.open_stream(f"c:{n}", Envelope("Opened"))
     Fence.objects.advance("c:2")  # c:2's writer below still holds token 1
-    appender = CoalescingAppender(max_batch=16, flushers=1)
+    appender = Coalescer(max_batch=16, flushers=1)
     batch = [request(f"c:{n}", token=1) for n in range(4)]
     appender._flush(batch)
     assert isinstance(batch[2].error, StaleFence)
@@ -47,7 +47,7 @@ def test_a_refused_statement_writes_nothing_before_the_retry():
     """All-or-nothing per statement: the refused attempt leaves no row, the retry writes each once."""
     Event.objects.append("s:a", Envelope("One"))
     Event.objects.append("s:b", Envelope("One"))
-    appender = CoalescingAppender(max_batch=16, flushers=1)
+    appender = Coalescer(max_batch=16, flushers=1)
     batch = [request("s:a", expected=0), request("s:b", expected=5), request("s:c", expected=-1)]
     appender._flush(batch)
     assert isinstance(batch[1].error, SequenceConflict)
@@ -58,7 +58,7 @@ def test_a_refused_statement_writes_nothing_before_the_retry():
 @pytest.mark.django_db(transaction=True)
 def test_threads_get_their_own_results_through_the_flush_threads():
     """Several threads append through one coalescer; each gets its stream's seqs, nothing is lost."""
-    with CoalescingAppender(max_batch=4, flushers=2) as appender:
+    with Coalescer(max_batch=4, flushers=2) as appender:
         results: dict[int, list[int]] = {}
 
         def writer(n: int) -> None:
@@ -78,7 +78,7 @@ def test_threads_get_their_own_results_through_the_flush_threads():
 @pytest.mark.django_db(transaction=True)
 def test_requests_to_one_stream_are_written_in_turn_not_in_one_statement():
     """Two threads on the same unguarded stream: both succeed, seqs contiguous (never in one batch)."""
-    with CoalescingAppender(max_batch=16, flushers=2) as appender:
+    with Coalescer(max_batch=16, flushers=2) as appender:
         def writer() -> None:
             for _ in range(10):
                 appender.append("same", Envelope("Step"))
@@ -94,7 +94,7 @@ def test_requests_to_one_stream_are_written_in_turn_not_in_one_statement():
 @pytest.mark.django_db(transaction=True)
 def test_bad_payload_is_refused_in_the_callers_thread():
     """Validation happens before queueing: nothing starts, nothing is written."""
-    appender = CoalescingAppender(flushers=1)
+    appender = Coalescer(flushers=1)
     with pytest.raises(InvalidPayload):
         appender.append("bad", Envelope("Step", {"x": object()}))
     assert appender._threads == [] and appender.statements == 0
@@ -104,7 +104,7 @@ def test_bad_payload_is_refused_in_the_callers_thread():
 @pytest.mark.django_db(transaction=True)
 def test_a_caller_inside_a_transaction_appends_directly_and_rolls_back_with_it():
     """Coalesced rows would commit on another connection; inside atomic() the append stays in it."""
-    appender = CoalescingAppender(flushers=1)
+    appender = Coalescer(flushers=1)
     with pytest.raises(RuntimeError), transaction.atomic():
         appender.append("tx", Envelope("Step"))
         assert rows("tx") == [("tx", 0)]
@@ -115,7 +115,7 @@ def test_a_caller_inside_a_transaction_appends_directly_and_rolls_back_with_it()
 
 @pytest.mark.django_db(transaction=True)
 def test_closed_coalescer_refuses_appends():
-    appender = CoalescingAppender(flushers=1)
+    appender = Coalescer(flushers=1)
     appender.append("x", Envelope("Step"))
     appender.close()
     with pytest.raises(CoalescerClosed):
@@ -154,7 +154,7 @@ def test_a_stale_writer_among_many_waiting_ones_fails_alone():
     for n in range(9):
         Event.objects.open_stream(f"p:{n}", Envelope("Opened"))
     Fence.objects.advance("p:5")
-    appender = CoalescingAppender(max_batch=16, flushers=1)
+    appender = Coalescer(max_batch=16, flushers=1)
     outcomes: dict[int, object] = {}
 
     def writer(n: int) -> None:
@@ -194,7 +194,7 @@ def test_many_threads_share_few_connections_on_postgres():
     for n in range(writers):
         Event.objects.open_stream(f"m:{n}", Envelope("Opened"))
     errors: list[BaseException] = []
-    with CoalescingAppender(max_batch=16, flushers=2) as appender:
+    with Coalescer(max_batch=16, flushers=2) as appender:
         def writer(n: int) -> None:
             try:
                 for _ in range(each):
@@ -313,7 +313,7 @@ def test_a_batch_of_bootstraps_refuses_only_the_existing_id(no_ownership):
     from journal.flows import start
 
     assert start("test.coalesce.one_step", {}, execution_id="b:2").status == "completed"
-    appender = CoalescingAppender(max_batch=16, flushers=1)
+    appender = Coalescer(max_batch=16, flushers=1)
     batch = [boot_request(f"b:{n}") for n in range(5)]
     appender._flush(batch)
     assert isinstance(batch[2].error, StreamExists)
@@ -332,7 +332,7 @@ def test_a_bootstrap_over_an_aggregate_stream_fails_alone_and_the_rest_start(no_
     from journal.exceptions import StreamExists
 
     Event.objects.append("g:1", Envelope("Opened"))  # an aggregate stream: seq 0, no fence
-    appender = CoalescingAppender(max_batch=16, flushers=1)
+    appender = Coalescer(max_batch=16, flushers=1)
     batch = [boot_request(f"g:{n}") for n in range(3)]
     appender._flush(batch)
     assert isinstance(batch[1].error, StreamExists)
@@ -347,7 +347,7 @@ def test_a_bootstrap_over_an_aggregate_stream_fails_alone_and_the_rest_start(no_
 def test_a_batch_of_settles_refuses_only_the_stale_fence_and_keeps_its_header(no_ownership):
     """SETTLE_MANY with one stale token: that caller gets StaleFence, its header stays running;
     every other execution is settled (events and header) in the retry without it."""
-    appender = CoalescingAppender(max_batch=16, flushers=1)
+    appender = Coalescer(max_batch=16, flushers=1)
     boots = [boot_request(f"s:{n}") for n in range(4)]
     appender._flush(boots)
     Fence.objects.advance("s:1")  # a resume took s:1 over; its first owner still holds token 1
@@ -478,7 +478,7 @@ def test_many_threads_run_flows_through_the_coalescer_on_postgres(no_ownership, 
 def test_a_batch_holds_one_kind_and_a_stream_keeps_its_arrival_order():
     """Batches never mix kinds; a request queued behind another kind's request of its stream waits
     for it, and a stream in flight on another flush thread is held back (no database needed)."""
-    coalescer = CoalescingAppender(max_batch=3, flushers=1)
+    coalescer = Coalescer(max_batch=3, flushers=1)
     queued = [_Request("a", "s1", 1), _Request("b", "s2", 2), _Request("a", "s2", 3), _Request("a", "s3", 4),
               _Request("a", "s4", 5), _Request("a", "s5", 6)]
     coalescer._pending.extend(queued)
@@ -490,3 +490,12 @@ def test_a_batch_holds_one_kind_and_a_stream_keeps_its_arrival_order():
     for request in first:
         coalescer._inflight.discard(request.key)
     assert [r.payload for r in coalescer._take_locked()] == [2]
+
+
+def test_the_old_name_coalescing_appender_still_answers_with_a_deprecation_warning():
+    """`CoalescingAppender` (the Coalescer's first name) is the Coalescer for one more release, and says it goes."""
+    with pytest.warns(DeprecationWarning, match="use Coalescer"):
+        from journal.coalesce import CoalescingAppender
+    assert CoalescingAppender is Coalescer
+    with pytest.raises(AttributeError):
+        coalesce.NoSuchName  # noqa: B018

@@ -15,7 +15,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from journal import coalesce
-from journal.coalesce import CoalescingAppender
+from journal.coalesce import Coalescer
 from journal.envelopes import Envelope
 from journal.exceptions import SequenceConflict
 from journal.models import Event
@@ -180,7 +180,7 @@ def test_appends_to_unrelated_streams_complete_while_another_connection_holds_tw
 
 
 # -- S2: flush connections the server dropped are replaced ----------------------------------------
-def _burst(appender: CoalescingAppender, prefix: str, n: int = 8) -> list[BaseException]:
+def _burst(appender: Coalescer, prefix: str, n: int = 8) -> list[BaseException]:
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
@@ -212,7 +212,7 @@ def test_flush_connections_terminated_by_the_server_are_replaced_before_the_next
                            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
             return {row[0] for row in cursor.fetchall()}
 
-    appender = CoalescingAppender(max_batch=4, flushers=1)
+    appender = Coalescer(max_batch=4, flushers=1)
     try:
         before = others()  # sessions earlier tests' threads may have left behind
         assert _burst(appender, "drop:a") == []

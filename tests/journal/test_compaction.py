@@ -23,8 +23,8 @@ from journal.aggregates.declarations import states
 from journal.envelopes import Envelope
 from journal.flows import start
 from journal.models import Compaction, Event, Snapshot
-from tests import privacy_fixtures as fx
-from tests import waits_flows as wf  # noqa: F401  (registers the waits.* flows)
+from tests.fixtures import privacy_fixtures as fx
+from tests.fixtures import waits_flows as wf  # noqa: F401  (registers the waits.* flows)
 
 pytestmark = pytest.mark.django_db
 
@@ -64,7 +64,7 @@ plain, plain_bump = _counter("PlainCounter", snapshot_every=5)  # snapshots, not
 
 @pytest.fixture(autouse=True)
 def _setup(settings, tmp_path, effects):
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.waits_flows"]
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     settings.LOOM_COMPACT_AGGREGATES = []
     settings.LOOM_CONTENT_DIR = str(tmp_path / "content")

@@ -22,7 +22,7 @@ from queues.declarations import declare_queue
 from queues.declarations import forget as forget_queue
 from queues.models import Queue, QueueEntry
 from queues.store import store_for
-from tests import queue_flows  # noqa: F401  (queues.test.double)
+from tests.fixtures import queue_flows  # noqa: F401  (queues.test.double)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

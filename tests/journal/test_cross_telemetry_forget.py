@@ -13,7 +13,7 @@ from django.utils import timezone
 from journal.models import Execution
 from journal.privacy import forget, keys
 from queues import enqueue, run_due
-from tests import privacy_fixtures as fx
+from tests.fixtures import privacy_fixtures as fx
 from tests.journal.test_telemetry import (  # noqa: F401  (the fixtures)
     TOKEN,
     api_start,

@@ -50,8 +50,8 @@ def bump(state: Tally, cmd: Bump):
 
 @pytest.fixture(autouse=True)
 def _flows(settings):
-    settings.LOOM_FLOW_MODULES = ["tests.flows_fixtures"]
-    import tests.flows_fixtures  # noqa: F401  (registers test.add)
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.flows_fixtures"]
+    import tests.fixtures.flows_fixtures  # noqa: F401  (registers test.add)
 
 
 def counts() -> tuple[int, int, int, int]:

@@ -22,8 +22,8 @@ from journal.flows.errors import InvalidInput
 from journal.flows.runtime import retry
 from journal.ids import check_stored_id
 from journal.models import Event, Execution, Fence
-from tests import admin_flows as af
 from tests.admin.test_admin_executions import _flows, crashed, failed, run_queued  # noqa: F401  (autouse fixture)
+from tests.fixtures import admin_flows as af
 from tests.journal.test_inputs_boundary import Bump, bump, tally  # noqa: F401
 
 pytestmark = pytest.mark.django_db

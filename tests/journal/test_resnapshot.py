@@ -27,7 +27,7 @@ from journal.aggregates.runtime import fold_events
 from journal.envelopes import Envelope
 from journal.models import Event, Snapshot
 from journal.store.retention import RetentionStore
-from tests import privacy_fixtures as fx
+from tests.fixtures import privacy_fixtures as fx
 
 pytestmark = pytest.mark.django_db
 

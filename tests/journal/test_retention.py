@@ -24,9 +24,9 @@ from journal.flows.runtime import retry
 from journal.models import Event, Execution, Fence, FlowEvent, Message, Removal
 from journal.privacy import FORGOTTEN, forget, keys
 from leases.retention import RetentionService
-from tests import privacy_fixtures as fx
-from tests import waits_flows as wf  # noqa: F401  (registers the waits.* flows)
 from tests.admin.test_admin_executions import failed
+from tests.fixtures import privacy_fixtures as fx
+from tests.fixtures import waits_flows as wf  # noqa: F401  (registers the waits.* flows)
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +38,7 @@ KEYS = {"journal_event": "stream_id", "journal_fence": "stream_id", "journal_exe
 
 @pytest.fixture(autouse=True)
 def _flows(settings, effects, tmp_path):
-    settings.LOOM_FLOW_MODULES = ["tests.waits_flows", "tests.admin_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.waits_flows", "tests.fixtures.admin_flows"]
     settings.LOOM_SNAPSHOT_EVERY = None
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     settings.LOOM_RETENTION_DAYS = 30

@@ -12,11 +12,11 @@ from journal import retention
 from journal.flows import start
 from journal.models import Execution
 from queues.models import QueueEntry
-from tests import (
+from tests.api.test_api import AUTH, TOKEN
+from tests.fixtures import (
     flows_fixtures,  # noqa: F401  (test.add)
     queue_flows,
 )
-from tests.api.test_api import AUTH, TOKEN
 from tests.queues.test_tasks_backend import stop_the_process_lease_keeper, work  # noqa: F401
 
 try:  # Django 6.x has Tasks; 5.2 the django-tasks backport

@@ -106,7 +106,7 @@ def _scraped() -> dict[str, dict[tuple, float]]:
 def test_database_ok_is_0_when_the_queue_or_projection_gauges_could_not_read_the_alias(table):
     """The executions read, the queue (or projection) gauges not: the flag says 0, not 1 beside missing gauges."""
     from journal.flows import start
-    from tests import telemetry_flows  # noqa: F401  (registers the flows)
+    from tests.fixtures import telemetry_flows  # noqa: F401  (registers the flows)
 
     start("telemetry.double", 1, execution_id="rev-h-ok-1")
     assert _scraped()["loom_scrape_database_ok"] == {(("alias", "default"),): 1}

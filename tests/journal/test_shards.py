@@ -1,7 +1,7 @@
 """Shards on two real PostgreSQL servers (5432 and the `shard1` cluster on 5433) and PgBouncer (6432).
 
 CI starts them (`scripts/shard-servers`, called by .ci/run); without them every test here skips with one
-line. Each scenario runs in a child process configured for two shards (tests/shard_scenarios.py), so the
+line. Each scenario runs in a child process configured for two shards (tests/fixtures/shard_scenarios.py), so the
 suite's own database settings stay untouched; the databases are this run's own (`<suite db>_s0` on 5432,
 `<suite db>_s1` on 5433), created and migrated once per module.
 """
@@ -72,8 +72,8 @@ def shard_env(tmp_path_factory) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "loomsite.settings",
         "PYTHONPATH": str(ROOT),
         "SECRET_KEY": "shard-tests-" + "k" * 40,
-        "LOOM_FLOW_MODULES": "tests.shard_fixtures",
-        "LOOM_PROJECTION_MODULES": "tests.shard_fixtures",
+        "LOOM_FLOW_MODULES": "tests.fixtures.shard_fixtures",
+        "LOOM_PROJECTION_MODULES": "tests.fixtures.shard_fixtures",
         "LOOM_LEASE_MODE": "eager",
         "LOOM_LEASE_TTL": "2",
         "LOOM_LEASE_RENEW_EVERY": "0.5",
@@ -89,7 +89,7 @@ def shard_env(tmp_path_factory) -> dict[str, str]:
 
 
 def scenario(env: dict, name: str, arg: dict | None = None, **overrides: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.shard_scenarios", name, json.dumps(arg or {})],
+    proc = subprocess.run([sys.executable, "-m", "tests.fixtures.shard_scenarios", name, json.dumps(arg or {})],
                           env={**env, **overrides}, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -385,7 +385,7 @@ def test_forget_again_once_the_shard_is_back_completes_idempotently_and_every_re
     assert back["audits_after"] == {"default": 3, "shard1": 3, "shard2": 2}  # one per forget done on each
 
 def test_flows_that_wait_park_wake_and_chain_on_their_own_shards(shard_env):
-    facts = scenario(shard_env, "waits_over_shards", {"run": "wt"}, LOOM_FLOW_MODULES="tests.shard_fixtures")
+    facts = scenario(shard_env, "waits_over_shards", {"run": "wt"}, LOOM_FLOW_MODULES="tests.fixtures.shard_fixtures")
     assert set(facts["parked"].values()) == {"waiting"} and set(facts["waits"].values()) == {"recv"}
     assert facts["got"] == {"x": 1}  # send and get_event on the receiver's shard, woken by its shard's waker
     assert facts["woken"] is True
@@ -416,7 +416,7 @@ def test_a_worker_sigkilled_while_owning_runs_on_both_shards_is_recovered_by_ano
     run = chosen["default"][:2] + chosen["shard1"][:2]
     gate = tmp_path / "gate"
     log = tmp_path / "children.log"
-    owner = spawn(shard_env, ["-m", "tests.shard_scenarios", "owner",
+    owner = spawn(shard_env, ["-m", "tests.fixtures.shard_scenarios", "owner",
                               json.dumps({"id": "owner-a", "eids": run, "n": 2, "gate": str(gate)})], log)
     rescuer = None
     try:
@@ -447,7 +447,7 @@ def test_a_stopped_shard_leaves_the_other_working_and_its_runs_resume_when_it_re
     log = tmp_path / "children.log"
     worker = spawn(shard_env, ["manage.py", "loom_worker", "--id", "steady-w", "--no-cluster"], log)
     late = None  # a worker started while shard1 is down: it must start, and work once the shard is back
-    owner = spawn(shard_env, ["-m", "tests.shard_scenarios", "owner",
+    owner = spawn(shard_env, ["-m", "tests.fixtures.shard_scenarios", "owner",
                               json.dumps({"id": "owner-p", "eids": run, "n": 2, "gate": str(gate),
                                           "exit_after": True})], log)
     try:

@@ -20,8 +20,8 @@ from journal.flows import start
 from journal.models import Execution
 from queues import run_due
 from queues.models import QueueEntry
-from tests import privacy_fixtures as fx
-from tests import telemetry_flows  # noqa: F401  (registers the flows)
+from tests.fixtures import privacy_fixtures as fx
+from tests.fixtures import telemetry_flows  # noqa: F401  (registers the flows)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

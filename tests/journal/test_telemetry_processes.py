@@ -22,8 +22,8 @@ from journal.flows import start
 from journal.models import Execution
 from loomapi.process import free_port, kill_all, server_log, spawn_server, wait_ready
 from queues.models import QueueEntry
-from tests import telemetry_flows  # noqa: F401  (registers the flows)
 from tests.conftest import ROOT
+from tests.fixtures import telemetry_flows  # noqa: F401  (registers the flows)
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 pytestmark = [
@@ -79,8 +79,9 @@ def promql(port: int, query: str) -> float | None:
 
 def test_a_trace_and_the_metrics_survive_a_sigkill_and_match_the_database(child_env, tmp_path):
     spans_file = tmp_path / "spans.jsonl"
-    env = {**child_env, "LOOM_API_TOKENS": TOKEN, "LOOM_API_AUTH": "true", "LOOM_FLOW_MODULES": "tests.telemetry_flows",
-           "LOOM_TRACES": "jsonl", "LOOM_TRACES_FILE": str(spans_file), "LOOM_METRICS": "true",
+    env = {**child_env, "LOOM_API_TOKENS": TOKEN, "LOOM_API_AUTH": "true",
+           "LOOM_FLOW_MODULES": "tests.fixtures.telemetry_flows", "LOOM_TRACES": "jsonl",
+           "LOOM_TRACES_FILE": str(spans_file), "LOOM_METRICS": "true",
            "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
            "LOOM_RECOVERY_EVERY": "0.2", "LOOM_LEASE_MODE": "lazy", "LOOM_QUEUE_POLL": "0.2"}
     (tmp_path / "prom-api").mkdir()

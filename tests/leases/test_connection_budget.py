@@ -13,8 +13,8 @@ from django.db import connection
 
 from leases import budget
 from leases.checks import check_connection_budget
-from tests import queue_flows  # noqa: F401  (registers the flows enqueued here)
 from tests.conftest import ROOT
+from tests.fixtures import queue_flows  # noqa: F401  (registers the flows enqueued here)
 from tests.leases.test_worker_processes import cleanup, output, wait_until
 
 APP = "loom-budget-test"
@@ -57,7 +57,7 @@ def test_a_loom_worker_opens_no_more_sessions_than_its_budget(child_env, tmp_pat
 
     sizes = {"LOOM_QUEUE_THREADS": 3, "LOOM_WAIT_BATCH": 4, "LOOM_RECOVERY_BATCH": 2}
     child_env.update({name: str(value) for name, value in sizes.items()})
-    child_env.update({"PGAPPNAME": APP, "LOOM_FLOW_MODULES": "tests.queue_flows", "LOOM_QUEUE_POLL": "0.02",
+    child_env.update({"PGAPPNAME": APP, "LOOM_FLOW_MODULES": "tests.fixtures.queue_flows", "LOOM_QUEUE_POLL": "0.02",
                       "LOOM_QUEUES": json.dumps({"t-budget": {"concurrency": 3}}), "LOOM_TEST_LOGS": str(tmp_path)})
     for name, value in sizes.items():
         setattr(settings, name, value)
@@ -123,7 +123,7 @@ POOLED = """
 import os, threading
 from django.db import connection, connections
 from journal.flows import start
-from tests import flows_fixtures  # noqa: F401 (registers the flows)
+from tests.fixtures import flows_fixtures  # noqa: F401 (registers the flows)
 done, refused = [], []
 def run(k):
     for i in range(5):
@@ -170,7 +170,7 @@ written stays running, for the recovery sweep)."""
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        child_env.update({"PG_POOL": "1:7", "PGAPPNAME": APP, "LOOM_FLOW_MODULES": "tests.flows_fixtures",
+        child_env.update({"PG_POOL": "1:7", "PGAPPNAME": APP, "LOOM_FLOW_MODULES": "tests.fixtures.flows_fixtures",
                           "PREFIX": "pool"})
         out = run_child(POOLED, child_env).stdout
         child_env.update({"PG_POOL": "1:2", "PG_POOL_TIMEOUT": "0.5", "PREFIX": "small"})

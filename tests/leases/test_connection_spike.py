@@ -82,14 +82,14 @@ def spike_env(child_env, tmp_path):
         conn.execute(f"CREATE DATABASE {DB}")
     env = dict(child_env)
     env.update({
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{PORT}/{DB}", "LOOM_FLOW_MODULES": "tests.spike_flows",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{PORT}/{DB}", "LOOM_FLOW_MODULES": "tests.fixtures.spike_flows",
         "LOOM_LEASE_MODE": "lazy", "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2",
         "LOOM_LEASE_LAZY_GRACE": "0.2", "LOOM_RECOVERY_EVERY": "0.2", "LOOM_RECOVERY_MAX_ATTEMPTS": "2",
         "LOOM_WAIT_INLINE_MAX": "0.5", "LOOM_WAIT_POLL": "0.2", "LOOM_WAIT_BATCH": "16", "LOOM_Q_WORKERS": "1",
         "LOOM_QUEUE_THREADS": "1", "LOOM_RECOVERY_PATIENCE": "120", "LOOM_TEST_LOGS": str(tmp_path),
     })
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], env=env, cwd=ROOT, check=True, timeout=300)
-    _run("from tests import spike_flows; spike_flows.create_table()", env)
+    _run("from tests.fixtures import spike_flows; spike_flows.create_table()", env)
     yield env
     with _connect(autocommit=True) as conn:
         conn.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{DB}'")

@@ -21,7 +21,7 @@ from journal.checks import REPLICATION_SQL, check_failover_durability, failover_
 from journal.envelopes import Envelope
 from journal.exceptions import DatabaseUnavailable
 from journal.models import Event, Execution
-from tests.api_flows import queued_starts_run_inline
+from tests.fixtures.api_flows import queued_starts_run_inline
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -23,7 +23,7 @@ from leases.models import Lease, Worker
 from leases.ownership import LeaseOwnership
 from leases.recovery import sweep
 from leases.store import store_for
-from tests import lease_flows  # noqa: F401  (registers the flows)
+from tests.fixtures import lease_flows  # noqa: F401  (registers the flows)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,7 +20,7 @@ from leases.keeper import LeaseKeeper, end_drain, reset_keeper
 from leases.models import Lease
 from leases.ownership import install
 from leases.store import store_for
-from tests import lease_flows
+from tests.fixtures import lease_flows
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from journal.flows import events as ev
 from journal.models import Event, Execution
 from leases.models import Lease, Worker
 from tests.conftest import ROOT, spawn_child
-from tests.lease_flows import create_effects_table, effects
+from tests.fixtures.lease_flows import create_effects_table, effects
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 def env(child_env):
     child_env.update({
         "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
-        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_FLOW_MODULES": "tests.lease_flows", "LOOM_LEASE_MODE": "lazy",
+        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_FLOW_MODULES": "tests.fixtures.lease_flows", "LOOM_LEASE_MODE": "lazy",
         "PYTHONFAULTHANDLER": "1",
     })
     return child_env

@@ -21,8 +21,8 @@ from leases.models import Lease
 from leases.ownership import LeaseOwnership
 from leases.recovery import prune_workers
 from leases.store import store_for
-from tests import lease_flows  # noqa: F401  (registers the flows the child processes run)
 from tests.conftest import run_child
+from tests.fixtures import lease_flows  # noqa: F401  (registers the flows the child processes run)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -125,7 +125,7 @@ def test_a_settled_run_in_a_process_that_exits_at_once_leaves_no_lease_row(child
     child_env.update({"LOOM_LEASE_MODE": "lazy", "LOOM_LEASE_LAZY_GRACE": "0.1", "LOOM_LEASE_TTL": "30",
                       "LOOM_LEASE_RENEW_EVERY": "0.1"})
     name = "leases.sleepy" if how == "completed" else "leases.sleep_then_fail"
-    code = ("from journal.flows import start\nfrom tests import lease_flows\n"
+    code = ("from journal.flows import start\nfrom tests.fixtures import lease_flows\n"
             f"print(start({name!r}, {{'seconds': 0.6}}, execution_id='rel-{how}').status)\n")
     out = run_child(code, child_env).stdout.split()
     assert out[-1] == how
@@ -176,7 +176,7 @@ def test_a_cancel_deletes_the_lease_of_a_run_live_in_another_process_which_does_
     from tests.conftest import spawn_child
 
     child_env.update({"LOOM_LEASE_MODE": mode, "LOOM_LEASE_LAZY_GRACE": "0.1", "LOOM_LEASE_TTL": "30",
-                      "LOOM_LEASE_RENEW_EVERY": "0.1", "LOOM_FLOW_MODULES": "tests.lease_flows"})
+                      "LOOM_LEASE_RENEW_EVERY": "0.1", "LOOM_FLOW_MODULES": "tests.fixtures.lease_flows"})
     args = {"marker": str(tmp_path / "running"), "release": str(tmp_path / "release")}
     owner = spawn_child(OWNER.format(args=args, eid="rel-proc"), child_env)
     try:

@@ -21,7 +21,7 @@ from journal.flows.errors import InvalidInput
 from journal.models import Execution
 from leases import schedules as sc
 from leases.models import Schedule, StartReservation
-from tests import schedule_flows  # noqa: F401  (registers sched.echo)
+from tests.fixtures import schedule_flows  # noqa: F401  (registers sched.echo)
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 

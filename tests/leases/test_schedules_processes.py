@@ -18,14 +18,14 @@ from django.utils import timezone
 from journal.models import Execution
 from leases import schedules as sc
 from leases.models import Schedule
-from tests import schedule_flows  # noqa: F401
 from tests.conftest import ROOT, spawn_child
+from tests.fixtures import schedule_flows  # noqa: F401
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 TICKER = """
 import json, time
-from tests import schedule_flows
+from tests.fixtures import schedule_flows
 from leases import schedules as sc
 from leases.schedules import tick
 started = []
@@ -66,7 +66,7 @@ def test_four_processes_racing_start_every_tick_exactly_once(child_env):
 
 
 def test_a_real_worker_fires_a_schedule_and_its_execution_completes(child_env):
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.schedule_flows", "LOOM_Q_WORKERS": "1",
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.fixtures.schedule_flows", "LOOM_Q_WORKERS": "1",
            "LOOM_SCHEDULE_EVERY": "0.2"}
     sc.define("fires", "* * * * * *", "sched.echo", {"hello": "world"})
     proc = subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--id", "sched-worker"], env=env, cwd=ROOT,
@@ -94,7 +94,7 @@ def test_four_loom_workers_start_each_tick_once_even_when_one_is_sigkilled(child
     once across the workers' logs, and exactly one queued start exists per tick."""
     import re
 
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.schedule_flows", "LOOM_SCHEDULE_EVERY": "0.1"}
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.fixtures.schedule_flows", "LOOM_SCHEDULE_EVERY": "0.1"}
     sc.define("w4", "* * * * * *", "sched.echo", {"w": 4}, catch_up="all")
     procs = [subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--no-cluster", "--id", f"w4-{i}"],
                               env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

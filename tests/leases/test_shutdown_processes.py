@@ -20,8 +20,8 @@ from journal.flows import events as ev
 from journal.models import Event, Execution
 from queues import declare_queue, enqueue
 from tests.conftest import ROOT
+from tests.fixtures.shutdown_flows import create_effects_table, effect_counts
 from tests.leases.test_worker_processes import cleanup, output, wait_until
-from tests.shutdown_flows import create_effects_table, effect_counts
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -45,7 +45,7 @@ def worker_env(child_env: dict, tmp_path: Path) -> dict:
     child_env.update({
         "LOOM_LEASE_TTL": str(TTL), "LOOM_LEASE_RENEW_EVERY": "0.5", "LOOM_LEASE_LAZY_GRACE": "0.2",
         "LOOM_RECOVERY_EVERY": "0.2", "LOOM_SHUTDOWN_GRACE": "20",
-        "LOOM_FLOW_MODULES": "tests.shutdown_flows", "LOOM_LEASE_MODE": "lazy",
+        "LOOM_FLOW_MODULES": "tests.fixtures.shutdown_flows", "LOOM_LEASE_MODE": "lazy",
         "LOOM_QUEUES": json.dumps({QUEUE: {"concurrency": 50}}), "LOOM_QUEUE_THREADS": "2",
         "LOOM_QUEUE_POLL": "0.05", "LOOM_TEST_LOGS": str(tmp_path), "PYTHONFAULTHANDLER": "1",
     })
@@ -135,7 +135,7 @@ def test_a_rolling_restart_runs_no_step_twice_loses_none_and_hands_leases_back(e
 def test_sigterm_during_a_one_step_django_task_lets_it_finish_and_exits_0(env):
     """A Django task (queues.tasks.LoomBackend) of one 3 s step runs in a worker with its django-q2 cluster;
     SIGTERM while it runs: the task finishes there (SUCCESSFUL, its effect once) and the worker exits 0."""
-    from tests.shutdown_flows import slow_effect
+    from tests.fixtures.shutdown_flows import slow_effect
 
     create_effects_table()
     key = f"task-{uuid.uuid4().hex[:8]}"

@@ -14,9 +14,9 @@ import pytest
 from journal.flows import events as ev
 from journal.models import Event, Execution
 from queues import declare_queue, enqueue
+from tests.fixtures.shutdown_flows import create_effects_table, effect_counts
 from tests.leases.test_shutdown_processes import QUEUE, TTL, spawn, terminate, worker_env
 from tests.leases.test_worker_processes import cleanup, output, wait_until
-from tests.shutdown_flows import create_effects_table, effect_counts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,7 +25,7 @@ from leases.models import Lease, Worker
 from leases.recovery import prune_workers
 from leases.store import store_for
 from leases.tasks import SCHEDULE_NAME, enqueue_start, ensure_schedule, run_start
-from tests.lease_flows import create_effects_table, effects, queue_old_scheme_start
+from tests.fixtures.lease_flows import create_effects_table, effects, queue_old_scheme_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,7 +21,7 @@ from django_q.models import OrmQ
 from journal.models import Execution
 from leases.models import Worker
 from tests.conftest import ROOT
-from tests.lease_flows import create_effects_table, effects, queue_old_scheme_start
+from tests.fixtures.lease_flows import create_effects_table, effects, queue_old_scheme_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,7 +35,7 @@ def env(child_env, settings):
         # The workers verify the tasks this process queues: they must share its signing key.
         "SECRET_KEY": settings.SECRET_KEY,
         "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
-        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_FLOW_MODULES": "tests.lease_flows", "LOOM_LEASE_MODE": "lazy",
+        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_FLOW_MODULES": "tests.fixtures.lease_flows", "LOOM_LEASE_MODE": "lazy",
         "LOOM_Q_WORKERS": str(Q_WORKERS), "PYTHONFAULTHANDLER": "1",
     })
     return child_env

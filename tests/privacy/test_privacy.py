@@ -24,8 +24,8 @@ from journal.models import Event
 from journal.privacy import AUDIT_STREAM, FORGOTTEN, WITHHELD, Reader, forget, keys
 from journal.privacy import content as content_store
 from journal.store import store_for
-from tests import flows_fixtures  # noqa: F401  (flows_fixtures: test.add)
-from tests import privacy_fixtures as fx
+from tests.fixtures import flows_fixtures  # noqa: F401  (flows_fixtures: test.add)
+from tests.fixtures import privacy_fixtures as fx
 
 pytestmark = pytest.mark.django_db
 
@@ -447,7 +447,7 @@ def test_a_projection_reset_and_rebuilt_after_forget_holds_only_the_marker(seale
 
 def test_an_external_key_service_wraps_and_unwraps_the_data_keys(sealed):
     sealed.LOOM_KEYS = []
-    sealed.LOOM_KEY_SERVICE = "tests.privacy_fixtures.FakeKms"
+    sealed.LOOM_KEY_SERVICE = "tests.fixtures.privacy_fixtures.FakeKms"
     before = fx.FakeKms.calls
     Event.objects.append("kms-1", [Envelope("PrivacyOrder", {"customer_id": "kms-c", "email": "kms@example.org"})])
     keys.cache.clear()

@@ -19,7 +19,7 @@ from journal.privacy.codec import FORGOTTEN, Reader
 from journal.privacy.forget import forget
 from journal.privacy.marking import declare
 from journal.store import store_for
-from tests import privacy_fixtures as fx
+from tests.fixtures import privacy_fixtures as fx
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,8 @@ from django.contrib.auth.models import Permission, User
 from journal.envelopes import Envelope
 from journal.models import DataKey, Event
 from journal.privacy import AUDIT_STREAM, FORGOTTEN, keys
-from tests import privacy_fixtures as fx
 from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
+from tests.fixtures import privacy_fixtures as fx
 
 pytestmark = [
     pytest.mark.browser,

@@ -22,7 +22,7 @@ from journal.models import Event, Execution
 from journal.privacy import keys
 from journal.privacy.codec import RESERVED
 from leases.tasks import run_start
-from tests import privacy_fixtures as fx
+from tests.fixtures import privacy_fixtures as fx
 
 pytestmark = pytest.mark.django_db
 
@@ -338,7 +338,7 @@ def test_a_queued_start_whose_subject_is_forgotten_before_it_runs_starts_nothing
     from journal.models import Execution
     from journal.privacy import forget
     from leases.models import StartReservation
-    from tests.lease_flows import queue_old_scheme_start
+    from tests.fixtures.lease_flows import queue_old_scheme_start
 
     # A start queued before issue #24 (a django-q2 task, its input sealed), delivered after the forget.
     queue_old_scheme_start("test.privacy.signup", {"customer_id": "c-gone", "email": "gone@example.org"}, "pq-gone")

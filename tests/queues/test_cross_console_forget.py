@@ -16,8 +16,8 @@ from journal.search import search
 from queues import declare_queue, enqueue, run_due
 from queues.declarations import forget as forget_queue
 from queues.models import Queue, QueueEntry
-from tests import privacy_fixtures as fx
 from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
+from tests.fixtures import privacy_fixtures as fx
 from tests.queues.test_queued_executions import database_bytes
 
 pytestmark = [

@@ -28,16 +28,16 @@ from queues.declarations import forget
 from queues.exceptions import UnknownQueue
 from queues.models import Queue, QueueEntry
 from queues.store import store_for
-from tests import schedule_flows, version_queued_v1, version_queued_v2  # noqa: F401  (the flows)
+from tests.fixtures import schedule_flows, version_queued_v1, version_queued_v2  # noqa: F401  (the flows)
+from tests.fixtures.version_common import create_effects_table, drop_effects_table
 from tests.flows.test_flow_versions import release
-from tests.version_common import create_effects_table, drop_effects_table
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
 def no_keeper(settings):
-    settings.LOOM_FLOW_MODULES = ["tests.schedule_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.schedule_flows"]
     installed = get_ownership()
     set_ownership(None)  # no lease keeper thread in this process
     yield

@@ -18,8 +18,8 @@ from leases.models import DrainRequest, Schedule, Worker
 from queues import declare_queue, enqueue, run_due
 from queues.declarations import forget
 from queues.models import Queue, QueueEntry
-from tests import schedule_flows  # noqa: F401  (the flows)
 from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
+from tests.fixtures import schedule_flows  # noqa: F401  (the flows)
 
 pytestmark = [
     pytest.mark.browser,
@@ -38,7 +38,7 @@ def shot(page, name: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_every_operations_button_does_what_it_says(live_server, browser_page, settings):  # noqa: F811
-    settings.LOOM_FLOW_MODULES = ["tests.schedule_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.schedule_flows"]
     User.objects.create_superuser("op", "op@example.com", "pw-for-the-browser")
     installed = own.get_ownership()
     own.set_ownership(None)  # no lease keeper in this process

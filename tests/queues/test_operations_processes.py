@@ -20,8 +20,8 @@ from leases.models import DrainRequest, Lease, Worker
 from queues import declare_queue, enqueue, pause
 from queues.declarations import forget
 from queues.models import QueueEntry
-from tests import queue_flows  # noqa: F401  (the flows)
 from tests.conftest import ROOT
+from tests.fixtures import queue_flows  # noqa: F401  (the flows)
 from tests.leases.test_worker_processes import cleanup, output, spawn_worker, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -42,7 +42,7 @@ def stop_the_process_lease_keeper():
 def env(child_env, tmp_path):
     child_env.update({
         "LOOM_LEASE_TTL": "2.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_RECOVERY_EVERY": "0.2",
-        "LOOM_FLOW_MODULES": "tests.queue_flows", "LOOM_LEASE_MODE": "eager", "LOOM_QUEUE_THREADS": "2",
+        "LOOM_FLOW_MODULES": "tests.fixtures.queue_flows", "LOOM_LEASE_MODE": "eager", "LOOM_QUEUE_THREADS": "2",
         "LOOM_QUEUES": json.dumps({PAUSED: {"concurrency": 4}, OTHER: {"concurrency": 4}}),
         "LOOM_QUEUE_POLL": "0.02", "LOOM_TEST_LOGS": str(tmp_path), "LOOM_DRAIN_POLL": "0.1",
         "LOOM_SHUTDOWN_GRACE": "5",

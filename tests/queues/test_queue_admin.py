@@ -11,14 +11,14 @@ from journal.flows import ownership as own
 from journal.flows import start
 from leases import schedules as sc
 from leases.models import Schedule
-from tests import schedule_flows  # noqa: F401
+from tests.fixtures import schedule_flows  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def admin_client(client, settings):
-    settings.LOOM_FLOW_MODULES = ["tests.schedule_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.schedule_flows"]
     installed = own.get_ownership()
     own.set_ownership(None)
     User.objects.create_superuser("op", "op@example.com", "pw")

@@ -16,11 +16,11 @@ from django.contrib.auth.models import User
 from journal.flows import flow, start
 from journal.flows import ownership as own
 from journal.models import Execution
-from tests import admin_flows as af
-from tests import schedule_flows  # noqa: F401
 from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.admin.test_browser_admin import wait_until
 from tests.conftest import ROOT
+from tests.fixtures import admin_flows as af
+from tests.fixtures import schedule_flows  # noqa: F401
 
 pytestmark = [
     pytest.mark.browser,
@@ -33,8 +33,8 @@ pytestmark = [
 def worker(child_env):
     """`manage.py loom_worker` with its django-q2 cluster: it runs the admin's and the schedules' flows
     (not qadmin.only_here: the queue's entries of it stay pending), ticks schedules every 0.2 s, leases off."""
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.admin_flows,tests.schedule_flows", "LOOM_LEASE_MODE": "off",
-           "LOOM_Q_WORKERS": "1", "LOOM_SCHEDULE_EVERY": "0.2"}
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.fixtures.admin_flows,tests.fixtures.schedule_flows",
+           "LOOM_LEASE_MODE": "off", "LOOM_Q_WORKERS": "1", "LOOM_SCHEDULE_EVERY": "0.2"}
     proc = subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--id", "queue-admin-worker"], env=env,
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -71,7 +71,7 @@ def test_schedule_created_by_clicking_fires_and_queue_and_bulk_pages_work(live_s
     from queues import declare_queue, enqueue
     from queues.declarations import forget
 
-    settings.LOOM_FLOW_MODULES = ["tests.admin_flows", "tests.schedule_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.admin_flows", "tests.fixtures.schedule_flows"]
     settings.LOOM_LEASE_TTL, settings.LOOM_LEASE_LAZY_GRACE = 1.0, 0.2
     User.objects.create_superuser("op", "op@example.com", "pw-for-the-browser")
     installed = own.get_ownership()

@@ -26,7 +26,7 @@ from queues.declarations import forget
 from queues.models import QueueEntry
 from queues.service import run_claimed
 from queues.store import store_for
-from tests import queue_flows  # noqa: F401  (registers the flows)
+from tests.fixtures import queue_flows  # noqa: F401  (registers the flows)
 
 pytestmark = pytest.mark.django_db
 

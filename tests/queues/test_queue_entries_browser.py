@@ -17,10 +17,10 @@ from django.contrib.auth.models import Permission, User
 from journal.flows import ownership as own
 from journal.models import Execution
 from queues.models import QueueEntry
-from tests import lease_flows
 from tests.admin.test_browser import CHROMIUM, browser_page, click_through  # noqa: F401  (the fixture)
 from tests.admin.test_browser_admin import wait_until
 from tests.conftest import ROOT
+from tests.fixtures import lease_flows
 
 pytestmark = [
     pytest.mark.browser,
@@ -102,7 +102,8 @@ def test_an_operator_cancels_a_queued_start_by_clicking_and_it_never_runs(live_s
 
     # A real worker runs the queue: the control start (which would come after the other) runs; the
     # cancelled one never does.
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.lease_flows", "LOOM_LEASE_MODE": "off", "LOOM_QUEUE_POLL": "0.2"}
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.fixtures.lease_flows", "LOOM_LEASE_MODE": "off",
+           "LOOM_QUEUE_POLL": "0.2"}
     proc = subprocess.Popen([sys.executable, "manage.py", "loom_worker", "--no-cluster", "--id", "queue-page-worker"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -21,7 +21,7 @@ from queues import declare_queue, enqueue
 from queues.declarations import forget
 from queues.service import QueueService
 from queues.store import store_for
-from tests import queue_flows  # noqa: F401  (registers the flows)
+from tests.fixtures import queue_flows  # noqa: F401  (registers the flows)
 
 SLOW_POLL = 30.0  # seconds: far beyond BOUND, so only a notification can start an entry in time
 BOUND = 10.0  # seconds an entry enqueued to an idle, listening dispatcher may take to complete here

@@ -26,8 +26,8 @@ from queues.declarations import forget as forget_queue
 from queues.models import QueueEntry
 from queues.store import store_for
 from queues.store.base import NewEntry
-from tests import privacy_fixtures as fx
-from tests import queue_flows  # noqa: F401  (registers the flows)
+from tests.fixtures import privacy_fixtures as fx
+from tests.fixtures import queue_flows  # noqa: F401  (registers the flows)
 
 TOKEN = "ops-token-0123456789abcdef"
 
@@ -193,7 +193,7 @@ def test_an_old_scheme_django_q2_start_and_an_old_style_entry_each_run_exactly_o
     from django_q.models import OrmQ
 
     from leases.tasks import run_start
-    from tests.lease_flows import queue_old_scheme_start
+    from tests.fixtures.lease_flows import queue_old_scheme_start
 
     queue_old_scheme_start("queues.test.double", {"n": 10}, "qo-task")
     task = OrmQ.objects.get().task
@@ -247,7 +247,7 @@ def test_a_queued_start_whose_forgotten_input_no_longer_fits_its_model_fails_wit
     """The run reads its input from the log: a marked int forgotten while queued reads as the marker, which
     the flow's model refuses; the execution fails, named, and no step runs (it is never run unleased)."""
     from journal.privacy import forget, keys
-    from tests import privacy_fixtures as fx
+    from tests.fixtures import privacy_fixtures as fx
 
     settings.LOOM_KEYS = [fx.KEY_A]
     settings.LOOM_CONTENT_DIR = str(tmp_path / "content")

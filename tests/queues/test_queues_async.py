@@ -1,11 +1,11 @@
-"""Queued starts and Django tasks from async views (Django's AsyncClient, tests/async_views.py): queues.aenqueue,
-acancel_pending and aentry_of, and the Tasks backend's aenqueue / aget_result / arefresh, across features: a start
-enqueued from an async view and cancelled before it runs never runs and is listed as cancelled by the API; a
-queued start whose subject is forgotten leaves no plaintext anywhere (its entry row included) and its run never
-gets the value; a task enqueued from an async view is run by the queue runner and read back, and one cancelled
+"""Queued starts and Django tasks from async views (Django's AsyncClient, tests/fixtures/async_views.py):
+queues.aenqueue, acancel_pending and aentry_of, and the Tasks backend's aenqueue / aget_result / arefresh, across
+features: a start enqueued from an async view and cancelled before it runs never runs and is listed as cancelled by
+the API; a queued start whose subject is forgotten leaves no plaintext anywhere (its entry row included) and its run
+never gets the value; a task enqueued from an async view is run by the queue runner and read back, and one cancelled
 before it runs reads as failed. The views run on the loop, so any database access there would raise
-SynchronousOnlyOperation. SQLite and PostgreSQL (transactional tests: the faces' pool threads have sessions of
-their own)."""
+SynchronousOnlyOperation. SQLite and PostgreSQL (transactional tests: the faces' pool threads have sessions of their
+own)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from queues.aio import aenqueue
 from queues.models import QueueEntry
 from queues.service import run_claimed
 from queues.store import store_for
-from tests import privacy_fixtures as fx
-from tests import queue_flows  # noqa: F401  (registers the flows and tasks)
+from tests.fixtures import privacy_fixtures as fx
+from tests.fixtures import queue_flows  # noqa: F401  (registers the flows and tasks)
 from tests.queues.test_queued_executions import database_bytes, steps_run
 
 try:
@@ -31,7 +31,7 @@ try:
 except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskResultStatus
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.async_views")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.fixtures.async_views")]
 TOKEN = "ops-token-async-0123456789abcdef"
 
 

@@ -22,7 +22,7 @@ from journal.store import store_for as journal_store
 from queues import declare_queue, enqueue
 from queues.declarations import forget
 from queues.models import QueueEntry
-from tests import queue_flows
+from tests.fixtures import queue_flows
 from tests.leases.test_worker_processes import cleanup, output, spawn_worker, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -46,7 +46,7 @@ def stop_the_process_lease_keeper():
 def env(child_env, tmp_path):
     child_env.update({
         "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
-        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_FLOW_MODULES": "tests.queue_flows", "LOOM_LEASE_MODE": "lazy",
+        "LOOM_RECOVERY_EVERY": "0.2", "LOOM_FLOW_MODULES": "tests.fixtures.queue_flows", "LOOM_LEASE_MODE": "lazy",
         "LOOM_QUEUES": json.dumps({QUEUE: {"concurrency": CAP}}), "LOOM_QUEUE_THREADS": "3",
         "LOOM_QUEUE_POLL": "0.02", "LOOM_TEST_LOGS": str(tmp_path), "PYTHONFAULTHANDLER": "1",
     })
@@ -196,7 +196,7 @@ def test_api_starts_and_queueless_cron_ticks_obey_the_default_queue_cap_on_no_cl
     cap, token = 2, "ops-token-0123456789abcdef"
     settings.LOOM_QUEUE_DEFAULT_CONCURRENCY = cap
     settings.LOOM_API_AUTH, settings.LOOM_API_TOKENS = True, [{"token": token, "name": "ops"}]
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.queue_flows", "LOOM_QUEUE_THREADS": "3",
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.fixtures.queue_flows", "LOOM_QUEUE_THREADS": "3",
            "LOOM_QUEUE_POLL": "0.02", "LOOM_SCHEDULE_EVERY": "0.2", "LOOM_QUEUE_DEFAULT_CONCURRENCY": str(cap),
            "LOOM_LEASE_MODE": "lazy"}
     for n in range(8):
@@ -265,13 +265,13 @@ def test_300_starts_through_every_door_under_one_cap_run_once_while_workers_are_
     from leases.tasks import run_start
     from queues.store import store_for as queue_store
     from tests.conftest import ROOT
-    from tests.lease_flows import create_effects_table, effects, queue_old_scheme_start
+    from tests.fixtures.lease_flows import create_effects_table, effects, queue_old_scheme_start
 
     cap, per_door, token = 4, 60, "ops-token-0123456789abcdef"
     settings.LOOM_QUEUE_DEFAULT_CONCURRENCY = cap
     settings.LOOM_API_AUTH, settings.LOOM_API_TOKENS = True, [{"token": token, "name": "ops"}]
     create_effects_table()
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.lease_flows", "LOOM_QUEUE_THREADS": "3",
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.fixtures.lease_flows", "LOOM_QUEUE_THREADS": "3",
            "LOOM_QUEUE_POLL": "0.02", "LOOM_SCHEDULE_EVERY": "0.2", "LOOM_QUEUE_DEFAULT_CONCURRENCY": str(cap),
            "LOOM_LEASE_TTL": "1.0", "LOOM_LEASE_RENEW_EVERY": "0.2", "LOOM_LEASE_LAZY_GRACE": "0.2",
            "LOOM_RECOVERY_EVERY": "0.2", "LOOM_LEASE_MODE": "lazy", "LOOM_QUEUE_CLAIM_TIMEOUT": "2.0"}

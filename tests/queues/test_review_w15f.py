@@ -12,7 +12,7 @@ from django.test import Client
 
 from leases.models import DrainRequest, Schedule
 from queues.models import Queue
-from tests import schedule_flows  # noqa: F401  (sched.echo)
+from tests.fixtures import schedule_flows  # noqa: F401  (sched.echo)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

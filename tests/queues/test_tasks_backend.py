@@ -21,7 +21,7 @@ from queues.models import QueueEntry
 from queues.service import run_claimed
 from queues.store import store_for
 from queues.tasks import TASK_FLOW, InvalidTaskArguments, LoomBackend, sign_task
-from tests import queue_flows
+from tests.fixtures import queue_flows
 
 try:
     from django.tasks import TaskResultStatus, task_backends

@@ -3,7 +3,7 @@
 The files are not in the wheels and are never committed: scripts/conformance-sources fetches the sdist from PyPI
 into var/conformance/ (this module runs it when they are missing, and skips naming the script if that fails).
 They are copied into var/conformance/adapted/ with these changes only, all about how results are awaited:
-the backends they name become tests/conformance_backend.py's (ImmediateBackend -> AwaitingLoomBackend,
+the backends they name become tests/fixtures/conformance_backend.py's (ImmediateBackend -> AwaitingLoomBackend,
 which runs the task as a worker does before answering; DummyBackend -> QueuedLoomBackend), SimpleTestCase
 becomes TestCase (a durable backend reads and writes the database), and `from . import tasks` names the copied
 package. On Django 5.2 the tests/tasks/ of Django 6.0 (the release the django-tasks backport follows) run
@@ -79,8 +79,9 @@ def _sources() -> Path | None:
 
 def _adapt(text: str) -> str:
     text = text.replace("django.tasks.backends.immediate.ImmediateBackend",
-                        "tests.conformance_backend.AwaitingLoomBackend")
-    text = text.replace("django.tasks.backends.dummy.DummyBackend", "tests.conformance_backend.QueuedLoomBackend")
+                        "tests.fixtures.conformance_backend.AwaitingLoomBackend")
+    text = text.replace("django.tasks.backends.dummy.DummyBackend",
+                        "tests.fixtures.conformance_backend.QueuedLoomBackend")
     text = re.sub(r"\bSimpleTestCase\b", "TestCase", text)
     text = re.sub(r"\n    available_apps = \[\]\n", "\n", text)  # the tests' databases need Loom's apps
     if BACKPORT:

@@ -25,7 +25,7 @@ from journal.models import Execution
 from queues.models import QueueEntry
 from queues.store import store_for
 from queues.tasks import InvalidTaskArguments, LoomBackend
-from tests import queue_flows
+from tests.fixtures import queue_flows
 from tests.queues.test_tasks_backend import work
 
 try:
@@ -85,9 +85,9 @@ def test_an_empty_queues_list_accepts_any_queue_and_a_name_loom_cannot_store_is_
 
 def test_check_names_the_missing_queues_app_with_a_hint():
     backend = task_backends["default"]
-    assert [e for e in backend.check() if e.id == "loom.E130"] == []
+    assert [e for e in backend.check() if e.id == "loom.E301"] == []
     with modify_settings(INSTALLED_APPS={"remove": ["queues"]}):
-        (error,) = [e for e in backend.check() if e.id == "loom.E130"]
+        (error,) = [e for e in backend.check() if e.id == "loom.E301"]
         assert "queues" in error.msg and "INSTALLED_APPS" in error.hint
         with pytest.raises(InvalidTask):
             backend.enqueue(queue_flows.add, [1, 2], {})
@@ -141,21 +141,21 @@ def test_the_tasks_dotted_name_is_its_flow_in_the_admin_list_filter_and_the_cli(
     result = queue_flows.shout.enqueue("x")
     work()
     forged = Execution.objects.create(id="t-forged", flow="loom.task", status="failed",
-                                      input={"task": "tests.queue_flows.shout", "signature": "nope"})
+                                      input={"task": "tests.fixtures.queue_flows.shout", "signature": "nope"})
     url = reverse("admin:journal_execution_changelist")
     page = admin_client.get(url).content.decode()
-    assert "tests.queue_flows.shout" in page
-    filtered = admin_client.get(url, {"flow": "tests.queue_flows.shout"}).content.decode()
-    assert result.id in filtered and "?flow=tests.queue_flows.shout" in page
+    assert "tests.fixtures.queue_flows.shout" in page
+    filtered = admin_client.get(url, {"flow": "tests.fixtures.queue_flows.shout"}).content.decode()
+    assert result.id in filtered and "?flow=tests.fixtures.queue_flows.shout" in page
     out = io.StringIO()
-    call_command("loom", "executions", "list", "--flow", "tests.queue_flows.shout", "--json", stdout=out)
+    call_command("loom", "executions", "list", "--flow", "tests.fixtures.queue_flows.shout", "--json", stdout=out)
     rows = {row["id"]: row for row in json.loads(out.getvalue())}
-    assert rows[result.id]["task"] == "tests.queue_flows.shout" and rows[result.id]["flow"] == "loom.task"
+    assert rows[result.id]["task"] == "tests.fixtures.queue_flows.shout" and rows[result.id]["flow"] == "loom.task"
     assert rows[forged.id]["task"] is None  # a path that does not verify is not shown as a task
     out = io.StringIO()
-    call_command("loom", "executions", "list", "--flow", "tests.queue_flows.shout", stdout=out)
+    call_command("loom", "executions", "list", "--flow", "tests.fixtures.queue_flows.shout", stdout=out)
     line = next(line for line in out.getvalue().splitlines() if line.startswith(result.id))
-    assert "tests.queue_flows.shout" in line
+    assert "tests.fixtures.queue_flows.shout" in line
 
 
 def test_an_entry_of_an_earlier_release_without_a_header_is_still_read():

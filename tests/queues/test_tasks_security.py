@@ -20,7 +20,7 @@ from journal.flows import start
 from journal.models import Execution
 from queues import enqueue
 from queues.tasks import TASK_FLOW, LoomBackend, UnverifiedTask, sign_task, verified_path
-from tests import queue_flows
+from tests.fixtures import queue_flows
 from tests.queues.test_tasks_backend import work
 
 try:
@@ -31,14 +31,14 @@ except ImportError:  # Django 5.2
     from django_tasks.exceptions import TaskResultDoesNotExist
 
 pytestmark = pytest.mark.django_db
-BOMB = "tests.task_import_bomb.anything"
+BOMB = "tests.fixtures.task_import_bomb.anything"
 
 
 @pytest.fixture(autouse=True)
 def never_imported():
-    sys.modules.pop("tests.task_import_bomb", None)
+    sys.modules.pop("tests.fixtures.task_import_bomb", None)
     yield
-    assert "tests.task_import_bomb" not in sys.modules, "the backend imported a path it was not given"
+    assert "tests.fixtures.task_import_bomb" not in sys.modules, "the backend imported a path it was not given"
 
 
 def task_input(path: str, signature: str | None = None, **more) -> dict:

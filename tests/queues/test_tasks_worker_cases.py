@@ -16,7 +16,7 @@ from django.utils import timezone
 from journal.flows import registry
 from queues.models import QueueEntry
 from queues.store import store_for
-from tests import queue_flows
+from tests.fixtures import queue_flows
 from tests.queues.test_tasks_backend import work
 
 try:
@@ -117,7 +117,7 @@ class TestWorkerCases:
 
 @pytest.fixture
 def env(child_env, tmp_path):
-    child_env.update({"LOOM_FLOW_MODULES": "tests.queue_flows", "LOOM_QUEUE_POLL": "0.02",
+    child_env.update({"LOOM_FLOW_MODULES": "tests.fixtures.queue_flows", "LOOM_QUEUE_POLL": "0.02",
                       "LOOM_QUEUE_THREADS": "2", "LOOM_TEST_LOGS": str(tmp_path)})
     return child_env
 

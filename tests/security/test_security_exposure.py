@@ -17,7 +17,7 @@ from journal.flows import Context, flow
 from journal.flows import ownership as own
 from journal.models import Event
 from leases.models import Schedule
-from tests.api_flows import queued_starts_run_inline
+from tests.fixtures.api_flows import queued_starts_run_inline
 
 try:
     from django.tasks import task

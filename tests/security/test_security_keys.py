@@ -48,6 +48,7 @@ CHECKS = ("import sys; sys.argv = ['manage.py', {command!r}]; import django; dja
 @pytest.mark.parametrize(("command", "values", "refused"), [
     ("loom_worker", {}, True),
     ("serve_api", {}, True),
+    ("loom_serve_api", {}, True),                                  # the API's name (serve_api is its old one)
     ("loom_worker", {"ALLOW_DEV_SECRET_KEY": "true"}, False),      # the Makefile's opt-in
     ("loom_worker", {"DEBUG": "true"}, False),                     # a development machine
     ("loom_worker", {"SECRET_KEY": "a-key-given-" + "x" * 40}, False),  # the key every process is given

@@ -1,5 +1,5 @@
-"""`manage.py loom_serve_api` (old name `serve_api`, an alias): the HTTP API under gunicorn with N warm worker
-processes (docs/http-api.md)."""
+"""`manage.py loom_serve_api` (old name `serve_api`: a deprecated alias until 0.3): the HTTP API under
+gunicorn with N warm worker processes (docs/http-api.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`manage.py loom_drain` (old name `drain`, an alias): run the drains without a worker (once until idle, or
---forever)."""
+"""`manage.py loom_drain` (old name `drain`: a deprecated alias until 0.3): run the drains without a worker
+(once until idle, or --forever)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from journal import conf
 from journal.checks import check_settings
 from journal.management.commands.loom_settings import markdown_table
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def test_documentation_lists_every_setting():
@@ -96,7 +96,7 @@ def test_appends_notify_on_a_channel_that_needs_quoting(settings):
 def test_flow_modules_that_cannot_be_imported_are_a_system_check_error(settings):
     from journal.checks import check_flow_modules
 
-    settings.LOOM_FLOW_MODULES = ["tests.flows_fixtures", "tests.no_such_flows"]
+    settings.LOOM_FLOW_MODULES = ["tests.fixtures.flows_fixtures", "tests.no_such_flows"]
     errors = check_flow_modules()
     assert [m.id for m in errors] == ["loom.E003"] and "tests.no_such_flows" in errors[0].msg
 
@@ -108,7 +108,7 @@ def test_a_typo_in_flow_modules_does_not_crash_start_up(child_env):
 
     from tests.conftest import ROOT
 
-    env = {**child_env, "LOOM_FLOW_MODULES": "tests.flows_fixtures,tests.no_such_flows"}
+    env = {**child_env, "LOOM_FLOW_MODULES": "tests.fixtures.flows_fixtures,tests.no_such_flows"}
     proc = subprocess.run([sys.executable, "manage.py", "check"], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode != 0 and "loom.E003" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -22,7 +22,7 @@ from tests.conformance.leases import LeaseStoreContract
 from tests.conformance.projections import ProjectionStoreContract
 from tests.conformance.queues import QueueStoreContract
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "backends.md"
 STORES = {
     "JournalStore": (JournalStore, JournalStoreContract),
@@ -72,10 +72,10 @@ def test_a_contract_calls_every_method_it_claims_to_cover(store):
 
 @pytest.mark.parametrize("module", BACKEND_MODULES)
 def test_each_backend_subclasses_every_contract_once(module):
-    source = (ROOT / "tests" / module).read_text()
+    source = (ROOT / "tests" / "conformance" / module).read_text()
     for _, contract in STORES.values():
         subclasses = re.findall(rf"^class Test\w+\({contract.__name__}\):", source, re.M)
-        assert len(subclasses) == 1, f"tests/{module} must subclass {contract.__name__} exactly once"
+        assert len(subclasses) == 1, f"tests/conformance/{module} must subclass {contract.__name__} exactly once"
     assert all(f"`{contract.__name__}`" in DOC.read_text() for _, contract in STORES.values())
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EMBEDDING_DOC = ROOT / "docs" / "embedding.md"
 APPS = ("journal", "leases", "projections", "benchmarks")
 
@@ -202,7 +202,7 @@ def test_a_new_project_built_from_the_docs_runs_the_worker_admin_and_api(tmp_pat
     base = f"http://127.0.0.1:{port}/api"
     popen = {"cwd": tmp_path, "env": env, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True,
              "start_new_session": True}
-    api = subprocess.Popen([sys.executable, "manage.py", "serve_api", "--bind", f"127.0.0.1:{port}",
+    api = subprocess.Popen([sys.executable, "manage.py", "loom_serve_api", "--bind", f"127.0.0.1:{port}",
                             "--workers", "1"], **popen)
     worker = subprocess.Popen([sys.executable, "manage.py", "loom_worker"], **popen)
     try:
