@@ -312,6 +312,12 @@ class LeaseKeeper:
                     log.exception("lease keeper %s: database error; retrying", self.worker_id)
                     connections[self.alias].close()
                     time.sleep(min(1.0, conf.get("LOOM_LEASE_RENEW_EVERY")))
+                except Exception:
+                    # Not the database's (a driver's or a host's own error): the keeper must live on, since a
+                    # dead keeper renews nothing and every lease it holds would lapse under a healthy run.
+                    log.exception("lease keeper %s: unexpected error in a pass; retrying", self.worker_id)
+                    connections[self.alias].close()
+                    time.sleep(min(1.0, conf.get("LOOM_LEASE_RENEW_EVERY")))
                 finally:
                     with self.cond:
                         self.busy = False

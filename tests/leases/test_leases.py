@@ -506,3 +506,28 @@ def test_two_sweepers_take_disjoint_executions_and_the_second_skips_the_first_on
         thread.join(30)
     assert seen["first"] == eids[:3]
     assert second.taken == [(eid, 2) for eid in eids[3:]]
+
+
+def test_the_keeper_lives_on_after_an_error_that_is_not_the_databases(monkeypatch):
+    """An exception of another kind in a pass (here the session set-up raising RuntimeError) is logged and the
+    pass retried: the keeper thread does not die, and the lease it took is renewed and released as usual."""
+    keeper = LeaseKeeper("err-node")
+    failures = []
+    store_class = type(store_for())
+    original = store_class.prepare_keeper_session
+
+    def once(self) -> None:
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("not a database error")
+        original(self)
+
+    monkeypatch.setattr(store_class, "prepare_keeper_session", once)
+    eid = running("err-1")
+    claim = keeper.begin_eager(eid, 1, wait=True)
+    assert failures and keeper.thread.is_alive()
+    assert Lease.objects.filter(execution_id=eid, owner="err-node").exists()
+    claim.end()
+    assert keeper.drain()
+    assert Lease.objects.filter(execution_id=eid).count() == 0
+    keeper.shutdown()
