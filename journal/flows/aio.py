@@ -104,6 +104,16 @@ def is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn)
 
 
+def _copy_outcome(finished: asyncio.Task, done: concurrent.futures.Future) -> None:
+    """A loop task's outcome (result, exception or cancellation) onto the future a thread waits on."""
+    if finished.cancelled():
+        done.cancel()
+    elif finished.exception() is not None:
+        done.set_exception(finished.exception())
+    else:
+        done.set_result(finished.result())
+
+
 def _submit(coro: Coroutine, context: contextvars.Context) -> concurrent.futures.Future:
     """Run `coro` on the process loop in `context` (the caller's contextvars: its shard binding, its step)."""
     target = loop()
@@ -118,17 +128,7 @@ def _submit(coro: Coroutine, context: contextvars.Context) -> concurrent.futures
     done: concurrent.futures.Future = concurrent.futures.Future()
 
     def begin() -> None:
-        task = target.create_task(coro, context=context)
-
-        def settle(finished: asyncio.Task) -> None:
-            if finished.cancelled():
-                done.cancel()
-            elif finished.exception() is not None:
-                done.set_exception(finished.exception())
-            else:
-                done.set_result(finished.result())
-
-        task.add_done_callback(settle)
+        target.create_task(coro, context=context).add_done_callback(lambda finished: _copy_outcome(finished, done))
 
     target.call_soon_threadsafe(begin)
     return done
@@ -494,16 +494,7 @@ async def _driven(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     if asyncio.get_running_loop() is target:  # a face awaited by flow code itself
         return await asyncio.shield(begin())
     done: concurrent.futures.Future = concurrent.futures.Future()
-
-    def settle(finished: asyncio.Task) -> None:
-        if finished.cancelled():
-            done.cancel()
-        elif finished.exception() is not None:
-            done.set_exception(finished.exception())
-        else:
-            done.set_result(finished.result())
-
-    target.call_soon_threadsafe(lambda: begin().add_done_callback(settle))
+    target.call_soon_threadsafe(lambda: begin().add_done_callback(lambda finished: _copy_outcome(finished, done)))
     return await asyncio.shield(asyncio.wrap_future(done))
 
 
