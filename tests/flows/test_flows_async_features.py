@@ -10,9 +10,7 @@ import json
 import pytest
 
 from journal.flows import describe, send, start, wake_due
-from journal.flows import ownership as own
 from journal.models import Event, Execution
-from journal.privacy import keys
 from journal.privacy.codec import FORGOTTEN
 from tests.fixtures import mode_flows as mf  # noqa: F401 (registers the flows)
 from tests.fixtures import privacy_fixtures as pf
@@ -26,14 +24,8 @@ pytestmark = pytest.mark.django_db
 def _flows(settings, tmp_path):
     settings.LOOM_FLOW_MODULES = ["tests.fixtures.mode_flows", "tests.fixtures.privacy_fixtures"]
     settings.LOOM_WAIT_INLINE_MAX = 0.0
-    settings.LOOM_KEYS = [pf.KEY_A]
-    settings.LOOM_CONTENT_DIR = str(tmp_path / "content")
-    keys.cache.clear()
-    installed = own.get_ownership()
-    own.set_ownership(None)
-    yield
-    own.set_ownership(installed)
-    keys.cache.clear()
+    with pf.keyed_without_keeper(settings, tmp_path):
+        yield
 
 
 def test_an_async_flow_seals_its_marked_input_and_step_result_and_forget_withholds_them():

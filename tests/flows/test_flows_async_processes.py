@@ -9,9 +9,6 @@ each, and each effect happens once."""
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 
@@ -21,7 +18,7 @@ from journal.flows import start
 from journal.models import Event, Execution, Message
 from tests.conftest import ROOT
 from tests.fixtures import edge_waits_flows as wf
-from tests.flows.test_waits_processes import all_settled, env, wait_until, workers  # noqa: F401 (fixtures)
+from tests.flows.test_waits_processes import Worker, all_settled, env, wait_until, workers  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,22 +77,15 @@ asyncio.run(main())
 """
 
 
-class Driver:
-    """A process that astarts async flows and drives them from its loop (not a worker), in its own group."""
+class Driver(Worker):
+    """A process that astarts async flows and drives them from its loop (not a worker), in its own group (read and
+    killed as a worker is)."""
 
     def __init__(self, environ: dict, tmp_log):
         self.name, self.log = "astart-driver", tmp_log
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen([sys.executable, "-c", DRIVER % SLEEPERS], env=environ, cwd=ROOT, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-
-    def output(self) -> str:
-        return self.log.read_text()[-4000:]
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
 
 
 def test_a_process_killed_while_its_loop_driven_async_flows_sleep_in_process_leaves_them_to_a_worker(

@@ -20,10 +20,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection
 
 from journal.flows import RetryPolicy, aio, describe, flow
-from journal.flows import ownership as own
 from journal.flows.aio import acancel, adescribe, aget_event, astart
 from journal.models import Event, Execution
-from journal.privacy import keys
 from tests.conftest import effect_rows
 from tests.fixtures import mode_flows as mf  # (registers the flows too)
 from tests.fixtures import privacy_fixtures as pf
@@ -94,14 +92,8 @@ def _flows(settings, effects, tmp_path):
     settings.LOOM_WAIT_INLINE_MAX = 30.0  # the 5 s sleeps below are in-process: they do not park
     settings.LOOM_WAIT_POLL = 0.05
     settings.LOOM_ASYNC_DB_THREADS = POOL
-    settings.LOOM_KEYS = [pf.KEY_A]
-    settings.LOOM_CONTENT_DIR = str(tmp_path / "content")
-    keys.cache.clear()
-    installed = own.get_ownership()
-    own.set_ownership(None)
-    yield
-    own.set_ownership(installed)
-    keys.cache.clear()
+    with pf.keyed_without_keeper(settings, tmp_path):
+        yield
 
 
 class Gate:

@@ -9,47 +9,30 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 import threading
 import time
 
-import django
+from tests.fixtures import shard_scenarios
 
 LOCK = "SELECT pg_advisory_xact_lock(1282371437, 2)"  # the compactor's key (journal/store/retention.py)
 
 
 def _declare():
-    """The compacted state of these scenarios (declared after django.setup(): a State needs the app registry)."""
-    from pydantic import BaseModel
+    """The compacted state of these scenarios (imported after django.setup(): a State needs the app registry)."""
+    from tests.journal import aggregate_states
 
-    from journal.aggregates import State
-    from journal.aggregates.declarations import states
+    return aggregate_states.tally("ShardTally", snapshot_every=5, compact=True)
 
-    if "ShardTally" in states():
-        st = states()["ShardTally"]
-        return st, st.actions["Bump"]
 
-    class Tally(BaseModel):
-        n: int
-        bumps: int
+def _old_code_snapshots(st, ids: dict[str, list[str]]) -> None:
+    """The newest snapshot of the first stream of each shard's `ids` as an older code took it (`n` only)."""
+    from journal import shards
+    from journal.models import Snapshot
 
-    class Bumped(BaseModel):
-        by: int = 1
-
-    class Bump(BaseModel):
-        by: int = 1
-
-    st = State("ShardTally", Tally, initial=Tally(n=0, bumps=0), snapshot_every=5, compact=True)
-
-    @st.on(Bumped)
-    def _bumped(s, e):
-        return {"n": s.n + e.by, "bumps": s.bumps + 1}
-
-    @st.action(Bump)
-    def bump(s, cmd):
-        return Bumped(by=cmd.by)
-
-    return st, st.actions["Bump"]
+    for alias, names in ids.items():
+        with shards.bound(alias):
+            newest = Snapshot.objects.filter(stream_id=st.stream(names[0])).order_by("-seq").first()
+            Snapshot.objects.filter(pk=newest.pk).update(state={"n": newest.state["n"]})
 
 
 def _ids(run: str, per_shard: int, aliases: list[str]) -> dict[str, list[str]]:
@@ -168,10 +151,7 @@ def on_shards(arg) -> dict:
     # (new streams), and on a compacted one of shard1 (refused: it cannot be refolded)
     fresh = _ids(f"{arg['run']}f", 1, aliases)
     _bump(bump, [i for names in fresh.values() for i in names], 7)
-    for alias, names in fresh.items():
-        with shards.bound(alias):
-            newest = Snapshot.objects.filter(stream_id=st.stream(names[0])).order_by("-seq").first()
-            Snapshot.objects.filter(pk=newest.pk).update(state={"n": newest.state["n"]})
+    _old_code_snapshots(st, fresh)
     out["resnapshot_fresh"] = _loom("aggregates", "resnapshot", "--state", "ShardTally")[:2]
     compacted = st.stream(ids[second][0])
     with shards.bound(second):
@@ -196,7 +176,6 @@ def shard_down(arg) -> dict:
     from django.test import override_settings
 
     from journal import shards
-    from journal.models import Snapshot
     from leases.retention import RetentionService
 
     st, bump = _declare()
@@ -207,10 +186,7 @@ def shard_down(arg) -> dict:
                  "status": _loom("retention", "status")[:2], "run": _loom("retention", "run")[:2]}
     again = _ids(f"{arg['run']}s", 1, up)
     _bump(bump, [i for names in again.values() for i in names], 12)
-    for alias, names in again.items():
-        with shards.bound(alias):
-            newest = Snapshot.objects.filter(stream_id=st.stream(names[0])).order_by("-seq").first()
-            Snapshot.objects.filter(pk=newest.pk).update(state={"n": newest.state["n"]})
+    _old_code_snapshots(st, again)
     out["resnapshot"] = _loom("aggregates", "resnapshot", "--state", "ShardTally")[:2]
 
     later = _ids(f"{arg['run']}w", 1, up)
@@ -232,11 +208,7 @@ def shard_down(arg) -> dict:
 
 
 def main() -> None:
-    django.setup()
-    name = sys.argv[1]
-    arg = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    result = globals()[name](arg)
-    print(json.dumps(result, default=str), flush=True)
+    shard_scenarios.main(globals())
 
 
 if __name__ == "__main__":

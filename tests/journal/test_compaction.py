@@ -15,51 +15,22 @@ from django.db import connection, connections
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as hs
-from pydantic import BaseModel
 
 from journal import compaction, conf
 from journal.aggregates import CompactedStream, State, cache, do, do_with_retry, load, replay
-from journal.aggregates.declarations import states
 from journal.envelopes import Envelope
 from journal.flows import start
 from journal.models import Compaction, Event, Snapshot
 from tests.fixtures import privacy_fixtures as fx
 from tests.fixtures import waits_flows as wf  # noqa: F401  (registers the waits.* flows)
+from tests.journal import aggregate_states
+from tests.journal.aggregate_states import Count
 
 pytestmark = pytest.mark.django_db
 
 
-class Count(BaseModel):
-    n: int = 0
-
-
-class Bumped(BaseModel):
-    by: int = 1
-
-
-class Bump(BaseModel):
-    by: int = 1
-
-
-def _counter(name: str, **options) -> tuple[State, object]:
-    existing = states().get(name)
-    if existing is not None:
-        return existing, existing.actions["Bump"]
-    st = State(name, Count, **options)
-
-    @st.on(Bumped)
-    def _bumped(s: Count, e: Bumped) -> dict:
-        return {"n": s.n + e.by}
-
-    @st.action(Bump)
-    def bump(s: Count, cmd: Bump) -> Bumped:
-        return Bumped(by=cmd.by)
-
-    return st, st.actions["Bump"]
-
-
-counter, bump = _counter("CompactCounter", snapshot_every=5, compact=True)
-plain, plain_bump = _counter("PlainCounter", snapshot_every=5)  # snapshots, not compacted
+counter, bump = aggregate_states.counter("CompactCounter", snapshot_every=5, compact=True)
+plain, plain_bump = aggregate_states.counter("PlainCounter", snapshot_every=5)  # snapshots, not compacted
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,11 @@ nothing twice (PostgreSQL, real commits in threads)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import threading
+from collections.abc import Callable
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -17,55 +19,24 @@ from django.db import connection, connections
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as hs
-from pydantic import BaseModel
 
 from journal import compaction
 from journal.aggregates import State, cache, do, do_with_retry, load, replay
 from journal.aggregates import resnapshot as redo
-from journal.aggregates.declarations import states
 from journal.aggregates.runtime import fold_events
 from journal.envelopes import Envelope
 from journal.models import Event, Snapshot
 from journal.store.retention import RetentionStore
 from tests.fixtures import privacy_fixtures as fx
+from tests.journal import aggregate_states
+from tests.journal.aggregate_states import Tally
 
 pytestmark = pytest.mark.django_db
 
 
-class Tally(BaseModel):
-    """The current code's state: `bumps` is a field the old code did not have (its snapshots hold only `n`)."""
-
-    n: int
-    bumps: int
-
-
-class Bumped(BaseModel):
-    by: int = 1
-
-
-class Bump(BaseModel):
-    by: int = 1
-
-
-def _declare(name: str, **options) -> tuple[State, object]:
-    existing = states().get(name)
-    if existing is not None:
-        return existing, existing.actions["Bump"]
-    st = State(name, Tally, initial=Tally(n=0, bumps=0), **options)
-
-    @st.on(Bumped)
-    def _bumped(s: Tally, e: Bumped) -> dict:
-        return {"n": s.n + e.by, "bumps": s.bumps + 1}
-
-    @st.action(Bump)
-    def bump(s: Tally, cmd: Bump) -> Bumped:
-        return Bumped(by=cmd.by)
-
-    return st, st.actions["Bump"]
-
-
-tally, bump = _declare("ResnapTally", snapshot_every=5)
-other, other_bump = _declare("ResnapTally-Other", snapshot_every=5)  # its streams start with tally's prefix too
+tally, bump = aggregate_states.tally("ResnapTally", snapshot_every=5)
+# its streams start with tally's prefix too
+other, other_bump = aggregate_states.tally("ResnapTally-Other", snapshot_every=5)
 
 
 @pytest.fixture(autouse=True)
@@ -112,6 +83,49 @@ def truth(st: State, stream: str, seq: int) -> dict:
     """The current code's fold of the stream's events 0..seq."""
     events = [e for e in Event.objects.read(stream) if e.seq <= seq]
     return fold_events(st, stream, events).model_dump(mode="json")
+
+
+def race(id: str, *works: Callable[[], object]) -> list[BaseException]:
+    """Real commits in threads: two writers bump aggregate `id` of tally 40 times each (retried on a conflict), and
+    each of `works` runs over and over in a thread of its own until the writers are done. The errors they raised."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def guarded(fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def writer() -> None:
+        for _ in range(40):
+            do_with_retry(bump, id, {"by": 1}, attempts=50)
+
+    def loop(work: Callable[[], object]) -> None:
+        while not stop.is_set():
+            work()
+
+    writers = [threading.Thread(target=guarded, args=(writer,)) for _ in range(2)]
+    others = [threading.Thread(target=guarded, args=(functools.partial(loop, work),)) for work in works]
+    for thread in writers + others:
+        thread.start()
+    for thread in writers:
+        thread.join(120)
+    stop.set()
+    for thread in others:
+        thread.join(60)
+    return errors
+
+
+def reading(id: str, reads: list[tuple[int, int, int]]) -> Callable[[], None]:
+    """A cold replay of aggregate `id` of tally, appending (n, bumps, version) to `reads`."""
+    def read() -> None:
+        agg = replay(tally, id)
+        reads.append((agg.state.n, agg.state.bumps, agg.version))
+
+    return read
 
 
 def test_a_snapshot_that_no_longer_fits_is_retaken_from_seq_0_and_one_that_fits_is_kept():
@@ -272,49 +286,10 @@ def test_an_appender_racing_resnapshot_loses_nothing_and_every_snapshot_is_the_f
     cold. Each bump adds 1, so every state read is n == version + 1 (a snapshot claiming a seq it did not fold would
     break it); at the end every snapshot row is the current fold of events 0..its seq, and nothing is lost."""
     bumps(bump, "race", 6)
-    stop = threading.Event()
-    errors: list[BaseException] = []
     reads: list[tuple[int, int, int]] = []
     outcomes: list[str] = []
-
-    def writer() -> None:
-        try:
-            for _ in range(40):
-                do_with_retry(bump, "race", {"by": 1}, attempts=50)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    def resnapshotter() -> None:
-        try:
-            while not stop.is_set():
-                outcome = redo.resnapshot_stream(tally, "ResnapTally-race", "default", everything=True)
-                outcomes.append(outcome.action)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    def reader() -> None:
-        try:
-            while not stop.is_set():
-                agg = replay(tally, "race")
-                reads.append((agg.state.n, agg.state.bumps, agg.version))
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    writers = [threading.Thread(target=writer) for _ in range(2)]
-    others = [threading.Thread(target=resnapshotter), threading.Thread(target=reader)]
-    for thread in writers + others:
-        thread.start()
-    for thread in writers:
-        thread.join(120)
-    stop.set()
-    for thread in others:
-        thread.join(60)
+    errors = race("race", lambda: outcomes.append(
+        redo.resnapshot_stream(tally, "ResnapTally-race", "default", everything=True).action), reading("race", reads))
     assert errors == []
     assert outcomes and set(outcomes) == {"resnapshotted"}, set(outcomes)
     assert reads and all(n == b == v + 1 for n, b, v in reads), [r for r in reads if not r[0] == r[1] == r[2] + 1][:5]
@@ -335,45 +310,10 @@ def test_resnapshot_and_compaction_racing_appenders_on_one_stream_keep_every_sna
     settings.LOOM_COMPACT_AGGREGATES = ["ResnapTally"]
     settings.LOOM_COMPACT_BATCH = 2
     bumps(bump, "both", 3)  # no snapshot yet: the first compaction waits for one
-    stop = threading.Event()
-    errors: list[BaseException] = []
     reads: list[tuple[int, int, int]] = []
     outcomes: list[str] = []
-
-    def loop(work) -> None:
-        try:
-            while not stop.is_set():
-                work()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    def writer() -> None:
-        try:
-            for _ in range(40):
-                do_with_retry(bump, "both", {"by": 1}, attempts=50)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    def read() -> None:
-        agg = replay(tally, "both")
-        reads.append((agg.state.n, agg.state.bumps, agg.version))
-
-    writers = [threading.Thread(target=writer) for _ in range(2)]
-    others = [threading.Thread(target=loop, args=(work,)) for work in (
-        lambda: compaction.run("default"),
-        lambda: outcomes.append(redo.resnapshot_stream(tally, "ResnapTally-both", "default", everything=True).action),
-        read)]
-    for thread in writers + others:
-        thread.start()
-    for thread in writers:
-        thread.join(120)
-    stop.set()
-    for thread in others:
-        thread.join(60)
+    errors = race("both", lambda: compaction.run("default"), lambda: outcomes.append(
+        redo.resnapshot_stream(tally, "ResnapTally-both", "default", everything=True).action), reading("both", reads))
     assert errors == []
     assert outcomes and set(outcomes) <= {"resnapshotted", "skipped"}, set(outcomes)
     assert reads and all(n == b == v + 1 for n, b, v in reads), [r for r in reads if not r[0] == r[1] == r[2] + 1][:5]

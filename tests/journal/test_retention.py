@@ -19,10 +19,9 @@ from django.utils import timezone
 from journal import retention
 from journal.envelopes import Envelope
 from journal.flows import NotResumable, UnknownExecution, describe, send, start, wake_due
-from journal.flows import ownership as own
 from journal.flows.runtime import retry
 from journal.models import Event, Execution, Fence, FlowEvent, Message, Removal
-from journal.privacy import FORGOTTEN, forget, keys
+from journal.privacy import FORGOTTEN, forget
 from leases.retention import RetentionService
 from tests.admin.test_admin_executions import failed
 from tests.fixtures import privacy_fixtures as fx
@@ -42,14 +41,8 @@ def _flows(settings, effects, tmp_path):
     settings.LOOM_SNAPSHOT_EVERY = None
     settings.LOOM_WAIT_INLINE_MAX = 0.0
     settings.LOOM_RETENTION_DAYS = 30
-    settings.LOOM_CONTENT_DIR = str(tmp_path / "content")
-    settings.LOOM_KEYS = [fx.KEY_A]
-    keys.cache.clear()
-    installed = own.get_ownership()
-    own.set_ownership(None)
-    yield
-    own.set_ownership(installed)
-    keys.cache.clear()
+    with fx.keyed_without_keeper(settings, tmp_path):
+        yield
 
 
 def age(execution_id: str, days: float = 40, status: str | None = None) -> None:

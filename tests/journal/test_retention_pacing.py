@@ -176,27 +176,26 @@ BAD_RELAXED = hs.one_of(hs.just("maybe"), hs.just("2"), hs.text(min_size=1, max_
     lambda t: t.strip().lower() not in {"1", "true", "yes", "on", "0", "false", "no", "off"}))
 
 
+def assert_refused(settings, execution_id: str, setting: str, bad, run) -> None:
+    """An aged execution `execution_id` (started once), `setting` = `bad`: `run("default")` is a named error, nothing
+    is removed, and the check at start-up (loom.E001) names the setting."""
+    if not Execution.objects.filter(pk=execution_id).exists():
+        start("waits.steps", {"n": 1}, execution_id=execution_id)
+        age(execution_id)
+    setattr(settings, setting, bad)
+    with pytest.raises(conf.ConfigError, match=setting):
+        run("default")
+    assert rows_of(execution_id)["journal_execution"] == 1 and not Removal.objects.exists()
+    assert any(setting in problem for problem in conf.problems())
+
+
 @hsettings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bad=BAD_DUTY)
 def test_a_bad_duty_is_a_named_error_and_nothing_is_removed(settings, bad):
-    if not Execution.objects.filter(pk="rh-1").exists():
-        start("waits.steps", {"n": 1}, execution_id="rh-1")
-        age("rh-1")
-    settings.LOOM_RETENTION_DUTY = bad
-    with pytest.raises(conf.ConfigError, match="LOOM_RETENTION_DUTY"):
-        retention.run("default")
-    assert rows_of("rh-1")["journal_execution"] == 1 and not Removal.objects.exists()
-    assert any("LOOM_RETENTION_DUTY" in problem for problem in conf.problems())  # loom.E001 at start-up
+    assert_refused(settings, "rh-1", "LOOM_RETENTION_DUTY", bad, retention.run)
 
 
 @hsettings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bad=BAD_RELAXED)
 def test_a_bad_relaxed_commit_is_a_named_error_and_nothing_is_removed(settings, bad):
-    if not Execution.objects.filter(pk="rh-2").exists():
-        start("waits.steps", {"n": 1}, execution_id="rh-2")
-        age("rh-2")
-    settings.LOOM_RETENTION_RELAXED_COMMIT = bad
-    with pytest.raises(conf.ConfigError, match="LOOM_RETENTION_RELAXED_COMMIT"):
-        retention.remove_batch("default")
-    assert rows_of("rh-2")["journal_execution"] == 1 and not Removal.objects.exists()
-    assert any("LOOM_RETENTION_RELAXED_COMMIT" in problem for problem in conf.problems())
+    assert_refused(settings, "rh-2", "LOOM_RETENTION_RELAXED_COMMIT", bad, retention.remove_batch)
