@@ -5,11 +5,14 @@ name again returns the one already registered."""
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable
 
+from django.db import connections
 from pydantic import BaseModel
 
-from journal.aggregates import State
+from journal.aggregates import State, do_with_retry
 from journal.aggregates.declarations import states
 
 
@@ -56,3 +59,40 @@ def tally(name: str, **options) -> tuple[State, object]:
     """A state of `n` and the number of `bumps` (from 0 and 0): (the State, its Bump action)."""
     return _declare(name, Tally, lambda s, e: {"n": s.n + e.by, "bumps": s.bumps + 1},
                     initial=Tally(n=0, bumps=0), **options)
+
+
+def race(bump, id: str, *works: Callable[[], object], writes: list[int] | None = None) -> list[BaseException]:
+    """Real commits in threads: two writers `bump` aggregate `id` 40 times each (retried on a conflict; `writes[0]`
+    and `writes[1]` count each one's, if given), and each of `works` runs over and over in a thread of its own until
+    the writers are done. The errors the threads raised."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def guarded(fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def writer(slot: int) -> None:
+        for _ in range(40):
+            do_with_retry(bump, id, {"by": 1}, attempts=50)
+            if writes is not None:
+                writes[slot] += 1
+
+    def loop(work: Callable[[], object]) -> None:
+        while not stop.is_set():
+            work()
+
+    writers = [threading.Thread(target=guarded, args=(functools.partial(writer, slot),)) for slot in range(2)]
+    others = [threading.Thread(target=guarded, args=(functools.partial(loop, work),)) for work in works]
+    for thread in writers + others:
+        thread.start()
+    for thread in writers:
+        thread.join(120)
+    stop.set()
+    for thread in others:
+        thread.join(60)
+    return errors

@@ -7,17 +7,16 @@ longer fits is a named error, never a partial replay; a `do` racing a compaction
 from __future__ import annotations
 
 import io
-import threading
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as hs
 
 from journal import compaction, conf
-from journal.aggregates import CompactedStream, State, cache, do, do_with_retry, load, replay
+from journal.aggregates import CompactedStream, State, cache, do, load, replay
 from journal.envelopes import Envelope
 from journal.flows import start
 from journal.models import Compaction, Event, Snapshot
@@ -258,49 +257,14 @@ def test_a_do_racing_a_compaction_of_the_same_stream_never_loses_or_half_removes
     partial replay would break it); at the end nothing is lost and the kept events are contiguous up to the tip."""
     settings.LOOM_COMPACT_BATCH = 2
     bumps(bump, "race", 6)
-    stop = threading.Event()
-    errors: list[BaseException] = []
     reads: list[tuple[int, int]] = []
     writes = [0, 0]
 
-    def writer(slot: int) -> None:
-        try:
-            for _ in range(40):
-                do_with_retry(bump, "race", {"by": 1}, attempts=50)
-                writes[slot] += 1
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
+    def read() -> None:
+        agg = replay(counter, "race")
+        reads.append((agg.state.n, agg.version))
 
-    def compactor() -> None:
-        try:
-            while not stop.is_set():
-                compaction.run("default")
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    def reader() -> None:
-        try:
-            while not stop.is_set():
-                agg = replay(counter, "race")
-                reads.append((agg.state.n, agg.version))
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    writers = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
-    others = [threading.Thread(target=compactor), threading.Thread(target=reader)]
-    for thread in writers + others:
-        thread.start()
-    for thread in writers:
-        thread.join(120)
-    stop.set()
-    for thread in others:
-        thread.join(60)
+    errors = aggregate_states.race(bump, "race", lambda: compaction.run("default"), read, writes=writes)
     assert errors == []
     assert writes == [40, 40]
     assert reads and all(n == version + 1 for n, version in reads), [r for r in reads if r[0] != r[1] + 1][:5]

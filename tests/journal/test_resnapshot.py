@@ -7,21 +7,19 @@ nothing twice (PostgreSQL, real commits in threads)."""
 
 from __future__ import annotations
 
-import functools
 import io
 import json
-import threading
 from collections.abc import Callable
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, connections
+from django.db import connection
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as hs
 
 from journal import compaction
-from journal.aggregates import State, cache, do, do_with_retry, load, replay
+from journal.aggregates import State, cache, do, load, replay
 from journal.aggregates import resnapshot as redo
 from journal.aggregates.runtime import fold_events
 from journal.envelopes import Envelope
@@ -83,40 +81,6 @@ def truth(st: State, stream: str, seq: int) -> dict:
     """The current code's fold of the stream's events 0..seq."""
     events = [e for e in Event.objects.read(stream) if e.seq <= seq]
     return fold_events(st, stream, events).model_dump(mode="json")
-
-
-def race(id: str, *works: Callable[[], object]) -> list[BaseException]:
-    """Real commits in threads: two writers bump aggregate `id` of tally 40 times each (retried on a conflict), and
-    each of `works` runs over and over in a thread of its own until the writers are done. The errors they raised."""
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def guarded(fn: Callable[[], object]) -> None:
-        try:
-            fn()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    def writer() -> None:
-        for _ in range(40):
-            do_with_retry(bump, id, {"by": 1}, attempts=50)
-
-    def loop(work: Callable[[], object]) -> None:
-        while not stop.is_set():
-            work()
-
-    writers = [threading.Thread(target=guarded, args=(writer,)) for _ in range(2)]
-    others = [threading.Thread(target=guarded, args=(functools.partial(loop, work),)) for work in works]
-    for thread in writers + others:
-        thread.start()
-    for thread in writers:
-        thread.join(120)
-    stop.set()
-    for thread in others:
-        thread.join(60)
-    return errors
 
 
 def reading(id: str, reads: list[tuple[int, int, int]]) -> Callable[[], None]:
@@ -288,7 +252,7 @@ def test_an_appender_racing_resnapshot_loses_nothing_and_every_snapshot_is_the_f
     bumps(bump, "race", 6)
     reads: list[tuple[int, int, int]] = []
     outcomes: list[str] = []
-    errors = race("race", lambda: outcomes.append(
+    errors = aggregate_states.race(bump, "race", lambda: outcomes.append(
         redo.resnapshot_stream(tally, "ResnapTally-race", "default", everything=True).action), reading("race", reads))
     assert errors == []
     assert outcomes and set(outcomes) == {"resnapshotted"}, set(outcomes)
@@ -312,7 +276,7 @@ def test_resnapshot_and_compaction_racing_appenders_on_one_stream_keep_every_sna
     bumps(bump, "both", 3)  # no snapshot yet: the first compaction waits for one
     reads: list[tuple[int, int, int]] = []
     outcomes: list[str] = []
-    errors = race("both", lambda: compaction.run("default"), lambda: outcomes.append(
+    errors = aggregate_states.race(bump, "both", lambda: compaction.run("default"), lambda: outcomes.append(
         redo.resnapshot_stream(tally, "ResnapTally-both", "default", everything=True).action), reading("both", reads))
     assert errors == []
     assert outcomes and set(outcomes) <= {"resnapshotted", "skipped"}, set(outcomes)

@@ -67,6 +67,12 @@ def test_an_archive_whose_batch_did_not_commit_is_refused_and_the_later_batchs_a
     assert describe("rl-1") == seen
 
 
+def finished_long_ago(execution_id: str) -> None:
+    """A one-step run `execution_id`, finished past retention."""
+    start("waits.steps", {"n": 1}, execution_id=execution_id)
+    age(execution_id)
+
+
 def _seen_during_the_batch(eid: str) -> tuple[str, str]:
     """(synchronous_commit inside the batch's transaction, on the same connection after the batch)."""
     seen = []
@@ -92,12 +98,10 @@ def test_a_batchs_relaxed_commit_is_its_own_transactions_only(settings):
     """SET LOCAL: the batch's transaction commits without waiting for its flush; the connection's next
     transaction (an append's, say) is back to synchronous_commit on. Off: the batch commits as appends do."""
     settings.LOOM_RETENTION_RELAXED_COMMIT = True
-    start("waits.steps", {"n": 1}, execution_id="rs-1")
-    age("rs-1")
+    finished_long_ago("rs-1")
     assert _seen_during_the_batch("rs-1") == ("off", "on")
     settings.LOOM_RETENTION_RELAXED_COMMIT = False
-    start("waits.steps", {"n": 1}, execution_id="rs-2")
-    age("rs-2")
+    finished_long_ago("rs-2")
     assert _seen_during_the_batch("rs-2") == ("on", "on")
 
 
@@ -106,8 +110,7 @@ def test_a_batch_inside_a_callers_transaction_does_not_relax_the_callers_commit(
     """Inside an outer transaction (here the test's own) SET LOCAL would outlive the batch and relax the
     caller's commit, its own writes with it: the batch is then not relaxed."""
     settings.LOOM_RETENTION_RELAXED_COMMIT = True
-    start("waits.steps", {"n": 1}, execution_id="rs-3")
-    age("rs-3")
+    finished_long_ago("rs-3")
     assert _seen_during_the_batch("rs-3") == ("on", "on")
 
 
@@ -143,8 +146,7 @@ def test_the_duty_cycle_pauses_duty_times_each_batchs_time_and_a_stop_ends_the_r
     pauses are recorded instead of slept."""
     settings.LOOM_RETENTION_DUTY = 1.5
     for n in range(3):
-        start("waits.steps", {"n": 1}, execution_id=f"rp-{n}")
-        age(f"rp-{n}")
+        finished_long_ago(f"rp-{n}")
     ticks = iter(range(0, 1000, 2))
     monkeypatch.setattr(retention, "_clock", lambda: next(ticks))
     paused: list[float] = []
@@ -155,8 +157,7 @@ def test_the_duty_cycle_pauses_duty_times_each_batchs_time_and_a_stop_ends_the_r
 
     settings.LOOM_RETENTION_BATCH = 1
     for n in range(3):
-        start("waits.steps", {"n": 1}, execution_id=f"rp2-{n}")
-        age(f"rp2-{n}")
+        finished_long_ago(f"rp2-{n}")
     stop = threading.Event()
     waited: list[float] = []
 
@@ -180,8 +181,7 @@ def assert_refused(settings, execution_id: str, setting: str, bad, run) -> None:
     """An aged execution `execution_id` (started once), `setting` = `bad`: `run("default")` is a named error, nothing
     is removed, and the check at start-up (loom.E001) names the setting."""
     if not Execution.objects.filter(pk=execution_id).exists():
-        start("waits.steps", {"n": 1}, execution_id=execution_id)
-        age(execution_id)
+        finished_long_ago(execution_id)
     setattr(settings, setting, bad)
     with pytest.raises(conf.ConfigError, match=setting):
         run("default")
