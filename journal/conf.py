@@ -197,11 +197,11 @@ register(
             "project's own tracer provider). docs/observability.md.", choices=("off", "otlp", "jsonl", "global")),
     Setting("LOOM_TRACES_FILE", str, "loom-spans.jsonl", "The file LOOM_TRACES=jsonl appends spans to."),
     Setting("LOOM_TRACES_SERVICE", str, "loom", "The service.name of the spans' resource (otlp, jsonl)."),
-    Setting("LOOM_METRICS", bool, False, "Collect Prometheus metrics and answer /metrics (serve_api, loom_worker "
+    Setting("LOOM_METRICS", bool, False, "Collect Prometheus metrics and answer /metrics (loom_serve_api, loom_worker "
             "--metrics-port); set PROMETHEUS_MULTIPROC_DIR (an empty directory per service) for processes that fork "
             "workers. docs/observability.md."),
     Setting("LOOM_METRICS_AUTH", bool, True, "The API's /metrics asks for a token with access to every flow (its "
-            "labels name every flow); false: no token (bind serve_api where only Prometheus reaches it)."),
+            "labels name every flow); false: no token (bind loom_serve_api where only Prometheus reaches it)."),
 )
 
 

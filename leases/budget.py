@@ -1,4 +1,4 @@
-"""The connection budget: how many database sessions a `loom_worker` and a `serve_api` worker open, by setting,
+"""The connection budget: how many database sessions a `loom_worker` and a `loom_serve_api` worker open, by setting,
 so that a deployment can be planned against the server's max_connections (docs/workers.md "Connections").
 
 Every thread that touches the database keeps its own session (Django's connections are per thread). The figures
@@ -10,7 +10,7 @@ tests/leases/test_connection_budget.py (pg_stat_activity by application_name):
 - while busy, up to one more per thread of its pools: LOOM_QUEUE_THREADS queue runners (they keep their sessions),
   LOOM_WAIT_BATCH woken runs and LOOM_RECOVERY_BATCH recovered runs (each closes its own when its run ends);
 - with its django-q2 cluster (not --no-cluster): LOOM_Q_WORKERS worker processes and the cluster's own (3);
-- a serve_api worker: one per request thread (`--threads`), plus its lease keeper, its coalescer and its
+- a loom_serve_api worker: one per request thread (`--threads`), plus its lease keeper, its coalescer and its
   get_event LISTEN session (`API_EXTRA`).
 """
 
@@ -23,7 +23,7 @@ from journal.flows.aio import pool_size
 
 WORKER_SERVICES = 6  # measured idle (loom_worker --no-cluster, default settings, no projections)
 CLUSTER_OWN = 3  # the django-q2 cluster's sessions besides its workers (monitor, pusher, guard)
-API_EXTRA = 3  # a serve_api worker's sessions besides its request threads: lease keeper, coalescer, LISTEN
+API_EXTRA = 3  # a loom_serve_api worker's sessions besides its request threads: lease keeper, coalescer, LISTEN
 
 
 def worker_connections(cluster: bool = True) -> dict[str, int]:
@@ -41,13 +41,13 @@ def worker_connections(cluster: bool = True) -> dict[str, int]:
 
 
 def api_connections(threads: int = 1) -> int:
-    """The most sessions one serve_api worker process with `threads` request threads opens on one database."""
+    """The most sessions one loom_serve_api worker process with `threads` request threads opens on one database."""
     return threads + API_EXTRA
 
 
 def planned_connections() -> int | None:
     """Sessions the planned deployment opens on one database (LOOM_PLANNED_WORKERS loom_workers,
-    LOOM_PLANNED_API_WORKERS serve_api workers of LOOM_PLANNED_API_THREADS threads), or None when nothing
+    LOOM_PLANNED_API_WORKERS loom_serve_api workers of LOOM_PLANNED_API_THREADS threads), or None when nothing
     is planned."""
     workers, api = conf.get("LOOM_PLANNED_WORKERS"), conf.get("LOOM_PLANNED_API_WORKERS")
     if not workers and not api:

@@ -34,9 +34,10 @@ register(
             "loom_worker processes the deployment runs per database (the connection budget check loom.W130; "
             "unset: not checked).", 0, optional=True),
     Setting("LOOM_PLANNED_API_WORKERS", int, None,
-            "serve_api worker processes the deployment runs (the connection budget check loom.W130).", 0,
+            "loom_serve_api worker processes the deployment runs (the connection budget check loom.W130).", 0,
             optional=True),
-    Setting("LOOM_PLANNED_API_THREADS", int, 1, "Request threads of each planned serve_api worker (--threads).", 1),
+    Setting("LOOM_PLANNED_API_THREADS", int, 1,
+            "Request threads of each planned loom_serve_api worker (--threads).", 1),
     Setting("LOOM_WORKER_RETENTION", float, 86400.0,
             "Seconds the workers page keeps a worker that stopped or vanished (pruned by loom_worker).", 0),
     Setting("LOOM_SCHEDULE_EVERY", float, 1.0, "Seconds between a worker's ticks of the cron schedules.", 0.01),

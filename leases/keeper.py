@@ -190,6 +190,7 @@ class LeaseKeeper:
         self.release_due = float("inf")
         self.force_flush = False
         self.sleeping = False  # the keeper waits on cond (only then does a new request notify it)
+        self.unexpected = 0  # passes in a row that failed with an error not the database's (logged sparingly)
 
     # -- settings, read when used --------------------------------------------------------------
     @staticmethod
@@ -308,14 +309,22 @@ class LeaseKeeper:
                 try:
                     store_for(self.alias).prepare_keeper_session()
                     self.step()
+                    self.unexpected = 0
                 except DatabaseError:
                     log.exception("lease keeper %s: database error; retrying", self.worker_id)
                     connections[self.alias].close()
                     time.sleep(min(1.0, conf.get("LOOM_LEASE_RENEW_EVERY")))
-                except Exception:
+                except Exception as exc:
                     # Not the database's (a driver's or a host's own error): the keeper must live on, since a
                     # dead keeper renews nothing and every lease it holds would lapse under a healthy run.
-                    log.exception("lease keeper %s: unexpected error in a pass; retrying", self.worker_id)
+                    # The traceback once per streak, then a line at the 2nd, 4th, 8th ... failure: a persistent
+                    # error retried every renewal period must not flood the log.
+                    self.unexpected += 1
+                    if self.unexpected == 1:
+                        log.exception("lease keeper %s: unexpected error in a pass; retrying", self.worker_id)
+                    elif self.unexpected & (self.unexpected - 1) == 0:
+                        log.warning("lease keeper %s: %d passes in a row failed, still retrying: %r", self.worker_id,
+                                    self.unexpected, exc)
                     connections[self.alias].close()
                     time.sleep(min(1.0, conf.get("LOOM_LEASE_RENEW_EVERY")))
                 finally:

@@ -1,7 +1,7 @@
 """Bearer-token authentication and scopes of the HTTP API (the admin and result pages keep Django's auth).
 
 `Authorization: Bearer <token>` must carry one of LOOM_API_TOKENS. LOOM_API_AUTH=false turns the
-check off; that is meant for a local benchmark only, and serve_api says so loudly when it happens.
+check off; that is meant for a local benchmark only, and loom_serve_api says so loudly when it happens.
 
 LOOM_API_TOKENS entries (docs/http-api.md "Tokens and scopes"):
 

@@ -3,7 +3,7 @@ namespace; they were loomapi.E001 and loomapi.W001-W005 until the ids were unifi
 a former id still silences it until 0.3): an API nobody can call, or one anybody can.
 
 Deploy checks (`manage.py check --deploy`), so that a development shell without tokens is not
-nagged on every command; serve_api refuses to start without tokens anyway.
+nagged on every command; loom_serve_api refuses to start without tokens anyway.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def check_aggregate_namespaces(app_configs=None, **kwargs) -> list:
         module = getattr(state.schema, "__module__", "")
         if not any(module == m or module.startswith(m + ".") for m in modules):
             found.append(Warning(
-                f"aggregate state {state.name} (schema in {module}) is not under LOOM_AGGREGATE_MODULES: a serve_api "
-                "process that does not import it cannot refuse execution ids in its stream namespace",
+                f"aggregate state {state.name} (schema in {module}) is not under LOOM_AGGREGATE_MODULES: a "
+                "loom_serve_api process that does not import it cannot refuse execution ids in its stream namespace",
                 hint="List the module that declares it in LOOM_AGGREGATE_MODULES.", id="loom.W205"))
     return found

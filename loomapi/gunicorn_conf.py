@@ -1,6 +1,6 @@
 """Gunicorn configuration and hooks of the API server: warm workers, and no orphans.
 
-serve_api loads this module; it also works on its own for a project's WSGI module:
+loom_serve_api loads this module; it also works on its own for a project's WSGI module:
 
     gunicorn -c python:loomapi.gunicorn_conf yourproject.wsgi
 
@@ -39,7 +39,7 @@ graceful_timeout = 10
 timeout = 30
 # gunicorn's control socket lives at one path per user: two servers on one host would collide.
 control_socket_disable = True
-# The access log (serve_api --access-log) names each request's trace id (W3C traceparent, loomapi/trace.py).
+# The access log (loom_serve_api --access-log) names each request's trace id (W3C traceparent, loomapi/trace.py).
 access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" traceparent=%({traceparent}o)s'
 
 logger = logging.getLogger("loomapi.server")

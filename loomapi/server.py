@@ -1,4 +1,4 @@
-"""The API server as a gunicorn application run inside a management command (serve_api).
+"""The API server as a gunicorn application run inside a management command (loom_serve_api).
 
 The command's process is gunicorn's arbiter: kill it and its workers follow (see gunicorn_conf).
 """

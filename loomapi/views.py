@@ -309,7 +309,7 @@ def _answer_existing(execution_id: str, header: tuple, wait: float) -> HttpRespo
     return json_response(existing, status=200, headers=headers)
 
 
-NOT_WAITED = {"X-Loom-Wait": "not waited: no request thread free to wait in (serve_api --threads 1 leaves "
+NOT_WAITED = {"X-Loom-Wait": "not waited: no request thread free to wait in (loom_serve_api --threads 1 leaves "
                              "none; serve with --threads 2 or more), answered at once"}
 """Said on an answer to `?wait=` / `?timeout=` that could not wait (docs/http-api.md): never silently ignored."""
 
@@ -320,7 +320,7 @@ _waiters_made = False
 def waiter() -> threading.BoundedSemaphore | contextlib.nullcontext | None:
     """A slot to wait in (`?wait=`), or None: wait no longer than it takes to answer.
 
-    In a serve_api worker, at most `--threads` - 1 requests of a process wait at once, so one
+    In a loom_serve_api worker, at most `--threads` - 1 requests of a process wait at once, so one
     thread is always free for health, status and other requests (a worker accepts connections
     for all its threads, so a busy process still takes new requests and would queue them behind
     the waiters); with one thread, nobody waits. Elsewhere (the test client, runserver): no cap."""

@@ -49,7 +49,7 @@ from loomapi.framing import RequestFramer, Verdict
 logger = logging.getLogger("loomapi.server")
 
 READ_TIMEOUT = 10.0
-"""Seconds a client gets to send a whole request (serve_api --read-timeout sets it before the fork)."""
+"""Seconds a client gets to send a whole request (loom_serve_api --read-timeout sets it before the fork)."""
 
 READ_STEPS = 16
 """Reads (of up to 64 KiB) from one connection per turn of the main loop."""

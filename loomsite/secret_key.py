@@ -9,7 +9,7 @@ The rule (docs/security.md):
   fresh clone with no setup. A site that answers a real host name without `SECRET_KEY` refuses to start.
 - `manage.py check --deploy` refuses a generated key when DEBUG is off (loomsite.E002), and every
   command (the worker included) refuses the key loomsite used to ship in clear (loomsite.E001).
-- `loom_worker`, `qcluster` and `serve_api` refuse a generated key when DEBUG is off, unless
+- `loom_worker`, `qcluster` and `loom_serve_api` refuse a generated key when DEBUG is off, unless
   ALLOW_DEV_SECRET_KEY opts in (loomsite.E003): a worker with a key of its own deletes the tasks it
   cannot verify.
 

@@ -27,7 +27,7 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[:
 SECRET_KEY = secret_key.choose(env.str("SECRET_KEY", default=""), BASE_DIR / "var" / "secret_key",
                                debug=DEBUG, allowed_hosts=ALLOWED_HOSTS)
 # Whether that key was generated here rather than given. With DEBUG off, `loom_worker`, `qcluster` and
-# `serve_api` refuse a generated key (loomsite.E003) unless ALLOW_DEV_SECRET_KEY opts in (the Makefile
+# `loom_serve_api` refuse a generated key (loomsite.E003) unless ALLOW_DEV_SECRET_KEY opts in (the Makefile
 # does): a worker on another host would sign and verify tasks with a key of its own (loomsite/checks.py).
 SECRET_KEY_GENERATED = not env.str("SECRET_KEY", default="")
 ALLOW_DEV_SECRET_KEY = env.bool("ALLOW_DEV_SECRET_KEY", default=False)

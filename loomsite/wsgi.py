@@ -1,4 +1,4 @@
-"""WSGI entry point, used by gunicorn (see `manage.py serve_api`)."""
+"""WSGI entry point, used by gunicorn (see `manage.py loom_serve_api`)."""
 
 import os
 

@@ -508,25 +508,29 @@ def test_two_sweepers_take_disjoint_executions_and_the_second_skips_the_first_on
     assert second.taken == [(eid, 2) for eid in eids[3:]]
 
 
-def test_the_keeper_lives_on_after_an_error_that_is_not_the_databases(monkeypatch):
-    """An exception of another kind in a pass (here the session set-up raising RuntimeError) is logged and the
-    pass retried: the keeper thread does not die, and the lease it took is renewed and released as usual."""
+def test_the_keeper_lives_on_after_an_error_that_is_not_the_databases(monkeypatch, caplog):
+    """An exception of another kind in a pass (here the session set-up raising RuntimeError, three passes in a
+    row) is logged and the pass retried: the keeper thread does not die, the lease it took is renewed and
+    released as usual, and the streak's traceback is logged once (then a line at the 2nd failure)."""
     keeper = LeaseKeeper("err-node")
     failures = []
     store_class = type(store_for())
     original = store_class.prepare_keeper_session
 
-    def once(self) -> None:
-        if not failures:
+    def flaky(self) -> None:
+        if len(failures) < 3:
             failures.append(1)
             raise RuntimeError("not a database error")
         original(self)
 
-    monkeypatch.setattr(store_class, "prepare_keeper_session", once)
+    monkeypatch.setattr(store_class, "prepare_keeper_session", flaky)
     eid = running("err-1")
-    claim = keeper.begin_eager(eid, 1, wait=True)
-    assert failures and keeper.thread.is_alive()
+    with caplog.at_level("WARNING", logger="loom.leases"):
+        claim = keeper.begin_eager(eid, 1, wait=True)
+    assert len(failures) == 3 and keeper.thread.is_alive()
     assert Lease.objects.filter(execution_id=eid, owner="err-node").exists()
+    mine = [r for r in caplog.records if "err-node" in r.getMessage()]
+    assert [(r.levelname, r.exc_info is not None) for r in mine] == [("ERROR", True), ("WARNING", False)]
     claim.end()
     assert keeper.drain()
     assert Lease.objects.filter(execution_id=eid).count() == 0

@@ -1,4 +1,4 @@
-"""`manage.py bench_http`: the HTTP API end to end against serve_api on loopback (docs/bench-http.md)."""
+"""`manage.py bench_http`: the HTTP API end to end against loom_serve_api on loopback (docs/bench-http.md)."""
 
 from benchmarks.command import BenchCommand
 from benchmarks.sections import HTTP_SECTIONS
