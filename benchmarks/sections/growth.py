@@ -409,10 +409,12 @@ def _variants(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
     for repeat in range(repeats):
         for index, variant in enumerate(variants):
             vpfx = f"{pfx}v{repeat}_{index}_"
-            for start in range(0, count, 100_000):
-                store.fill_settled(vpfx, start, min(100_000, count - start), PER_STREAM, '{"data":"filled"}', days,
-                                   SETTLED_FLOW)
+            label = f"growth removal variant {variant['label']} repeat {repeat + 1}"
+            began = time.perf_counter()
+            _fill_settled(ctx, store, vpfx, count, days, label)
+            fill_s = time.perf_counter() - began
             store.checkpoint()
+            sizes_filled = store.table_sizes()
             batch = variant.get("batch", _batch(ctx, 1))
             with override_settings(LOOM_RETENTION_DAYS=None,
                                    LOOM_RETENTION_FLOWS=[f"{SETTLED_FLOW}={RETENTION_DAYS}"],
@@ -426,13 +428,14 @@ def _variants(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
                 phases: list[tuple[float, float]] = []  # removal phases (perf_counter start, end)
                 seven = bool(variant.get("seven"))
 
-                def remove(done=done, at=at, seven=seven, phases=phases) -> None:
+                def remove(done=done, at=at, seven=seven, phases=phases, due=due, label=label) -> None:
                     # the benchmark's own switch: the seven-statement deletes of the same store (an attribute
                     # of this alias's one store instance, which remove_batch uses; put back when removal ends)
                     if seven:
                         store.DELETE_ROWS_ONE = ""
                     try:
                         finished = False
+                        told = time.perf_counter()
                         while not finished:
                             t0 = time.perf_counter()
                             while time.perf_counter() - t0 < phase_s:
@@ -443,6 +446,10 @@ def _variants(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
                                 for key in ("batches", "executions", "events"):
                                     done[key] += got[key]
                             phases.append((t0, time.perf_counter()))
+                            if time.perf_counter() - told >= PROGRESS_S:  # a long run says where it is
+                                told = time.perf_counter()
+                                ctx.log(f"{label}: removed {done['executions']:,} of {due:,} executions due "
+                                        f"({done['batches']:,} batches, load {os.getloadavg()[0]:.1f})")
                             if not finished:
                                 time.sleep(phase_s)
                     finally:
@@ -460,7 +467,11 @@ def _variants(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
                 remover.join()
             ctx.verify(f"growth removal variant {variant['label']} repeat {repeat + 1}: executions removed", due,
                        done["executions"])
+            sizes_removed = store.table_sizes()
+            began = time.perf_counter()
             store.vacuum()
+            vacuum_s = time.perf_counter() - began
+            sizes_vacuumed = store.table_sizes()
             quiet, during = _by_phase(samples, phases, 0.3 * phase_s)
             on_s = sum(end - begin for begin, end in phases)
             q, d = latency_summary(quiet)["p99_ms"], latency_summary(during)["p99_ms"]
@@ -470,11 +481,14 @@ def _variants(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
                 "events_per_s": round(done["events"] / on_s, 1) if on_s else None,
                 "executions_per_s": round(done["executions"] / on_s, 1) if on_s else None,
                 "p99_quiet_ms": round(q, 2), "p99_during_ms": round(d, 2), "p99_ratio": round(d / q, 3) if q else None,
-                "appends_quiet": len(quiet), "appends_during": len(during), "load_1m": round(os.getloadavg()[0], 2)})
+                "appends_quiet": len(quiet), "appends_during": len(during), "load_1m": round(os.getloadavg()[0], 2),
+                "p50_quiet_ms": round(latency_summary(quiet)["p50_ms"], 2),
+                "p50_during_ms": round(latency_summary(during)["p50_ms"], 2),
+                "fill_s": round(fill_s, 2), "vacuum_s": round(vacuum_s, 2), "sizes_filled": sizes_filled,
+                "sizes_removed": sizes_removed, "sizes_vacuumed": sizes_vacuumed})
             pooled[variant["label"]][0].extend(quiet)
             pooled[variant["label"]][1].extend(during)
-            ctx.log(f"growth removal variant {variant['label']} repeat {repeat + 1}: "
-                    f"{results[variant['label']][-1]}")
+            ctx.log(f"{label}: {results[variant['label']][-1]}")
     params = {"events": count * PER_STREAM, "days": days, "retention_days": RETENTION_DAYS, "running": filled,
               "repeats": repeats, "phase_s": phase_s}
     for variant in variants:
@@ -490,6 +504,22 @@ def _variants(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
                    count=len(quiet))
         ctx.record(f"append, removal running [{label}]", params, throughput=None, unit="ops/s",
                    latencies_ms=during, count=len(during))
+
+
+PROGRESS_S = 30.0  # seconds between a long fill's or removal's progress lines
+
+
+def _fill_settled(ctx, store, pfx: str, count: int, days: float, label: str) -> None:
+    """`count` settled executions (`{pfx}<n>`) spread over `days`, in loads of 100,000 (one transaction each), with
+    a progress line every PROGRESS_S seconds: the issue's 10^7 events take a quarter of an hour to load."""
+    told = time.perf_counter()
+    for start in range(0, count, 100_000):
+        store.fill_settled(pfx, start, min(100_000, count - start), PER_STREAM, '{"data":"filled"}', days,
+                           SETTLED_FLOW)
+        if time.perf_counter() - told >= PROGRESS_S:
+            told = time.perf_counter()
+            ctx.log(f"{label}: filled {min(count, start + 100_000):,} of {count:,} executions "
+                    f"(load {os.getloadavg()[0]:.1f})")
 
 
 def _by_phase(samples: list[tuple[float, float]], phases: list[tuple[float, float]],
