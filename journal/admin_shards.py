@@ -151,7 +151,7 @@ class ShardedRows:
 
     def _compare(self, a, b) -> int:
         for name, descending in self.keys:
-            x, y = getattr(a, "pk" if name == "pk" else name, None), getattr(b, "pk" if name == "pk" else name, None)
+            x, y = _value(a, name), _value(b, name)
             if x == y:
                 continue
             less = y is None if x is None or y is None else x < y  # NULLs last ascending (_merge_order)
@@ -165,6 +165,14 @@ class ShardedRows:
         rows = [row for found in self._read(lambda part: list(part[:stop])) for row in found]
         rows.sort(key=cmp_to_key(self._compare))
         return rows[key]
+
+
+def _value(row, name: str):
+    """A merge key of a row: a model instance's attribute, or a `values()` row's entry (the aggregate streams'
+    list merges dicts)."""
+    if isinstance(row, dict):
+        return row.get(name)
+    return getattr(row, "pk" if name == "pk" else name, None)
 
 
 class ShardedChangeList(ChangeList):

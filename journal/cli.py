@@ -712,8 +712,24 @@ def archive(using: str | None, verb: str, name: str | None = None, ids: list[str
     from journal import retention as kept
 
     if verb == "list":
+        # Each object marked by whether a committed batch on its shard wrote it: one whose batch rolled back (or
+        # whose relaxed commit a crash lost) removed nothing, and restore refuses it. A shard that does not
+        # answer: its objects unmarked, the shard named, exit 4 after the others.
         names = kept.list_archives()
-        return Reply(names, names or ["no archives"])
+        down: dict[str, str] = {}
+        committed = kept.committed_archives(names, down)
+        data = [{"name": n, "alias": kept.archive_alias(n), "committed": committed[n]} for n in names]
+
+        def mark(name: str) -> str:
+            alias = kept.archive_alias(name)
+            if committed[name] is None:
+                return f"unknown ({alias} could not be read)" if alias in down else f"unknown (no database {alias!r})"
+            return "yes" if committed[name] else "no (no journal_removal row names it; restore refuses it)"
+
+        lines = [f"{n}  committed: {mark(n)}" for n in names]
+        if down:
+            raise _partly_unreachable({"archives": data}, down, lines, "read")
+        return Reply(data, lines or ["no archives"])
     try:
         if verb == "show":
             manifest, executions = kept.read_archive(name)

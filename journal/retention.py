@@ -327,6 +327,30 @@ def list_archives() -> list[str]:
     return sorted(found)
 
 
+def archive_alias(name: str) -> str:
+    """The alias whose batch wrote an archive object, from its name (`<prefix>/<alias>/<file>`, write_archive)."""
+    parts = name.rsplit("/", 2)
+    return parts[-2] if len(parts) == 3 else ""
+
+
+def committed_archives(names: list[str], unreachable: dict[str, str] | None = None) -> dict[str, bool | None]:
+    """Per archive object: True if a committed removal batch on its alias names it (restore takes it), False if
+    none does (its batch rolled back, or a crash lost its relaxed commit: restore refuses it), None if that alias
+    is not a database here or could not be read (then named in `unreachable`, journal.shards.read_each; without
+    it the error is raised). One statement per alias per page of names."""
+    by_alias: dict[str, list[str]] = {}
+    for name in names:
+        by_alias.setdefault(archive_alias(name), []).append(name)
+    found: dict[str, bool | None] = dict.fromkeys(names)
+    for alias, group in by_alias.items():
+        if alias not in connections.settings:
+            continue
+        for recorded in shards.read_each([alias], lambda a, group=group: _store(a).recorded_archives(group),
+                                         unreachable):
+            found.update({name: name in recorded for name in group})
+    return found
+
+
 def read_archive(name: str) -> tuple[dict, list[dict]]:
     """(manifest, one dict per execution) of an archive object, its sha256 checked."""
     storage = archive_storage()
@@ -346,7 +370,13 @@ def restore(name: str, ids: list[str] | None = None, alias: str | None = None) -
     """Put archived executions back as they were (header, events, fence, messages, flow events), all in one
     transaction; refused whole (ArchiveError, nothing written) if an id exists again. The ids restored."""
     manifest, executions = read_archive(name)
-    alias = alias or manifest.get("alias") or "default"
+    removed_from = manifest.get("alias")
+    if alias and removed_from and alias != removed_from and shards.sharded() and removed_from in shards.shards():
+        # Under LOOM_SHARDS an execution's rows live on one shard, the one its batch removed them from (where
+        # journal.shards finds its id); put back elsewhere, its id would be found on neither or on two.
+        raise ArchiveError(f"archive {name!r} holds executions removed from shard {removed_from}; they are "
+                           f"restored there, not on {alias} (leave --database out): nothing restored")
+    alias = alias or removed_from or "default"
     chosen = [e for e in executions if ids is None or e["id"] in ids]
     store = _store(alias)
     ops = connections[alias].ops

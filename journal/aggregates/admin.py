@@ -17,13 +17,14 @@ import django
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, Max
+from django.db.models import CharField, Count, Max, Value
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from journal import shards
 from journal.admin_base import ReadOnlyAdmin
+from journal.admin_shards import ShardedRows
 from journal.aggregates.declarations import State, states
 from journal.aggregates.errors import AggregateError, CompactedStream
 from journal.aggregates.runtime import META, fold_events, replay
@@ -67,9 +68,15 @@ def _state(name: str) -> State:
     return found
 
 
-def _streams(state: State):
-    return (Event.objects.filter(stream_id__startswith=state.prefix).values("stream_id")
-            .annotate(version=Max("seq"), events=Count("id"), updated=Max("recorded_at")).order_by("stream_id"))
+def _streams(state: State, alias: str, query: str = ""):
+    """The state's streams on one shard (`alias`), one row each (its version, events, last event), by stream id;
+    each row names its shard (a stream's events all live on one shard: journal/shards.py)."""
+    found = Event.objects.using(alias).filter(stream_id__startswith=state.prefix)
+    if query:
+        found = found.filter(stream_id__contains=query)
+    return (found.values("stream_id")
+            .annotate(version=Max("seq"), events=Count("id"), updated=Max("recorded_at"),
+                      shard=Value(alias, output_field=CharField())).order_by("stream_id"))
 
 
 def index(request: HttpRequest) -> HttpResponse:
@@ -86,15 +93,17 @@ def stream_list(request: HttpRequest, state: str) -> HttpResponse:
     """The streams of one state, paginated, optionally filtered by an id substring (`?q=`)."""
     st = _state(state)
     query = request.GET.get("q", "").strip()
-    streams = _streams(st)
-    if query:
-        streams = streams.filter(stream_id__contains=query)
+    # Every shard's streams (LOOM_SHARDS; else the one database the journal lives on), merged by stream id and
+    # paged over all of them (admin_shards.ShardedRows: one COUNT per shard, a page reads its end's worth of rows
+    # from each). A shard that cannot be read is left out and named on the page; the others are listed.
+    streams = ShardedRows([_streams(st, alias, query) for alias in shards.shards()], skip_unreachable=True)
     page = Paginator(streams, STREAMS_PER_PAGE).get_page(request.GET.get("page"))
     for row in page.object_list:
         row["id"] = row["stream_id"][len(st.prefix):]
         row["when"] = stamp(row["updated"])
     return _render(request, "streams.html", {"title": f"{st.name} aggregates", "state": st, "page": page, "q": query,
-                                             "crumbs": _crumbs(st)})
+                                             "crumbs": _crumbs(st), "sharded": shards.sharded(),
+                                             "unreachable": sorted(streams.unreachable.items())})
 
 
 def stream_detail(request: HttpRequest, state: str, id: str) -> HttpResponse:

@@ -115,6 +115,10 @@ VALUES (%s, %s, %s, %s, %s, %s, %s)
 # rolled back or was lost in a crash (a relaxed commit) names executions that batch did not remove; a later
 # batch removed them (if it did) with an archive of its own, the one to restore. A plain read, no lock.
 RECORDED_ARCHIVE = "SELECT 1 FROM journal_removal WHERE archive = %s"
+# -- recorded_archives -- (archive list) of these archive objects, those a committed batch of this shard wrote:
+# RECORDED_ARCHIVE for a page of names in one statement. A plain read, no lock.
+RECORDED_ARCHIVES = "SELECT archive FROM journal_removal WHERE archive IN ({marks})"
+RECORDED_PAGE = 500  # names per statement (SQLite's parameter limit is far above)
 
 # == compaction (journal/compaction.py): an aggregate stream's events before its newest snapshot ==========
 # -- compact_candidates -- streams of one state (their prefix) that have a snapshot, with the newest snapshot's
@@ -293,6 +297,16 @@ class RetentionStore(DatabaseBound):
     def recorded_archive(self, name: str) -> bool:
         """Whether a committed removal batch names this archive object (else its batch rolled back or was lost)."""
         return bool(self._rows(RECORDED_ARCHIVE, [name]))
+
+    def recorded_archives(self, names: Sequence[str]) -> set[str]:
+        """Of these archive objects, those a committed removal batch on this alias names."""
+        found: set[str] = set()
+        names = list(names)
+        for start in range(0, len(names), RECORDED_PAGE):
+            page = names[start:start + RECORDED_PAGE]
+            found |= {row[0] for row in self._rows(RECORDED_ARCHIVES.format(marks=", ".join(["%s"] * len(page))),
+                                                   page)}
+        return found
 
     def record_removal(self, at: datetime, counts: dict[str, int], ids: Sequence[str], archive: str) -> None:
         self._count(RECORD_REMOVAL, [at, counts.get("executions", 0), counts.get("events", 0),
