@@ -133,10 +133,16 @@ class Batch:
     skipped: bool = False  # another remover held the shard's batch lock: nothing done
 
 
-def remove_batch(alias: str, now: datetime | None = None, limit: int | None = None) -> Batch:
+def remove_batch(alias: str, now: datetime | None = None, limit: int | None = None,
+                 cursor: dict[str, Any] | None = None) -> Batch:
     """One transaction on `alias`: lock up to `limit` removable executions, archive those whose flow is
     archived, delete all their rows, run REMOVE_HOOKS, record the batch. A failure (the archive's storage,
-    the database) rolls the whole batch back: nothing removed, nothing recorded."""
+    the database) rolls the whole batch back: nothing removed, nothing recorded.
+
+    `cursor` (run()'s, one per run of batches): per policy, the newest finished_at a committed batch of this run
+    locked; the next batch looks no further back (store SINCE: what saves it the scan over the index entries of
+    the headers the run deleted). An execution older than that which a batch left (kept by a live kin, its
+    header locked by a retry) is looked at again by the next run, not by this one."""
     now = now or timezone.now()
     limit = limit or conf.get("LOOM_RETENTION_BATCH")
     relaxed = conf.get("LOOM_RETENTION_RELAXED_COMMIT")  # read (and refused if bad) before any statement
@@ -152,13 +158,17 @@ def remove_batch(alias: str, now: datetime | None = None, limit: int | None = No
             batch.skipped = True
             return batch
         chosen: list[tuple[str, str]] = []
+        newest: dict[str, Any] = {}
         for group in groups(now):
             if len(chosen) >= limit:
                 break
-            found = store.lock_candidates(group.cutoff, limit - len(chosen), group.flows, group.exclude)
-            kept = store.kept_by_kin([eid for eid, _, _ in found])
-            kept |= _kept_by_kin_elsewhere(alias, store, [eid for eid, _, _ in found if eid not in kept])
-            chosen += [(eid, flow) for eid, flow, result in found
+            found = store.lock_candidates(group.cutoff, limit - len(chosen), group.flows, group.exclude,
+                                          since=(cursor or {}).get(group.label))
+            if found:
+                newest[group.label] = found[-1][3]  # oldest first: the last one is the newest
+            kept = store.kept_by_kin([eid for eid, *_ in found])
+            kept |= _kept_by_kin_elsewhere(alias, store, [eid for eid, *_ in found if eid not in kept])
+            chosen += [(eid, flow) for eid, flow, result, _ in found
                        if eid not in kept and _chain_settled(alias, result)]
         if not chosen:
             return batch
@@ -170,6 +180,8 @@ def remove_batch(alias: str, now: datetime | None = None, limit: int | None = No
         for hook in REMOVE_HOOKS:
             hook(batch.ids, alias)
         store.record_removal(now, batch.counts, batch.ids, batch.archive)
+    if cursor is not None:  # committed: the next batch of the run starts there (a rolled-back one moves nothing)
+        cursor.update(newest)
     log.info("retention removed %d execution(s), %d event(s) on %s%s", len(batch.ids),
              batch.counts.get("events", 0), alias, f" (archive {batch.archive})" if batch.archive else "")
     return batch
@@ -220,17 +232,19 @@ _sleep = time.sleep
 
 
 def run(alias: str, now: datetime | None = None, max_batches: int | None = None,
-        stop: threading.Event | None = None) -> dict[str, int]:
+        stop: threading.Event | None = None, cursor: dict[str, Any] | None = None) -> dict[str, int]:
     """Batches on `alias` until nothing is due (or another remover holds the lock, or `stop` is set): the
     totals. After a batch that took t seconds it pauses LOOM_RETENTION_DUTY * t (0: none), so that a long
-    removal leaves the appends' commits that share its cores, WAL and disk a share of the time."""
+    removal leaves the appends' commits that share its cores, WAL and disk a share of the time. Each batch
+    starts where the run's previous one ended (remove_batch's `cursor`; pass one to go on with another run's)."""
     duty = conf.get("LOOM_RETENTION_DUTY")  # read (and refused if bad) before any batch
+    cursor = {} if cursor is None else cursor
     totals = {"batches": 0, "executions": 0, "events": 0, "messages": 0, "flow_events": 0}
     while max_batches is None or totals["batches"] < max_batches:
         if stop is not None and stop.is_set():
             break
         began = _clock()
-        batch = remove_batch(alias, now)
+        batch = remove_batch(alias, now, cursor=cursor)
         if batch.skipped or not batch.ids:
             break
         totals["batches"] += 1

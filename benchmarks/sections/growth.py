@@ -65,7 +65,8 @@ def add_arguments(parser) -> None:
                         help="Compare removal settings within one run (instead of the rounds above): entries "
                              "joined by commas, each tokens joined by '+': 'default', 'duty=K' "
                              "(LOOM_RETENTION_DUTY), 'batch=N' (LOOM_RETENTION_BATCH), 'sync' (relaxed commit "
-                             "off), 'seven' (seven DELETEs instead of one statement, PostgreSQL). Each repeat "
+                             "off), 'seven' (seven DELETEs instead of one statement, PostgreSQL), "
+                             "'nocursor' (each batch scans from the oldest finished_at: no run cursor). Each repeat "
                              "runs every variant in turn: a fresh settled fill, then removal in phases "
                              "(--growth-removal-phase-s) with appends running throughout; recorded per variant: "
                              "removal rate and p99 ratio "
@@ -350,7 +351,8 @@ def _ratios(after: dict | None, before: dict | None) -> dict | None:
 
 
 def _variants_arg(text: str) -> list[dict]:
-    """`default,duty=1,sync+batch=100` as one dict per variant ({"label", "duty", "batch", "relaxed", "seven"})."""
+    """`default,duty=1,sync+batch=100` as one dict per variant ({"label", "duty", "batch", "relaxed", "seven",
+    "nocursor"})."""
     import argparse
 
     found = []
@@ -365,6 +367,8 @@ def _variants_arg(text: str) -> list[dict]:
                     variant["relaxed"] = False
                 elif key == "seven" and not value:
                     variant["seven"] = True
+                elif key == "nocursor" and not value:
+                    variant["nocursor"] = True
                 elif key == "duty" and float(value) >= 0 and float(value) < float("inf"):
                     variant["duty"] = float(value)
                 elif key == "batch" and int(value) >= 1:
@@ -372,8 +376,8 @@ def _variants_arg(text: str) -> list[dict]:
                 else:
                     raise ValueError(token)
             except ValueError:
-                raise argparse.ArgumentTypeError(f"{entry!r}: tokens are default, sync, seven, duty=K (K >= 0), "
-                                                 "batch=N (N >= 1)") from None
+                raise argparse.ArgumentTypeError(f"{entry!r}: tokens are default, sync, seven, nocursor, "
+                                                 "duty=K (K >= 0), batch=N (N >= 1)") from None
         found.append(variant)
     if not found:
         raise argparse.ArgumentTypeError("at least one variant")
@@ -426,9 +430,10 @@ def _variants(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
                 due = store.due(group.cutoff, group.flows)
                 done: dict = {"batches": 0, "executions": 0, "events": 0, "on_s": 0.0}
                 phases: list[tuple[float, float]] = []  # removal phases (perf_counter start, end)
-                seven = bool(variant.get("seven"))
+                seven, nocursor = bool(variant.get("seven")), bool(variant.get("nocursor"))
 
-                def remove(done=done, at=at, seven=seven, phases=phases, due=due, label=label) -> None:
+                def remove(done=done, at=at, seven=seven, nocursor=nocursor, phases=phases, due=due,
+                           label=label) -> None:
                     # the benchmark's own switch: the seven-statement deletes of the same store (an attribute
                     # of this alias's one store instance, which remove_batch uses; put back when removal ends)
                     if seven:
@@ -436,10 +441,12 @@ def _variants(ctx, pfx: str, filled: int, ops: int, swept: set[str]) -> None:
                     try:
                         finished = False
                         told = time.perf_counter()
+                        cursor: dict = {}  # one run of batches, cut into phases: each batch goes on from the last
                         while not finished:
                             t0 = time.perf_counter()
                             while time.perf_counter() - t0 < phase_s:
-                                got = retention.run(store.alias, now=at, max_batches=1)
+                                got = retention.run(store.alias, now=at, max_batches=1,
+                                                    cursor=None if nocursor else cursor)
                                 if not got["batches"]:
                                     finished = True
                                     break
