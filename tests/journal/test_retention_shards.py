@@ -12,7 +12,6 @@ On two real PostgreSQL servers (5432 and the `shard1` cluster on 5433, scripts/s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
