@@ -50,8 +50,9 @@ WHERE x.status IN ('completed', 'failed', 'cancelled') AND x.finished_at < %s {f
 # -- since -- (lock_candidates) the candidates' lower bound within one run of batches: the newest finished_at the
 # run's previous batch locked. Removal goes oldest first, so the head of journal_exec_finished holds the index
 # entries of the headers the run already deleted until a VACUUM clears them, and the scan for the next batch
-# steps over every one of them (measured: 0.7 ms a batch at the start of a 270,000-execution removal, 14 ms at its
-# end). `>=`: an execution finished at that same instant is still found.
+# steps over every one of them (measured, docs/benchmarks.md "per-batch profile": 1 ms a batch at the start of a
+# 277,500-execution removal, 27 ms at its end; with this bound 0.5-0.7 ms throughout). `>=`: an execution finished
+# at that same instant is still found.
 SINCE = "AND x.finished_at >= %s"
 
 # -- kept_by_kin -- of the locked candidates, those a live kin keeps: a child it started (STEP_COMPLETED of
