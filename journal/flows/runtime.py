@@ -192,8 +192,22 @@ class Runner:
     # -- what the wait primitives of DurableContext need (journal/flows/waits.py) --
     def take_message(self, pos: int, name: str, topic: str) -> tuple[Any] | None:
         """Consume the oldest pending message of `topic` and record it as the wait's result, in ONE
-        transaction (exactly once: a crash before the commit leaves both undone); (payload,) or None."""
-        return waits.take_message(self, pos, name, topic)
+        transaction (exactly once: a crash before the commit leaves both undone); (payload,) or None. The engine's
+        own: the messages' store is asked, and nothing of waits calls back into the run."""
+        store = store_for(Event.objects.db)  # the run's shard (bound)
+        eid = self.run.execution_id
+        while True:
+            found = store.pending_message(eid, topic)
+            if found is None:
+                return None
+            row_id, message_id, payload = found
+            with atomic(Event.objects.db):
+                if not store.consume_message(row_id, self.run.tip + len(self.pending) + 1, now()):
+                    continue  # consumed by a run that took over since (this one's write is refused next)
+                self.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": 1, "result": payload,
+                                              "message_id": message_id, "ms": None})
+                self.flush()  # a Halt here rolls the consumption back with it
+            return (payload,)
 
     def put_event(self, key: str, value: Any) -> None:
         waits.put_event(self.run.execution_id, key, value)

@@ -69,25 +69,9 @@ def _alias() -> str:
     return Event.objects.db
 
 
-# == the runner's side ==================================================================================
-# The engine (journal/flows/runtime.py) writes a run's wait row through the writer (writer.park), as every write
-# of a run; a settle's message carry and parent wake-up ride in its writer pass (writer.Settle.parent, onward).
-def take_message(runner, pos: int, name: str, topic: str) -> tuple[Any] | None:
-    store = _store()
-    eid = runner.run.execution_id
-    while True:
-        found = store.pending_message(eid, topic)
-        if found is None:
-            return None
-        row_id, message_id, payload = found
-        with atomic(_alias()):
-            seq = runner.run.tip + len(runner.pending) + 1
-            if not store.consume_message(row_id, seq, now()):
-                continue  # consumed by a run that took over since (this one's write is refused next)
-            runner.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": 1, "result": payload,
-                                            "message_id": message_id, "ms": None})
-            runner.flush()  # a Halt here rolls the consumption back with it
-        return (payload,)
+# == what the engine asks (journal/flows/runtime.py's Runner): the policy, never a call back into the run ========
+# A run's own writes are the writer's (journal/flows/writer.py): its wait row (writer.park), a settle's message carry
+# and parent wake-up (in its write pass: writer.Settle.onward, parent); a recv's consume is the engine's own step.
 
 
 def put_event(execution_id: str, key: str, value: Any) -> None:
