@@ -1,4 +1,5 @@
-"""THE write point of durable runs: every journal write of a run goes through `write()`.
+"""THE write point of durable runs: every journal write of a run goes through `write()`, its wait row
+through `park()`.
 
 One serial tail per execution: a run appends its own events in order, guarded by its fence token
 and the tip it expects, so events of one execution never interleave. This module decides WHAT a
