@@ -14,7 +14,7 @@ Three kinds of write, chosen by the run's state:
 - settle (a terminal header change given): the append plus the header update, together; for a child
   or a continuing run, in one transaction with what the settle owes others (`Settle.parent`: the
   parent's wait woken; `Settle.onward`: the unconsumed messages carried to the next run).
-And after the events, a run that waits writes its wait row (`park`): the same pass, one call of the engine.
+A run that waits writes its wait row after its events (`park`: the row and status waiting, under its fence).
 
 The cross-stream coalescer (LOOM_COALESCE, on by default, journal/coalesce.py) plugs in here:
 mid-run appends go through it as the journal's `append` kind, and the bootstrap and the settle as
