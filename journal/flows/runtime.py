@@ -122,18 +122,10 @@ class Runner:
             owner = getattr(self.claim, "settle_owner", None)
             if owner is not None:  # ... and delete it in the settle statement
                 settle.companion, settle.lease_owner = ownership.companion(), owner
-        parent = self.state.meta.get("$parent") if settle is not None else None
-        onward = self.continued_to if settle is not None else None
+        if settle is not None:  # what the settle owes others, written in its transaction (writer.write)
+            settle.parent, settle.onward = self.state.meta.get("$parent"), self.continued_to
         try:
-            if parent or onward:
-                with atomic(waits._alias()):
-                    writer.write(run, envelopes, settle)  # the header settles (locked) first: a send
-                    if onward:  # after it follows the chain; one before it is carried here
-                        waits.carry_messages(run.execution_id, onward)
-                    if parent:  # a child's settle wakes its parent in the same transaction (no crash gap)
-                        waits.wake_parent(parent, run.execution_id)
-            else:
-                writer.write(run, envelopes, settle)
+            writer.write(run, envelopes, settle)
         except StreamExists:
             raise Halt(_exists(run.execution_id)) from None
         except UnknownStream as exc:
@@ -200,8 +192,22 @@ class Runner:
     # -- what the wait primitives of DurableContext need (journal/flows/waits.py) --
     def take_message(self, pos: int, name: str, topic: str) -> tuple[Any] | None:
         """Consume the oldest pending message of `topic` and record it as the wait's result, in ONE
-        transaction (exactly once: a crash before the commit leaves both undone); (payload,) or None."""
-        return waits.take_message(self, pos, name, topic)
+        transaction (exactly once: a crash before the commit leaves both undone); (payload,) or None. The engine's
+        own: the messages' store is asked, and nothing of waits calls back into the run."""
+        store = store_for(Event.objects.db)  # the run's shard (bound)
+        eid = self.run.execution_id
+        while True:
+            found = store.pending_message(eid, topic)
+            if found is None:
+                return None
+            row_id, message_id, payload = found
+            with atomic(Event.objects.db):
+                if not store.consume_message(row_id, self.run.tip + len(self.pending) + 1, now()):
+                    continue  # consumed by a run that took over since (this one's write is refused next)
+                self.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": 1, "result": payload,
+                                              "message_id": message_id, "ms": None})
+                self.flush()  # a Halt here rolls the consumption back with it
+            return (payload,)
 
     def put_event(self, key: str, value: Any) -> None:
         waits.put_event(self.run.execution_id, key, value)
@@ -213,10 +219,11 @@ class Runner:
         return waits.child_outcome(child_id)
 
     def park(self, spec: WaitSpec) -> Outcome:
-        """Write what is pending, then the wait row and status waiting; the thread and lease go."""
+        """Write what is pending, then the wait row and status waiting (the writer's); the thread and lease go."""
         if self.pending:
             self.flush()
-        waits.park(self.run, spec)
+        if not writer.park(self.run, spec):
+            raise Halt(OwnershipLost(self.run.execution_id, "another run took it over before it could park"))
         self.let_go = True
         return Outcome(self.run.execution_id, "waiting", None, None)
 
@@ -321,45 +328,49 @@ class Runner:
 
     def ended(self, ctx: DurableContext, flow: Flow, exc: BaseException) -> Outcome:
         """The flow's code (or `returned`) raised: park, continue as new, or fail; a Halt is raised on."""
-        eid = self.run.execution_id
         if isinstance(exc, Park):
             return self.park(exc.spec)
         if isinstance(exc, ContinueAsNew):
-            ctx.check_consumed()
-            self.boundary()
-            try:
-                # The next run is written in the transaction of this run's settle: a run fenced off
-                # meanwhile (a cancel took it) leaves no next run behind to run unowned.
-                with atomic(waits._alias()):
-                    next_id = waits.continue_run(self.state, flow, exc.input)
-                    result = {"continued_as": next_id}
-                    self.continued_to = next_id
-                    self.emit(ev.EXECUTION_CONTINUED, {"next": next_id, "result": result})
-                    self.flush(writer.Settle("completed", result))
-            except (InvalidInput, ExecutionExists) as refused:
-                error = _error_text(refused)
-                self.emit(ev.EXECUTION_FAILED, {"error": error})
-                self.flush(writer.Settle("failed", None, error))
-                return Outcome(eid, "failed", None, error)
-            self.after_settle()
-            return Outcome(eid, "completed", result, None)
+            return self.continued(ctx, flow, exc)
         if isinstance(exc, Halt):
             raise exc
         # SystemExit, KeyboardInterrupt too: the flow failed (context.CONTROL)
         secrets = self.secrets()
         error = _error_text(exc, secrets)
         self.boundary()
-        self.emit(ev.EXECUTION_FAILED, {"error": error, **exit_trace(exc, secrets)})
-        self.flush(writer.Settle("failed", None, error))
-        self.after_settle()
-        return Outcome(eid, "failed", None, error)
+        return self.settle(ev.EXECUTION_FAILED, {"error": error, **exit_trace(exc, secrets)}, "failed", None, error)
 
     def completed(self, result: Any) -> Outcome:
         self.boundary()
-        self.emit(ev.EXECUTION_COMPLETED, {"result": result})
-        self.flush(writer.Settle("completed", result))
-        self.after_settle()
-        return Outcome(self.run.execution_id, "completed", result, None)
+        return self.settle(ev.EXECUTION_COMPLETED, {"result": result}, "completed", result)
+
+    def continued(self, ctx: DurableContext, flow: Flow, exc: ContinueAsNew) -> Outcome:
+        """continue_as_new: the next run is written in the transaction of this run's settle, so a run fenced off
+        meanwhile (a cancel took it) leaves no next run behind to run unowned; a next run refused fails this one."""
+        ctx.check_consumed()
+        self.boundary()
+        try:
+            with atomic(Event.objects.db):  # the run's shard (bound): the next run is placed with its root
+                next_id = waits.continue_run(self.state, flow, exc.input)
+                result = {"continued_as": next_id}
+                self.continued_to = next_id
+                outcome = self.settle(ev.EXECUTION_CONTINUED, {"next": next_id, "result": result}, "completed",
+                                      result, after=False)
+        except (InvalidInput, ExecutionExists) as refused:
+            error = _error_text(refused)
+            return self.settle(ev.EXECUTION_FAILED, {"error": error}, "failed", None, error, after=False)
+        self.after_settle()  # after the commit (best effort), as every settle
+        return outcome
+
+    def settle(self, type_: str, payload: dict, status: str, result: Any = None, error: str = "",
+               after: bool = True) -> Outcome:
+        """THE end of a run that settles: its last event and the header's terminal state in one writer pass
+        (with what the settle owes a parent or the next run), then its wait row dropped (`after`)."""
+        self.emit(type_, payload)
+        self.flush(writer.Settle(status, result, error))
+        if after:
+            self.after_settle()
+        return Outcome(self.run.execution_id, status, result, None if status == "completed" else error)
 
     def halted(self, halt: Halt) -> Outcome:
         outcome = _halted(self.run.execution_id, halt.error)  # raises unless a cancel took the execution over

@@ -29,7 +29,6 @@ import logging
 import time
 from typing import Any
 
-from django.db import transaction
 from ulid import ULID
 
 from journal import conf, envelopes, jsonvalues, shards
@@ -38,12 +37,11 @@ from journal.envelopes import Envelope
 from journal.exceptions import InvalidPayload, InvalidStream, StaleFence, StreamExists
 from journal.flows import event_listener, writer
 from journal.flows import events as ev
-from journal.flows.context import Halt, WaitSpec, check_label, check_name, check_seconds, iso, now, parse_time
+from journal.flows.context import WaitSpec, check_label, check_name, check_seconds, iso, now, parse_time
 from journal.flows.errors import (
     ExecutionExists,
     ExecutionFinished,
     InvalidInput,
-    OwnershipLost,
     UnknownExecution,
 )
 from journal.flows.outcome import Outcome
@@ -58,7 +56,7 @@ from journal.store.base import WaitRecord
 
 log = logging.getLogger("loom.flows")
 
-WAITING_STATUS = "waiting"
+WAITING_STATUS = writer.WAITING_STATUS  # a parked run's header status (writer.park writes it)
 SUSPENDED_STATUS = "suspended"
 
 
@@ -71,31 +69,9 @@ def _alias() -> str:
     return Event.objects.db
 
 
-# == the runner's side ==================================================================================
-def park(run: writer.RunHandle, spec: WaitSpec) -> None:
-    """The wait row and status waiting, under the run's fence; OwnershipLost if it moved on."""
-    record = WaitRecord(run.execution_id, run.flow, spec.kind, spec.pos, run.token, spec.due_at, spec.topic,
-                        spec.child)
-    if _store().park(record, WAITING_STATUS) is False:
-        raise Halt(OwnershipLost(run.execution_id, "another run took it over before it could park"))
-
-
-def take_message(runner, pos: int, name: str, topic: str) -> tuple[Any] | None:
-    store = _store()
-    eid = runner.run.execution_id
-    while True:
-        found = store.pending_message(eid, topic)
-        if found is None:
-            return None
-        row_id, message_id, payload = found
-        with atomic(_alias()):
-            seq = runner.run.tip + len(runner.pending) + 1
-            if not store.consume_message(row_id, seq, now()):
-                continue  # consumed by a run that took over since (this one's write is refused next)
-            runner.emit(ev.STEP_COMPLETED, {"step": name, "pos": pos, "attempt": 1, "result": payload,
-                                            "message_id": message_id, "ms": None})
-            runner.flush()  # a Halt here rolls the consumption back with it
-        return (payload,)
+# == what the engine asks (journal/flows/runtime.py's Runner): the policy, never a call back into the run ========
+# A run's own writes are the writer's (journal/flows/writer.py): its wait row (writer.park), a settle's message carry
+# and parent wake-up (in its write pass: writer.Settle.onward, parent); a recv's consume is the engine's own step.
 
 
 def put_event(execution_id: str, key: str, value: Any) -> None:
@@ -185,31 +161,6 @@ def _current_run(execution_id: str, header=None) -> str:
     return chain_current(execution_id) if header is not None and _continued(header) else execution_id
 
 
-def carry_messages(from_id: str, to_id: str) -> int:
-    """In the continuing run's settle transaction: its unconsumed messages move to the next run and its
-    flow events are copied to it (get_event of a continued run reads the chain's newest run)."""
-    return _store().carry_messages(from_id, to_id, now())
-
-
-def wake_parent(parent_id: str, child_id: str) -> None:
-    """Make the parent's wait for this child due now (called inside the child's settle transaction). A
-    parent on another shard (a child id of the caller's own) is woken once the settle committed: nothing
-    is atomic across shards; if this process dies in between, the parent's re-check (LOOM_WAIT_RECHECK)
-    sees the settled child."""
-    here, there = Event.objects.db, shards.shard_for(parent_id)
-    if there == here:
-        _store().wake_wait(parent_id, now(), child=child_id)
-        return
-
-    def wake() -> None:
-        try:
-            _store(parent_id).wake_wait(parent_id, now(), child=child_id)
-        except Exception:  # its re-check finds the child settled
-            log.exception("could not wake parent %s of %s on shard %s", parent_id, child_id, there)
-
-    transaction.on_commit(wake, using=here)
-
-
 def after_settle(state: ExecutionState) -> None:
     """A run that waited drops its wait row (best effort: a stale row is deleted by the next claim)."""
     # Wait primitives ("$..." steps), a scheduled start, or a parked retry backoff (a STEP_FAILED with
@@ -243,7 +194,7 @@ def schedule_here(flow: str, stored: Any, execution_id: str, due, extra: dict | 
         raise InvalidInput(str(exc)) from None
     deadline = (extra or {}).get("$deadline")
     wake_at = due if not deadline or parse_time(deadline) > due else parse_time(deadline)
-    _store().park(WaitRecord(execution_id, flow, "start", -1, run.token, wake_at), WAITING_STATUS)
+    writer.park(run, WaitSpec("start", -1, wake_at))  # a fresh bootstrap's fence: nobody took it over
     return Outcome(execution_id, WAITING_STATUS, None, None)
 
 

@@ -1,4 +1,5 @@
-"""THE write point of durable runs: every journal write of a run goes through `write()`.
+"""THE write point of durable runs: every journal write of a run goes through `write()`, its wait row
+through `park()`.
 
 One serial tail per execution: a run appends its own events in order, guarded by its fence token
 and the tip it expects, so events of one execution never interleave. This module decides WHAT a
@@ -10,7 +11,10 @@ Three kinds of write, chosen by the run's state:
 - bootstrap (the run holds no token yet): sequence 0.. plus fence token 1 plus the header row;
   StreamExists if the id exists;
 - append: the run's events, fenced and at the expected tip;
-- settle (a terminal header change given): the append plus the header update, together.
+- settle (a terminal header change given): the append plus the header update, together; for a child
+  or a continuing run, in one transaction with what the settle owes others (`Settle.parent`: the
+  parent's wait woken; `Settle.onward`: the unconsumed messages carried to the next run).
+A run that waits writes its wait row after its events (`park`: the row and status waiting, under its fence).
 
 The cross-stream coalescer (LOOM_COALESCE, on by default, journal/coalesce.py) plugs in here:
 mid-run appends go through it as the journal's `append` kind, and the bootstrap and the settle as
@@ -22,22 +26,31 @@ A run that finds the coalescer idle writes directly, exactly as without it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import transaction
+
 from journal import coalesce, jsonvalues, shards
+from journal.atomic import atomic
 from journal.envelopes import AppendItem, Envelope
 from journal.exceptions import AppendRefused, BatchRefused
 from journal.flows import events as ev
 from journal.flows import registry
+from journal.flows.context import WaitSpec, now
 from journal.flows.errors import ExecutionExists
 from journal.flows.ownership import Companion, InlineLease
 from journal.ids import check_stored_id
 from journal.models import Event
 from journal.privacy.codec import withhold
 from journal.store import store_for
-from journal.store.base import ExecutionBoot, ExecutionSettle, ExecutionStore
+from journal.store.base import ExecutionBoot, ExecutionSettle, ExecutionStore, WaitRecord
+
+log = logging.getLogger("loom.flows")
+
+WAITING_STATUS = "waiting"
 
 
 @dataclass(slots=True)
@@ -53,6 +66,10 @@ class Settle:
     companion: Companion | None = None
     lease_owner: str | None = None
     released: bool = False
+    # What the settle owes others, written in its transaction (no crash gap): a child's settle wakes its
+    # parent's wait; a run that continued as new carries its unconsumed messages to the next run.
+    parent: str | None = None
+    onward: str | None = None
 
 
 @dataclass(slots=True)
@@ -97,8 +114,29 @@ def write(run: RunHandle, envelopes: list[Envelope], settle: Settle | None = Non
     existing id) or an AppendRefused (StaleFence after a takeover); nothing is written then.
 
     One pass for every kind: the run's store is the bound shard's (its entry point bound it: start, resume, a
-    worker), `_request` makes what is written, and it goes to that shard's coalescer (LOOM_COALESCE) or store."""
+    worker), `_request` makes what is written, and it goes to that shard's coalescer (LOOM_COALESCE) or store.
+    A settle that owes others (a parent, the next run) writes it in the same transaction, after the header."""
     store = store_for(Event.objects.db)
+    if settle is None or not (settle.parent or settle.onward):
+        return _write(run, envelopes, settle, store)
+    with atomic(store.alias):
+        tip = _write(run, envelopes, settle, store)  # the header settles (locked) first: a send after it
+        if settle.onward:  # follows the chain; one before it is carried here
+            store.carry_messages(run.execution_id, settle.onward, now())
+        if settle.parent:  # a child's settle wakes its parent in the same transaction (no crash gap)
+            _wake_parent(store, settle.parent, run.execution_id)
+    return tip
+
+
+def park(run: RunHandle, spec: WaitSpec) -> bool:
+    """The run's wait row and status waiting, under its fence (after its pending events: `write`); False if
+    the fence moved on (another run took it over: nothing written)."""
+    record = WaitRecord(run.execution_id, run.flow, spec.kind, spec.pos, run.token, spec.due_at, spec.topic,
+                        spec.child)
+    return store_for(Event.objects.db).park(record, WAITING_STATUS) is not False
+
+
+def _write(run: RunHandle, envelopes: list[Envelope], settle: Settle | None, store: ExecutionStore) -> int:
     kind, item, encoded, request = _request(run, envelopes, settle, store)
     if coalesce.enabled():  # merged with other executions' requests of its kind (adaptive: alone, direct)
         outcome = coalesce.submit(kind, run.execution_id, request, store.alias)
@@ -149,6 +187,25 @@ def _request(run: RunHandle, envelopes: list[Envelope], settle: Settle | None,
         run.companion if lease else None, lease.owner if lease else None, lease.ttl if lease else None,
         run.version,
     )
+
+
+def _wake_parent(store: ExecutionStore, parent_id: str, child_id: str) -> None:
+    """Make the parent's wait for this child due now, inside the child's settle transaction. A parent on
+    another shard (a child id of the caller's own) is woken once the settle committed: nothing is atomic
+    across shards; if this process dies in between, the parent's re-check (LOOM_WAIT_RECHECK) sees the
+    settled child."""
+    here, there = store.alias, shards.shard_for(parent_id)
+    if there == here:
+        store.wake_wait(parent_id, now(), child=child_id)
+        return
+
+    def wake() -> None:
+        try:
+            store_for(there).wake_wait(parent_id, now(), child=child_id)
+        except Exception:  # its re-check finds the child settled
+            log.exception("could not wake parent %s of %s on shard %s", parent_id, child_id, there)
+
+    transaction.on_commit(wake, using=here)
 
 
 def header_status(execution_id: str) -> tuple[str, str, Any, str] | None:
