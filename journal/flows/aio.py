@@ -68,7 +68,7 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
-from journal import conf
+from journal import conf, telemetry
 from journal.flows.context import Awaited, DurableContext, check_moment, check_seconds, now
 from journal.flows.errors import InvalidInput
 from journal.reach import cannot_reach
@@ -437,6 +437,23 @@ async def in_context(context: contextvars.Context, fn: Callable, *args: Any, **k
 
 
 # == runs driven from the loop ============================================================================
+def traced(adrive: Callable) -> Callable:
+    """Wraps Runner.adrive as telemetry.traced_run wraps Runner._drive: the run counted and, with tracing on, its
+    `loom.run` span (telemetry.run_span) around it, its steps' and waits' spans inside (on_event opens them in
+    the pool threads, in copies of the run's task context: they see its span). The span's parent may need a read
+    of the execution's first event (telemetry.run_parent): in the pool, never on the loop."""
+
+    @functools.wraps(adrive)
+    async def wrapper(runner, flow, value):
+        if not telemetry.TRACING and not telemetry.METRICS:
+            return await adrive(runner, flow, value)
+        parent = await in_pool(telemetry.run_parent, runner) if telemetry.TRACING else None
+        with telemetry.run_span(runner, flow, parent) as settled:
+            return settled(await adrive(runner, flow, value))
+
+    return wrapper
+
+
 class _Slot:
     """Where Runner.drive leaves an async run for the awaitable face that called it (hand_back)."""
 
@@ -474,15 +491,28 @@ def _with_slot(slot: _Slot, fn: Callable, *args: Any, **kwargs: Any) -> Any:
 _live: set[asyncio.Task] = set()  # runs driven on the loop (a strong reference: the loop keeps only weak ones)
 
 
+async def begin_driven(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, tuple | None]:
+    """`fn` (start, resume, a worker's begin of a claimed queue entry: queues/service.py) in the pool, where an
+    async run it begins is handed back instead of driven there: (its outcome, None), or (HANDED_BACK, the run)
+    for `drive_handed`. Split from `_driven` so that a caller tells an error of the begin from one of the run."""
+    slot = _Slot()
+    outcome = await in_pool(_with_slot, slot, fn, *args, **kwargs)
+    return outcome, (slot.taken if outcome is HANDED_BACK else None)
+
+
 async def _driven(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """`fn` (start, resume) in the pool; an async run it begins is driven on the process loop (Runner.adrive),
     holding a pool thread only during each journal call. A caller that stops awaiting (a client gone) leaves
     the run going on, as a caller's thread would."""
-    slot = _Slot()
-    outcome = await in_pool(_with_slot, slot, fn, *args, **kwargs)
-    if outcome is not HANDED_BACK:
-        return outcome
-    runner, flow, value, context = slot.taken
+    outcome, taken = await begin_driven(fn, *args, **kwargs)
+    return outcome if taken is None else await drive_handed(taken)
+
+
+async def drive_handed(taken: tuple) -> Any:
+    """Drive a run `begin_driven` handed back, on the process loop (Runner.adrive, as a task of its own in the
+    context the begin left it: its shard binding), and await its outcome; shielded, so a caller that stops
+    awaiting leaves the run going on."""
+    runner, flow, value, context = taken
     target = loop()
 
     def begin() -> asyncio.Task:
