@@ -84,7 +84,10 @@ def test_workers_sigkilled_at_random_moments_under_200_queued_async_flows_on_the
     finishes: each effect once, each message consumed once, none lost."""
     settings.LOOM_QUEUES = {"apq": {"concurrency": 1000}}
     loop_env = {"LOOM_WAIT_INLINE_MAX": "15", "LOOM_QUEUE_THREADS": "2", "LOOM_QUEUE_ASYNC_RUNS": "150",
-                "LOOM_QUEUE_POLL": "0.05", "LOOM_QUEUES": json.dumps({"apq": {"concurrency": 1000}})}
+                "LOOM_QUEUE_POLL": "0.05", "LOOM_QUEUES": json.dumps({"apq": {"concurrency": 1000}}),
+                # Each kill is a recovery attempt of every run in flight (and a loaded machine's lapsed 1 s leases
+                # more): this test is about exactly-once, not about when recovery gives up (stuck).
+                "LOOM_RECOVERY_MAX_ATTEMPTS": "100"}
     ids = [f"aq-{i:03d}" for i in range(2 * PAIRS)]
     for i, eid in enumerate(ids):
         # Sleeps of 2 s to 11 s, in-process (under the workers' LOOM_WAIT_INLINE_MAX): on their loops when a kill comes
