@@ -8,7 +8,9 @@ tests/leases/test_connection_budget.py (pg_stat_activity by application_name):
   queue dispatcher and its LISTEN session, the cron schedules (6, `WORKER_SERVICES`; the drains of projections
   add theirs when projections are declared);
 - while busy, up to one more per thread of its pools: LOOM_QUEUE_THREADS queue runners (they keep their sessions),
-  LOOM_WAIT_BATCH woken runs and LOOM_RECOVERY_BATCH recovered runs (each closes its own when its run ends);
+  LOOM_WAIT_BATCH woken runs and LOOM_RECOVERY_BATCH recovered runs (each closes its own when its run ends), and
+  the LOOM_ASYNC_DB_THREADS pool that makes the journal calls of the queued async runs on its event loop
+  (LOOM_QUEUE_ASYNC_RUNS of them hold these few sessions between them, none of their own: queues/loop.py);
 - with its django-q2 cluster (not --no-cluster): LOOM_Q_WORKERS worker processes and the cluster's own (3);
 - a loom_serve_api worker: one per request thread (`--threads`), plus its lease keeper, its coalescer and its
   get_event LISTEN session (`API_EXTRA`).
@@ -34,6 +36,8 @@ def worker_connections(cluster: bool = True) -> dict[str, int]:
         "LOOM_WAIT_BATCH": conf.get("LOOM_WAIT_BATCH"),
         "LOOM_RECOVERY_BATCH": conf.get("LOOM_RECOVERY_BATCH"),
     }
+    if conf.get("LOOM_QUEUE_THREADS") and conf.get("LOOM_QUEUE_ASYNC_RUNS"):  # the dispatcher has a loop lane
+        parts["LOOM_ASYNC_DB_THREADS"] = pool_size()
     if cluster:
         q_workers = int((getattr(settings, "Q_CLUSTER", None) or {}).get("workers") or 0)
         parts["django-q2 cluster (Q_CLUSTER workers + its own)"] = q_workers + CLUSTER_OWN
@@ -58,8 +62,9 @@ def planned_connections() -> int | None:
 
 def async_caller_connections() -> int:
     """The most sessions the awaitable faces (astart, aget_event, ...: journal/flows/aio.py) add to a process that
-    calls them from async code: one per thread of their pool. A worker running async flows adds none: an async
-    run's journal calls are made in the thread that drives it (a queue runner's, the waker's, recovery's)."""
+    calls them from async code: one per thread of their pool. In a worker the same pool serves the queued async
+    runs of its loop lane (counted in worker_connections); the async runs its waker and recovery sweep resume make
+    their journal calls in the thread that drives them."""
 
     return pool_size()
 
