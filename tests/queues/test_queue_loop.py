@@ -1,6 +1,7 @@
 """The loop lane of the queue dispatcher (queues/loop.py), in process: LOOM_QUEUE_ASYNC_RUNS is checked like every
 setting (loom.E001); a flow registered sync never goes to the loop lane; a claimed entry of an async flow run from
-the loop (`arun_claimed`) gives the statuses, and writes the events, that `run_claimed` gives and writes on a thread.
+the loop (`arun_claimed`) gives the statuses, writes the events and has the spans that `run_claimed` gives, writes
+and has on a thread.
 The worker processes: tests/flows/test_flows_async_worker_loop.py. SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from queues.store import store_for
 from tests.fixtures import edge_waits_flows as wf
 from tests.fixtures import queue_flows  # noqa: F401  (registers queues.test.*: sync flows)
 from tests.flows import async_sleep_flows  # noqa: F401  (registers asleep.edge: an async flow)
+from tests.journal.test_telemetry import spans  # noqa: F401  (the fixture: tracing into memory)
 
 
 @given(st.integers(min_value=-10**6, max_value=10**6))
@@ -76,3 +78,30 @@ def test_an_async_entry_run_from_the_loop_gives_the_status_and_events_of_one_run
     assert len(Event.objects.read("lq-loop")) == 2 * 3 + 2
     assert collections.Counter(wf.effects("lq-")) == {(eid, step): 1 for eid in ("lq-loop", "lq-thread")
                                                       for step in ("before", "after")}  # nothing of lq-gone ran
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_entry_run_from_the_loop_has_the_spans_of_one_run_on_a_thread(
+        settings, spans, keeper_stopped_after):  # noqa: F811
+    """The dispatch span, the run's span inside it, and the steps' and the sleep's spans inside that: the same tree
+    for a run driven from the loop as for one driven on a runner thread."""
+    settings.LOOM_QUEUES = {"lq": {"concurrency": 10}}
+    wf.create_effects_table()
+    for eid in ("lqt-thread", "lqt-loop"):
+        enqueue("asleep.edge", {"seconds": 0.05}, queue="lq", execution_id=eid)
+    entries = {entry.execution_id: entry for entry in claim("lq")}
+    assert run_claimed(entries["lqt-thread"]) == "completed"
+    assert asyncio.run(arun_claimed(entries["lqt-loop"])) == "completed"
+    finished = spans.get_finished_spans()
+
+    def tree(eid: str) -> tuple:
+        mine = [one for one in finished if one.attributes.get("loom.execution_id") == eid]
+        (dispatch,) = [one for one in mine if one.name == "loom.queue.dispatch"]
+        (run,) = [one for one in mine if one.name == "loom.run asleep.edge"]
+        assert run.parent.span_id == dispatch.context.span_id
+        inside = sorted((one.name, one.attributes["loom.pos"]) for one in mine
+                        if one.parent is not None and one.parent.span_id == run.context.span_id)
+        return run.attributes["loom.status"], run.context.trace_id == dispatch.context.trace_id, inside
+
+    assert tree("lqt-loop") == tree("lqt-thread") == (
+        "completed", True, [("loom.step after", 2), ("loom.step before", 0), ("loom.wait sleep", 1)])
