@@ -5,7 +5,8 @@ here starts with a check of a module flag, so a call site costs one function cal
 off, and the libraries are imported only when it is on. The call sites are one line each:
 
 - `Runner._drive` is wrapped by `traced_run` (a span per run of an execution: its attempt); a run driven from
-  the loop (`Runner.adrive`, journal/flows/aio.py) calls `count_run` only: it has no span;
+  the loop (`Runner.adrive`: astart, aresume, a worker's async queue runs) by journal/flows/aio.py `traced`,
+  which opens the same span (`run_span`) around it;
 - `Runner.emit` calls `on_event` for every event a run records: step attempts (started, completed,
   failed with retry/timeout) and waits become child spans; settles and step durations become metrics;
 - the API view wrapper, the queue dispatcher, the recovery sweep, the lease keeper and the coalescer
@@ -167,42 +168,63 @@ def traced_run(drive: Callable) -> Callable:
 
 
 def count_run(runner, flow) -> None:
-    """A run begins: the runs counter (for Runner.adrive, which traced_run does not wrap: no span of it)."""
+    """A run begins: the runs counter (run_span's first act, for either way a run is driven)."""
     if METRICS:
         _metrics["runs"].labels(flow.name, "recovery" if runner.recovered is not None else "run").inc()
 
 
 def _traced(drive: Callable, runner, flow, value):
+    parent = run_parent(runner) if TRACING else None
+    with run_span(runner, flow, parent) as settled:
+        return settled(drive(runner, flow, value))
+
+
+def run_parent(runner):
+    """The OTel context a run's span is a child of: the request that started it (a fresh start's `$meta`, else
+    its first event's, READ here), or None (a child of the span running here). It may touch the database: a run
+    driven from the loop calls it in a pool thread (journal/flows/aio.py `traced`)."""
+    from journal.flows import events as ev
+
+    run, pending = runner.run, runner.pending
+    meta = None
+    if run.token is None and pending and pending[0].type == ev.EXECUTION_STARTED:  # a fresh start: no read
+        meta = pending[0].payload.get("$meta") or {}
+    return _parent_of(run.execution_id, meta)
+
+
+@contextmanager
+def run_span(runner, flow, parent) -> Iterator[Callable]:
+    """Around one run (Runner._drive in its thread, Runner.adrive on the loop): counted, and with tracing on its
+    span `loom.run <flow>` (a child of `parent`: run_parent) made current, so the steps' and waits' spans that
+    `on_event` opens are its children. Yields `settled(outcome) -> outcome`, which records the run's status.
+    The span state lives in context variables: a loop-driven run's pool calls run in copies of its task's
+    context, so they see the same span and the same open steps as a thread's calls do."""
     run = runner.run
-    recovered = runner.recovered is not None
     count_run(runner, flow)
     if not TRACING:
-        return drive(runner, flow, value)
+        yield lambda outcome: outcome
+        return
     from opentelemetry import context, trace
-
-    from journal.flows import events as ev
 
     attributes = {"loom.execution_id": run.execution_id, "loom.flow": flow.name,
                   "loom.flow_version": int(getattr(run, "version", None) or getattr(flow, "version", 1) or 1),
-                  "loom.fence": -1 if run.token is None else int(run.token), "loom.recovered": recovered,
-                  "loom.worker": _worker()}
-    meta = None
-    pending = runner.pending
-    if run.token is None and pending and pending[0].type == ev.EXECUTION_STARTED:  # a fresh start: no read
-        meta = pending[0].payload.get("$meta") or {}
-    span = _tracer.start_span(f"loom.run {flow.name}", context=_parent_of(run.execution_id, meta),
-                              attributes=attributes)
+                  "loom.fence": -1 if run.token is None else int(run.token),
+                  "loom.recovered": runner.recovered is not None, "loom.worker": _worker()}
+    span = _tracer.start_span(f"loom.run {flow.name}", context=parent, attributes=attributes)
     token = context.attach(trace.set_span_in_context(span))
     state = {"run": span, "steps": {}}
     previous = _run.set(state)
-    try:
-        outcome = drive(runner, flow, value)
+
+    def settled(outcome):
         span.set_attribute("loom.status", outcome.status)
         if run.token is not None:
             span.set_attribute("loom.fence", int(run.token))
         if outcome.status == "failed":
             span.set_status(trace.Status(trace.StatusCode.ERROR))
         return outcome
+
+    try:
+        yield settled
     except BaseException as exc:
         span.set_attribute("loom.status", "halted")
         span.set_attribute("loom.halt", type(exc).__name__)
@@ -270,10 +292,20 @@ def traced_dispatch(run_claimed: Callable) -> Callable:
     return wrapper
 
 
+_READ = object()  # dispatch_span's parent when the caller did not resolve it: resolved there (it may read)
+
+
+def dispatch_parent(execution_id: str, meta: dict | None):
+    """The OTel context a dispatch span is a child of (the entry's `$meta`, else the execution's first event's,
+    READ here): an entry run from the loop resolves it in a pool thread (queues/loop.py)."""
+    return _parent_of(execution_id, meta or None)
+
+
 @contextmanager
-def dispatch_span(execution_id: str, flow: str, meta: dict | None) -> Iterator[None]:
+def dispatch_span(execution_id: str, flow: str, meta: dict | None, parent: Any = _READ) -> Iterator[None]:
     """Around a claimed queue entry's run in the dispatcher: a span `loom.queue.dispatch`, a child of the
-    start's request (the entry's `$meta`), the run's span inside it."""
+    start's request (the entry's `$meta`; `parent`: dispatch_parent's answer, when the caller resolved it), the
+    run's span inside it."""
     if METRICS:
         _metrics["dispatched"].labels(flow).inc()
     if not TRACING:
@@ -281,7 +313,9 @@ def dispatch_span(execution_id: str, flow: str, meta: dict | None) -> Iterator[N
         return
     from opentelemetry import context, trace
 
-    span = _tracer.start_span("loom.queue.dispatch", context=_parent_of(execution_id, meta or None), attributes={
+    if parent is _READ:
+        parent = dispatch_parent(execution_id, meta)
+    span = _tracer.start_span("loom.queue.dispatch", context=parent, attributes={
         "loom.execution_id": execution_id, "loom.flow": flow, "loom.worker": _worker()})
     token = context.attach(trace.set_span_in_context(span))
     try:

@@ -8,7 +8,10 @@ tests/leases/test_connection_budget.py (pg_stat_activity by application_name):
   queue dispatcher and its LISTEN session, the cron schedules (6, `WORKER_SERVICES`; the drains of projections
   add theirs when projections are declared);
 - while busy, up to one more per thread of its pools: LOOM_QUEUE_THREADS queue runners (they keep their sessions),
-  LOOM_WAIT_BATCH woken runs and LOOM_RECOVERY_BATCH recovered runs (each closes its own when its run ends);
+  LOOM_WAIT_BATCH woken runs and LOOM_RECOVERY_BATCH recovered runs (each closes its own when its run ends), and
+  the LOOM_ASYNC_DB_THREADS pool that makes the journal calls of the queued async runs on its event loop
+  (LOOM_QUEUE_ASYNC_RUNS of them hold these few sessions between them, none of their own: queues/loop.py;
+  `loop_lane_connections`);
 - with its django-q2 cluster (not --no-cluster): LOOM_Q_WORKERS worker processes and the cluster's own (3);
 - a loom_serve_api worker: one per request thread (`--threads`), plus its lease keeper, its coalescer and its
   get_event LISTEN session (`API_EXTRA`).
@@ -40,6 +43,14 @@ def worker_connections(cluster: bool = True) -> dict[str, int]:
     return parts
 
 
+def loop_lane_connections() -> int:
+    """The most sessions a loom_worker's loop lane adds (queues/loop.py: the queued runs of async flows, their
+    journal calls in the LOOM_ASYNC_DB_THREADS pool), 0 when it has none (LOOM_QUEUE_ASYNC_RUNS or
+    LOOM_QUEUE_THREADS is 0). Apart from worker_connections: those are the sessions of a worker that runs no
+    async flow, as measured; the planned deployment counts both."""
+    return pool_size() if conf.get("LOOM_QUEUE_THREADS") and conf.get("LOOM_QUEUE_ASYNC_RUNS") else 0
+
+
 def api_connections(threads: int = 1) -> int:
     """The most sessions one loom_serve_api worker process with `threads` request threads opens on one database."""
     return threads + API_EXTRA
@@ -52,14 +63,15 @@ def planned_connections() -> int | None:
     workers, api = conf.get("LOOM_PLANNED_WORKERS"), conf.get("LOOM_PLANNED_API_WORKERS")
     if not workers and not api:
         return None
-    total = (workers or 0) * sum(worker_connections().values())
+    total = (workers or 0) * (sum(worker_connections().values()) + loop_lane_connections())
     return total + (api or 0) * api_connections(conf.get("LOOM_PLANNED_API_THREADS"))
 
 
 def async_caller_connections() -> int:
     """The most sessions the awaitable faces (astart, aget_event, ...: journal/flows/aio.py) add to a process that
-    calls them from async code: one per thread of their pool. A worker running async flows adds none: an async
-    run's journal calls are made in the thread that drives it (a queue runner's, the waker's, recovery's)."""
+    calls them from async code: one per thread of their pool. In a worker the same pool serves the queued async
+    runs of its loop lane (loop_lane_connections); the async runs its waker and recovery sweep resume make
+    their journal calls in the thread that drives them."""
 
     return pool_size()
 

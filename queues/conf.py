@@ -48,6 +48,10 @@ register(
             'Queues and their caps: {"emails": {"concurrency": 8, "partition_concurrency": 1, "rate_limit": 100, '
             '"rate_period": 60}} (docs/queues.md).', check=_queues_problem),
     Setting("LOOM_QUEUE_THREADS", int, 8, "Queued executions one loom_worker process runs at once.", 0),
+    Setting("LOOM_QUEUE_ASYNC_RUNS", int, 100,
+            "Queued executions of `async def` flows one loom_worker process runs at once on its event loop, besides "
+            "LOOM_QUEUE_THREADS (their journal calls in the LOOM_ASYNC_DB_THREADS pool, their short sleeps holding "
+            "no thread). 0: they run on the LOOM_QUEUE_THREADS threads like sync flows.", 0),
     Setting("LOOM_QUEUE_POLL", float, 0.1, "Seconds a worker's queue dispatcher sleeps when it found nothing to start.",
             0.001),
     Setting("LOOM_QUEUE_CHANNEL", str, "loom_queues",

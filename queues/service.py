@@ -1,5 +1,6 @@
 """The queue dispatcher of a loom_worker: claims queued starts within their queues' caps and runs
-them in a small thread pool of this process.
+them in a small thread pool of this process, and those of `async def` flows on its event loop
+(queues/loop.py: LOOM_QUEUE_ASYNC_RUNS at once, besides the LOOM_QUEUE_THREADS threads).
 
 One dispatcher thread per worker process looks for work at once when a run ends, when its last pass
 claimed something, and, on PostgreSQL, when an entry is enqueued or offered again (a listener thread
@@ -8,8 +9,10 @@ Otherwise it sleeps LOOM_QUEUE_POLL seconds, or LOOM_QUEUE_IDLE_POLL when no que
 every listener is subscribed (no longer than until the next deferred entry falls due). Each pass asks
 which queues have work it could claim (of the (flow, version) pairs registered here: an execution runs
 only on the version it is pinned to, docs/flows.md "Versions and deploys"), and for each claims at most
-as many entries as it has free threads. Every cap is decided by the store's dequeue, serialised per queue in
-the database, never here: this process's memory holds only how many of its own threads are free.
+as many entries as it has free slots: free threads for the sync flows' entries, free loop slots for the async
+flows' (one pass per lane, each dequeue filtered on its lane's flows). Every cap is decided by the store's
+dequeue, serialised per queue in the database, never here: this process's memory holds only how many of its
+own slots are free.
 
 A run begins the queued execution written at enqueue (journal.flows.queued.run_queued), with a lease
 like any run: if this process dies, its executions are running executions whose leases expire, and any
@@ -26,18 +29,19 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connections, router
 
 from journal import shards, telemetry
-from journal.flows import ExecutionExists, FlowError, NotResumable, OwnershipLost, registry, resume, start
+from journal.flows import ExecutionExists, FlowError, NotResumable, OwnershipLost, aio, registry, resume, start
 from journal.flows.interrupt import abandoned_threads
 from journal.flows.queued import ELSEWHERE, LEGACY, NOT_HELD, run_queued, runs_here
 from journal.identity import node_identity
 from journal.listen import listen, polls_without_direct
 from leases.worker import wait_until
-from queues import conf
+from queues import conf, loop
 from queues.declarations import write_declared
 from queues.models import QueueEntry
 from queues.store import store_for
@@ -77,8 +81,47 @@ def run_claimed(claimed, using: str | None = None) -> str:
     the execution is pinned to (its header's): the dispatcher claims only entries of the (flow, version)
     pairs registered here; should one be claimed by a process without it (a race with a deploy), nothing is
     run or changed, not even the begin ("elsewhere"), and the claim is offered again after
-    LOOM_QUEUE_CLAIM_TIMEOUT to a worker that has it. Nothing from the row is imported or unpickled."""
+    LOOM_QUEUE_CLAIM_TIMEOUT to a worker that has it. Nothing from the row is imported or unpickled.
+    (An entry of an `async def` flow in a worker: `arun_claimed`, the same begin, the run from the loop.)"""
 
+    began = time.monotonic()
+    try:
+        outcome = _run_entry(claimed, using)
+    except Exception as exc:
+        return _failed(claimed, began, exc)
+    return _status(claimed, began, outcome)
+
+
+@loop.traced_dispatch  # the same `loom.queue.dispatch` span around the whole run when tracing is on
+async def arun_claimed(claimed, using: str | None = None) -> str:
+    """run_claimed from the event loop (a worker's loop lane, queues/loop.py): the same begin in a thread of the
+    journal's async pool (the claim check, the header's lock and fence: `_run_entry`, exactly as on a runner
+    thread), then an `async def` flow's run driven on the loop by Runner.adrive (journal/flows/aio.py), each
+    journal call in a pool thread, its short sleeps holding none; the same statuses and log lines. A sync flow's
+    run (a hand-over of one) stays in the pool thread that began it."""
+    began = time.monotonic()
+    try:
+        outcome, taken = await aio.begin_driven(_run_entry, claimed, using)
+    except Exception as exc:
+        return _failed(claimed, began, exc)
+    if taken is not None:
+        try:
+            outcome = await aio.drive_handed(taken)
+        except Exception as exc:
+            if claimed.resume_fence is not None and isinstance(exc, FlowError):  # as resume() raising it
+                _refused(claimed, exc)
+                return "refused"
+            return _failed(claimed, began, exc)
+    return _status(claimed, began, outcome)
+
+
+_REFUSED = object()  # _run_entry's outcome for a handed-over resume that resume() refused (logged)
+
+
+def _run_entry(claimed, using: str | None) -> Any:
+    """The run of one claimed entry in this thread: its Outcome, a string for what ran nothing (ELSEWHERE,
+    NOT_HELD, the header's status), _REFUSED, or aio.HANDED_BACK (an async run left for arun_claimed to drive:
+    its begin committed)."""
     store = store_for(using or router.db_for_write(QueueEntry))
     eid, flow = claimed.execution_id, claimed.flow
 
@@ -87,34 +130,46 @@ def run_claimed(claimed, using: str | None = None) -> str:
         # a cancel of the entry is refused (the execution's own cancel applies).
         return store.begin(eid, claimed.worker, claimed.attempts)
 
-    began = time.monotonic()
-    try:
-        if claimed.resume_fence is not None:
-            if not runs_here(eid, flow):  # before the begin: a worker without its version changes nothing
-                outcome = ELSEWHERE
-            elif not claim_holds():
-                outcome = NOT_HELD
-            else:
-                log.info("resume execution=%s flow=%s fence=%s (handed over, queued)", eid, flow, claimed.resume_fence)
-                try:
-                    outcome = resume(eid, force=claimed.resume_force, expected_fence=claimed.resume_fence)
-                except (NotResumable, FlowError) as exc:
-                    log.warning("handed-over resume of %s (fence %s) not run: %s", eid, claimed.resume_fence, exc)
-                    return "refused"
-        else:
-            outcome = run_queued(eid, flow, claim_holds)
-            if outcome == LEGACY:  # an entry written before queued executions: its input is in the row
-                log.info("start execution=%s flow=%s attempt=%d (queued, old entry)", eid, flow, claimed.attempts)
-                outcome = start(flow, claimed.input, execution_id=eid, meta=claimed.meta)
-    except ExecutionExists as exists:
-        log.info("duplicate execution=%s flow=%s: already %s, nothing to do", eid, flow, exists.status)
+    if claimed.resume_fence is not None:
+        if not runs_here(eid, flow):  # before the begin: a worker without its version changes nothing
+            return ELSEWHERE
+        if not claim_holds():
+            return NOT_HELD
+        log.info("resume execution=%s flow=%s fence=%s (handed over, queued)", eid, flow, claimed.resume_fence)
+        try:
+            return resume(eid, force=claimed.resume_force, expected_fence=claimed.resume_fence)
+        except (NotResumable, FlowError) as exc:
+            _refused(claimed, exc)
+            return _REFUSED
+    outcome = run_queued(eid, flow, claim_holds)
+    if outcome == LEGACY:  # an entry written before queued executions: its input is in the row
+        log.info("start execution=%s flow=%s attempt=%d (queued, old entry)", eid, flow, claimed.attempts)
+        outcome = start(flow, claimed.input, execution_id=eid, meta=claimed.meta)
+    return outcome
+
+
+def _refused(claimed, exc: Exception) -> None:
+    log.warning("handed-over resume of %s (fence %s) not run: %s", claimed.execution_id, claimed.resume_fence, exc)
+
+
+def _failed(claimed, began: float, exc: Exception) -> str:
+    """The status of a run that raised."""
+    eid, flow = claimed.execution_id, claimed.flow
+    if isinstance(exc, ExecutionExists):
+        log.info("duplicate execution=%s flow=%s: already %s, nothing to do", eid, flow, exc.status)
         return "duplicate"
-    except OwnershipLost as lost:
-        log.warning("halted execution=%s flow=%s: %s", eid, flow, lost)
+    if isinstance(exc, OwnershipLost):
+        log.warning("halted execution=%s flow=%s: %s", eid, flow, exc)
         return "halted"
-    except Exception:
-        log.exception("error execution=%s flow=%s duration=%.3fs", eid, flow, time.monotonic() - began)
-        return "error"
+    log.error("error execution=%s flow=%s duration=%.3fs", eid, flow, time.monotonic() - began, exc_info=exc)
+    return "error"
+
+
+def _status(claimed, began: float, outcome: Any) -> str:
+    """The status of a run that returned (logged as its end)."""
+    eid, flow = claimed.execution_id, claimed.flow
+    if outcome is _REFUSED:
+        return "refused"
     if outcome == ELSEWHERE:
         log.warning("not started execution=%s flow=%s: its flow version is not registered in this process; its "
                     "claim is offered again after the claim timeout", eid, flow)
@@ -217,12 +272,32 @@ class Runners:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+class Lane:
+    """One kind of slot a dispatcher claims for: the runner threads (LOOM_QUEUE_THREADS: sync flows, and async
+    ones when there is no loop lane) or the loop lane (LOOM_QUEUE_ASYNC_RUNS runs of `async def` flows on the
+    event loop, queues/loop.py). A pass claims at most `free` entries for a lane, of its flows only (the
+    dequeue filters on them), so an async run never waits for a runner thread nor takes its slot."""
+
+    __slots__ = ("free", "name", "runs_async", "submit")
+
+    def __init__(self, name: str, free: int, runs_async: bool | None, submit: Callable) -> None:
+        self.name, self.free, self.submit = name, free, submit
+        self.runs_async = runs_async  # True: async flows only; False: sync only; None: every flow
+
+    def flows(self, runnable: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The (flow, version) pairs of `runnable` this lane runs (a flow registered sync stays on threads)."""
+        if self.runs_async is None:
+            return runnable
+        return [pair for pair in runnable if aio.is_async(registry.get_flow(*pair).fn) == self.runs_async]
+
+
 class QueueService:
-    """The worker service (leases.worker.register_service): dispatcher thread + runner pool.
+    """The worker service (leases.worker.register_service): dispatcher thread + runner pool + loop lane.
 
     With LOOM_SHARDS one dispatcher serves every shard: each pass claims from each shard's queues in turn
     (an entry lives on its execution's shard, docs/queues.md), with one pool of runner threads; a shard
-    that is down is skipped, logged, and asked again next pass."""
+    that is down is skipped, logged, and asked again next pass. Entries of `async def` flows are claimed for
+    the loop lane (LOOM_QUEUE_ASYNC_RUNS, queues/loop.py) and run on the process's event loop."""
 
     name = "queue-dispatcher"
 
@@ -232,10 +307,11 @@ class QueueService:
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.pool: Runners | None = None
-        self.free = 0
+        self.loop_runs: loop.LoopRuns | None = None
+        self.lanes: list[Lane] = []
         self.claimed = 0  # entries this process claimed (tests, logs)
         self.prune_at = 0.0  # monotonic time of the next pruning of finished entries
-        self.hot: dict[str, list[str]] = {}  # per database: the queues this dispatcher's last pass claimed from
+        self.hot: dict[tuple[str, str], list[str]] = {}  # per lane and database: the queues its last pass claimed from
         self.listeners: list[threading.Thread] = []
         # The databases whose listener is subscribed right now: only while every one is may the dispatcher
         # sleep LOOM_QUEUE_IDLE_POLL (a listener down means nothing would wake it: it polls).
@@ -260,8 +336,15 @@ class QueueService:
                               "written at their first enqueue", self.owner, alias)
             finally:
                 connections[alias].close()
-        self.free = threads
         self.pool = Runners(threads)
+        async_runs = conf.get("LOOM_QUEUE_ASYNC_RUNS")
+        threaded = Lane("threads", threads, False if async_runs else None,
+                        lambda entry, alias: self.pool.submit(partial(self._run, threaded, entry, alias)))
+        self.lanes = [threaded]
+        if async_runs:
+            looped = Lane("loop", async_runs, True, lambda entry, alias: self.loop_runs.submit(entry, alias))
+            self.loop_runs = loop.LoopRuns(arun_claimed, partial(self._ended, looped))
+            self.lanes.append(looped)
         channel = conf.get("LOOM_QUEUE_CHANNEL")
         if channel:
             self.listeners = [threading.Thread(target=self._listen, args=(alias, channel), daemon=True,
@@ -273,9 +356,15 @@ class QueueService:
             listener.start()
         self.thread = threading.Thread(target=self._loop, name="loom-queue-dispatcher", daemon=True)
         self.thread.start()
-        log.info("queue dispatcher of %s: %d thread(s) over database(s) %s, declared queues: %s%s", self.owner, threads,
+        log.info("queue dispatcher of %s: %d thread(s)%s over database(s) %s, declared queues: %s%s", self.owner,
+                 threads, f" and {async_runs} async run(s) on the event loop" if async_runs else "",
                  ", ".join(self.aliases), ", ".join(names) or "none",
                  f"; listening on {channel}" if self.listeners else "; polling")
+
+    @property
+    def free(self) -> int:
+        """Free slots, every lane's."""
+        return sum(lane.free for lane in self.lanes)
 
     def _loop(self) -> None:
         try:
@@ -285,18 +374,19 @@ class QueueService:
                 prune = time.monotonic() >= self.prune_at
                 if prune:
                     self.prune_at = time.monotonic() + PRUNE_EVERY
+                runnable = registry.runnable()
                 for alias in self.aliases:
                     store = store_for(alias)
-                    if self.free > 0:
-                        try:
-                            got, held, due = self._dispatch(alias, store, registry.runnable())
-                        except DatabaseError:
-                            log.exception("queue dispatcher of %s: database error on %s; retrying", self.owner,
-                                          alias)
-                            connections[alias].close()
-                            failed = True
-                            continue
-                        got_any, busy, ready = got_any or got, busy or held, ready or due
+                    try:
+                        for lane in self.lanes:
+                            if lane.free > 0:
+                                got, held, due = self._dispatch(alias, store, lane, lane.flows(runnable))
+                                got_any, busy, ready = got_any or got, busy or held, ready or due
+                    except DatabaseError:
+                        log.exception("queue dispatcher of %s: database error on %s; retrying", self.owner, alias)
+                        connections[alias].close()
+                        failed = True
+                        continue
                     if prune:
                         self._prune(alias, store)
                 if failed and not got_any:
@@ -375,49 +465,53 @@ class QueueService:
             if pruned:
                 log.info("pruned %d finished queue entr%s on %s", pruned, "y" if pruned == 1 else "ies", alias)
 
-    def _dispatch(self, alias: str, store, flows: list[tuple[str, int]]) -> tuple[bool, bool, bool]:
-        """One pass over the queues of one database with work: (claimed anything, found a queue another
-        worker held, some queue had work). The queues that gave entries last time are tried first, without
-        asking which have work."""
+    def _dispatch(self, alias: str, store, lane: Lane, flows: list[tuple[str, int]]) -> tuple[bool, bool, bool]:
+        """One pass of one lane over the queues of one database with work of its flows: (claimed anything,
+        found a queue another worker held, some queue had work). The queues that gave the lane entries last
+        time are tried first, without asking which have work."""
         if not flows:
             return False, False, False
         timeout = conf.claim_timeout()
-        got_any, busy = self._claim_from(alias, store, self.hot.get(alias, []), flows, timeout)
+        got_any, busy = self._claim_from(alias, store, lane, self.hot.get((lane.name, alias), []), flows, timeout)
         if got_any:
             return True, busy, True
         names = store.ready_queues(flows, timeout)
-        random.shuffle(names)  # no queue always first: each gets its turn at this worker's free threads
-        return *self._claim_from(alias, store, names, flows, timeout), bool(names)
+        random.shuffle(names)  # no queue always first: each gets its turn at this worker's free slots
+        return *self._claim_from(alias, store, lane, names, flows, timeout), bool(names)
 
-    def _claim_from(self, alias: str, store, names: list[str], flows: list[tuple[str, int]], timeout: float
-                    ) -> tuple[bool, bool]:
+    def _claim_from(self, alias: str, store, lane: Lane, names: list[str], flows: list[tuple[str, int]],
+                    timeout: float) -> tuple[bool, bool]:
         got_any = busy = False
         hot = []
         for name in names:
-            if self.free <= 0 or self.stopping.is_set():
+            if lane.free <= 0 or self.stopping.is_set():
                 break
-            claimed = store.dequeue(name, self.owner, self.free, flows, timeout)
+            claimed = store.dequeue(name, self.owner, lane.free, flows, timeout)
             if claimed is None:
                 busy = True
                 continue
             for entry in claimed:
                 with self.lock:
-                    self.free -= 1
+                    lane.free -= 1
                     self.claimed += 1
-                self.pool.submit(partial(self._run, entry, alias))
+                lane.submit(entry, alias)
             if claimed:
                 hot.append(name)
                 got_any = True
-        self.hot[alias] = hot
+        self.hot[(lane.name, alias)] = hot
         return got_any, busy
 
-    def _run(self, entry, alias: str) -> None:
+    def _run(self, lane: Lane, entry, alias: str) -> None:
         try:
             run_claimed(entry, alias)
         finally:
-            with self.lock:
-                self.free += 1
-            self.wake.set()  # its slot is free in the database once the next dequeue sees the settled header
+            self._ended(lane)
+
+    def _ended(self, lane: Lane) -> None:
+        """A run of `lane` ended (in a runner thread, or on the loop): its slot is given back."""
+        with self.lock:
+            lane.free += 1
+        self.wake.set()  # its slot is free in the database once the next dequeue sees the settled header
 
     def quiesce(self) -> None:
         """A graceful shutdown: claim nothing more (the runs in flight go on to their next step boundary)."""
@@ -427,7 +521,8 @@ class QueueService:
     def wait_idle(self, deadline: float) -> bool:
         if self.thread is not None:
             self.thread.join(max(0.0, deadline - time.monotonic()))
-        return self.pool is None or self.pool.wait_idle(deadline)
+        threads = self.pool is None or self.pool.wait_idle(deadline)
+        return (self.loop_runs is None or self.loop_runs.wait_idle(deadline)) and threads
 
     def stop(self, timeout: float) -> None:
         self.stopping.set()
@@ -441,3 +536,7 @@ class QueueService:
             # step once the heartbeat hands their leases back (it stops after us), then their threads close
             # theirs; their entries stay started and the executions are recovered by other workers.
             self.pool.stop(timeout)
+        if self.loop_runs is not None:
+            # The same for the loop lane's runs: an entry not begun yet is dropped; those in flight stop at their
+            # next step boundary once their leases are handed back.
+            self.loop_runs.stop()

@@ -11,16 +11,17 @@ How it runs (docs/flows.md "Async flows"). The journal is the sync one, unchange
 a coroutine, on this process's event loop (one daemon thread, `loop()`); every journal call it makes (a step's
 records, a wait's, a message's consumption) runs sync code in a thread, in one of two ways:
 
-- THREAD-DRIVEN (a sync start/resume/retry: a worker's waker, recovery or queue thread, a test, a caller's thread):
+- THREAD-DRIVEN (a sync start/resume/retry: a worker's waker or recovery thread, a test, a caller's thread):
   `Runner.drive` runs in that DRIVE THREAD and serves the coroutine's calls (`_Driver`) until the run settles or
   parks. The thread and its connection are the run's throughout (a test's transaction works); a short in-process
   wait (under LOOM_WAIT_INLINE_MAX) sleeps in it.
-- LOOP-DRIVEN (`astart`, `aresume`): the start runs in a thread of this module's bounded pool; `Runner.drive` hands
-  the async run back (`hand_back`) and the face drives it on the loop (`Runner.adrive`, the same decisions), each
-  journal call in whichever pool thread is free (`_PooledDriver`). Between calls no thread is the run's, so a
-  short sleep, the rest of a scheduled start's delay and a step's retry backoff are slept on the loop (`nap`),
-  holding no thread and no connection. A call is whole in one thread: no transaction spans two; the fence token
-  travels in the run's handle, so a cancel or takeover meanwhile is refused at the run's next write, as ever.
+- LOOP-DRIVEN (`astart`, `aresume`, a worker's queued async runs): the start runs in a thread of this module's pool;
+  `Runner.drive` hands the async run back (`hand_back`) and the face drives it on the loop (`Runner.adrive`, the
+  same decisions), each journal call in whichever pool thread is free (`_PooledDriver`). Between calls no thread is
+  the run's, so a short sleep, the rest of a scheduled start's delay and a step's retry backoff are slept on the
+  loop (`nap`), holding no thread and no connection. A call is whole in one thread: no transaction spans two; the
+  fence token travels in the run's handle, so a cancel or takeover meanwhile is refused at the run's next write, as
+  ever.
 
 Either way
 - Django's async-safety holds: no database access ever happens on the event loop; the coroutine runs in a copy of
@@ -36,13 +37,13 @@ Either way
 Costs, stated: a RUNNING thread-driven execution holds its drive thread (idle while its coroutine awaits, asleep in
 a short wait), as a sync one does; a loop-driven one holds a pool thread only during each journal call (and while a
 step's sync function runs), so a burst of them is served at the pool's pace; a WAITING one holds none (waits of
-LOOM_WAIT_INLINE_MAX or longer park, as in a sync flow). Workers drive async flows thread-driven (not built: a
-worker's runs on its loop). The awaitable faces (`astart`, `aresume`, `acancel`, `asend`, `adescribe`) run the
-sync call in a thread of a pool of LOOM_ASYNC_DB_THREADS threads (one connection each at most, counted by
-leases/budget.py), so an async view never touches the database on its loop; `aget_event` holds NO thread while
-it waits: it reads in the pool and sleeps on the loop, woken by the process's one shared LISTEN session on
-PostgreSQL (journal/flows/event_listener.py) or by its poll of LOOM_WAIT_POLL on SQLite. `stats()` counts what is
-held now.
+LOOM_WAIT_INLINE_MAX or longer park, as in a sync flow). A worker drives its queued async runs loop-driven
+(queues/loop.py: `begin_driven` + `drive_handed`), those its waker and recovery sweep resume thread-driven. The
+awaitable faces (`astart`, `aresume`, `acancel`, `asend`, `adescribe`) run the sync call in a thread of a pool of
+LOOM_ASYNC_DB_THREADS threads (one connection each at most, counted by leases/budget.py), so an async view never
+touches the database on its loop; `aget_event` holds NO thread while it waits: it reads in the pool and sleeps on
+the loop, woken by the process's one shared LISTEN session on PostgreSQL (journal/flows/event_listener.py) or by its
+poll of LOOM_WAIT_POLL on SQLite. `stats()` counts what is held now.
 
 Why a dedicated pool and not `sync_to_async(thread_sensitive=True)`: under Django's ASGI handler each request
 has a thread-sensitive context of its own, so 1,000 waiting callers would hold 1,000 threads and connections;
@@ -68,7 +69,7 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
-from journal import conf
+from journal import conf, telemetry
 from journal.flows.context import Awaited, DurableContext, check_moment, check_seconds, now
 from journal.flows.errors import InvalidInput
 from journal.reach import cannot_reach
@@ -437,6 +438,23 @@ async def in_context(context: contextvars.Context, fn: Callable, *args: Any, **k
 
 
 # == runs driven from the loop ============================================================================
+def traced(adrive: Callable) -> Callable:
+    """Wraps Runner.adrive as telemetry.traced_run wraps Runner._drive: the run counted and, with tracing on, its
+    `loom.run` span (telemetry.run_span) around it, its steps' and waits' spans inside (on_event opens them in
+    the pool threads, in copies of the run's task context: they see its span). The span's parent may need a read
+    of the execution's first event (telemetry.run_parent): in the pool, never on the loop."""
+
+    @functools.wraps(adrive)
+    async def wrapper(runner, flow, value):
+        if not telemetry.TRACING and not telemetry.METRICS:
+            return await adrive(runner, flow, value)
+        parent = await in_pool(telemetry.run_parent, runner) if telemetry.TRACING else None
+        with telemetry.run_span(runner, flow, parent) as settled:
+            return settled(await adrive(runner, flow, value))
+
+    return wrapper
+
+
 class _Slot:
     """Where Runner.drive leaves an async run for the awaitable face that called it (hand_back)."""
 
@@ -452,8 +470,8 @@ HANDED_BACK: Any = object()  # what Runner.drive returns for a run it handed bac
 
 def hand_back(runner, flow, value: Any) -> bool:
     """Runner.drive of an async flow inside astart/aresume's pool call: leave the run in the slot (with this
-    thread's context: its shard binding) for the face to drive from the loop; False anywhere else (a sync
-    call's run, a worker's: driven in the calling thread as before)."""
+    thread's context: its shard binding) for the face (or a worker's loop lane: queues/loop.py) to drive from the
+    loop; False anywhere else (a sync call's run, a worker's waker's or sweep's: driven in the calling thread)."""
     slot = _HAND_BACK.get()
     if slot is None or slot.taken is not None:
         return False
@@ -474,15 +492,28 @@ def _with_slot(slot: _Slot, fn: Callable, *args: Any, **kwargs: Any) -> Any:
 _live: set[asyncio.Task] = set()  # runs driven on the loop (a strong reference: the loop keeps only weak ones)
 
 
+async def begin_driven(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, tuple | None]:
+    """`fn` (start, resume, a worker's begin of a claimed queue entry: queues/service.py) in the pool, where an
+    async run it begins is handed back instead of driven there: (its outcome, None), or (HANDED_BACK, the run)
+    for `drive_handed`. Split from `_driven` so that a caller tells an error of the begin from one of the run."""
+    slot = _Slot()
+    outcome = await in_pool(_with_slot, slot, fn, *args, **kwargs)
+    return outcome, (slot.taken if outcome is HANDED_BACK else None)
+
+
 async def _driven(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """`fn` (start, resume) in the pool; an async run it begins is driven on the process loop (Runner.adrive),
     holding a pool thread only during each journal call. A caller that stops awaiting (a client gone) leaves
     the run going on, as a caller's thread would."""
-    slot = _Slot()
-    outcome = await in_pool(_with_slot, slot, fn, *args, **kwargs)
-    if outcome is not HANDED_BACK:
-        return outcome
-    runner, flow, value, context = slot.taken
+    outcome, taken = await begin_driven(fn, *args, **kwargs)
+    return outcome if taken is None else await drive_handed(taken)
+
+
+async def drive_handed(taken: tuple) -> Any:
+    """Drive a run `begin_driven` handed back, on the process loop (Runner.adrive, as a task of its own in the
+    context the begin left it: its shard binding), and await its outcome; shielded, so a caller that stops
+    awaiting leaves the run going on."""
+    runner, flow, value, context = taken
     target = loop()
 
     def begin() -> asyncio.Task:

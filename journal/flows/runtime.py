@@ -295,12 +295,12 @@ class Runner:
         finally:
             self.let_claim_go()
 
+    @aio.traced  # the same span (and count) per run as traced_run gives _drive, when tracing is on
     async def adrive(self, flow: Flow, value: Any) -> Outcome:
-        """`_drive` of an async flow from the loop (aio.astart, aresume): the same decisions in the same order,
-        each journal call in a thread of aio's pool, so nothing holds a thread between them: an in-process
-        wait (a short sleep, a short scheduled start) is slept on the loop."""
+        """`_drive` of an async flow from the loop (aio.astart, aresume, a worker's async queue runs): the same
+        decisions in the same order, each journal call in a thread of aio's pool, so nothing holds a thread
+        between them: an in-process wait (a short sleep, a short scheduled start) is slept on the loop."""
         ctx = aio.AsyncDurableContext(self, self.state, flow.retry)
-        telemetry.count_run(self, flow)  # no span: traced_run's span state is a thread's, this run has none
         try:
             try:
                 if self.state.meta.get("$start_at"):  # else start_pause decides nothing: no pool call for it

@@ -1,21 +1,27 @@
 """200 `async def` flows that sleep and exchange messages, driven by real `manage.py loom_worker` processes on the
 test database (SQLite and PostgreSQL): worker A is SIGKILLed while they are in flight, worker B is stopped with
 SIGTERM (a graceful shutdown hands its runs back) after it finished some more, worker C finishes every one;
-each effect happens exactly once, each message is consumed once, none is lost. The flows' journal calls run in the
-workers' threads and their code on each worker's event loop (journal/flows/aio.py). And a process that drives async
+each effect happens exactly once, each message is consumed once, none is lost. Started here and woken by the
+workers' wakers, their journal calls run in the workers' threads and their code on each worker's event loop
+(journal/flows/aio.py); the same 200 queued run from the workers' event loops (queues/loop.py: their sleeps slept
+there), worker after worker SIGKILLed at random moments, with the same result. And a process that drives async
 flows from its loop (astart) is SIGKILLed while 20 of them sleep in-process, holding no thread: a worker recovers
 each, and each effect happens once."""
 
 from __future__ import annotations
 
 import collections
+import json
+import random
 import subprocess
 import sys
+import time
 
 import pytest
 
 from journal.flows import start
 from journal.models import Event, Execution, Message
+from queues import enqueue
 from tests.conftest import ROOT
 from tests.fixtures import edge_waits_flows as wf
 from tests.flows.test_waits_processes import Worker, all_settled, env, wait_until, workers  # noqa: F401 (fixtures)
@@ -28,8 +34,7 @@ PAIRS = 100
 def test_workers_killed_and_stopped_under_200_async_flows_that_sleep_and_message_lose_none_repeat_none(workers):  # noqa: F811
     ids = [f"ak-{i:03d}" for i in range(2 * PAIRS)]
     for i, eid in enumerate(ids):
-        peer = ids[i ^ 1]  # pairs (0, 1), (2, 3), ...: each sends to the other and waits for its message
-        out = start("edge.async_pinger", {"seconds": 0.2 + (i % 10) * 0.1, "peer": peer}, execution_id=eid)
+        out = start("edge.async_pinger", pinger_input(ids, i), execution_id=eid)
         assert out.status == "waiting"  # this process ran its first step and parked it on its sleep
     a = workers("ak-a")
     wait_until(lambda: sum(1 for _, step in wf.effects("ak-") if step.startswith("got:")) >= 10,
@@ -45,16 +50,60 @@ def test_workers_killed_and_stopped_under_200_async_flows_that_sleep_and_message
     c = workers("ak-c")
     wait_until(lambda: all_settled("ak-"), "worker C finishes every async flow", [c], timeout=180)
 
-    statuses = collections.Counter(Execution.objects.filter(pk__startswith="ak-").values_list("status", flat=True))
+    assert_each_pair_exchanged_once("ak-", ids)
+
+
+def pinger_input(ids: list[str], i: int, scale: float = 1.0) -> dict:
+    """Pairs (0, 1), (2, 3), ...: each sends to the other and waits for its message, after a sleep of its own
+    (0.2 s to 1.1 s, times `scale`)."""
+    return {"seconds": (0.2 + (i % 10) * 0.1) * scale, "peer": ids[i ^ 1]}
+
+
+def assert_each_pair_exchanged_once(prefix: str, ids: list[str]) -> None:
+    """Every pinger completed with its peer's id; each effect once, each message consumed once, none lost."""
+    statuses = collections.Counter(Execution.objects.filter(pk__startswith=prefix).values_list("status", flat=True))
     assert statuses == {"completed": 2 * PAIRS}
-    counts = collections.Counter(wf.effects("ak-"))
+    counts = collections.Counter(wf.effects(prefix))
     for i, eid in enumerate(ids):
         peer = ids[i ^ 1]
         assert counts[(eid, "before")] == 1 and counts[(eid, f"got:{peer}")] == 1, (eid, counts[(eid, "before")])
         assert Execution.objects.get(pk=eid).result == peer
     assert sum(counts.values()) == 4 * PAIRS  # no other effect row: nothing ran twice
-    rows = Message.objects.filter(execution_id__startswith="ak-")
+    rows = Message.objects.filter(execution_id__startswith=prefix)
     assert rows.count() == 2 * PAIRS and not rows.filter(consumed_at__isnull=True).exists()
+
+
+KILLS = 4
+SEED = 34
+
+
+def test_workers_sigkilled_at_random_moments_under_200_queued_async_flows_on_their_loops_repeat_no_effect(
+        workers, settings):  # noqa: F811
+    """The same 200 pingers, queued: each worker runs them on its event loop (queues/loop.py), their sleeps
+    in-process there; worker after worker is SIGKILLed at a random moment once it made progress, a last one
+    finishes: each effect once, each message consumed once, none lost."""
+    settings.LOOM_QUEUES = {"apq": {"concurrency": 1000}}
+    loop_env = {"LOOM_WAIT_INLINE_MAX": "15", "LOOM_QUEUE_THREADS": "2", "LOOM_QUEUE_ASYNC_RUNS": "150",
+                "LOOM_QUEUE_POLL": "0.05", "LOOM_QUEUES": json.dumps({"apq": {"concurrency": 1000}}),
+                # Each kill is a recovery attempt of every run in flight (and a loaded machine's lapsed 1 s leases
+                # more): this test is about exactly-once, not about when recovery gives up (stuck).
+                "LOOM_RECOVERY_MAX_ATTEMPTS": "100"}
+    ids = [f"aq-{i:03d}" for i in range(2 * PAIRS)]
+    for i, eid in enumerate(ids):
+        # Sleeps of 2 s to 11 s, in-process (under the workers' LOOM_WAIT_INLINE_MAX): on their loops when a kill comes
+        enqueue("edge.async_pinger", pinger_input(ids, i, scale=10), queue="apq", execution_id=eid)
+    moments = random.Random(SEED)
+    for round_ in range(KILLS):
+        done = len(wf.effects("aq-"))
+        w = workers(f"aq-k{round_}", **loop_env)
+        wait_until(lambda: len(wf.effects("aq-")) > done or all_settled("aq-"),  # noqa: B023 (called at once)
+                   f"worker {round_} (seed {SEED}) makes progress", [w], timeout=120)
+        time.sleep(moments.uniform(0.0, 1.5))  # a random moment with runs in flight (no timing is asserted)
+        w.kill()
+    assert not all_settled("aq-"), "every pinger finished before the last kill: the kills proved too little"
+    last = workers("aq-z", **loop_env)
+    wait_until(lambda: all_settled("aq-"), "the last worker finishes every pinger", [last], timeout=240)
+    assert_each_pair_exchanged_once("aq-", ids)
 
 
 SLEEPERS = 20
