@@ -22,6 +22,7 @@ wrapper is installed (telemetry, tests): those observe every statement through D
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from time import time_ns
 
 from django.utils import timezone
 
@@ -90,7 +91,22 @@ def stamp(connection) -> str:
     """The current time as Django's SQLite backend stores it in a datetime column (`recorded_at`): the
     text of `connection.ops.adapt_datetimefield_value(timezone.now())`. With USE_TZ and the database's
     TIME_ZONE unset (`connection.timezone` is UTC, reset by Django when either setting changes) that is the
-    naive UTC time's isoformat(" "), made here directly (a fifth of the time: no settings lookups)."""
-    if connection.timezone is UTC:
-        return datetime.now(UTC).replace(tzinfo=None).isoformat(" ")
-    return connection.ops.adapt_datetimefield_value(timezone.now())
+    naive UTC time's `str()`, made here from the clock `datetime.now` reads (floored to the microsecond,
+    as it is) and the text of the current second, made once per second: a third of the time."""
+    if connection.timezone is not UTC:
+        return connection.ops.adapt_datetimefield_value(timezone.now())
+    second, micro = divmod(time_ns() // 1000, 1_000_000)
+    shown = _second
+    if shown[0] != second:  # a tuple replaced whole: another thread reads the old pair or the new one
+        shown = _remember(second)
+    return f"{shown[1]}.{micro:06d}" if micro else shown[1]  # str(datetime) leaves out a zero microsecond
+
+
+_second: tuple[int, str] = (-1, "")
+"""The last second `stamp` wrote, and its text ("YYYY-MM-DD HH:MM:SS", UTC)."""
+
+
+def _remember(second: int) -> tuple[int, str]:
+    global _second
+    _second = (second, str(datetime.fromtimestamp(second, UTC).replace(tzinfo=None)))
+    return _second
