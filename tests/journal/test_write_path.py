@@ -3,6 +3,7 @@ transactional path, and the ratio gate's coalescer-vs-raw rule (benchmarks/gate.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import statistics
 import threading
@@ -12,7 +13,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from journal.envelopes import AppendItem, Envelope
@@ -397,3 +398,50 @@ def test_a_manual_transaction_is_not_committed_by_the_lean_statement():
         finally:
             transaction.set_autocommit(True)
     assert _rows(sid) == [(0, "Opened")]
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(steps=st.lists(st.sampled_from(["append", "append at its tip", "append at another tip", "another writer",
+                                       "take over", "adopt the new token", "remove and reopen"]),
+                      min_size=1, max_size=12))
+@example(steps=["append", "remove and reopen", "append"])  # the guess is above the tip: it must not leave a gap
+@example(steps=["append", "another writer", "append", "append at its tip"])  # below it: read again
+@example(steps=["append", "take over", "append", "adopt the new token", "append"])  # a guess on a stale fence
+def test_a_remembered_tip_is_a_guess_the_statement_checks(steps):
+    """The lean statement writes at the seq this process last wrote to the stream (LEAN_APPEND_AT) and reads
+    the tip again when that guess is wrong. Any mix of appends with and without an expected seq, writes the
+    guess does not see (another writer's transaction, a removal and a reopening of the stream) and a takeover
+    gives what one transaction would: the next seq, StaleFence or SequenceConflict, nothing written on a
+    refusal, the log gapless."""
+    from journal.models import Fence
+    from journal.store import store_for
+
+    sid = _stream("fenced", "tips")
+    tip, fence, held = 0, 1, 1  # the stream's last seq and fence token, and the token our writer holds
+    with override_settings(LOOM_COALESCE=False):
+        for step in steps:
+            if step == "another writer":
+                with transaction.atomic():
+                    Event.objects.append(sid, Envelope("Other"), fence_token=fence)
+                tip += 1
+            elif step == "take over":
+                fence = Fence.objects.advance(sid)
+            elif step == "adopt the new token":
+                held = fence
+            elif step == "remove and reopen":
+                store_for().delete_streams(ids=[sid])
+                Event.objects.open_stream(sid, Envelope("Opened"))
+                tip, fence, held = 0, 1, 1
+            else:
+                expected = {"append": None, "append at its tip": tip, "append at another tip": tip - 1}[step]
+                got = _outcome(functools.partial(Event.objects.append, sid, Envelope("E"), fence_token=held,
+                                                 expected_seq=expected))
+                if held != fence:
+                    assert got == ("refused", "StaleFence"), step
+                elif expected is not None and expected != tip:
+                    assert got == ("refused", "SequenceConflict"), step
+                else:
+                    assert got == ("appended", tip + 1, tip + 1), step
+                    tip += 1
+            assert [seq for seq, _ in _rows(sid)] == list(range(tip + 1)), step
