@@ -3,15 +3,18 @@
 The embedded default's per-event append was Django's transaction and cursor layers around five short
 statements (BEGIN IMMEDIATE, the fence read, the tip read, the INSERT, COMMIT): 0.13-0.20x the minimal
 sqlite3 statement in the `append` section. An append of ONE event to ONE stream, by a caller in
-autocommit (no atomic block, no manual transaction), is here one INSERT whose seq is chosen by
-both guards: SQLite runs an autocommit statement under its write lock, so the guards are read and the
-row written with no other writer in between, as in the IMMEDIATE transaction. It commits on its own.
+autocommit (no atomic block, no manual transaction), is here one INSERT whose seq is the tip + 1 only if
+both guards pass (NULL otherwise, and the row is skipped): LEAN_APPEND_AT when the tip is known (the
+caller's expected_seq, or the seq this process last wrote there), LEAN_APPEND when it must be read.
+SQLite runs an autocommit statement under its write lock, so the guards are read and the row written
+with no other writer in between, as in the IMMEDIATE transaction. It commits on its own.
 
 Same semantics as SqliteStore._append:
 - the fence and expected-seq guards, read under the write lock with the insert;
 - a refused statement writes nothing; the refusal's verdicts come from the transactional path, which
   reads the guards again under the write lock and writes if they now pass (another writer's commit
   between the two), so the caller's outcome is always what one transaction saw;
+- a remembered tip is a guess the statement checks: a wrong one writes nothing, and LEAN_APPEND reads it;
 - driver errors are Django's (`wrap_database_errors`: IntegrityError, OperationalError "database is
   locked" after the busy timeout), as through a Django cursor.
 Not taken (the transactional path runs instead): inside a transaction; several streams or events;
