@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from django.db import models
 
+from journal import coalesce, shards
 from journal.envelopes import (
     Appended,
     AppendItem,
@@ -22,14 +23,12 @@ from journal.envelopes import (
     check_stream_id,
     check_token,
 )
+from journal.store import store_for
 
 
 def _stream_store(manager: models.Manager, stream_id: str):
     """The store of the stream's shard (journal/shards.py `shard_for`), or of the alias the manager was
     explicitly bound to (`Event.objects.db_manager(alias)`, `.using(alias)`)."""
-    from journal import shards
-    from journal.store import store_for
-
     return store_for(manager._db or shards.shard_for(stream_id))
 
 
@@ -41,8 +40,6 @@ class EventManager(models.Manager):
                expected_seq: int | None = None) -> Appended:
         """Append events to one stream at its next seqs, guarded by fence token and/or expected tip."""
         item = AppendItem.build(stream_id, envelopes, fence_token, expected_seq)
-        from journal import coalesce, shards
-
         if coalesce.enabled():  # adaptive: alone (or in a transaction) it is the direct append below
             return coalesce.shared_coalescer(self._db or shards.shard_for(stream_id)).append_item(item)
         return self._store(stream_id).append_batch([item])[0]
@@ -50,8 +47,6 @@ class EventManager(models.Manager):
     def append_batch(self, items: Sequence[AppendItem | tuple]) -> list[Appended]:
         """Append for many streams in one statement per shard, every stream guarded; all or nothing on each
         shard (journal/shards.py: nothing is atomic across shards; ShardsPartlyWritten says which were)."""
-        from journal import shards
-
         built = [
             item if isinstance(item, AppendItem) else AppendItem.build(*item)
             for item in items

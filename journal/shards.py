@@ -175,6 +175,9 @@ def shard_for(stream_id: str) -> str:
     shard has the stream wins (remembered: placements never change); if none has it, it is new and goes
     to the current placement. An id that exists under an earlier placement therefore stays there, and a
     second start or open of it is refused there (StreamExists) instead of creating a twin."""
+    aliases = _setting("shards", _aliases)
+    if len(aliases) == 1:  # one database: no placement to compute, no list to copy (every append asks)
+        return aliases[0]
     candidates = placements(stream_id)
     if len(candidates) == 1:
         return candidates[0]

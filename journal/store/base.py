@@ -425,6 +425,12 @@ class LogStore(DatabaseBound, ABC):
     def appended(self, items: Sequence[AppendItem], verdicts: list[Verdict]) -> list[Appended]:
         """THE verdict -> outcome translation of every guarded append (plain, or settling executions):
         what each item was given, or the journal's exception if any guard failed (nothing written)."""
+        if len(verdicts) == 1:  # the per-event append: no generator, no zip
+            v = verdicts[0]
+            if v.fence_ok and (v.expected is None or v.expected == v.tip):  # Verdict.ok
+                item = items[0]
+                return [Appended(item.stream_id, v.tip + 1, v.tip + len(item.envelopes))]
+            raise self.refusal(items, verdicts)
         if all(v.ok for v in verdicts):
             return [
                 Appended(item.stream_id, v.tip + 1, v.tip + len(item.envelopes))

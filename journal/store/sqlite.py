@@ -292,13 +292,18 @@ class SqliteStore(JournalStore):
 
     def _append(self, items: Sequence[AppendItem], encoded) -> list[Verdict]:
         connection = self.connection
-        if sqlite_lean.lean_applies(connection, items):  # one event, autocommit: one guarded statement
-            verdict = sqlite_lean.lean_append(connection, items[0], encoded[0][0], self.now())
+        if len(items) == 1 and len(items[0].envelopes) == 1 and sqlite_lean.unobserved(connection):
+            # One event, no enclosing transaction: one guarded statement if the caller is in autocommit.
+            verdict = sqlite_lean.lean_append(connection, items[0], encoded[0][0])
             if verdict is not None:
                 return [verdict]
-            # Refused at that moment: the transaction below reads the guards again under the write lock
-            # (and writes if another writer's commit made them pass) and gives the verdicts.
+            # Refused at that moment (or autocommit is off): the transaction below reads the guards again
+            # under the write lock (and writes if another writer's commit made them pass) and gives the verdicts.
         return self._append_locked(items, encoded)
+
+    def now(self) -> str:
+        """The current time as Django stores it in a datetime column (sqlite_lean.stamp: the same text)."""
+        return sqlite_lean.stamp(self.connection)
 
     def _append_locked(self, items: Sequence[AppendItem], encoded) -> list[Verdict]:
         """The guarded append in one IMMEDIATE transaction (or a savepoint of the caller's)."""

@@ -3,20 +3,24 @@ transactional path, and the ratio gate's coalescer-vs-raw rule (benchmarks/gate.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import statistics
 import threading
+from datetime import UTC, datetime
 
 import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
-from hypothesis import HealthCheck, given, settings
+from django.utils import timezone
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from journal.envelopes import AppendItem, Envelope
-from journal.exceptions import AppendRefused, SequenceConflict
+from journal.exceptions import AppendRefused, InvalidPayload, SequenceConflict
 from journal.models import Event
 from journal.store import sqlite_lean
+from tests.journal import test_inputs_roundtrip as roundtrip
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PROPERTY = settings(max_examples=40, deadline=None, database=None,
@@ -304,3 +308,140 @@ def test_a_cycle_is_refused_as_a_cycle_by_the_encoder_without_markers():
     loop.append(loop)
     with pytest.raises(InvalidPayload, match="Circular reference detected"):
         jsonvalues.dumps({"a": loop})
+
+
+@PROPERTY
+@given(shape=st.sampled_from(["fenced", "aggregate", "none"]), token=st.sampled_from([None, 1, 2]),
+       expected=st.sampled_from([None, -1, 0, 1]), type_=st.sampled_from(["E", "e.v-2:x_y", "no spaces", "9lives"]),
+       value=roundtrip.values)
+def test_a_lean_append_reads_back_exactly_or_is_refused_by_name_with_nothing_written(shape, token, expected,
+                                                                                    type_, value, monkeypatch):
+    """The lean statement (SQLite, autocommit) against the same append in a transaction, for any guards and
+    any payload the JSON rules accept or refuse: the same outcome (the same named error, or the same seqs),
+    the same rows; an accepted event reads back as the documented normal form of its payload, stamped in
+    Django's own datetime text; a refusal leaves the stream as it was. On SQLite every append whose payload
+    passes the rules reaches the lean statement (a refused guard then goes on to the transactional path)."""
+    taken: list[str] = []
+    lean_append = sqlite_lean.lean_append
+
+    def counted(connection_, item, text):
+        taken.append(item.stream_id)
+        return lean_append(connection_, item, text)
+
+    monkeypatch.setattr(sqlite_lean, "lean_append", counted)
+    lean, locked = _stream(shape, "lean"), _stream(shape, "locked")
+    before = _rows(lean)
+    with override_settings(LOOM_COALESCE=False):
+        got = _named(lambda: Event.objects.append(lean, Envelope(type_, value), fence_token=token,
+                                                  expected_seq=expected))
+
+        def in_transaction():
+            with transaction.atomic():
+                return Event.objects.append(locked, Envelope(type_, value), fence_token=token, expected_seq=expected)
+        want = _named(in_transaction)
+    assert got == want
+    assert _rows(lean) == _rows(locked)
+    if got[0] != "appended":
+        assert _rows(lean) == before
+        return
+    if connection.vendor == "sqlite":
+        assert taken == [lean]
+    event = Event.objects.read(lean)[-1]
+    assert (event.seq, event.type) == (got[1], type_)
+    assert roundtrip.same(event.payload, roundtrip.normal_form(value)), (value, event.payload)
+    assert event.payload == Event.objects.read(locked)[-1].payload
+    if connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT recorded_at || '' FROM journal_event WHERE stream_id = %s AND seq = %s",
+                           [lean, got[1]])  # as text (the column converter would parse it)
+            (text,) = cursor.fetchone()
+        assert str(datetime.fromisoformat(text)) == text  # Django's text of a naive UTC datetime
+
+
+def _named(call) -> tuple:
+    """An append's outcome: its seqs, or the name of the journal's error that refused it."""
+    try:
+        appended = call()
+    except (AppendRefused, InvalidPayload) as exc:
+        return ("refused", type(exc).__name__)
+    return ("appended", appended.first_seq, appended.last_seq)
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_the_lean_stamp_is_djangos_datetime_text_of_the_moment(use_tz):
+    """sqlite_lean.stamp writes what Django's SQLite backend writes for timezone.now() (with USE_TZ and no
+    database TIME_ZONE made directly, else through Django): the same text format, the same clock."""
+    if connection.vendor != "sqlite":
+        pytest.skip("the stamp is the SQLite store's (PostgreSQL binds datetimes)")
+    with override_settings(USE_TZ=use_tz):
+        connection.ensure_connection()
+        low = connection.ops.adapt_datetimefield_value(timezone.now())
+        text = sqlite_lean.stamp(connection)
+        high = connection.ops.adapt_datetimefield_value(timezone.now())
+        parsed = datetime.fromisoformat(text)
+        assert parsed.tzinfo is None
+        assert connection.ops.adapt_datetimefield_value(parsed.replace(tzinfo=UTC) if use_tz else parsed) == text
+        assert low <= text <= high  # (a whole second has no .ffffff: its shorter text still sorts in place)
+
+
+def test_a_manual_transaction_is_not_committed_by_the_lean_statement():
+    """Autocommit off without an atomic block (set_autocommit(False)): the append is the transactional
+    path's, inside the caller's transaction, so a rollback takes it back (the lean statement would have
+    committed on its own)."""
+    sid = _stream("fenced", "manual")
+    with override_settings(LOOM_COALESCE=False):
+        transaction.set_autocommit(False)
+        try:
+            Event.objects.append(sid, Envelope("E"), fence_token=1)
+            assert _rows(sid)[-1] == (1, "E")
+            transaction.rollback()
+        finally:
+            transaction.set_autocommit(True)
+    assert _rows(sid) == [(0, "Opened")]
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(steps=st.lists(st.sampled_from(["append", "append at its tip", "append at another tip", "another writer",
+                                       "take over", "adopt the new token", "remove and reopen"]),
+                      min_size=1, max_size=12))
+@example(steps=["append", "remove and reopen", "append"])  # the guess is above the tip: it must not leave a gap
+@example(steps=["append", "another writer", "append", "append at its tip"])  # below it: read again
+@example(steps=["append", "take over", "append", "adopt the new token", "append"])  # a guess on a stale fence
+def test_a_remembered_tip_is_a_guess_the_statement_checks(steps):
+    """The lean statement writes at the seq this process last wrote to the stream (LEAN_APPEND_AT) and reads
+    the tip again when that guess is wrong. Any mix of appends with and without an expected seq, writes the
+    guess does not see (another writer's transaction, a removal and a reopening of the stream) and a takeover
+    gives what one transaction would: the next seq, StaleFence or SequenceConflict, nothing written on a
+    refusal, the log gapless."""
+    from journal.models import Fence
+    from journal.store import store_for
+
+    sid = _stream("fenced", "tips")
+    tip, fence, held = 0, 1, 1  # the stream's last seq and fence token, and the token our writer holds
+    with override_settings(LOOM_COALESCE=False):
+        for step in steps:
+            if step == "another writer":
+                with transaction.atomic():
+                    Event.objects.append(sid, Envelope("Other"), fence_token=fence)
+                tip += 1
+            elif step == "take over":
+                fence = Fence.objects.advance(sid)
+            elif step == "adopt the new token":
+                held = fence
+            elif step == "remove and reopen":
+                store_for().delete_streams(ids=[sid])
+                Event.objects.open_stream(sid, Envelope("Opened"))
+                tip, fence, held = 0, 1, 1
+            else:
+                expected = {"append": None, "append at its tip": tip, "append at another tip": tip - 1}[step]
+                got = _outcome(functools.partial(Event.objects.append, sid, Envelope("E"), fence_token=held,
+                                                 expected_seq=expected))
+                if held != fence:
+                    assert got == ("refused", "StaleFence"), step
+                elif expected is not None and expected != tip:
+                    assert got == ("refused", "SequenceConflict"), step
+                else:
+                    assert got == ("appended", tip + 1, tip + 1), step
+                    tip += 1
+            assert [seq for seq, _ in _rows(sid)] == list(range(tip + 1)), step
