@@ -493,7 +493,8 @@ class DurableContext(Context):
             return pos, 0.0
         if remaining >= inline_max():
             raise Park(WaitSpec("sleep", pos, self._runner.cap(due)))
-        self._runner.flush()
+        if self._runner.pending:  # a resumed run replaying this sleep has its WAIT_STARTED durable already:
+            self._runner.flush()  # an empty write would be refused and halt the resume
         return pos, remaining
 
     def recv(self, topic: str, timeout: float | None = None) -> Any:
